@@ -1,0 +1,170 @@
+"""The one registry of the seven VAPO components.
+
+One name per component is the registry key, the Hydra config group (``conf/<name>/{on,off}.yaml``),
+the ``--drop`` value, the MLflow tag and the Table 1 row. An entry records where the paper
+introduces it, the config keys it owns and the trainer stage it changes; the on/off *values* of
+those keys are read from the config group's two files, so conf/ stays the single source of truth
+and ``vapo-lab components`` can never show values the trainer does not use.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import yaml
+
+from vapo_lab.config import conf_dir
+from vapo_lab.errors import UnknownComponentError
+
+# Trainer stages a component may change (the trainer looks components up by stage, not by name).
+STAGES = ("critic_init", "advantages", "policy_loss", "rollout")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One VAPO component: what it does, where the paper has it, what it owns."""
+
+    name: str
+    title: str
+    summary: str
+    paper_section: str
+    origin: str
+    stage: str
+    keys: tuple[str, ...]
+    table1_without: float  # the paper's AIME24 avg@32 for "VAPO without it" (VAPO.md Table 1)
+
+
+class Registry:
+    """Components by name; double registration raises, an unknown name lists the valid ones."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Component] = {}
+
+    def register(self, component: Component) -> Component:
+        """Returns the component after adding it; raises ValueError if its name is taken."""
+        if component.name in self._items:
+            raise ValueError(f"component {component.name!r} is already registered")
+        if component.stage not in STAGES:
+            raise ValueError(f"component {component.name!r}: stage {component.stage!r} not in {STAGES}")
+        self._items[component.name] = component
+        return component
+
+    def get(self, name: str) -> Component:
+        """Returns the component called ``name``; raises UnknownComponentError naming the valid ones."""
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownComponentError(unknown_name_message("component", name, self.names())) from None
+
+    def names(self) -> list[str]:
+        """Returns the registered names in registration (paper) order."""
+        return list(self._items)
+
+    def by_stage(self, stage: str) -> list[Component]:
+        """Returns the components that change trainer stage ``stage``."""
+        return [c for c in self._items.values() if c.stage == stage]
+
+    def __iter__(self) -> Iterator[Component]:
+        return iter(self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+
+def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
+    """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown {kind} {name!r}: valid names are {', '.join(valid)}{hint}"
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+@cache
+def option_values(name: str, option: str) -> dict[str, Any]:
+    """Returns {dotted key: raw value} that conf/<name>/<option>.yaml sets (interpolations unresolved)."""
+    path = conf_dir() / name / f"{option}.yaml"
+    with path.open(encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    return _flatten(data)
+
+
+def settings(component: Component) -> dict[str, tuple[Any, Any]]:
+    """Returns {key: (on value, off value)} read from the component's config group."""
+    on, off = option_values(component.name, "on"), option_values(component.name, "off")
+    return {key: (on.get(key), off.get(key)) for key in component.keys}
+
+
+COMPONENTS = Registry()
+
+COMPONENTS.register(Component(
+    name="value_pretraining",
+    title="Value pretraining",
+    summary="train the critic alone on Monte-Carlo returns of the initial policy before RL",
+    paper_section="§4.1", origin="VC-PPO", stage="critic_init",
+    keys=("critic.pretrain.enabled",), table1_without=11,
+))
+COMPONENTS.register(Component(
+    name="decoupled_gae",
+    title="Decoupled GAE",
+    summary="critic targets from GAE with its own λ_critic = 1 (unbiased), policy keeps λ_policy",
+    paper_section="§4.1", origin="VC-PPO", stage="advantages",
+    keys=("gae.lam_critic_mode",), table1_without=33,
+))
+COMPONENTS.register(Component(
+    name="length_adaptive_gae",
+    title="Length-adaptive GAE",
+    summary="λ_policy = 1 − 1/(α·l) per response of length l instead of a fixed 0.95",
+    paper_section="§4.2", origin="VAPO", stage="advantages",
+    keys=("gae.lam_policy_mode",), table1_without=45,
+))
+COMPONENTS.register(Component(
+    name="clip_higher",
+    title="Clip-Higher",
+    summary="clip the ratio to [1 − ε_low, 1 + ε_high] with ε_high = 0.28 > ε_low = 0.2",
+    paper_section="§4.3", origin="DAPO", stage="policy_loss",
+    keys=("loss.eps_high",), table1_without=46,
+))
+COMPONENTS.register(Component(
+    name="token_level_loss",
+    title="Token-level loss",
+    summary="average the policy loss over all tokens of the batch, not per response first",
+    paper_section="§4.2", origin="DAPO", stage="policy_loss",
+    keys=("loss.agg",), table1_without=53,
+))
+COMPONENTS.register(Component(
+    name="positive_lm_loss",
+    title="Positive-example LM loss",
+    summary="add μ·NLL on the tokens of correct responses (μ = 0.1)",
+    paper_section="§4.3", origin="self-imitation learning", stage="policy_loss",
+    keys=("loss.mu",), table1_without=54,
+))
+COMPONENTS.register(Component(
+    name="group_sampling",
+    title="Group sampling",
+    summary="fewer prompts, G samples each, same responses per step (512 x 16 vs 8192 x 1)",
+    paper_section="§4.3", origin="GRPO", stage="rollout",
+    keys=("rollout.n_samples",), table1_without=55,
+))
+
+# The other rows of the paper's Table 1 (AIME 2024 avg@32), VAPO.md.
+PAPER_TABLE1: dict[str, float] = {
+    "Vanilla PPO": 5,
+    "DAPO": 50,
+    **{f"VAPO − {c.name}": c.table1_without for c in COMPONENTS},
+    "VAPO": 60,
+}

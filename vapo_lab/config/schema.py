@@ -1,0 +1,278 @@
+"""Typed schema of a vapo-lab run: every key the config tree may set, with its type and default.
+
+Registered in Hydra's ConfigStore as ``base_schema`` and placed first in ``conf/config.yaml``'s
+defaults list, so a typo (``loss.eps_hgh=0.3``) or a wrong type (``loss.eps_high=wide``) fails
+at compose time, before any compute. Defaults here are neutral; the YAML files under ``conf/``
+set the real values, each with its paper source beside it.
+
+Component ownership (the registry in ``vapo_lab.components`` is the one list):
+
+==========================  ===================================
+component                   keys it owns
+==========================  ===================================
+value_pretraining           critic.pretrain.enabled
+decoupled_gae               gae.lam_critic_mode
+length_adaptive_gae         gae.lam_policy_mode
+clip_higher                 loss.eps_high
+token_level_loss            loss.agg
+positive_lm_loss            loss.mu
+group_sampling              rollout.n_samples
+==========================  ===================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ArchConfig:
+    """Shape of the embedded tiny causal LM (Qwen2 architecture, random init)."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 512
+
+
+@dataclass
+class ModelConfig:
+    """Which policy model: the embedded tiny model or a local Hugging Face checkpoint."""
+
+    name: str = MISSING  # tiny | hf
+    path: Optional[str] = None  # local HF checkpoint directory; None builds the embedded model
+    tokenizer_path: Optional[str] = None  # defaults to `path`
+    arch: ArchConfig = field(default_factory=ArchConfig)
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
+
+
+@dataclass
+class TaskConfig:
+    """The verifiable task: the embedded synthetic task or a JSONL of problem/answer pairs."""
+
+    name: str = MISSING  # arith | math
+    seed: int = 0  # the data split seed; every cell of a grid sees the same split
+    n_train: int = 4096
+    n_eval: int = 256
+    train_path: Optional[str] = None  # JSONL, for task=math
+    eval_path: Optional[str] = None
+    problem_key: str = "problem"
+    answer_key: str = "answer"
+    prompt_template: str = "{problem}"
+    options: dict[str, Any] = field(default_factory=dict)  # task-specific generator settings
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO overlong reward shaping: a soft penalty over the last l_cache tokens before l_max."""
+
+    enabled: bool = False
+    l_max: int = 512
+    l_cache: int = 64
+    penalty: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    """The verifier's outcome reward (1/0, or ±1 as DAPO's math reward)."""
+
+    correct: float = 1.0
+    wrong: float = 0.0
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
+
+
+@dataclass
+class VllmConfig:
+    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra)."""
+
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling: how many responses per step, in groups of how many, and how."""
+
+    backend: str = MISSING  # builtin | vllm
+    responses_per_step: int = 64  # B: responses generated per training step
+    group_size: int = 8  # G when group sampling is on
+    n_samples: int = MISSING  # per prompt; group_sampling owns it; prompts/step = B / n_samples
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    eval_samples: int = 4  # k of the periodic held-out avg@k
+    eval_temperature: float = 1.0
+    eval_top_p: float = 0.7
+    max_resample_rounds: int = 4  # DAPO dynamic sampling: extra rounds to fill the batch
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+
+
+@dataclass
+class GaeConfig:
+    """Generalised advantage estimation for the policy and the critic."""
+
+    gamma: float = 1.0
+    lam_policy: float = 0.95  # the fixed λ_policy (lam_policy_mode=fixed)
+    lam_critic: float = 1.0  # the critic's own λ (lam_critic_mode=decoupled)
+    alpha: float = 0.05  # length-adaptive GAE: λ_policy = 1 − 1/(α·l)
+    lam_policy_mode: str = MISSING  # length_adaptive | fixed
+    lam_critic_mode: str = MISSING  # decoupled | shared (the policy's λ)
+
+
+@dataclass
+class LossConfig:
+    """The actor's loss: clipped PPO surrogate, aggregation, positive-example NLL, entropy."""
+
+    eps_low: float = 0.2
+    eps_high: float = MISSING  # clip_higher owns it (0.28, or ${loss.eps_low})
+    dual_clip: Optional[float] = None  # c > 1 enables dual clip (Ye et al. 2020)
+    agg: str = MISSING  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    mu: float = MISSING  # weight of the positive-example NLL loss
+    entropy_coef: float = 0.0
+
+
+@dataclass
+class KlConfig:
+    """KL to the reference (initial) policy: GRPO uses it in the loss, DAPO and VAPO drop it."""
+
+    coef: float = 0.0
+    estimator: str = "k3"  # k1 | k2 | k3
+    target: str = "loss"  # loss (GRPO) | reward (classic RLHF PPO)
+
+
+@dataclass
+class PretrainConfig:
+    """Value pretraining (VAPO §4.1, from VC-PPO): the critic alone on Monte-Carlo returns."""
+
+    enabled: bool = MISSING
+    steps: int = 50
+    lam: float = 1.0  # λ = 1: Monte-Carlo returns of the frozen initial policy
+    min_explained_variance: Optional[float] = None  # stop early once reached
+
+
+@dataclass
+class CriticConfig:
+    """The value model: initialisation, pretraining, loss."""
+
+    init: str = "reward_model"  # reward_model | policy | random
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    value_clip: Optional[float] = 0.5
+    loss_agg: str = "token-mean"
+
+
+@dataclass
+class AlgoConfig:
+    """Which algorithm the preset names, and the switches that are not one of the seven."""
+
+    name: str = MISSING  # vapo | ppo | dapo | grpo
+    advantage: str = MISSING  # gae (actor-critic) | group (group-relative, no critic)
+    group_norm_std: bool = True  # divide group advantages by the group std
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, refill
+
+
+@dataclass
+class TrainerConfig:
+    """The optimisation loop."""
+
+    total_steps: int = 100
+    ppo_epochs: int = 1
+    mini_batch_size: int = 64  # responses per optimiser step
+    micro_batch_size: int = 64  # responses per forward/backward (gradient accumulation)
+    actor_lr: float = 1e-4
+    critic_lr: float = 2e-4
+    warmup_steps: int = 0  # warmup-constant schedule
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    eval_every: int = 10
+    save_every: int = 10
+    device: str = "auto"  # auto | cpu | cuda
+    threads: Optional[int] = None  # torch CPU threads; None keeps torch's default
+
+
+@dataclass
+class TrackingConfig:
+    """Where metrics go. uri None: MLFLOW_TRACKING_URI if set, else the local store."""
+
+    backend: str = MISSING  # mlflow | none
+    uri: Optional[str] = None
+    experiment: str = "vapo-lab"
+    spool_dir: Optional[str] = None  # metrics spooled here while the server is unreachable
+
+
+@dataclass
+class LocalLauncherConfig:
+    workers: int = 1  # parallel worker processes
+
+
+@dataclass
+class RayLauncherConfig:
+    address: Optional[str] = None  # None: start a local Ray; "auto" or "ray://host:port"
+    num_cpus: float = 1
+    num_gpus: float = 0
+
+
+@dataclass
+class SlurmLauncherConfig:
+    partition: Optional[str] = None
+    time_min: int = 60
+    nodes: int = 1
+    gpus_per_task: int = 0
+    cpus_per_task: int = 2
+    mem_gb: int = 8
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    array_parallelism: int = 16
+    additional_parameters: dict[str, Any] = field(default_factory=dict)
+    setup: list[str] = field(default_factory=list)  # shell lines run before the job
+    log_dir: str = "slurm_logs"
+
+
+@dataclass
+class LauncherConfig:
+    """Where runs execute: local processes, a Ray cluster, or Slurm via submitit."""
+
+    name: str = MISSING  # local | ray | slurm
+    local: LocalLauncherConfig = field(default_factory=LocalLauncherConfig)
+    ray: RayLauncherConfig = field(default_factory=RayLauncherConfig)
+    slurm: SlurmLauncherConfig = field(default_factory=SlurmLauncherConfig)
+
+
+@dataclass
+class ScaleConfig:
+    """Which set of scale-dependent hyper-parameters: cpu (embedded default) or paper."""
+
+    name: str = MISSING
+
+
+@dataclass
+class VapoConfig:
+    """A whole run."""
+
+    seed: int = 0
+    run_name: Optional[str] = None
+    output_dir: str = "runs"
+    resume: Optional[str] = None
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    gae: GaeConfig = field(default_factory=GaeConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    kl: KlConfig = field(default_factory=KlConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)

@@ -1,0 +1,155 @@
+"""Whole-config validation: every problem at once, each on one line with the exact key to fix.
+
+Runs at compose time, before any model is built, so that a bad value costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from vapo_lab.algo.kl import KL_ESTIMATORS
+from vapo_lab.algo.policy import LOSS_AGG_MODES
+
+MODES: dict[str, tuple[str, ...]] = {
+    "model.name": ("tiny", "hf"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "task.name": ("arith", "math"),
+    "rollout.backend": ("builtin", "vllm"),
+    "algo.advantage": ("gae", "group"),
+    "gae.lam_policy_mode": ("length_adaptive", "fixed"),
+    "gae.lam_critic_mode": ("decoupled", "shared"),
+    "loss.agg": LOSS_AGG_MODES,
+    "critic.loss_agg": LOSS_AGG_MODES,
+    "critic.init": ("reward_model", "policy", "random"),
+    "kl.estimator": KL_ESTIMATORS,
+    "kl.target": ("loss", "reward"),
+    "tracking.backend": ("mlflow", "none"),
+    "launcher.name": ("local", "ray", "slurm"),
+}
+
+# (key, lower, upper, lower inclusive, upper inclusive); None = unbounded
+RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
+    ("gae.gamma", 0.0, 1.0, False, True),
+    ("gae.lam_policy", 0.0, 1.0, True, True),
+    ("gae.lam_critic", 0.0, 1.0, True, True),
+    ("gae.alpha", 0.0, None, False, False),
+    ("critic.pretrain.lam", 0.0, 1.0, True, True),
+    ("loss.eps_low", 0.0, 1.0, True, False),
+    ("loss.mu", 0.0, None, True, False),
+    ("loss.entropy_coef", 0.0, None, True, False),
+    ("kl.coef", 0.0, None, True, False),
+    ("rollout.temperature", 0.0, None, False, False),
+    ("rollout.eval_temperature", 0.0, None, False, False),
+    ("rollout.top_p", 0.0, 1.0, False, True),
+    ("rollout.eval_top_p", 0.0, 1.0, False, True),
+    ("rollout.responses_per_step", 1, None, True, False),
+    ("rollout.group_size", 1, None, True, False),
+    ("rollout.n_samples", 1, None, True, False),
+    ("rollout.max_new_tokens", 1, None, True, False),
+    ("rollout.eval_samples", 1, None, True, False),
+    ("rollout.max_resample_rounds", 0, None, True, False),
+    ("critic.pretrain.steps", 0, None, True, False),
+    ("trainer.total_steps", 1, None, True, False),
+    ("trainer.ppo_epochs", 1, None, True, False),
+    ("trainer.mini_batch_size", 1, None, True, False),
+    ("trainer.micro_batch_size", 1, None, True, False),
+    ("trainer.actor_lr", 0.0, None, False, False),
+    ("trainer.critic_lr", 0.0, None, False, False),
+    ("trainer.warmup_steps", 0, None, True, False),
+    ("trainer.weight_decay", 0.0, None, True, False),
+    ("trainer.grad_clip", 0.0, None, False, False),
+    ("trainer.eval_every", 1, None, True, False),
+    ("trainer.save_every", 1, None, True, False),
+]
+
+
+def validate(cfg: DictConfig) -> list[str]:
+    """Returns every problem of a composed config, one line each (empty when it is valid)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        return [f"{key} is required but not set: add {key}=<value> to the command" for key in missing]
+    try:
+        c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        return [f"config cannot be resolved: {str(e).splitlines()[0]}"]
+
+    def get(key: str) -> Any:
+        node: Any = c
+        for part in key.split("."):
+            node = node[part]
+        return node
+
+    problems: list[str] = []
+    for key, valid in MODES.items():
+        if get(key) not in valid:
+            problems.append(f"{key}={get(key)} is not a valid choice: set {key} to one of {', '.join(valid)}")
+    for key, lo, hi, lo_in, hi_in in RANGES:
+        v = get(key)
+        bad = (lo is not None and (v < lo or (v == lo and not lo_in))) or (
+            hi is not None and (v > hi or (v == hi and not hi_in)))
+        if bad:
+            left, right = ("[" if lo_in else "(") + f"{lo}", f"{hi}" + ("]" if hi_in else ")")
+            span = f"{left}, {right}" if hi is not None else (f">= {lo}" if lo_in else f"> {lo}")
+            problems.append(f"{key}={v} is out of range: it must be {span}")
+    if not problems:
+        problems += _relations(get)
+    return problems
+
+
+def _relations(get: Any) -> list[str]:
+    """Returns problems that involve more than one key."""
+    problems: list[str] = []
+    eps_low, eps_high = get("loss.eps_low"), get("loss.eps_high")
+    if eps_high < eps_low:
+        problems.append(
+            f"loss.eps_high={eps_high} is below eps_low={eps_low}: clip-higher only widens the upper "
+            f"bound. Set loss.eps_high>={eps_low}, or choose clip_higher=off.")
+    dual = get("loss.dual_clip")
+    if dual is not None and dual <= 1:
+        problems.append(f"loss.dual_clip={dual} must be > 1 (e.g. 3.0), or null to disable dual clip")
+    batch, n = get("rollout.responses_per_step"), get("rollout.n_samples")
+    if batch % n:
+        problems.append(
+            f"rollout.responses_per_step={batch} is not divisible by rollout.n_samples={n} "
+            f"(samples per prompt): choose a multiple of {n}, or another rollout.group_size")
+    mini, micro = get("trainer.mini_batch_size"), get("trainer.micro_batch_size")
+    if batch % mini:
+        problems.append(
+            f"trainer.mini_batch_size={mini} does not divide rollout.responses_per_step={batch}: "
+            "choose a divisor so every optimiser step sees a full mini-batch")
+    if mini % micro:
+        problems.append(
+            f"trainer.micro_batch_size={micro} does not divide trainer.mini_batch_size={mini}: "
+            "choose a divisor for exact gradient accumulation")
+    if get("algo.advantage") == "group":
+        if n < 2:
+            problems.append(
+                "algo.advantage=group needs groups but rollout.n_samples=1: choose group_sampling=on "
+                "(or a preset with a critic: --algo vapo / ppo)")
+        critic_keys = {
+            "value_pretraining": get("critic.pretrain.enabled"),
+            "decoupled_gae": get("gae.lam_critic_mode") == "decoupled",
+            "length_adaptive_gae": get("gae.lam_policy_mode") == "length_adaptive",
+        }
+        for name, on in critic_keys.items():
+            if on:
+                problems.append(
+                    f"{name}=on needs a critic but algo.advantage=group has none: "
+                    f"choose {name}=off, or algo.advantage=gae")
+    overlong = get("reward.overlong")
+    if overlong["enabled"] and not 0 < overlong["l_cache"] <= overlong["l_max"]:
+        problems.append(
+            f"reward.overlong.l_cache={overlong['l_cache']} must be in (0, l_max={overlong['l_max']}]: "
+            "set a smaller l_cache, or reward.overlong.enabled=false")
+    if get("model.name") == "hf" and not get("model.path"):
+        problems.append("model.path is required for model=hf: set model.path=/path/to/local/checkpoint "
+                        "(weights are never downloaded)")
+    if get("task.name") == "math" and not get("task.train_path"):
+        problems.append("task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl")
+    device = get("trainer.device")
+    if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
+        problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")
+    return problems
