@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vapo_lab import __version__
-from vapo_lab.errors import VapoLabError
+from vapo_lab.errors import ConfigError, VapoLabError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -71,6 +71,23 @@ def _main(
 ) -> None:
     """vapo-lab: VAPO, PPO, DAPO and GRPO with every VAPO component a config toggle."""
     _state["debug"] = debug
+    _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """Silences per-file progress bars and advisory warnings of transformers / huggingface_hub."""
+    import os
+
+    # environment variables, read when transformers is first imported (later, and only by the
+    # commands that need it); an import here would slow every command down
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
 
 
 @app.command()
@@ -122,6 +139,79 @@ def config(
 
     composed = compose_config(algo=algo, drop=drop or (), overrides=overrides or ())
     typer.echo(composed.to_yaml(), nl=False)
+
+
+def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool) -> None:
+    """Composes the config, trains with a progress bar, prints the closing summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.trainer.run import Run
+
+    from vapo_lab.trainer.run import resume_config
+
+    composed = compose_config(algo=algo, drop=drop, overrides=overrides)
+    cfg, choices = composed.cfg, composed.choices
+    if cfg.resume:
+        others = [o for o in overrides if not o.startswith("resume=")]
+        if others or algo or drop:
+            raise ConfigError(f"resume={cfg.resume} continues a run with its saved config: drop {others or '--algo/--drop'}")
+        cfg, choices = resume_config(cfg.resume)
+    command = "vapo-lab " + " ".join(sys.argv[1:])
+    run = Run(cfg, choices, progress=not quiet, log=lambda msg: _err.print(msg, highlight=False),
+              command=command)
+    _err.print(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')})",
+               highlight=False)
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn(), TextColumn("{task.fields[stats]}")]
+    total = int(cfg.trainer.total_steps)
+    with Progress(*columns, console=_err, disable=quiet, transient=False) as bar:
+        task = bar.add_task(f"{cfg.algo.name}", total=total, completed=run.step, stats="")
+
+        def on_step(step: int, m: dict[str, float]) -> None:
+            stats = (f"reward {m.get('rollout/reward', float('nan')):.3f} "
+                     f"acc {m.get('rollout/accuracy', float('nan')):.3f} "
+                     f"len {m.get('rollout/response_length', float('nan')):.0f}")
+            bar.update(task, completed=step, stats=stats)
+
+        result = run.run(on_step)
+    k = int(cfg.rollout.eval_samples)
+    fmt = lambda v: "n/a" if v is None else f"{100 * v:.1f}"  # noqa: E731
+    _out.print(f"run id      {result.run_id}\n"
+               f"run dir     {result.run_dir}\n"
+               f"eval avg@{k}  base {fmt(result.base_eval)}  final {fmt(result.final_eval)}  "
+               f"best {fmt(result.best_eval)}  (held-out, x100)\n"
+               f"checkpoint  {result.checkpoint}", highlight=False)
+
+
+@app.command()
+@_cli_errors
+def train(
+    overrides: OverridesArg = None,
+    algo: Annotated[Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")] = None,
+    drop: Annotated[Optional[list[str]], typer.Option(help="Turn off a component of the preset (repeatable).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Train one run (default: VAPO on the embedded default) and print where it went.
+
+    Example: vapo-lab train --algo dapo trainer.total_steps=20 seed=1
+    """
+    _train(algo, drop or [], overrides or [], quiet)
+
+
+@app.command()
+@_cli_errors
+def ablate(
+    drop: Annotated[list[str], typer.Option(help="Component to turn off (repeatable), e.g. --drop clip_higher.")],
+    overrides: OverridesArg = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Train VAPO without the given components: one row of Table 1.
+
+    Example: vapo-lab ablate --drop clip_higher seed=2
+    """
+    _train("vapo", drop, overrides or [], quiet)
 
 
 @bench_app.command("gae")

@@ -139,7 +139,12 @@ def _one_line(error: Exception) -> str:
         r"Key '([^']+)' (?:is )?not in", " ".join(lines))
     if match:
         key = match.group(1)
-        return f"unknown config key {key!r}{_closest_key(key)}; see `vapo-lab config` for the keys"
+        inner = re.search(r"Key '([^']+)' is not in struct", text)
+        if inner and not key.endswith(inner.group(1)):
+            key = f"{key}.{inner.group(1)}"
+        hint = "; a free-form dict (task.options, model.base) takes new keys with a leading +, e.g. " \
+               f"+{key}=..." if key.startswith(("task.options.", "model.base.")) else ""
+        return f"unknown config key {key!r}{_closest_key(key)}{hint}; see `vapo-lab config` for the keys"
     match = re.search(r"Could not find '([^']+)'", head)
     if match:
         group, _, option = match.group(1).partition("/")

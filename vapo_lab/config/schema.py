@@ -52,6 +52,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
+    # model=tiny: options of the base-model build (vapo_lab.base.build_base: steps, batch_size, lr,
+    # bug_rate, slip_rate, ...); empty keeps its measured defaults
+    base: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,6 +129,7 @@ class GaeConfig:
     alpha: float = 0.05  # length-adaptive GAE: λ_policy = 1 − 1/(α·l)
     lam_policy_mode: str = MISSING  # length_adaptive | fixed
     lam_critic_mode: str = MISSING  # decoupled | shared (the policy's λ)
+    whiten: bool = True  # normalise GAE advantages over the batch's valid tokens (verl's default)
 
 
 @dataclass
@@ -164,6 +168,8 @@ class CriticConfig:
     """The value model: initialisation, pretraining, loss."""
 
     init: str = "reward_model"  # reward_model | policy | random
+    rm_steps: int = 20  # reward model: rounds of sampling the base policy and regressing its rewards
+    rm_batch: int = 64  # samples per round
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     value_clip: Optional[float] = 0.5
     loss_agg: str = "token-mean"

@@ -1,0 +1,123 @@
+"""The built-in sampler and its decoders, against full forward passes of the same model."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from vapo_lab.rollout.decoder import FastDecoder, HFDecoder, supports_fast_path
+from vapo_lab.rollout.sampler import sample, top_p_filter
+
+VOCAB = 40
+
+
+def _qwen(seed=0):
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def _llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=4, intermediate_size=64, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("make", [_qwen, _llama])
+@pytest.mark.parametrize("decoder", [FastDecoder, HFDecoder])
+def test_decoders_match_a_full_forward_pass(make, decoder):
+    model = make()
+    torch.manual_seed(1)
+    ids = torch.randint(3, VOCAB, (3, 6))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[0, :2] = False  # left padding of different widths
+    mask[2, :5] = False
+    ids[~mask] = 0
+    new = torch.randint(3, VOCAB, (3, 4))
+    with torch.no_grad():
+        d = decoder(model, 3, 16)
+        outs = [d.prefill(ids, mask)] + [d.step(new[:, j]) for j in range(4)]
+        for b in range(3):
+            seq = torch.cat([ids[b][mask[b]], new[b]])[None]
+            ref = model(input_ids=seq).logits[0]
+            p = int(mask[b].sum())
+            for j, o in enumerate(outs):
+                torch.testing.assert_close(o[b], ref[p - 1 + j], atol=1e-5, rtol=1e-5)
+
+
+def test_fast_path_only_for_supported_models():
+    assert supports_fast_path(_qwen()) and supports_fast_path(_llama())
+    m = _qwen()
+    m.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    assert not supports_fast_path(m)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(top_p_filter(logits, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]  # 0.5 < 0.7 <= 0.8
+    assert torch.isfinite(top_p_filter(logits, 0.5)).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(top_p_filter(logits, 1.0)).all()
+
+
+def _run(model, fast, seed=3, **kw):
+    g = torch.Generator().manual_seed(seed)
+    args = dict(n=3, max_new_tokens=12, eos_id=[1, 2], pad_id=0, generator=g, fast=fast)
+    args.update(kw)
+    return sample(model, [[5, 6, 7], [8], [9, 10, 11, 12, 13]], **args)
+
+
+def test_sampler_is_deterministic_and_engines_agree():
+    model = _qwen()
+    a, b, c = _run(model, True), _run(model, True), _run(model, False)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert torch.equal(a.response_ids, c.response_ids)
+    torch.testing.assert_close(a.logprobs, c.logprobs, atol=1e-5, rtol=0)
+    assert not torch.equal(a.response_ids, _run(model, True, seed=4).response_ids)
+
+
+def test_samples_layout_masks_and_logprobs():
+    model = _qwen()
+    s = _run(model, True, top_p=0.9, temperature=0.8)
+    assert s.response_ids.shape[0] == 9 and s.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for b in range(9):
+        n = int(s.lengths[b])
+        assert s.response_mask[b].sum() == n and s.response_mask[b, :n].all()
+        assert (s.response_ids[b, n:] == 0).all() and (s.logprobs[b, n:] == 0).all()
+        # finished rows end with an eos; truncated rows ran to max_new_tokens
+        if s.finished[b]:
+            assert int(s.response_ids[b, n - 1]) in (1, 2)
+            assert not any(int(t) in (1, 2) for t in s.response_ids[b, :n - 1])
+        else:
+            assert n == 12
+        # log-probs are those of the temperature-scaled distribution (before top-p)
+        prompt = s.prompt_ids[b][s.prompt_mask[b]]
+        with torch.no_grad():
+            logits = model(input_ids=torch.cat([prompt, s.response_ids[b, :n]])[None]).logits[0]
+        ref = (logits / 0.8).log_softmax(-1)[len(prompt) - 1:len(prompt) - 1 + n]
+        ref = ref.gather(-1, s.response_ids[b, :n, None]).squeeze(-1)
+        torch.testing.assert_close(s.logprobs[b, :n], ref, atol=1e-5, rtol=0)
+
+
+def test_greedy_is_argmax_and_chunking_does_not_change_it():
+    model = _qwen()
+    g = _run(model, True, temperature=0.0)
+    assert torch.equal(g.response_ids[0], g.response_ids[1])  # greedy: every sample the same
+    # greedy decoding of each prompt alone, by full forward passes
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    for i, p in enumerate(prompts):
+        seq = list(p)
+        with torch.no_grad():
+            for _ in range(int(g.lengths[3 * i])):
+                seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+        assert seq[len(p):] == g.response_ids[3 * i, :int(g.lengths[3 * i])].tolist()
+    chunked = _run(model, True, temperature=0.0, max_batch=3)  # one prompt (3 samples) per chunk
+    assert torch.equal(chunked.lengths, g.lengths)
+    width = g.response_ids.shape[1]
+    assert torch.equal(chunked.response_ids[:, :width], g.response_ids)
+
+
+def test_negative_temperature_rejected():
+    with pytest.raises(ValueError, match="temperature"):
+        _run(_qwen(), True, temperature=-1.0)

@@ -1,0 +1,138 @@
+"""Tests for vapo_lab.tasks.arith: generation, splits, response lengths, verifier, noisy traces."""
+
+import random
+
+import pytest
+
+from vapo_lab.errors import ConfigError
+from vapo_lab.models.tokenizer import build_tokenizer
+from vapo_lab.tasks import Problem, build_task, last_boxed, register_task
+from vapo_lab.tasks.arith import ArithTask, TraceNoise, is_bug_step
+
+
+@pytest.fixture(scope="module")
+def task():
+    return ArithTask(seed=0, n_train=400, n_eval=100)
+
+
+def test_same_seed_same_problems_other_seed_other_problems():
+    a, b = ArithTask(3, 50, 20), ArithTask(3, 50, 20)
+    assert a.train == b.train and a.eval == b.eval
+    assert [p.prompt for p in ArithTask(4, 50, 20).train] != [p.prompt for p in a.train]
+
+
+def test_eval_split_does_not_depend_on_train_size():
+    assert ArithTask(0, 10, 30).eval == ArithTask(0, 500, 30).eval
+
+
+def test_splits_are_disjoint_even_when_small_problems_run_out():
+    # 1..2 digits: 55 + 4095 unordered pairs; x + y and y + x count as the same problem
+    task = ArithTask(0, n_train=2000, n_eval=500, min_digits=1, max_digits=2)
+    keys = lambda ps: {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+    assert len(keys(task.train)) == 2000 and len(keys(task.eval)) == 500
+    assert not keys(task.train) & keys(task.eval)
+    assert len({p.id for p in task.train + task.eval}) == 2500
+
+
+def test_prompt_and_answer_by_hand():
+    # 457 + 186 = 643; units: 7 + 6 = 13 -> z0 = 3, carry 1; tens: 5 + 8 + 1 = 14 -> z1 = 4,
+    # carry 1; hundreds: 4 + 1 + 1 = 6 -> z2 = 6, carry 0
+    task = ArithTask(0, 0, 0)
+    problem = Problem("p", "x2_4 x1_5 x0_7 + y2_1 y1_8 y0_6 =", "643", {"n_digits": 3, "x": 457, "y": 186})
+    assert task.trace(problem) == " z0_3 c1_1 z1_4 c2_1 z2_6 c3_0 \\boxed{643}"
+    generated = ArithTask(0, 50, 0).train[0]
+    x, y, n = generated.meta["x"], generated.meta["y"], generated.meta["n_digits"]
+    assert generated.answer == str(x + y)
+    assert generated.prompt.split()[0] == f"x{n - 1}_{str(x).zfill(n)[0]}"
+    assert len(generated.prompt.split()) == 2 * n + 2
+
+
+def test_final_carry_is_the_leading_answer_digit():
+    # 95 + 17 = 112: units 5 + 7 = 12 -> z0 2 c1 1; tens 9 + 1 + 1 = 11 -> z1 1 c2 1
+    problem = Problem("p", "", "112", {"n_digits": 2, "x": 95, "y": 17})
+    assert ArithTask(0, 0, 0).trace(problem) == " z0_2 c1_1 z1_1 c2_1 \\boxed{112}"
+
+
+def test_response_lengths_span_under_10_to_over_100_tokens(task):
+    tokenizer = build_tokenizer(task.vocabulary())
+    lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in task.train + task.eval]  # + eos
+    assert min(lengths) < 10 and max(lengths) > 100
+    assert max(lengths) >= 8 * min(lengths)
+    # 3n + 3 or 3n + 4 tokens with eos: per digit z and c, then \boxed{, digits, }, eos
+    for p, length in zip(task.train[:50], lengths):
+        assert length - 3 * p.meta["n_digits"] in (3, 4)
+
+
+def test_noise_free_trace_always_verifies(task):
+    for p in task.train + task.eval:
+        assert task.verify(task.trace(p), p)
+
+
+def test_verifier_on_hand_made_responses():
+    task = ArithTask(0, 0, 0)
+    p = Problem("p", "", "643", {})
+    assert task.verify(" z0_3 c1_1 \\boxed{643}", p)
+    assert task.verify("\\boxed{ 643 }", p)  # surrounding spaces are not part of the answer
+    assert not task.verify("\\boxed{642}", p)
+    assert not task.verify("643", p)  # no boxed answer
+    assert not task.verify("\\boxed{643", p)  # unclosed: a truncated response
+    assert not task.verify("", p)
+    assert task.verify("\\boxed{1} then \\boxed{643}", p)  # the last boxed wins
+    assert not task.verify("\\boxed{643} then \\boxed{1}", p)
+    assert not task.verify("\\boxed{0643}", p)
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed("a \\boxed{\\frac{1}{2}} b") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{}") == ""
+    assert last_boxed("no answer") is None
+
+
+def test_noise_bug_is_the_mode_and_slips_are_rare():
+    # 5 + 4 with a carry in from 8 + 3: x = 58, y = 43 -> units 11 (z0 1, c1 1), tens 5 + 4 + 1 = 10:
+    # the bug step. Correct: z1 0, c2 1 -> 101. Bug: forget the carry, z1 9, c2 0 -> 91.
+    task = ArithTask(0, 0, 0)
+    p = Problem("p", "", "101", {"n_digits": 2, "x": 58, "y": 43})
+    assert is_bug_step(5, 4, 1) and not is_bug_step(5, 4, 0) and not is_bug_step(5, 3, 1)
+    rng = random.Random(0)
+    traces = [task.trace(p, rng, TraceNoise(bug_rate=0.6)) for _ in range(2000)]
+    assert set(traces) == {" z0_1 c1_1 z1_0 c2_1 \\boxed{101}", " z0_1 c1_1 z1_9 c2_0 \\boxed{91}"}
+    wrong = sum(not task.verify(t, p) for t in traces) / len(traces)
+    assert 0.56 < wrong < 0.64  # 0.6 ± 4 standard errors (sd = sqrt(0.24 / 2000) = 0.011)
+    # slips: a wrong sum digit at a non-bug position, carries untouched
+    q = Problem("q", "", "357", {"n_digits": 3, "x": 123, "y": 234})
+    slipped = [task.trace(q, rng, TraceNoise(slip_rate=0.1)) for _ in range(2000)]
+    assert all(" c1_0 " in t and " c2_0 " in t and t.endswith("}") for t in slipped)
+    # P(no slip in 3 positions) = 0.9^3 = 0.729; sd = sqrt(0.729 * 0.271 / 2000) = 0.0099
+    assert 0.69 < sum(task.verify(t, q) for t in slipped) / 2000 < 0.77
+
+
+def test_noisy_trace_answer_is_read_off_the_scratchpad(task):
+    rng = random.Random(1)
+    for p in task.train[:200]:
+        words = task.trace(p, rng, TraceNoise(bug_rate=0.9, slip_rate=0.2)).split()
+        z = [w.split("_")[1] for w in words if w.startswith("z")]
+        carry = words[-2].split("_")[1]
+        assert last_boxed(words[-1]) == ("1" if carry == "1" else "") + "".join(reversed(z))
+
+
+def test_vocabulary_covers_every_trace_and_prompt_word(task):
+    vocab = set(task.vocabulary())
+    for p in task.train[:100]:
+        assert set(p.prompt.split()) <= vocab
+        assert set(task.trace(p).split()[:-1]) <= vocab  # the last is \boxed{digits}
+    assert len(vocab) == len(task.vocabulary()) == 3 * 40 * 10 + 40 * 2 + 3
+
+
+def test_build_task_registry_and_errors():
+    assert isinstance(build_task("arith", seed=0, n_train=5, n_eval=5), ArithTask)
+    with pytest.raises(ConfigError, match="did you mean arith"):
+        build_task("arth", seed=0, n_train=5, n_eval=5)
+    with pytest.raises(ConfigError, match="min_digits and max_digits"):
+        build_task("arith", seed=0, n_train=5, n_eval=5, digits=3)
+    with pytest.raises(ConfigError, match="exceeds the 55 distinct"):
+        ArithTask(0, 50, 10, min_digits=1, max_digits=1)
+    with pytest.raises(ValueError, match="already registered"):
+        register_task("arith", ArithTask)
+    with pytest.raises(ConfigError, match="bug_rate"):
+        TraceNoise(bug_rate=1.5)

@@ -1,0 +1,384 @@
+"""The pre-trained base policy of the embedded default: the tiny model taught noisy addition.
+
+VAPO starts RL from Qwen2.5-32B *base*: a model that can write a chain of thought but is often
+wrong. The embedded default mirrors that: :func:`build_base` pre-trains the tiny Qwen2 model
+(:mod:`vapo_lab.models.tiny`) with next-token loss on scratchpad traces of the arith train split
+(:mod:`vapo_lab.tasks.arith`) that carry deliberate noise (:class:`~vapo_lab.tasks.arith.TraceNoise`):
+
+* a systematic bug, wrong in ``bug_rate`` (> 0.5) of the traces where it applies (a 9 with a
+  carry in), so the wrong step is the model's *mode*: greedy decoding fails on every problem with
+  such a step, and RL has to raise a minority token, not merely sharpen the distribution. A
+  prototype whose traces had only random slips reached 35% at temperature 1 but 100% greedily,
+  and RL "won" by removing the slips in 40 steps — too easy for the seven components to matter.
+* random slips at ``slip_rate`` per position, which cost accuracy at temperature 1 only.
+
+Both accumulate over positions, so long problems are harder and their reward sparser (VAPO.md,
+challenge 3). The build measures held-out accuracy at temperature 1 and greedily, overall and by
+digit count, and stores it beside the weights; the target is 10-40% at temperature 1 and at most
+80% greedily.
+
+The result is cached under ``<cache_dir>/<hash of the config>/`` with ``save_pretrained`` (model
+and tokenizer, loadable with :func:`vapo_lab.models.load_model_and_tokenizer`) plus
+``base.json`` (config and measured accuracies); a second call with the same config returns at
+once. Change :data:`RECIPE_VERSION` whenever the recipe changes in a way the config does not show.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from vapo_lab.models.tiny import build_tiny_model
+from vapo_lab.models.tokenizer import build_tokenizer
+from vapo_lab.tasks import Problem
+from vapo_lab.tasks.arith import ArithTask, TraceNoise
+
+# Bump when the recipe changes in a way the config does not capture: old caches are then ignored.
+RECIPE_VERSION = 1
+DEFAULT_CACHE_DIR = Path(".vapo_cache") / "base"
+META_FILE = "base.json"
+# Digit-count buckets for the accuracy-by-length report (n digits -> about 3n+3 response tokens).
+BUCKETS = ((1, 10), (11, 20), (21, 30), (31, 40))
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """Where a built base model lies and what it measured.
+
+    Attributes:
+        path: directory loadable with ``load_model_and_tokenizer`` (model + tokenizer).
+        config: the build config (its hash names the directory).
+        metrics: accuracies and timings measured at build time (see :func:`build_base`).
+        cached: True when this call found the model already built.
+    """
+
+    path: Path
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    cached: bool
+
+
+def base_config(**overrides: Any) -> dict[str, Any]:
+    """Returns the full build config: :func:`build_base`'s defaults with ``overrides`` applied."""
+    config = dict(DEFAULTS)
+    unknown = sorted(set(overrides) - set(config))
+    if unknown:
+        raise TypeError(f"unknown base-model options {unknown}; valid: {sorted(config)}")
+    config.update(overrides)
+    return config
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Returns a 16-hex-digit hash of ``config`` and the recipe version (the cache key)."""
+    blob = json.dumps({"recipe": RECIPE_VERSION, **config}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# The defaults, each chosen by measurement on 2 CPU cores (see build_base's docstring).
+DEFAULTS: dict[str, Any] = {
+    # the task: same generator as task=arith, so RL trains and evaluates on these splits
+    "task_seed": 0,
+    "n_train": 4096,
+    "n_eval": 256,
+    "min_digits": 1,
+    "max_digits": 40,
+    # deliberate noise in the traces
+    "bug_rate": 0.6,
+    "slip_rate": 0.02,
+    # the tiny model (vapo_lab.models.tiny)
+    "hidden_size": 128,
+    "num_layers": 4,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 352,
+    "max_position_embeddings": 512,
+    # pre-training
+    "seed": 0,
+    "steps": 1500,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup_steps": 100,
+    "min_lr_ratio": 0.1,
+    "weight_decay": 0.01,
+    "grad_clip": 1.0,
+    # measurement: samples per eval problem at temperature 1 (greedy takes one)
+    "eval_samples": 2,
+}
+
+
+def build_base(
+    cache_dir: str | Path | None = None,
+    *,
+    force: bool = False,
+    progress: bool = True,
+    num_threads: int | None = 2,
+    **options: Any,
+) -> BaseModel:
+    """Returns the base model for ``options``, building and caching it on first use.
+
+    Keyword options (defaults in :data:`DEFAULTS`, to be wired to Hydra config):
+        task_seed, n_train, n_eval, min_digits, max_digits: the arith task (as ``task.*``).
+        bug_rate: share of traces with the systematic bug where it applies (0.6: the mode).
+        slip_rate: random wrong sum digit per other position (0.02).
+        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
+            max_position_embeddings: the tiny model (as ``model.arch.*``).
+        seed: init, batch order and noise draws.
+        steps, batch_size: optimiser steps and traces per step.
+        lr, warmup_steps, min_lr_ratio: AdamW peak learning rate, linear warmup, then cosine
+            decay to ``min_lr_ratio * lr``.
+        weight_decay, grad_clip: AdamW weight decay; gradient-norm clip.
+        eval_samples: samples per held-out problem for the temperature-1 accuracy.
+
+    Args:
+        cache_dir: where built models are kept; default ``.vapo_cache/base`` in the working
+            directory. The model goes to ``<cache_dir>/<config hash>/``.
+        force: rebuild even if the cache has this config.
+        progress: show a rich progress bar while training and measuring.
+        num_threads: torch CPU threads during the build (restored afterwards); None leaves it.
+
+    Returns:
+        the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
+        and one key per digit bucket, e.g. ``"1-10"``}, plus timings, parameter count, final loss
+        and the response-length range in tokens.
+    """
+    config = base_config(**options)
+    root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
+    path = root / config_hash(config)
+    if not force and (path / META_FILE).is_file():
+        meta = json.loads((path / META_FILE).read_text())
+        return BaseModel(path=path, config=meta["config"], metrics=meta["metrics"], cached=True)
+
+    with _threads(num_threads), _progress(progress) as bar:
+        task = ArithTask(config["task_seed"], config["n_train"], config["n_eval"],
+                         min_digits=config["min_digits"], max_digits=config["max_digits"])
+        tokenizer = build_tokenizer(task.vocabulary())
+        model = build_tiny_model(
+            tokenizer,
+            hidden_size=config["hidden_size"],
+            num_layers=config["num_layers"],
+            num_heads=config["num_heads"],
+            num_kv_heads=config["num_kv_heads"],
+            intermediate_size=config["intermediate_size"],
+            max_position_embeddings=config["max_position_embeddings"],
+            seed=config["seed"],
+        )
+        start = time.perf_counter()
+        final_loss = pretrain(model, tokenizer, task, config, bar)
+        train_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        accuracy = measure_accuracy(model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar)
+        eval_seconds = time.perf_counter() - start
+
+    lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in task.train + task.eval]  # + eos
+    metrics = {
+        "accuracy": accuracy,
+        "final_loss": final_loss,
+        "train_seconds": round(train_seconds, 1),
+        "eval_seconds": round(eval_seconds, 1),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "response_tokens": {"min": min(lengths), "max": max(lengths)},
+    }
+    _save_atomically(path, model, tokenizer, {"config": config, "metrics": metrics})
+    return BaseModel(path=path, config=config, metrics=metrics, cached=False)
+
+
+def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Progress | None) -> float:
+    """Returns the mean loss of the last 50 steps after training ``model`` on noisy traces in place.
+
+    Loss: next-token cross-entropy on response tokens and the final eos (not the prompt: its
+    digits are random). Each step takes ``batch_size`` training problems with fresh noise draws,
+    so the model learns the noise *rates*, not one fixed noisy trace per problem. Batches are
+    bucketed by length (8 batches' worth sorted together) to cut padding.
+    """
+    rng = random.Random(f"vapo-lab/base/{config['seed']}")
+    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"])
+    prompt_ids = [tokenizer(p.prompt).input_ids for p in task.train]
+    steps, batch_size = config["steps"], config["batch_size"]
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config["lr"], betas=(0.9, 0.95), weight_decay=config["weight_decay"]
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: _warmup_cosine(s, steps, config["warmup_steps"], config["min_lr_ratio"])
+    )
+    task_id = bar.add_task("pre-training base", total=steps, info="") if bar else None
+    model.train()
+    batches: list[list[int]] = []
+    losses: list[float] = []
+    tokens, start = 0, time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config["seed"])
+        for step in range(steps):
+            if not batches:
+                batches = _bucketed_batches(rng, len(task.train), batch_size, prompt_ids)
+            index = batches.pop()
+            responses = [task.trace(task.train[i], rng, noise) for i in index]
+            input_ids, labels = _collate(
+                [prompt_ids[i] for i in index], tokenizer(responses).input_ids, tokenizer
+            )
+            loss = _response_loss(model, input_ids, labels, tokenizer.pad_token_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            tokens += int((labels != -100).sum())
+            if bar:
+                rate = tokens / (time.perf_counter() - start)
+                bar.update(task_id, advance=1, info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f} · {rate:,.0f} tok/s")
+    model.eval()
+    tail = losses[-50:]
+    return sum(tail) / len(tail)
+
+
+def _response_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Returns the mean next-token cross-entropy over the labelled (response and eos) positions.
+
+    The output layer runs on those positions only: over the prompt and padding its 2823-way
+    softmax would be ~40% of its cost, for logits the loss ignores.
+    """
+    hidden = model.model(input_ids=input_ids, attention_mask=input_ids != pad_id).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.lm_head(hidden[:, :-1][keep])
+    return torch.nn.functional.cross_entropy(logits, targets[keep])
+
+
+def _warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Returns the lr multiplier: linear warmup to 1, then cosine decay to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _bucketed_batches(rng: random.Random, n: int, batch_size: int, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Returns 8 batches of problem indices, each of similar prompt length, in random order."""
+    pool = sorted((rng.randrange(n) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i]))
+    batches = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(prompts: list[list[int]], responses: list[list[int]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns right-padded (input_ids, labels); labels are -100 on prompt and padding."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows = [p + r + [eos] for p, r in zip(prompts, responses)]
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for b, (p, row) in enumerate(zip(prompts, rows)):
+        input_ids[b, : len(row)] = torch.tensor(row)
+        labels[b, len(p) : len(row)] = torch.tensor(row[len(p) :])
+    return input_ids, labels
+
+
+@torch.no_grad()
+def measure_accuracy(
+    model, tokenizer, task: ArithTask, problems: list[Problem], samples: int, seed: int,
+    bar: Progress | None = None, batch_size: int = 64,
+) -> dict[str, dict[str, float]]:
+    """Returns accuracy ("greedy" and "t1", temperature 1 over ``samples`` draws) by digit bucket.
+
+    Uses ``model.generate`` with left padding; problems are batched by length so short ones are
+    not padded to (and generated as long as) long ones.
+    """
+    order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    task_id = bar.add_task("measuring accuracy", total=len(batches) * (1 + samples), info="") if bar else None
+    correct = {"greedy": [0.0] * len(problems), "t1": [0.0] * len(problems)}
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for index in batches:
+                enc = tokenizer([problems[i].prompt for i in index], return_tensors="pt", padding=True)
+                longest = max(problems[i].meta["n_digits"] for i in index)
+                for mode, repeats in (("greedy", 1), ("t1", samples)):
+                    for _ in range(repeats):
+                        out = model.generate(
+                            **enc,
+                            max_new_tokens=3 * longest + 8,
+                            do_sample=mode == "t1",
+                            temperature=1.0,
+                            top_k=0,
+                            top_p=1.0,
+                            pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id,
+                        )
+                        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+                        for i, text in zip(index, texts):
+                            correct[mode][i] += task.verify(text, problems[i]) / repeats
+                        if bar:
+                            bar.update(task_id, advance=1)
+    finally:
+        tokenizer.padding_side = padding_side
+    result: dict[str, dict[str, float]] = {}
+    for mode, scores in correct.items():
+        result[mode] = {"all": round(sum(scores) / max(1, len(scores)), 4)}
+        for lo, hi in BUCKETS:
+            bucket = [s for s, p in zip(scores, problems) if lo <= p.meta["n_digits"] <= hi]
+            if bucket:
+                result[mode][f"{lo}-{hi}"] = round(sum(bucket) / len(bucket), 4)
+    return result
+
+
+def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None:
+    """Writes model, tokenizer and meta to a temporary sibling directory, then renames it to ``path``.
+
+    A crash leaves no half-written cache entry, and two processes building the same config at
+    once both end with a complete one (the loser's copy is discarded).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if path.exists() and not (path / META_FILE).is_file():
+            shutil.rmtree(path)  # a stale, incomplete entry
+        if path.exists():
+            shutil.rmtree(path)  # force=True: replace the old build
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _threads(n: int | None):
+    """Sets torch's CPU thread count for the block, then restores it."""
+    previous = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextmanager
+def _progress(enabled: bool):
+    """Yields a rich Progress showing step, ETA and an info field, or None when disabled."""
+    if not enabled:
+        yield None
+        return
+    columns = (
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+    )
+    with Progress(*columns) as bar:
+        yield bar

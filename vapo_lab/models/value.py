@@ -1,0 +1,73 @@
+"""The value model (critic) and the outcome reward model: a causal-LM backbone with a scalar head.
+
+Both share one class. The reward model is trained to predict the verifier's outcome at the last
+response token; the critic predicts V(s_t) at every token. Initialising the critic from the reward
+model (the paper's choice) therefore starts it with values that are right only at the end of a
+response: the value bias that value pretraining removes (VAPO §3.1, §4.1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+HEAD_FILE = "value_head.pt"
+
+
+class ValueModel(nn.Module):
+    """Backbone (an HF base model, e.g. Qwen2Model) + a linear head: hidden state -> scalar."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_causal_lm(cls, lm: nn.Module) -> ValueModel:
+        """Returns a value model whose backbone is a deep copy of ``lm``'s transformer (head zero)."""
+        import copy
+
+        backbone = copy.deepcopy(lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model)
+        return cls(backbone, lm.config.hidden_size)
+
+    @classmethod
+    def random_like(cls, lm: nn.Module, seed: int = 0) -> ValueModel:
+        """Returns a value model with ``lm``'s architecture and freshly initialised weights."""
+        from transformers import AutoModel
+
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            backbone = AutoModel.from_config(lm.config)
+        return cls(backbone.to(next(lm.parameters()).dtype), lm.config.hidden_size)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Returns one scalar per position, (B, L), for the padded batch ``input_ids`` (B, L)."""
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=positions).last_hidden_state
+        return self.head(hidden).squeeze(-1).float()
+
+    def save(self, path: str | Path) -> None:
+        """Writes the backbone (save_pretrained) and the head to ``path``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backbone.save_pretrained(path)
+        torch.save(self.head.state_dict(), path / HEAD_FILE)
+        (path / "value_model.json").write_text(json.dumps({"hidden_size": self.head.in_features}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ValueModel:
+        """Returns the value model saved at ``path``."""
+        from transformers import AutoModel
+
+        path = Path(path)
+        backbone = AutoModel.from_pretrained(path)
+        hidden = json.loads((path / "value_model.json").read_text())["hidden_size"]
+        model = cls(backbone, hidden)
+        model.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True))
+        return model

@@ -1,0 +1,1 @@
+"""Rollout: the built-in KV-cache sampler (and, on GPUs, vLLM)."""

@@ -1,0 +1,195 @@
+"""The built-in batched sampler: prompts in, n samples each, token ids + log-probs + masks out.
+
+One prefill per prompt, then the KV cache is fanned out to the n samples; rows that emit
+end-of-sequence are dropped from the batch as they finish, so long and short responses share a
+batch without paying for each other's padding. Deterministic for a seed on CPU: every random draw
+comes from one ``torch.Generator``.
+
+Log-probs are those of the sampled token under the temperature-scaled distribution (before top-p
+truncation), the quantity PPO's importance ratio needs when the trainer samples at temperature T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from vapo_lab.rollout.decoder import make_decoder
+
+
+@dataclass
+class Samples:
+    """Sampled responses, right-padded; prompts left-padded. B = prompts x n."""
+
+    prompt_ids: Tensor  # (B, P) left-padded with pad_id
+    prompt_mask: Tensor  # (B, P) bool
+    response_ids: Tensor  # (B, T) right-padded with pad_id (eos included when emitted)
+    response_mask: Tensor  # (B, T) bool prefix mask
+    logprobs: Tensor  # (B, T) float32, 0 at padding
+    lengths: Tensor  # (B,) long: response tokens, eos included
+    finished: Tensor  # (B,) bool: ended with eos (False: truncated at max_new_tokens)
+    prompt_index: Tensor  # (B,) long: which prompt each row answers (rows of one prompt adjacent)
+
+    @property
+    def truncated(self) -> Tensor:
+        """Returns (B,) bool: responses cut at max_new_tokens without an eos."""
+        return ~self.finished
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Returns logits with everything outside the smallest set of mass >= top_p set to -inf."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    # drop a token when the mass before it already reaches top_p (the first token always stays)
+    drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    n: int = 1,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_id: int | Sequence[int] = 0,
+    pad_id: int = 0,
+    generator: torch.Generator | None = None,
+    fast: bool = True,
+    max_batch: int = 256,
+) -> Samples:
+    """Returns n samples for each prompt (token id lists), sampled with a KV cache.
+
+    Args:
+        model: a causal LM (HF interface); Qwen2/Llama models take the fast decoder.
+        prompts: token ids of each prompt (no padding).
+        n: samples per prompt; the rows of one prompt are adjacent in the output.
+        max_new_tokens: responses stop here if no eos came first (they are then "truncated").
+        temperature: logits are divided by it; 0 means greedy (argmax) decoding.
+        top_p: nucleus sampling mass in (0, 1].
+        eos_id: token id(s) that end a response (kept as its last token).
+        pad_id: id used for padding.
+        generator: source of randomness (seed it for determinism).
+        fast: use the fast decoder when the model supports it.
+        max_batch: at most this many rows decoded at once (prompts are chunked).
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy decoding)")
+    eos = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id))
+    per_chunk = max(1, max_batch // n)
+    parts = [
+        _sample_chunk(model, prompts[i:i + per_chunk], n, max_new_tokens, temperature, top_p, eos,
+                      pad_id, generator, fast, offset=i)
+        for i in range(0, len(prompts), per_chunk)
+    ]
+    return _concat(parts, pad_id)
+
+
+def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, max_new: int,
+                  temperature: float, top_p: float, eos: Tensor, pad_id: int,
+                  generator: torch.Generator | None, fast: bool, offset: int) -> Samples:
+    device = next(model.parameters()).device
+    eos = eos.to(device)
+    n_prompts = len(prompts)
+    width = max(len(p) for p in prompts)
+    prompt_ids = torch.full((n_prompts, width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros(n_prompts, width, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        if len(p):
+            prompt_ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            prompt_mask[i, width - len(p):] = True
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+
+    rows = n_prompts * n
+    decoder = make_decoder(model, n_prompts, width + max_new, fast=fast)
+    logits = decoder.prefill(prompt_ids, prompt_mask)
+    if n > 1:
+        decoder.repeat(n)
+        logits = logits.repeat_interleave(n, dim=0)
+
+    out_ids = torch.full((rows, max_new), pad_id, dtype=torch.long, device=device)
+    out_logp = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
+    lengths = torch.full((rows,), max_new, dtype=torch.long, device=device)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    alive = torch.arange(rows, device=device)  # global row of each decoder row
+    running = torch.ones(rows, dtype=torch.bool, device=device)  # decoder rows still generating
+    for t in range(max_new):
+        token, logp = _draw(logits, temperature, top_p, generator)
+        live = running.nonzero().squeeze(-1)
+        out_ids[alive[live], t] = token[live]
+        out_logp[alive[live], t] = logp[live]
+        done = running & torch.isin(token, eos)
+        if done.any():
+            ended = alive[done]
+            finished[ended] = True
+            lengths[ended] = t + 1
+            running &= ~done
+            n_live = int(running.sum())
+            if n_live == 0:
+                break
+            # drop finished rows from the cache once they are a quarter of the batch: copying
+            # the cache at every single finish would cost more than decoding a few dead rows
+            if running.numel() - n_live >= max(1, running.numel() // 4):
+                keep = running.nonzero().squeeze(-1)
+                decoder.select(keep)
+                alive, token, running = alive[keep], token[keep], running[keep]
+        if t + 1 < max_new:
+            logits = decoder.step(token)
+
+    response_mask = torch.arange(max_new, device=device)[None, :] < lengths[:, None]
+    out_ids = out_ids.masked_fill(~response_mask, pad_id)
+    out_logp = out_logp.masked_fill(~response_mask, 0.0)
+    used = int(lengths.max().item()) if rows else 0
+    index = torch.arange(n_prompts, device=device).repeat_interleave(n) + offset
+    return Samples(
+        prompt_ids=prompt_ids.repeat_interleave(n, dim=0), prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
+        response_ids=out_ids[:, :used], response_mask=response_mask[:, :used], logprobs=out_logp[:, :used],
+        lengths=lengths, finished=finished, prompt_index=index,
+    )
+
+
+def _draw(logits: Tensor, temperature: float, top_p: float,
+          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Returns (tokens, their log-probs under the temperature-scaled distribution); T = 0 is greedy."""
+    if temperature == 0:
+        logp_all = logits.float().log_softmax(-1)
+        token = logp_all.argmax(-1)
+    else:
+        scaled = logits.float() / temperature
+        logp_all = scaled.log_softmax(-1)
+        probs = top_p_filter(scaled, top_p).softmax(-1)
+        # draws on the CPU generator so that a seed gives the same samples on any device
+        token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+    return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _pad_to(x: Tensor, width: int, value: float | int | bool, left: bool = False) -> Tensor:
+    extra = width - x.shape[1]
+    if extra == 0:
+        return x
+    fill = torch.full((x.shape[0], extra), value, dtype=x.dtype, device=x.device)
+    return torch.cat([fill, x] if left else [x, fill], dim=1)
+
+
+def _concat(parts: list[Samples], pad_id: int) -> Samples:
+    if len(parts) == 1:
+        return parts[0]
+    p = max(s.prompt_ids.shape[1] for s in parts)
+    t = max(s.response_ids.shape[1] for s in parts)
+    return Samples(
+        prompt_ids=torch.cat([_pad_to(s.prompt_ids, p, pad_id, left=True) for s in parts]),
+        prompt_mask=torch.cat([_pad_to(s.prompt_mask, p, False, left=True) for s in parts]),
+        response_ids=torch.cat([_pad_to(s.response_ids, t, pad_id) for s in parts]),
+        response_mask=torch.cat([_pad_to(s.response_mask, t, False) for s in parts]),
+        logprobs=torch.cat([_pad_to(s.logprobs, t, 0.0) for s in parts]),
+        lengths=torch.cat([s.lengths for s in parts]),
+        finished=torch.cat([s.finished for s in parts]),
+        prompt_index=torch.cat([s.prompt_index for s in parts]),
+    )

@@ -1,0 +1,91 @@
+"""Verifiable tasks: the Problem record, the answer extractor and the task registry.
+
+A task object has ``.train`` and ``.eval`` (lists of :class:`Problem`, disjoint) and
+``.verify(response_text, problem) -> bool``; the reward (1/0 or ±1) is made from that bool
+elsewhere, so every task is graded the same way by the rollout and by evaluation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vapo_lab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: the prompt given to the policy and the reference answer the verifier checks."""
+
+    id: str
+    prompt: str
+    answer: str
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def last_boxed(text: str) -> str | None:
+    r"""Returns the content of the last ``\boxed{...}`` in ``text`` (braces balanced), else None.
+
+    The last one wins because a chain of thought may box intermediate results before the final
+    answer. An unclosed last ``\boxed{`` gives None: a truncated response has no answer.
+    """
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    i = start + len("\\boxed{")
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None
+
+
+# name -> "module:attribute" for the built-in tasks, imported on first use (a task may pull heavy
+# dependencies, e.g. math-verify, that the others do not need).
+_BUILTIN: dict[str, str] = {
+    "arith": "vapo_lab.tasks.arith:ArithTask",
+    "math": "vapo_lab.tasks.math:MathTask",
+}
+_REGISTERED: dict[str, Callable[..., Any]] = {}
+
+
+def register_task(name: str, factory: Callable[..., Any]) -> Callable[..., Any]:
+    """Returns ``factory`` after registering it as task ``name``; a taken name raises ValueError."""
+    if name in _REGISTERED or name in _BUILTIN:
+        raise ValueError(f"task {name!r} is already registered")
+    _REGISTERED[name] = factory
+    return factory
+
+
+def task_names() -> list[str]:
+    """Returns the names ``build_task`` accepts, built-ins first."""
+    return list(_BUILTIN) + list(_REGISTERED)
+
+
+def build_task(name: str, **kwargs: Any) -> Any:
+    """Returns the task called ``name`` built with ``kwargs`` (e.g. seed, n_train, n_eval, options).
+
+    Raises:
+        ConfigError: ``name`` is not a registered task; the message lists the valid ones.
+    """
+    if name in _REGISTERED:
+        return _REGISTERED[name](**kwargs)
+    if name not in _BUILTIN:
+        names = task_names()
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(
+            f"task.name={name!r} is not a known task{hint}. Set task.name to one of: {', '.join(names)}."
+        )
+    module, attr = _BUILTIN[name].split(":")
+    return getattr(importlib.import_module(module), attr)(**kwargs)
+
+
+__all__ = ["Problem", "build_task", "last_boxed", "register_task", "task_names"]

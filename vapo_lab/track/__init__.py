@@ -1,0 +1,23 @@
+"""Tracking: MLflow (a local store by default, a server when given) or nothing, same methods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vapo_lab.track.mlflow_tracker import (
+    MlflowTracker,
+    NullTracker,
+    TrackingError,
+    flatten,
+    resolve_tracking_uri,
+)
+
+__all__ = ["MlflowTracker", "NullTracker", "TrackingError", "flatten", "make_tracker", "resolve_tracking_uri"]
+
+
+def make_tracker(backend: str, uri: str | None = None, experiment: str = "vapo-lab",
+                 spool_dir: str | None = None) -> Any:
+    """Returns the tracker for ``tracking.backend`` (mlflow | none)."""
+    if backend == "none":
+        return NullTracker()
+    return MlflowTracker(uri=uri, experiment=experiment, spool_dir=spool_dir)

@@ -1,0 +1,156 @@
+"""Where the critic starts: a reward model trained on the base policy's samples, value pretraining.
+
+Both are cached by a hash of everything that determines them (base model, task, reward, critic
+and rollout settings) under ``.vapo_cache/``, so every cell of an ablation grid shares one reward
+model and one pretrained critic, built once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from vapo_lab.algo import explained_variance, gae
+from vapo_lab.models.value import ValueModel
+from vapo_lab.rollout.sampler import sample
+from vapo_lab.trainer.forward import Rows, value_forward
+
+CACHE_VERSION = 1
+
+
+def cache_key(*parts: Any) -> str:
+    """Returns a 16-hex-digit hash of JSON-serialisable ``parts``."""
+    blob = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save(tmp)
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def rollout_rows(policy: nn.Module, prompts: list[list[int]], n: int, cfg: DictConfig, eos_ids: list[int],
+                 pad_id: int, generator: torch.Generator) -> tuple[Rows, Any]:
+    """Returns (rows, samples) of n samples per prompt at the training temperature."""
+    s = sample(policy, prompts, n=n, max_new_tokens=int(cfg.rollout.max_new_tokens),
+               temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
+               eos_id=eos_ids, pad_id=pad_id, generator=generator)
+    return Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask), s
+
+
+def build_reward_model(policy: nn.Module, policy_key: str, cfg: DictConfig, draw: Callable[[int], Any],
+                       score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
+                       encode: Callable[[list[Any]], list[list[int]]], eos_ids: list[int], pad_id: int,
+                       cache_dir: Path, log: Callable[[str], None] = print) -> Path:
+    """Returns the path of an outcome reward model trained on the base policy's own samples.
+
+    The model (policy backbone + scalar head) regresses the verifier's reward at the last response
+    token with a squared loss, on ``rm_samples`` fresh samples per round; its output is in reward
+    units, so a critic initialised from it predicts the final reward everywhere — right at the end
+    of a response, biased before it (the paper's starting point).
+    """
+    opts = cfg.critic
+    key = cache_key("rm", policy_key, OmegaConf.to_container(cfg.task), OmegaConf.to_container(cfg.reward),
+                    float(cfg.rollout.temperature), int(cfg.rollout.max_new_tokens), opts.rm_steps, opts.rm_batch)
+    path = cache_dir / "reward_model" / key
+    if (path / "meta.json").is_file():
+        return path
+    log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
+    gen = torch.Generator().manual_seed(int(cfg.task.seed))
+    rm = ValueModel.from_causal_lm(policy)
+    opt = torch.optim.AdamW(rm.parameters(), lr=float(cfg.trainer.critic_lr) * 5)
+    history = []
+    for step in range(int(opts.rm_steps)):
+        problems = draw(int(opts.rm_batch))
+        rows, samples = rollout_rows(policy, encode(problems), 1, cfg, eos_ids, pad_id, gen)
+        scores, _, _ = score(samples, problems)
+        last = samples.lengths - 1
+        rm.train()
+        for mb in torch.randperm(len(problems), generator=gen).split(int(cfg.trainer.micro_batch_size)):
+            r = rows.take(mb)
+            pred = value_forward(rm, r)[torch.arange(len(mb)), last[mb]]
+            loss = ((pred - scores[mb]) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(rm.parameters(), float(cfg.trainer.grad_clip))
+            opt.step()
+        history.append(float(loss.detach()))
+    rm.eval()
+    _atomic_save(rm, path, {"kind": "reward_model", "loss": history})
+    return path
+
+
+def pretrain_critic(critic: ValueModel, critic_key: str, policy: nn.Module, cfg: DictConfig,
+                    draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
+                    encode: Callable[[list[Any]], list[list[int]]], eos_ids: list[int], pad_id: int,
+                    updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
+                    log_metrics: Callable[[dict[str, float], int], None]) -> tuple[ValueModel, dict[str, Any]]:
+    """Returns the critic after value pretraining (VAPO §4.1) and the pretraining history.
+
+    The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
+    (GAE with λ = critic.pretrain.lam, 1.0: the return itself) and takes the critic's usual
+    mini-batch steps on them. Stops after ``critic.pretrain.steps`` or once explained variance
+    reaches ``critic.pretrain.min_explained_variance``. Cached: a grid pretrains once.
+    """
+    from vapo_lab.trainer.loop import Batch, token_rewards
+
+    pre = cfg.critic.pretrain
+    key = cache_key("pretrain", critic_key, OmegaConf.to_container(cfg.task), OmegaConf.to_container(cfg.reward),
+                    OmegaConf.to_container(cfg.critic), float(cfg.rollout.temperature), float(cfg.rollout.top_p),
+                    int(cfg.rollout.max_new_tokens), int(cfg.rollout.responses_per_step),
+                    int(cfg.rollout.n_samples), float(cfg.trainer.critic_lr), int(cfg.trainer.mini_batch_size),
+                    int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma))
+    path = cache_dir / "pretrained_critic" / key
+    if (path / "meta.json").is_file():
+        meta = json.loads((path / "meta.json").read_text())
+        for i, m in enumerate(meta["history"]):
+            log_metrics(m, i)
+        return ValueModel.load(path), {**meta, "cached": True, "path": str(path)}
+    gen = torch.Generator().manual_seed(int(cfg.task.seed) + 1)
+    updater = updater_factory(critic)
+    n = int(cfg.rollout.n_samples)
+    history: list[dict[str, float]] = []
+    for step in range(int(pre.steps)):
+        problems = draw(int(cfg.rollout.responses_per_step) // n)
+        rows, samples = rollout_rows(policy, encode(problems), n, cfg, eos_ids, pad_id, gen)
+        rep = [p for p in problems for _ in range(n)]
+        scores, correct, _ = score(samples, rep)
+        values = batched_values(critic, rows, int(cfg.trainer.micro_batch_size))
+        rewards = token_rewards(scores, rows.response_mask)
+        _, returns = gae(rewards, values, rows.response_mask, float(pre.lam), gamma=float(cfg.gae.gamma))
+        ev = float(explained_variance(values, returns, rows.response_mask))
+        batch = Batch(rows=rows, problems=rep, scores=scores, correct=correct, lengths=samples.lengths,
+                      truncated=samples.truncated, old_logprobs=samples.logprobs, values=values, returns=returns)
+        m = updater.critic_update(batch, step)
+        metrics = {"pretrain/value_loss": m["critic/value_loss"], "pretrain/explained_variance": ev,
+                   "pretrain/reward": float(scores.mean())}
+        history.append(metrics)
+        log_metrics(metrics, step)
+        if pre.min_explained_variance is not None and ev >= float(pre.min_explained_variance):
+            break
+    meta = {"kind": "pretrained_critic", "history": history, "steps": len(history)}
+    _atomic_save(critic, path, meta)
+    return critic, {**meta, "cached": False, "path": str(path)}
+
+
+@torch.no_grad()
+def batched_values(critic: nn.Module, rows: Rows, micro: int) -> torch.Tensor:
+    """Returns V(s_t) for all rows, (B, T), computed ``micro`` rows at a time."""
+    width = rows.response_ids.shape[1]
+    parts = [value_forward(critic, rows.take(idx)) for idx in torch.arange(len(rows.response_ids)).split(micro)]
+    return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in parts])
