@@ -114,6 +114,8 @@ DEFAULTS: dict[str, Any] = {
     "min_lr_ratio": 0.1,
     "weight_decay": 0.01,
     "grad_clip": 1.0,
+    "curriculum": 0.0,
+    "curriculum_start": 8,
     # measurement: samples per eval problem at temperature 1 (greedy takes one)
     "eval_samples": 2,
 }
@@ -222,7 +224,12 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Pro
         torch.manual_seed(config["seed"])
         for step in range(steps):
             if not batches:
-                batches = _bucketed_batches(rng, len(task.train), batch_size, prompt_ids)
+                # curriculum: the digit cap grows linearly to max_digits over the first
+                # `curriculum` fraction of the steps (short problems teach the column sum cheaply)
+                ramp = min(1.0, step / max(1.0, config["curriculum"] * steps))
+                cap = config["min_digits"] + ramp * (config["max_digits"] - config["min_digits"])
+                pool = [i for i in range(len(task.train)) if task.train[i].meta["n_digits"] <= max(cap, config["curriculum_start"])]
+                batches = _bucketed_batches(rng, pool, batch_size, prompt_ids)
             index = batches.pop()
             responses = [task.trace(task.train[i], rng, noise) for i in index]
             input_ids, labels = _collate(
@@ -265,9 +272,9 @@ def _warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> floa
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _bucketed_batches(rng: random.Random, n: int, batch_size: int, prompt_ids: list[list[int]]) -> list[list[int]]:
-    """Returns 8 batches of problem indices, each of similar prompt length, in random order."""
-    pool = sorted((rng.randrange(n) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i]))
+def _bucketed_batches(rng: random.Random, pool: list[int], batch_size: int, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Returns 8 batches of problem indices from ``pool``, each of similar prompt length, in random order."""
+    pool = sorted((rng.choice(pool) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i]))
     batches = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
     rng.shuffle(batches)
     return batches

@@ -91,3 +91,10 @@ def test_malformed_data_line_is_reported_with_its_number(workdir, tmp_path):
                                          "model.path=/nonexistent", "tracking=none"])
     with pytest.raises(ConfigError, match=r"d.jsonl:2: not valid JSON"):
         train(composed.cfg, composed.choices, progress=False, log=lambda m: None)
+
+
+def test_vllm_backend_without_vllm_or_gpu_fails_in_one_line(workdir):
+    from vapo_lab.rollout.vllm_backend import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="rollout.backend=builtin"):
+        _train(workdir, "vllm", extra=["rollout=vllm"])

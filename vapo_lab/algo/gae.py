@@ -6,32 +6,37 @@ one reverse scan per response,
 
     A_t = δ_t + γλ·A_{t+1},   δ_t = r_t + γ·V_{t+1} − V_t,   A_L = 0, V_L = 0,
 
-which `gae` evaluates without a Python loop over the T time steps (see `_reverse_discounted_cumsum`).
+which `gae` evaluates without a Python loop over the T time steps (see
+`_reverse_discounted_cumsum`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Chunk size K of the chunked scan. Measured on a 2-core Xeon (Sapphire Rapids) CPU, float32,
-# per-sequence λ, median of 9 runs of `gae` (vapo_lab.bench.gae), ms at 512×4096 / 8192×1024:
-#   K = 16: 7.6 / 33   K = 32: 7.0 / 33   K = 64: 9.4 / 37   K = 128: 17 / 60
-# K trades the matmul's work (B·T·K multiply-adds) and, for per-sequence λ, the B·K² discount
-# matrices against the number of recursion levels (log_K T). 32 is at the minimum for both shapes;
-# the per-sequence matrices are further capped at K² ≤ T/2 (`_chunk_size`) so they never outgrow the
-# data, which matters at short T and on the recursion levels (T/K, T/K², ...).
-_CHUNK = 32
+# Chunk size K of the chunked scan. K trades the matmul's work (B·T·K multiply-adds) against
+# the number of recursion levels (log_K T); with one λ per response the B discount matrices also
+# cost B·K² to build, against the data's B·T. Measured on this project's 2-core Xeon (shared with
+# other jobs, so with 1 thread: 2-thread timings were too noisy to rank), float32, lower-quartile
+# ms of 16 calls, range over 3 runs, at 512×4096 / 8192×1024:
+#   per-response λ:  K = 8: 25–34 / 112–144   K = 16: 20–30 / 128–136   K = 32: 24–32 / 167–180
+#                    K = 64: 29–45 / 231–240   K = 128: 51–61 / 490–565
+#   one shared λ:    K = 8: 22–33 / 98–132     K = 16: 18–27 / 105–108   K = 32: 20–28 / 105–110
+#                    K = 64: 20–29 / 113–117   K = 128: 25–32 / 112–130
+# K = 16 was fastest or tied in every run for both kinds of λ; larger K loses to the extra
+# matmul work (and, per response, to the B·K² matrices), smaller K to the extra levels.
+_CHUNK = 16
 
 # On CPU the batch is processed in blocks of about this many (B·T) elements (1 MiB of float32),
-# so that every temporary stays in the L2 cache and below glibc's mmap threshold. Without it each
-# full-size temporary is a fresh mmap whose page faults cost more than the arithmetic (measured
-# 2-5× slower at 8192×1024). This loop runs over rows, never over time steps. On accelerators the
-# whole batch is one block.
+# so that the ~10 elementwise passes over each block hit the L2 cache instead of DRAM, and no
+# temporary reaches the 32 MiB at which glibc maps fresh pages (page faults) on every call.
+# Median ms with 1 thread, K = 16, two runs, at 512×4096 / 8192×1024: 2^15: 23–24 / 128–147,
+# 2^17: 18–19 / 100–116, 2^18: 19–20 / 106–115, 2^20: 19–21 / 113–128, unblocked: 22–23 / 167–190.
+# This loop runs over rows, never over time steps. On accelerators the batch is one block.
 _CPU_BLOCK_ELEMENTS = 1 << 18
 
 
@@ -88,7 +93,7 @@ def gae(
     δ = [0, 0, 0.5]; λ = 0.5 gives A = [0.125, 0.25, 0.5]; λ = 1 gives returns [1, 1, 1].
 
     The scan runs without a Python loop over time (see `_reverse_discounted_cumsum`): O(B·T·K)
-    work in batched matmuls plus O(log_K T) recursion levels, K = 32.
+    work in batched matmuls plus O(log_K T) recursion levels (K = 16).
 
     Args:
         rewards: token rewards r, shape (B, T); usually the verifier's reward at the last valid
@@ -224,24 +229,18 @@ class _Level(NamedTuple):
     decay: Tensor  # c^{K−i} for i = 0 .. K−1: (K,), or (B, K)
 
 
-def _chunk_size(length: int, per_row: bool) -> int:
-    """Chunk size K for a scan of `length` steps: at most _CHUNK and ≥ 2 (so levels shrink)."""
-    if length <= 2:
-        return max(length, 1)
-    chunk = _CHUNK
-    if per_row:
-        # Per-row discount matrices cost B·K² against the data's B·T: keep K² ≤ T/2 (but K ≥ 8,
-        # where the matrices are tiny anyway), so they never dominate on short levels.
-        chunk = min(chunk, max(8, 1 << (int(math.log2(length / 2)) // 2)))
-    return max(2, min(chunk, length))
+def _chunk_size(length: int) -> int:
+    """Chunk size K for a scan of `length` steps: _CHUNK, or one chunk if T is shorter."""
+    return max(1, min(_CHUNK, length))
 
 
 def _discount_powers(coef: Tensor, count: int) -> Tensor:
     """Powers c^0 .. c^count of the discount c = γλ, shape (count + 1,) or (B, count + 1)."""
     exponents = torch.arange(count + 1, device=coef.device, dtype=coef.dtype)
     powers = coef.unsqueeze(-1) ** exponents  # c^e; torch gives 0^0 = 1, so λ = 0 works
-    # Flush powers whose products with O(1) data would be subnormal: subnormal arithmetic is
-    # ~100× slower on x86 and these terms are below the dtype's resolution of any O(1) sum.
+    # Flush powers whose products with O(1) data would be subnormal: subnormal arithmetic takes
+    # microcode assists on x86 (many times slower), and such terms are far below the resolution
+    # of any O(1) sum.
     finfo = torch.finfo(coef.dtype)
     return torch.where(powers < finfo.tiny / finfo.eps, torch.zeros_like(powers), powers)
 
@@ -267,10 +266,9 @@ def _scan_plan(length: int, coef: Tensor) -> list[_Level]:
     Level 0 scans the T steps in chunks of K_0; level 1 scans the ⌈T/K_0⌉ chunk starts with
     discount c^{K_0}; and so on until one chunk covers a level: O(log_K T) levels.
     """
-    per_row = coef.dim() == 1
     levels = []
     while True:
-        chunk = _chunk_size(length, per_row)
+        chunk = _chunk_size(length)
         n_chunks = -(-length // chunk)
         powers = _discount_powers(coef, chunk)  # c^0 .. c^K
         decay = powers[..., 1:].flip(-1)  # c^{K−i} for i = 0 .. K−1

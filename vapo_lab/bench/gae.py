@@ -151,6 +151,20 @@ def run_gae_benchmark(
         torch.set_num_threads(previous_threads)
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """Returns [(B, T), ...] from text like ``"512x4096,8192x1024"``; raises ConfigError if malformed."""
+    from vapo_lab.errors import ConfigError
+
+    shapes = []
+    for part in text.split(","):
+        b, sep, t = part.strip().lower().partition("x")
+        if not sep or not b.isdigit() or not t.isdigit() or int(b) < 1 or int(t) < 1:
+            raise ConfigError(f"--shapes {text!r}: {part.strip()!r} is not BxT with positive integers, "
+                              "e.g. --shapes 512x4096,8192x1024")
+        shapes.append((int(b), int(t)))
+    return shapes
+
+
 def format_gae_benchmark(rows: Sequence[dict[str, float | int]]) -> str:
     """Plain-text table of `run_gae_benchmark` rows, one line per shape under a header."""
     header = f"{'B':>6} {'T':>6} {'vectorised ms':>14} {'loop ms':>10} {'speedup':>8} {'max |diff|':>11}"

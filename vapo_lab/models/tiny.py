@@ -37,6 +37,7 @@ def build_tiny_model(
     seed: int = 0,
     tie_word_embeddings: bool = True,
     structured_init: bool = True,
+    rope_theta: float = 10000.0,
 ) -> Qwen2ForCausalLM:
     """Returns a randomly initialised Qwen2ForCausalLM sized for ``tokenizer`` (~1.1M parameters).
 
@@ -70,6 +71,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -1,1 +1,48 @@
-"""Rollout: the built-in KV-cache sampler (and, on GPUs, vLLM)."""
+"""Rollout: the built-in KV-cache sampler and, on GPUs, vLLM, behind one call.
+
+``make_generator`` returns ``generate(prompts, n, temperature, top_p, generator) -> Samples``; the
+trainer, value pretraining, the reward model and evaluation all sample through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vapo_lab.rollout.sampler import Samples, sample
+
+Generate = Callable[[Sequence[Sequence[int]], int, float, float, torch.Generator], Samples]
+
+
+def make_generator(backend: str, policy: nn.Module, max_new_tokens: int, eos_ids: list[int], pad_id: int,
+                   engine: Any = None) -> Generate:
+    """Returns the sampling function of ``rollout.backend`` (builtin, or vllm with its ``engine``)."""
+    if backend == "builtin":
+        def generate(prompts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
+                     generator: torch.Generator) -> Samples:
+            return sample(policy, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                          top_p=top_p, eos_id=eos_ids, pad_id=pad_id, generator=generator)
+        return generate
+
+    def generate_vllm(prompts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
+                      generator: torch.Generator) -> Samples:
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        return engine.sample(prompts, n, max_new_tokens, temperature, top_p, eos_ids, pad_id, seed)
+    return generate_vllm
+
+
+def make_engine(backend: str, model_path: str | Path, cfg: Any) -> Any:
+    """Returns the vLLM engine for rollout.backend=vllm (None for builtin); fails early and clearly."""
+    if backend != "vllm":
+        return None
+    from vapo_lab.rollout.vllm_backend import VllmEngine
+
+    v = cfg.rollout.vllm
+    max_len = int(cfg.model.arch.max_position_embeddings) if cfg.model.name == "tiny" else None
+    return VllmEngine(model_path, dtype=cfg.model.dtype, seed=int(cfg.seed), max_model_len=max_len,
+                      gpu_memory_utilization=float(v.gpu_memory_utilization),
+                      tensor_parallel_size=int(v.tensor_parallel_size), enforce_eager=bool(v.enforce_eager))

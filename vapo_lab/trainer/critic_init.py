@@ -21,7 +21,7 @@ from torch import nn
 
 from vapo_lab.algo import explained_variance, gae
 from vapo_lab.models.value import ValueModel
-from vapo_lab.rollout.sampler import sample
+from vapo_lab.rollout import Generate
 from vapo_lab.trainer.forward import Rows, value_forward
 
 CACHE_VERSION = 1
@@ -44,19 +44,18 @@ def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def rollout_rows(policy: nn.Module, prompts: list[list[int]], n: int, cfg: DictConfig, eos_ids: list[int],
-                 pad_id: int, generator: torch.Generator) -> tuple[Rows, Any]:
+def rollout_rows(generate: Generate, prompts: list[list[int]], n: int, cfg: DictConfig,
+                 generator: torch.Generator) -> tuple[Rows, Any]:
     """Returns (rows, samples) of n samples per prompt at the training temperature."""
-    s = sample(policy, prompts, n=n, max_new_tokens=int(cfg.rollout.max_new_tokens),
-               temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
-               eos_id=eos_ids, pad_id=pad_id, generator=generator)
+    s = generate(prompts, n, float(cfg.rollout.temperature), float(cfg.rollout.top_p), generator)
     return Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask), s
 
 
-def build_reward_model(policy: nn.Module, policy_key: str, cfg: DictConfig, draw: Callable[[int], Any],
+def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, cfg: DictConfig,
+                       draw: Callable[[int], Any],
                        score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
-                       encode: Callable[[list[Any]], list[list[int]]], eos_ids: list[int], pad_id: int,
-                       cache_dir: Path, log: Callable[[str], None] = print) -> Path:
+                       encode: Callable[[list[Any]], list[list[int]]], cache_dir: Path,
+                       log: Callable[[str], None] = print) -> Path:
     """Returns the path of an outcome reward model trained on the base policy's own samples.
 
     The model (policy backbone + scalar head) regresses the verifier's reward at the last response
@@ -77,7 +76,7 @@ def build_reward_model(policy: nn.Module, policy_key: str, cfg: DictConfig, draw
     history = []
     for step in range(int(opts.rm_steps)):
         problems = draw(int(opts.rm_batch))
-        rows, samples = rollout_rows(policy, encode(problems), 1, cfg, eos_ids, pad_id, gen)
+        rows, samples = rollout_rows(generate, encode(problems), 1, cfg, gen)
         scores, _, _ = score(samples, problems)
         last = samples.lengths - 1
         rm.train()
@@ -95,10 +94,9 @@ def build_reward_model(policy: nn.Module, policy_key: str, cfg: DictConfig, draw
     return path
 
 
-def pretrain_critic(critic: ValueModel, critic_key: str, policy: nn.Module, cfg: DictConfig,
+def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg: DictConfig,
                     draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
-                    encode: Callable[[list[Any]], list[list[int]]], eos_ids: list[int], pad_id: int,
-                    updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
+                    encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
                     log_metrics: Callable[[dict[str, float], int], None]) -> tuple[ValueModel, dict[str, Any]]:
     """Returns the critic after value pretraining (VAPO §4.1) and the pretraining history.
 
@@ -127,7 +125,7 @@ def pretrain_critic(critic: ValueModel, critic_key: str, policy: nn.Module, cfg:
     history: list[dict[str, float]] = []
     for step in range(int(pre.steps)):
         problems = draw(int(cfg.rollout.responses_per_step) // n)
-        rows, samples = rollout_rows(policy, encode(problems), n, cfg, eos_ids, pad_id, gen)
+        rows, samples = rollout_rows(generate, encode(problems), n, cfg, gen)
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(samples, rep)
         values = batched_values(critic, rows, int(cfg.trainer.micro_batch_size))

@@ -28,7 +28,7 @@ from vapo_lab.algo import explained_variance, masked_mean
 from vapo_lab.components import COMPONENTS
 from vapo_lab.errors import ConfigError
 from vapo_lab.models.value import ValueModel
-from vapo_lab.rollout.sampler import sample
+from vapo_lab.rollout import Generate, make_engine, make_generator
 from vapo_lab.tasks import build_task
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
@@ -120,8 +120,8 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> tuple[Any, Any, str, dict]:
-    """Returns (policy, tokenizer, a cache key of the initial weights, base metrics)."""
+def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> tuple[Any, Any, str, dict, Path]:
+    """Returns (policy, tokenizer, a cache key of the initial weights, base metrics, its directory)."""
     from vapo_lab.models.load import load_model_and_tokenizer
 
     if cfg.model.name == "tiny":
@@ -144,19 +144,18 @@ def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> 
         key, metrics = str(path.resolve()), {}
     policy, tokenizer = load_model_and_tokenizer(path, dtype=cfg.model.dtype, tokenizer_path=cfg.model.tokenizer_path,
                                                  trust_remote_code=cfg.model.trust_remote_code)
-    return policy, tokenizer, key, metrics
+    return policy, tokenizer, key, metrics, path
 
 
 @torch.no_grad()
-def evaluate(policy: Any, tokenizer: Any, task: Any, grader: Grader, cfg: DictConfig, seed: int,
-             eos_ids: list[int]) -> dict[str, float]:
+def evaluate(generate: Generate, tokenizer: Any, task: Any, grader: Grader, cfg: DictConfig,
+             seed: int) -> dict[str, float]:
     """Returns held-out avg@k (mean per-sample accuracy), pass@k and mean length on the eval split."""
     k = int(cfg.rollout.eval_samples)
     problems = list(task.eval)
     gen = torch.Generator().manual_seed(seed)
-    s = sample(policy, encode_prompts(tokenizer, problems, cfg.model.chat_template), n=k,
-               max_new_tokens=int(cfg.rollout.max_new_tokens), temperature=float(cfg.rollout.eval_temperature),
-               top_p=float(cfg.rollout.eval_top_p), eos_id=eos_ids, pad_id=tokenizer.pad_token_id, generator=gen)
+    s = generate(encode_prompts(tokenizer, problems, cfg.model.chat_template), k,
+                 float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen)
     rep = [p for p in problems for _ in range(k)]
     _, correct, _ = grader(s, rep)
     per_problem = correct.float().view(len(problems), k)
@@ -176,6 +175,10 @@ class Run:
         if cfg.trainer.threads:
             torch.set_num_threads(int(cfg.trainer.threads))
         self.device = _device(cfg.trainer.device)
+        if cfg.rollout.backend == "vllm":  # fail before any compute when vLLM or a GPU is missing
+            from vapo_lab.rollout.vllm_backend import require_vllm
+
+            require_vllm()
         resume_dir = Path(cfg.resume) if cfg.resume else None
         if resume_dir is not None and not (resume_dir / "run.json").is_file():
             raise ConfigError(f"resume={cfg.resume} is not a vapo-lab run directory (no run.json): "
@@ -184,11 +187,14 @@ class Run:
         torch.manual_seed(int(cfg.seed))
 
         self.task = build_task(cfg.task.name, **self._task_kwargs())
-        self.policy, self.tokenizer, policy_key, self.base_metrics = load_policy(cfg, log, progress)
+        self.policy, self.tokenizer, policy_key, self.base_metrics, policy_path = load_policy(cfg, log, progress)
         self.policy.to(self.device).eval()
         tok = self.tokenizer
         self.eos_ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else (self.eos_ids or [0])[0]
+        self.engine = make_engine(cfg.rollout.backend, policy_path, cfg)
+        self.generate = make_generator(cfg.rollout.backend, self.policy, int(cfg.rollout.max_new_tokens),
+                                       self.eos_ids, self.pad_id, self.engine)
         self.encode = lambda problems: encode_prompts(tok, problems, cfg.model.chat_template)
         self.grader = Grader(self.task, tok, float(cfg.reward.correct), float(cfg.reward.wrong),
                              cfg.reward.overlong)
@@ -231,6 +237,7 @@ class Run:
                                self.gen_update)
         self.step = 0
         self.best_eval: float | None = None
+        self._warned_lambda = False
         if resume_dir:
             self._resume()
 
@@ -258,8 +265,8 @@ class Run:
         init = cfg.critic.init
         draw_rng = DataStream(self.task.train, int(cfg.task.seed) + 99)
         if init == "reward_model":
-            rm_path = build_reward_model(self.policy, policy_key, cfg, draw_rng.take, self.grader, self.encode,
-                                         self.eos_ids, self.pad_id, CACHE_DIR, log=self.log)
+            rm_path = build_reward_model(self.policy, self.generate, policy_key, cfg, draw_rng.take, self.grader,
+                                         self.encode, CACHE_DIR, log=self.log)
             critic, critic_key = ValueModel.load(rm_path), f"rm:{rm_path.name}"
         elif init == "policy":
             critic, critic_key = ValueModel.from_causal_lm(self.policy), f"policy:{policy_key}"
@@ -273,9 +280,8 @@ class Run:
                 return Updater(cfg, self.policy, c, None, self.actor_opt, opt, torch.Generator().manual_seed(3))
 
             critic, self.pretrain_info = pretrain_critic(
-                critic, critic_key, self.policy, cfg, DataStream(self.task.train, int(cfg.task.seed) + 5).take,
-                self.grader, self.encode, self.eos_ids, self.pad_id, updater_factory, CACHE_DIR,
-                self._log_pretrain)
+                critic, critic_key, self.generate, cfg, DataStream(self.task.train, int(cfg.task.seed) + 5).take,
+                self.grader, self.encode, updater_factory, CACHE_DIR, self._log_pretrain)
             critic.to(self.device).eval()
         self.critic = critic
         t = cfg.trainer
@@ -320,6 +326,8 @@ class Run:
         set_rng_state(state["rng"], {"rollout": self.gen_rollout, "update": self.gen_update})
         self.data.load(state["data"])
         self.step, self.best_eval = int(state["step"]), state["best_eval"]
+        if self.engine is not None:
+            self.engine.push_weights(self.policy)
         self.log(f"resumed {self.run_dir} at step {self.step}")
 
     # -- the loop ------------------------------------------------------------------------------
@@ -339,9 +347,8 @@ class Run:
         info: dict[str, float] = {}
         while True:
             problems = self.data.take(want if rounds == 0 else want - have)
-            s = sample(self.policy, self.encode(problems), n=n, max_new_tokens=int(cfg.rollout.max_new_tokens),
-                       temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
-                       eos_id=self.eos_ids, pad_id=self.pad_id, generator=self.gen_rollout)
+            s = self.generate(self.encode(problems), n, float(cfg.rollout.temperature), float(cfg.rollout.top_p),
+                              self.gen_rollout)
             rep = [p for p in problems for _ in range(n)]
             scores, correct, _ = self.grader(s, rep)
             generated += len(rep)
@@ -370,6 +377,14 @@ class Run:
         info["rollout/resample_rounds"] = float(rounds)
         return batch, info
 
+    @torch.no_grad()
+    def _logprobs(self, model: Any, rows: Rows, micro: int) -> torch.Tensor:
+        """Returns the response log-probs of ``model`` for all rows, (B, T)."""
+        t = rows.response_ids.shape[1]
+        parts = [policy_forward(model, rows.take(i), float(self.cfg.rollout.temperature))[0]
+                 for i in torch.arange(len(rows.response_ids)).split(micro)]
+        return torch.cat([torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts])
+
     def train_step(self) -> dict[str, float]:
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -378,14 +393,12 @@ class Run:
         if len(batch.problems) == 0:
             return {**info, "rollout/empty_batch": 1.0}
         micro = int(cfg.trainer.micro_batch_size)
+        if self.engine is not None:  # vLLM's log-probs differ numerically: recompute with ours
+            batch.old_logprobs = self._logprobs(self.policy, batch.rows, micro)
         if self.critic is not None:
             batch.values = batched_values(self.critic, batch.rows, micro)
         if self.ref is not None:
-            with torch.no_grad():
-                parts = [policy_forward(self.ref, batch.rows.take(i), float(cfg.rollout.temperature))[0]
-                         for i in torch.arange(len(batch.problems)).split(micro)]
-            t = batch.rows.response_ids.shape[1]
-            batch.ref_logprobs = torch.cat([torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts])
+            batch.ref_logprobs = self._logprobs(self.ref, batch.rows, micro)
         compute_advantages(cfg, batch)
         mask = batch.rows.response_mask
         m: dict[str, float] = dict(info)
@@ -399,6 +412,8 @@ class Run:
         t2 = time.perf_counter()
         m.update(self.updater.actor_update(batch, self.step))
         self.actor_sched.step()
+        if self.engine is not None:
+            self.engine.push_weights(self.policy)
         t3 = time.perf_counter()
         lengths = batch.lengths.float()
         n_tokens = float(mask.sum())
@@ -416,6 +431,11 @@ class Run:
         if batch.lam_policy is not None:
             m["gae/lam_policy_mean"] = float(batch.lam_policy.mean())
             m["gae/lam_policy_zero_frac"] = float((batch.lam_policy == 0).float().mean())
+            if m["gae/lam_policy_zero_frac"] > 0.5 and not self._warned_lambda:
+                self._warned_lambda = True
+                self.log(f"warning: {100 * m['gae/lam_policy_zero_frac']:.0f}% of responses get lambda_policy = 0 "
+                         f"(one-step TD) at gae.alpha={cfg.gae.alpha}: responses shorter than 1/alpha = "
+                         f"{1 / cfg.gae.alpha:.0f} tokens. Raise gae.alpha to scale it to these lengths.")
         return m
 
     def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
@@ -428,15 +448,15 @@ class Run:
         status = "FAILED"
         try:
             if self.step == 0:
-                e = evaluate(self.policy, self.tokenizer, self.task, self.grader, cfg, int(cfg.seed) * 7919, self.eos_ids)
+                e = evaluate(self.generate, self.tokenizer, self.task, self.grader, cfg, int(cfg.seed) * 7919)
                 base_eval = e[key]
                 self.log_metrics(e, 0)
             while self.step < total:
                 metrics = self.train_step()
                 self.step += 1
                 if self.step % int(cfg.trainer.eval_every) == 0 or self.step == total:
-                    e = evaluate(self.policy, self.tokenizer, self.task, self.grader, cfg,
-                                 int(cfg.seed) * 7919 + self.step, self.eos_ids)
+                    e = evaluate(self.generate, self.tokenizer, self.task, self.grader, cfg,
+                                 int(cfg.seed) * 7919 + self.step)
                     metrics.update(e)
                     self.best_eval = e[key] if self.best_eval is None else max(self.best_eval, e[key])
                 self.log_metrics(metrics, self.step)
