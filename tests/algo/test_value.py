@@ -7,7 +7,6 @@ variances over valid tokens.  Hand derivations are in comments.
 
 import math
 
-import pytest
 import torch
 
 from vapo_lab.algo.value import explained_variance, value_loss

@@ -1,8 +1,11 @@
 """A small, fast configuration of the whole trainer, and a working directory for its caches."""
 
+import json
 import os
 
 import pytest
+
+VOLATILE = ("time/", "perf/")  # wall-clock metrics differ between identical runs
 
 # a base model, reward model and critic small enough to build in seconds; 3-digit problems
 SMALL = [
@@ -25,3 +28,12 @@ def workdir(tmp_path_factory):
     os.chdir(path)
     yield path
     os.chdir(old)
+
+
+def last_metrics(run_dir):
+    """Returns {step: metrics} from a run's metrics.jsonl, the last record of each step, timings left out."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        rows[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE)}
+    return rows

@@ -9,17 +9,10 @@ import time
 
 import pytest
 
-from tests.trainer.conftest import SMALL
-
-VOLATILE = ("time/", "perf/")
+from tests.trainer.conftest import SMALL, last_metrics
 
 
-def _last_metrics(run_dir):
-    rows = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        rows[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE)}
-    return rows
+
 
 
 def _cli(*args):
@@ -42,13 +35,13 @@ def test_sigkill_then_resume_matches_uninterrupted(workdir):
     assert ckpt.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "timed out"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    done = _last_metrics(workdir / "runs" / "killed")
+    done = last_metrics(workdir / "runs" / "killed")
     assert max(done) < 6  # it really was stopped mid-run
 
     resumed = subprocess.run(_cli("resume=runs/killed"), cwd=workdir, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed" in resumed.stderr
-    a, b = _last_metrics(workdir / "runs" / "full"), _last_metrics(workdir / "runs" / "killed")
+    a, b = last_metrics(workdir / "runs" / "full"), last_metrics(workdir / "runs" / "killed")
     assert sorted(a) == sorted(b) == list(range(7))
     for step in range(4, 7):
         assert json.dumps(a[step], sort_keys=True) == json.dumps(b[step], sort_keys=True), step

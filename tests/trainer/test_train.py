@@ -3,16 +3,14 @@
 import json
 
 import pytest
-import torch
 
-from tests.trainer.conftest import SMALL
+from tests.trainer.conftest import SMALL, last_metrics
 from vapo_lab.config.compose import compose_config
 from vapo_lab.errors import ConfigError
 from vapo_lab.trainer import loop
 from vapo_lab.trainer.loop import TrainingDiverged
 from vapo_lab.trainer.run import train
 
-VOLATILE = ("time/", "perf/")
 
 
 def _train(workdir, name, algo=None, extra=(), **kw):
@@ -20,18 +18,12 @@ def _train(workdir, name, algo=None, extra=(), **kw):
     return train(composed.cfg, composed.choices, progress=False, log=lambda m: None, **kw)
 
 
-def _metrics(run_dir):
-    rows = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        rows[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE)}
-    return rows
 
 
 def test_same_seed_gives_identical_metrics(workdir):
     a = _train(workdir, "det-a")
     b = _train(workdir, "det-b")
-    ma, mb = _metrics(a.run_dir), _metrics(b.run_dir)
+    ma, mb = last_metrics(a.run_dir), last_metrics(b.run_dir)
     assert sorted(ma) == [0, 1, 2, 3, 4]
     assert json.dumps(ma, sort_keys=True) == json.dumps(mb, sort_keys=True)
     # the run logged what the issue asks for
@@ -44,13 +36,13 @@ def test_same_seed_gives_identical_metrics(workdir):
     assert "eval/avg_at_2" in ma[2] and "eval/avg_at_2" in ma[0]
     assert a.checkpoint is not None and a.checkpoint.name == "step_000004"
     c = _train(workdir, "det-c", extra=["seed=1"])
-    assert json.dumps(_metrics(c.run_dir), sort_keys=True) != json.dumps(ma, sort_keys=True)
+    assert json.dumps(last_metrics(c.run_dir), sort_keys=True) != json.dumps(ma, sort_keys=True)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dapo", "grpo"])
 def test_presets_run_to_the_end(workdir, algo):
     result = _train(workdir, f"preset-{algo}", algo=algo, extra=["trainer.total_steps=2"])
-    m = _metrics(result.run_dir)
+    m = last_metrics(result.run_dir)
     assert sorted(m) == [0, 1, 2]
     assert ("critic/value_loss" in m[1]) == (algo == "ppo")
     if algo == "grpo":

@@ -5,9 +5,18 @@ B responses, T response tokens, G samples per prompt, V vocabulary size.
 """
 
 from vapo_lab.algo.gae import decoupled_gae, gae, length_adaptive_lambda
-from vapo_lab.algo.group import dynamic_sampling_keep, group_advantages, overlong_penalty
+from vapo_lab.algo.group import (
+    dynamic_sampling_keep,
+    group_advantages,
+    overlong_penalty,
+)
 from vapo_lab.algo.kl import KL_ESTIMATORS, kl_estimate
-from vapo_lab.algo.lm import entropy_from_logits, masked_entropy, positive_nll_loss, token_logprobs
+from vapo_lab.algo.lm import (
+    entropy_from_logits,
+    masked_entropy,
+    positive_nll_loss,
+    token_logprobs,
+)
 from vapo_lab.algo.masked import masked_mean, masked_sum, masked_var
 from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, ppo_policy_loss
 from vapo_lab.algo.value import explained_variance, value_loss

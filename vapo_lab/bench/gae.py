@@ -8,6 +8,7 @@ their advantages or returns differ by more than 1e-5.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -126,7 +127,7 @@ def run_gae_benchmark(
         rows = []
         for batch, length in shapes:
             rewards, values, mask, lam = _benchmark_batch(batch, length, generator)
-            fast = gae(rewards, values, mask, lam, 1.0)
+            fast = gae(rewards, values, mask, lam, 1.0)  # γ = 1, as in VAPO
             slow = gae_loop(rewards, values, mask, lam, 1.0)
             diff = max((f - s).abs().max().item() for f, s in zip(fast, slow))
             if not diff <= TOLERANCE:  # also catches nan
@@ -134,8 +135,9 @@ def run_gae_benchmark(
                     f"vectorised gae differs from the loop by {diff:.3g} > {TOLERANCE:g} at "
                     f"B={batch}, T={length}: the vectorised scan is wrong or imprecise."
                 )
-            vectorised_ms = _median_ms(lambda: gae(rewards, values, mask, lam, 1.0), repeats)
-            loop_ms = _median_ms(lambda: gae_loop(rewards, values, mask, lam, 1.0), repeats)
+            args = (rewards, values, mask, lam, 1.0)
+            vectorised_ms = _median_ms(functools.partial(gae, *args), repeats)
+            loop_ms = _median_ms(functools.partial(gae_loop, *args), repeats)
             rows.append(
                 {
                     "B": batch,
@@ -167,8 +169,9 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 def format_gae_benchmark(rows: Sequence[dict[str, float | int]]) -> str:
     """Plain-text table of `run_gae_benchmark` rows, one line per shape under a header."""
-    header = f"{'B':>6} {'T':>6} {'vectorised ms':>14} {'loop ms':>10} {'speedup':>8} {'max |diff|':>11}"
-    lines = [header]
+    lines = [
+        f"{'B':>6} {'T':>6} {'vectorised ms':>14} {'loop ms':>10} {'speedup':>8} {'max |diff|':>11}"
+    ]
     for row in rows:
         lines.append(
             f"{row['B']:>6} {row['T']:>6} {row['vectorised_ms']:>14.2f} {row['loop_ms']:>10.1f} "

@@ -14,7 +14,6 @@ LM. ``tests/rollout/test_decoder.py`` checks that both give the logits of a full
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 

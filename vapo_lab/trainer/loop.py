@@ -22,23 +22,16 @@ Departures from textbook PPO (Schulman et al. 2017), each a config key:
 
 from __future__ import annotations
 
-import json
-import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from vapo_lab.algo import (
     aggregate_loss,
     decoupled_gae,
-    dynamic_sampling_keep,
-    gae,
     group_advantages,
     kl_estimate,
     length_adaptive_lambda,
@@ -49,7 +42,7 @@ from vapo_lab.algo import (
     value_loss,
 )
 from vapo_lab.errors import VapoLabError
-from vapo_lab.rollout.sampler import Samples, sample
+from vapo_lab.rollout.sampler import Samples
 from vapo_lab.trainer.forward import Rows, policy_forward, value_forward
 
 

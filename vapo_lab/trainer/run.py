@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import random
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from vapo_lab.algo import explained_variance, masked_mean
+from vapo_lab.algo import dynamic_sampling_keep, explained_variance, masked_mean
 from vapo_lab.components import COMPONENTS
 from vapo_lab.errors import ConfigError
 from vapo_lab.models.value import ValueModel
@@ -32,16 +31,9 @@ from vapo_lab.rollout import Generate, make_engine, make_generator
 from vapo_lab.tasks import build_task
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
-from vapo_lab.trainer.critic_init import batched_values, build_reward_model, cache_key, pretrain_critic
+from vapo_lab.trainer.critic_init import batched_values, build_reward_model, pretrain_critic
 from vapo_lab.trainer.forward import Rows, policy_forward
-from vapo_lab.trainer.loop import (
-    Batch,
-    Grader,
-    Updater,
-    compute_advantages,
-    dynamic_sampling_keep,
-    encode_prompts,
-)
+from vapo_lab.trainer.loop import Batch, Grader, Updater, compute_advantages, encode_prompts
 
 CACHE_DIR = Path(".vapo_cache")
 
