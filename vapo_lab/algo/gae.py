@@ -31,13 +31,16 @@ from torch import Tensor
 # matmul work (and, per response, to the B·K² matrices), smaller K to the extra levels.
 _CHUNK = 16
 
-# On CPU the batch is processed in blocks of about this many (B·T) elements (1 MiB of float32),
-# so that the ~10 elementwise passes over each block hit the L2 cache instead of DRAM, and no
-# temporary reaches the 32 MiB at which glibc maps fresh pages (page faults) on every call.
-# Median ms with 1 thread, K = 16, two runs, at 512×4096 / 8192×1024: 2^15: 23–24 / 128–147,
-# 2^17: 18–19 / 100–116, 2^18: 19–20 / 106–115, 2^20: 19–21 / 113–128, unblocked: 22–23 / 167–190.
+# On CPU the batch is processed in blocks of about this many (B·T) elements (8 MiB of float32),
+# so that no temporary reaches 32 MiB, from which glibc maps fresh pages on every call and the
+# page faults show (unblocked, 8192×1024 is ~20% slower), while keeping the number of ops
+# small: every op over ≥ 32k elements and every bmm is an OpenMP parallel region, and on a
+# 2-core machine shared with other jobs each region can stall for milliseconds (measured while
+# other jobs ran, 2 threads, per 512×4096 call: 8 blocks of 2^18 took 730 ms, 1 block
+# 30–140 ms). 1 thread (no stalls), lower-quartile ms at 512×4096 / 8192×1024:
+# 2^18: 18 / 102, 2^20: 20 / 108, 2^21: 19 / 96, 2^22: 20 / 104, unblocked: 17 / 118 (±2 ms).
 # This loop runs over rows, never over time steps. On accelerators the batch is one block.
-_CPU_BLOCK_ELEMENTS = 1 << 18
+_CPU_BLOCK_ELEMENTS = 1 << 21
 
 
 def length_adaptive_lambda(lengths: Tensor, alpha: float) -> Tensor:

@@ -38,6 +38,7 @@ def build_tiny_model(
     tie_word_embeddings: bool = True,
     structured_init: bool = True,
     rope_theta: float = 10000.0,
+    init_std: float = 0.02,
 ) -> Qwen2ForCausalLM:
     """Returns a randomly initialised Qwen2ForCausalLM sized for ``tokenizer`` (~1.1M parameters).
 
@@ -71,6 +72,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
+        initializer_range=init_std,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
     )
     with torch.random.fork_rng(devices=[]):
