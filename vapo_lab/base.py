@@ -105,16 +105,19 @@ DEFAULTS: dict[str, Any] = {
     "num_kv_heads": 2,
     "intermediate_size": 352,
     "max_position_embeddings": 512,
+    "rope_theta": 1e6,
+    "init_std": 0.1,
     # pre-training
     "seed": 0,
-    "steps": 1500,
+    "steps": 400,
     "batch_size": 32,
     "lr": 3e-3,
-    "warmup_steps": 100,
+    "warmup_steps": 30,
     "min_lr_ratio": 0.1,
     "weight_decay": 0.01,
     "grad_clip": 1.0,
     "curriculum": 0.0,
+    "curriculum_hold": 0.0,
     "curriculum_start": 8,
     # measurement: samples per eval problem at temperature 1 (greedy takes one)
     "eval_samples": 2,
@@ -175,6 +178,8 @@ def build_base(
             num_kv_heads=config["num_kv_heads"],
             intermediate_size=config["intermediate_size"],
             max_position_embeddings=config["max_position_embeddings"],
+            rope_theta=config["rope_theta"],
+            init_std=config["init_std"],
             seed=config["seed"],
         )
         start = time.perf_counter()
@@ -226,7 +231,8 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Pro
             if not batches:
                 # curriculum: the digit cap grows linearly to max_digits over the first
                 # `curriculum` fraction of the steps (short problems teach the column sum cheaply)
-                ramp = min(1.0, step / max(1.0, config["curriculum"] * steps))
+                hold = config["curriculum_hold"] * steps
+                ramp = min(1.0, max(0.0, step - hold) / max(1.0, (config["curriculum"] - config["curriculum_hold"]) * steps))
                 cap = config["min_digits"] + ramp * (config["max_digits"] - config["min_digits"])
                 pool = [i for i in range(len(task.train)) if task.train[i].meta["n_digits"] <= max(cap, config["curriculum_start"])]
                 batches = _bucketed_batches(rng, pool, batch_size, prompt_ids)

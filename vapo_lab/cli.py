@@ -219,7 +219,9 @@ def ablate(
 def bench_gae(
     shapes: Annotated[str, typer.Option(help="Comma-separated BxT shapes.")] = "512x4096,8192x1024",
     repeats: Annotated[int, typer.Option(help="Timed repeats per shape (median reported).")] = 5,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's).")] = None,
+    threads: Annotated[int, typer.Option(
+        help="torch CPU threads for both implementations. 1 by default: the loop cannot use a second "
+             "core, and multi-threaded ops stall when another process holds a core.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random batch.")] = 0,
 ) -> None:
     """Time the vectorised GAE against a reverse-time loop over steps; print both and the ratio.

@@ -37,7 +37,7 @@ def build_tiny_model(
     seed: int = 0,
     tie_word_embeddings: bool = True,
     structured_init: bool = True,
-    rope_theta: float = 10000.0,
+    rope_theta: float = 1e6,
     init_std: float = 0.02,
 ) -> Qwen2ForCausalLM:
     """Returns a randomly initialised Qwen2ForCausalLM sized for ``tokenizer`` (~1.1M parameters).
@@ -79,7 +79,9 @@ def build_tiny_model(
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
         if structured_init:
-            _structured_embeddings(model, tokenizer, config.initializer_range)
+            basis = _structured_embeddings(model, tokenizer, config.initializer_range)
+            if basis is not None:
+                _position_matching_head(model, basis)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -87,14 +89,27 @@ def build_tiny_model(
 
 
 @torch.no_grad()
-def _structured_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, std: float) -> None:
-    """Sets embedding(``tK_D``) = type(t) + position(K) + digit(D) for every such token, in place.
+def _structured_embeddings(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerBase, std: float
+) -> torch.Tensor | None:
+    """Returns the orthonormal basis (d, P) of the position codes after setting the word embeddings.
 
-    The ten digit characters ``0``..``9`` (the boxed answer) get type(plain) + digit(D), so that
-    copying a sum digit into the answer is, through the tied output layer, a copy of its digit part.
-    Each part is drawn from N(0, (std/√3)²), so a word's embedding has the same scale (std) as
-    every other token's; the digit parts also share a magnitude direction, digit(D) ∋ (D − 4.5)/4.5·u,
-    so that a head averaging x_k and y_k reads their sum off one direction.
+    Sets, in place, embedding(``tK_D``) = type(t) + position(K) + digit(D) for every position-
+    labelled word, and embedding(``D``) = type(plain) + digit(D) for the ten digit characters of
+    the boxed answer, so that copying a sum digit into the answer is, through the tied output
+    layer, a copy of its digit part. Returns None when the vocabulary has no such words.
+
+    * position(K) = units(K mod 10) + tens(K div 10), with units and tens orthonormal directions
+      of their own P-dimensional subspace (P = 10 + number of tens): what the network learns
+      about the units of short problems' positions carries over to long problems' positions.
+    * digit(D) = random + m·u1 + (m² − 1/3)·u2 with m = (D − 4.5)/4.5: a number line, so a head
+      that averages x_k, y_k and the carry reads their sum off one direction, and the logit of
+      digit j (tied output) is a quadratic in j whose peak a linear map can move to any digit.
+    * type, digit and number-line parts lie outside the position subspace, so position matching
+      (:func:`_position_matching_head`) sees positions only.
+
+    Each part has the norm of a N(0, (std/√3)²) vector, so a word's embedding has the scale of
+    every other token's (std per coordinate) and the three parts weigh the same.
     """
     words = {}
     for token, token_id in tokenizer.get_vocab().items():
@@ -102,23 +117,68 @@ def _structured_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokeniz
         if match:
             words[token_id] = (match.group(1), int(match.group(2)), int(match.group(3)))
         elif len(token) == 1 and token.isdigit() and token.isascii():
-            words[token_id] = ("", -1, int(token))
+            words[token_id] = ("", None, int(token))
     if not words:
-        return
-    types = sorted({t for t, _, _ in words.values()})
-    n_positions = max(k for _, k, _ in words.values()) + 1
+        return None
     embedding = model.get_input_embeddings().weight
     width = embedding.shape[1]
-    part_std = std / math.sqrt(3)
-    type_part = torch.randn(len(types), width) * part_std
-    position_part = torch.randn(n_positions, width) * part_std
-    position_part = torch.cat([position_part, torch.zeros(1, width)])  # index -1: no position
-    # number line: digit(D) = random + m(D)·u1 + (m(D)² − 1/3)·u2 with m(D) = (D − 4.5)/4.5; the
-    # logit of digit j is then a quadratic in j, whose peak a linear read-out can move to any D
-    u1, u2 = torch.randn(2, width)
-    u1 *= part_std * math.sqrt(width) / u1.norm()  # each as long as a random part
-    u2 *= part_std * math.sqrt(width) / u2.norm()
+    n_positions = max(k for _, k, _ in words.values() if k is not None) + 1
+    n_code = 10 + (n_positions + 9) // 10
+    part_norm = std / math.sqrt(3) * math.sqrt(width)  # the norm of a random part
+
+    basis = torch.linalg.qr(torch.randn(width, width)).Q
+    position_basis, rest = basis[:, :n_code], basis[:, n_code:]
+
+    def random_parts(count: int) -> torch.Tensor:
+        """Random vectors of norm part_norm outside the position subspace."""
+        parts = torch.randn(count, rest.shape[1]) @ rest.T
+        return parts * part_norm / parts.norm(dim=1, keepdim=True)
+
+    types = sorted({t for t, _, _ in words.values()})
+    type_part = random_parts(len(types))
+    k = torch.arange(n_positions)
+    position_part = (position_basis[:, k % 10] + position_basis[:, 10 + k // 10]).T * part_norm / math.sqrt(2)
+    u1, u2 = random_parts(2)
     m = torch.linspace(-1, 1, 10)[:, None]
-    digit_part = (torch.randn(10, width) * part_std + m * u1 + (m**2 - 1 / 3) * 1.5 * u2) / math.sqrt(3)
+    digit_part = (random_parts(10) + m * u1 + (m**2 - 1 / 3) * 1.5 * u2) / math.sqrt(3)
     for token_id, (t, k, d) in words.items():
-        embedding[token_id] = type_part[types.index(t)] + position_part[k] + digit_part[d]
+        vector = type_part[types.index(t)] + digit_part[d]
+        embedding[token_id] = vector if k is None else vector + position_part[k]
+    return position_basis
+
+
+@torch.no_grad()
+def _position_matching_head(model: Qwen2ForCausalLM, position_basis: torch.Tensor, sharpness: float = 8.0) -> None:
+    """Sets layer 0's first query head and its key head to attend to tokens with the same position.
+
+    Why: with embeddings alone, the network learned the column sum for the positions of short
+    problems within a minute but had not learnt to find column k of a 40-digit problem (among
+    80 prompt digits) within three. Initialised this way, the head at the word for column k
+    (``c3_1`` while writing ``z3_*``; ``z3_*`` while writing ``c4_*``) attends to x3, y3 and the
+    column's scratchpad words from the start, for every position at once; training adapts it.
+
+    q = k = α·(position coordinates of the normalised input), placed in the head's lowest-RoPE-
+    frequency dimensions (rotation ≤ 0.25 rad over 250 tokens with rope_theta = 1e6, so the match
+    survives distance). α is set so that an exact position match (units and tens shared) beats a
+    units-only one by ``sharpness`` in the attention logits.
+    """
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    n_code = position_basis.shape[1]
+    half = head_dim // 2
+    pairs = (n_code + 1) // 2
+    if pairs > half:
+        return  # more position codes than the head has dimensions: keep the random init
+    # rotate_half pairs dimension i with i + half; the last pairs turn slowest
+    dims = [i for i in range(half - pairs, half)] + [i + half for i in range(half - pairs, half)]
+    dims = dims[:n_code]
+    # after RMSNorm a word's position part has norm √(d/3): each code coordinate ≈ √(d/6)
+    coordinate = math.sqrt(config.hidden_size / 6)
+    # logit = α²·coordinate²·(shared units + shared tens)/√head_dim; exact minus partial = sharpness
+    alpha = math.sqrt(sharpness * math.sqrt(head_dim)) / coordinate
+    attention = model.model.layers[0].self_attn
+    q, k = attention.q_proj.weight, attention.k_proj.weight
+    q[:head_dim] = 0.0
+    for row, j in zip(dims, range(n_code)):
+        q[row] = alpha * position_basis[:, j]
+        k[row] = alpha * position_basis[:, j]

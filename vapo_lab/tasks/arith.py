@@ -161,7 +161,7 @@ class ArithTask:
     def vocabulary(self) -> list[str]:
         """Returns every word the task writes, each to become one token (positions < max_digits)."""
         words = [f"{v}{k}_{d}" for v in "xyz" for k in range(self.max_digits) for d in range(10)]
-        words += [f"c{k}_{b}" for k in range(self.max_digits) for b in (0, 1)]
+        words += [f"c{k}_{b}" for k in range(1, self.max_digits + 1) for b in (0, 1)]
         return words + list(OPERATORS) + [BOXED_OPEN]
 
     def trace(self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None) -> str:
@@ -190,7 +190,7 @@ class ArithTask:
                     z, carry_out = 9, 0
             elif noise.slip_rate > 0 and rng.random() < noise.slip_rate:
                 z = (z + rng.randint(1, 9)) % 10  # any digit but the right one
-            words += [f"c{k}_{carry_out}", f"z{k}_{z}"]
+            words += [f"z{k}_{z}", f"c{k + 1}_{carry_out}"]
             written.append(z)
             carry = carry_out
         answer = ("1" if carry else "") + "".join(str(d) for d in reversed(written))
