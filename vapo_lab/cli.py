@@ -28,6 +28,8 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Speed benchmarks that print ratios against a reference.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+base_app = typer.Typer(help="The embedded default's pre-trained base model.", no_args_is_help=True)
+app.add_typer(base_app, name="base")
 
 _state = {"debug": False}
 _out = Console()
@@ -212,6 +214,37 @@ def ablate(
     Example: vapo-lab ablate --drop clip_higher seed=2
     """
     _train("vapo", drop, overrides or [], quiet)
+
+
+@base_app.command("build")
+@_cli_errors
+def base_build(
+    overrides: OverridesArg = None,
+    force: Annotated[bool, typer.Option("--force", help="Rebuild even when cached.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+) -> None:
+    """Pre-train the tiny base model for this config (cached; `train` builds it on first use too)
+    and print its held-out accuracy by digit count.
+
+    Example: vapo-lab base build task.options.max_digits=20 +model.base.steps=400
+    """
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.trainer.run import build_base_for
+
+    cfg = compose_config(overrides=overrides or ()).cfg
+    base = build_base_for(cfg, progress=not quiet, force=force)
+    m = base.metrics
+    table = Table(title=f"base model {'(cached) ' if base.cached else ''}{base.path}")
+    buckets = list(m["accuracy"]["t1"])
+    table.add_column("held-out accuracy")
+    for b in buckets:
+        table.add_column("all digits" if b == "all" else f"{b} digits", justify="right")
+    for mode, label in (("t1", "temperature 1"), ("greedy", "greedy")):
+        table.add_row(label, *(f"{100 * m['accuracy'][mode][b]:.1f}%" for b in buckets))
+    _out.print(table)
+    _out.print(f"{m['n_params']:,} parameters; responses {m['response_tokens']['min']}-"
+               f"{m['response_tokens']['max']} tokens; final loss {m['final_loss']}; "
+               f"built in {m.get('build_seconds', m['train_seconds'] + m['eval_seconds'])} s", highlight=False)
 
 
 @bench_app.command("gae")

@@ -32,13 +32,36 @@ def test_parameter_count_is_about_one_million(tokenizer):
 def test_structured_init_shares_type_position_and_digit_parts(tokenizer):
     emb = build_tiny_model(tokenizer).get_input_embeddings().weight.detach()
     e = lambda word: emb[tokenizer.convert_tokens_to_ids(word)]
-    # x3_7 - x3_2 = digit(7) - digit(2) = y5_7 - y5_2; x3_7 - y3_7 = type(x) - type(y) = x9_1 - y9_1
+    # x3_7 - x3_2 = digit(7) - digit(2) = y5_7 - y5_2 = "7" - "2" (the plain answer digits)
     torch.testing.assert_close(e("x3_7") - e("x3_2"), e("y5_7") - e("y5_2"), atol=1e-6, rtol=0)
+    torch.testing.assert_close(e("x3_7") - e("x3_2"), e("7") - e("2"), atol=1e-6, rtol=0)
+    # x3_7 - y3_7 = type(x) - type(y) = x9_1 - y9_1; x3_7 - x13_7 = position(3) - position(13)
     torch.testing.assert_close(e("x3_7") - e("y3_7"), e("x9_1") - e("y9_1"), atol=1e-6, rtol=0)
+    torch.testing.assert_close(e("x3_7") - e("x13_7"), e("z3_0") - e("z13_0"), atol=1e-6, rtol=0)
     torch.testing.assert_close(e(" z4_0"), e("z4_0"), atol=1e-6, rtol=0)  # bare and spaced alike
     assert not torch.allclose(e("x3_7"), e("x3_2"))
-    # same scale as the standard init (std 0.02) of the other tokens, within sampling error
-    assert 0.015 < emb[tokenizer.convert_tokens_to_ids(["x3_7", "y1_0", "z9_4", "c5_1"])].std() < 0.025
+    # three parts of norm 0.1/√3·√128 each, orthogonal (position) or nearly so: the norm of a
+    # N(0, 0.1²) vector in 128 dimensions, 0.1·√128 = 1.13, as for the other tokens
+    norms = emb[tokenizer.convert_tokens_to_ids(["x3_7", "y1_0", "z9_4", "c5_1"])].norm(dim=1)
+    assert torch.all((norms > 0.9) & (norms < 1.4)), norms
+    assert 0.9 < emb[tokenizer.convert_tokens_to_ids(["a", "Q"])].norm(dim=1).mean() < 1.4
+
+
+def test_position_matching_head_attends_to_the_same_column(tokenizer, task):
+    # at init, layer 0 head 0 at the word of column k (c_k while z_k is next) puts most of its
+    # attention on x_k, y_k and c_k, in a 30-digit problem whose prompt has 60 digits
+    model = build_tiny_model(tokenizer)
+    model.set_attn_implementation("eager")
+    problems = ArithTask(seed=0, n_train=400, n_eval=0).train
+    problem = next(p for p in problems if p.meta["n_digits"] >= 30)
+    ids = tokenizer(problem.prompt + task.trace(problem)).input_ids
+    tokens = [t.strip() for t in tokenizer.convert_ids_to_tokens(ids)]
+    with torch.no_grad():
+        attention = model(torch.tensor([ids]), output_attentions=True).attentions[0][0, 0]
+    for column in (2, 17, 29):
+        query = tokens.index(f"c{column}_{task.trace(problem).split(f' c{column}_')[1][0]}")
+        same = [i for i, t in enumerate(tokens[: query + 1]) if t[:1] in "xyzc" and t[1:].split("_")[0] == str(column)]
+        assert attention[query, same].sum() > 0.8, (column, attention[query, same])
 
 
 def test_same_seed_same_weights(tokenizer):

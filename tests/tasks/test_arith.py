@@ -26,7 +26,8 @@ def test_eval_split_does_not_depend_on_train_size():
 
 
 def test_splits_are_disjoint_even_when_small_problems_run_out():
-    # 1..2 digits: 55 + 4095 unordered pairs; x + y and y + x count as the same problem
+    # 1..2 digits: 55 + 4095 unordered pairs; x + y and y + x count as the same problem, so
+    # the 1-digit problems run out and the generator must redraw
     task = ArithTask(0, n_train=2000, n_eval=500, min_digits=1, max_digits=2)
     keys = lambda ps: {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
     assert len(keys(task.train)) == 2000 and len(keys(task.eval)) == 500
@@ -35,32 +36,48 @@ def test_splits_are_disjoint_even_when_small_problems_run_out():
 
 
 def test_prompt_and_answer_by_hand():
-    # 457 + 186 = 643; units: 7 + 6 = 13 -> z0 = 3, carry 1; tens: 5 + 8 + 1 = 14 -> z1 = 4,
-    # carry 1; hundreds: 4 + 1 + 1 = 6 -> z2 = 6, carry 0
+    # 457 + 186 = 643, columns counted from the left (1 = hundreds, 3 = units). Units: 7 + 6 = 13
+    # -> z3 = 3, carry 1 into column 2; tens: 5 + 8 + 1 = 14 -> z2 = 4, carry 1 into column 1;
+    # hundreds: 4 + 1 + 1 = 6 -> z1 = 6, carry 0 out of the top (c0). Answer: z1 z2 z3 = 643.
     task = ArithTask(0, 0, 0)
-    problem = Problem("p", "x2_4 x1_5 x0_7 + y2_1 y1_8 y0_6 =", "643", {"n_digits": 3, "x": 457, "y": 186})
-    assert task.trace(problem) == " z0_3 c1_1 z1_4 c2_1 z2_6 c3_0 \\boxed{643}"
+    problem = Problem("p", "x1_4 x2_5 x3_7 + y1_1 y2_8 y3_6 =", "643", {"n_digits": 3, "x": 457, "y": 186})
+    assert task.trace(problem) == " c3_0 z3_3 c2_1 z2_4 c1_1 z1_6 c0_0 \\boxed{643}"
     generated = ArithTask(0, 50, 0).train[0]
     x, y, n = generated.meta["x"], generated.meta["y"], generated.meta["n_digits"]
     assert generated.answer == str(x + y)
-    assert generated.prompt.split()[0] == f"x{n - 1}_{str(x).zfill(n)[0]}"
+    assert generated.prompt.split()[0] == f"x1_{str(x).zfill(n)[0]}"
+    assert generated.prompt.split()[n - 1] == f"x{n}_{x % 10}"
     assert len(generated.prompt.split()) == 2 * n + 2
 
 
 def test_final_carry_is_the_leading_answer_digit():
-    # 95 + 17 = 112: units 5 + 7 = 12 -> z0 2 c1 1; tens 9 + 1 + 1 = 11 -> z1 1 c2 1
+    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1 -> "1" "1" "2"
     problem = Problem("p", "", "112", {"n_digits": 2, "x": 95, "y": 17})
-    assert ArithTask(0, 0, 0).trace(problem) == " z0_2 c1_1 z1_1 c2_1 \\boxed{112}"
+    assert ArithTask(0, 0, 0).trace(problem) == " c2_0 z2_2 c1_1 z1_1 c0_1 \\boxed{112}"
 
 
 def test_response_lengths_span_under_10_to_over_100_tokens(task):
     tokenizer = build_tokenizer(task.vocabulary())
-    lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in task.train + task.eval]  # + eos
+    problems = task.train + task.eval
+    lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in problems]  # + eos
     assert min(lengths) < 10 and max(lengths) > 100
     assert max(lengths) >= 8 * min(lengths)
-    # 3n + 3 or 3n + 4 tokens with eos: per digit z and c, then \boxed{, digits, }, eos
-    for p, length in zip(task.train[:50], lengths):
-        assert length - 3 * p.meta["n_digits"] in (3, 4)
+    # 3n + 4 or 3n + 5 tokens with eos: c{n}_0, per column z and c, \boxed{, digits, }, eos
+    for p, length in zip(problems, lengths):
+        assert length - 3 * p.meta["n_digits"] in (4, 5)
+
+
+def test_length_distribution_has_a_long_tail():
+    # P(n) ∝ n^-0.75 over 1..40 gives P(1) = 0.15, P(2..5) = 0.25, P(n > 20) = 0.24. Only 55
+    # one-digit problems exist, so after 55 the draws come from n >= 2, renormalised by 0.85:
+    # of 3000, 55 have 1 digit, P(2..5) = 0.25/0.85 = 0.29, P(n > 20) = 0.24/0.85 = 0.28.
+    n = [p.meta["n_digits"] for p in ArithTask(0, 3000, 0).train]
+    assert min(n) == 1 and max(n) == 40
+    assert sum(k == 1 for k in n) == 55
+    assert 0.26 < sum(2 <= k <= 5 for k in n) / len(n) < 0.32
+    assert 0.25 < sum(k > 20 for k in n) / len(n) < 0.31
+    uniform = [p.meta["n_digits"] for p in ArithTask(0, 3000, 0, length_exponent=0).train]
+    assert 0.47 < sum(k > 20 for k in uniform) / len(uniform) < 0.53
 
 
 def test_noise_free_trace_always_verifies(task):
@@ -89,21 +106,21 @@ def test_last_boxed_balances_braces():
 
 
 def test_noise_bug_is_the_mode_and_slips_are_rare():
-    # 5 + 4 with a carry in from 8 + 3: x = 58, y = 43 -> units 11 (z0 1, c1 1), tens 5 + 4 + 1 = 10:
-    # the bug step. Correct: z1 0, c2 1 -> 101. Bug: forget the carry, z1 9, c2 0 -> 91.
+    # 58 + 43: units 8 + 3 = 11 -> z2 1, c1 1; tens 5 + 4 + 1 = 10: the bug step. Correct:
+    # z1 0, c0 1 -> 101. Bug: the carry in is forgotten, z1 9, c0 0 -> 91.
     task = ArithTask(0, 0, 0)
     p = Problem("p", "", "101", {"n_digits": 2, "x": 58, "y": 43})
     assert is_bug_step(5, 4, 1) and not is_bug_step(5, 4, 0) and not is_bug_step(5, 3, 1)
     rng = random.Random(0)
     traces = [task.trace(p, rng, TraceNoise(bug_rate=0.6)) for _ in range(2000)]
-    assert set(traces) == {" z0_1 c1_1 z1_0 c2_1 \\boxed{101}", " z0_1 c1_1 z1_9 c2_0 \\boxed{91}"}
+    assert set(traces) == {" c2_0 z2_1 c1_1 z1_0 c0_1 \\boxed{101}", " c2_0 z2_1 c1_1 z1_9 c0_0 \\boxed{91}"}
     wrong = sum(not task.verify(t, p) for t in traces) / len(traces)
     assert 0.56 < wrong < 0.64  # 0.6 ± 4 standard errors (sd = sqrt(0.24 / 2000) = 0.011)
-    # slips: a wrong sum digit at a non-bug position, carries untouched
+    # slips: a wrong sum digit in a non-bug column, carries untouched (123 + 234 = 357, no carry)
     q = Problem("q", "", "357", {"n_digits": 3, "x": 123, "y": 234})
     slipped = [task.trace(q, rng, TraceNoise(slip_rate=0.1)) for _ in range(2000)]
-    assert all(" c1_0 " in t and " c2_0 " in t and t.endswith("}") for t in slipped)
-    # P(no slip in 3 positions) = 0.9^3 = 0.729; sd = sqrt(0.729 * 0.271 / 2000) = 0.0099
+    assert all(t.startswith(" c3_0 ") and " c2_0 " in t and " c1_0 " in t and " c0_0 " in t for t in slipped)
+    # P(no slip in 3 columns) = 0.9^3 = 0.729; sd = sqrt(0.729 * 0.271 / 2000) = 0.0099
     assert 0.69 < sum(task.verify(t, q) for t in slipped) / 2000 < 0.77
 
 
@@ -111,9 +128,11 @@ def test_noisy_trace_answer_is_read_off_the_scratchpad(task):
     rng = random.Random(1)
     for p in task.train[:200]:
         words = task.trace(p, rng, TraceNoise(bug_rate=0.9, slip_rate=0.2)).split()
-        z = [w.split("_")[1] for w in words if w.startswith("z")]
-        carry = words[-2].split("_")[1]
-        assert last_boxed(words[-1]) == ("1" if carry == "1" else "") + "".join(reversed(z))
+        z = {int(w[1:].split("_")[0]): w.split("_")[1] for w in words if w.startswith("z")}
+        final_carry = words[-2]
+        assert final_carry.startswith("c0_")
+        expected = ("1" if final_carry == "c0_1" else "") + "".join(z[c] for c in range(1, len(z) + 1))
+        assert last_boxed(words[-1]) == expected
 
 
 def test_vocabulary_covers_every_trace_and_prompt_word(task):
@@ -121,18 +140,20 @@ def test_vocabulary_covers_every_trace_and_prompt_word(task):
     for p in task.train[:100]:
         assert set(p.prompt.split()) <= vocab
         assert set(task.trace(p).split()[:-1]) <= vocab  # the last is \boxed{digits}
-    assert len(vocab) == len(task.vocabulary()) == 3 * 40 * 10 + 40 * 2 + 3
+    assert len(vocab) == len(task.vocabulary()) == 3 * 40 * 10 + 41 * 2 + 3
 
 
 def test_build_task_registry_and_errors():
     assert isinstance(build_task("arith", seed=0, n_train=5, n_eval=5), ArithTask)
     with pytest.raises(ConfigError, match="did you mean arith"):
         build_task("arth", seed=0, n_train=5, n_eval=5)
-    with pytest.raises(ConfigError, match="min_digits and max_digits"):
+    with pytest.raises(ConfigError, match="min_digits, max_digits and length_exponent"):
         build_task("arith", seed=0, n_train=5, n_eval=5, digits=3)
     with pytest.raises(ConfigError, match="exceeds the 55 distinct"):
         ArithTask(0, 50, 10, min_digits=1, max_digits=1)
     with pytest.raises(ValueError, match="already registered"):
         register_task("arith", ArithTask)
+    with pytest.raises(ConfigError, match="length_exponent=-1"):
+        ArithTask(0, 5, 5, length_exponent=-1)
     with pytest.raises(ConfigError, match="bug_rate"):
         TraceNoise(bug_rate=1.5)

@@ -9,7 +9,7 @@ VOLATILE = ("time/", "perf/")  # wall-clock metrics differ between identical run
 
 # a base model, reward model and critic small enough to build in seconds; 3-digit problems
 SMALL = [
-    "+task.options.max_digits=3", "task.n_train=128", "task.n_eval=16",
+    "task.options.max_digits=3", "task.n_train=128", "task.n_eval=16",
     "model.arch.hidden_size=64", "model.arch.num_layers=2", "model.arch.intermediate_size=128",
     "+model.base.steps=200", "+model.base.eval_samples=1",
     "rollout.responses_per_step=16", "rollout.group_size=4", "rollout.max_new_tokens=16",

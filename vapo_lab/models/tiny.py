@@ -1,17 +1,25 @@
-"""The embedded default policy: a ~1M-parameter Qwen2 causal LM with a structured embedding init.
+"""The embedded default policy: a ~1M-parameter Qwen2 causal LM with a structured init.
 
 The architecture is ``transformers``' own Qwen2 built from a config (random init, nothing
 downloaded), so everything downstream — saving, loading, generation, the trainer — treats it as
-it treats a real Qwen2.5 checkpoint.
+it treats a real Qwen2.5 checkpoint. Only the *initial values* of some weights are chosen here;
+every weight is then trained as usual.
 
-Why the structured init: a throwaway prototype on these 2-core machines found that a model of
+Why a structured init: a throwaway prototype on these 2-core machines found that a model of
 this size did not learn a character-level addition scratchpad in 3 minutes of pre-training, but
-did in 2.5 minutes with position-labelled digit words whose embeddings share parts. Here, at
-init, embedding(``x3_7``) = type(x) + position(3) + digit(7) (likewise ``yK_D``, ``zK_D`` and the
-carries ``cK_B``), so what the model learns about digit 7 or position 3 in one word carries over
-to every word that has it. With tied input/output embeddings (default) the output layer has the
-same structure: the model can point at "position 3" and "digit 7" separately when it writes
-``z3_7``.
+did with position-labelled digit words whose embeddings share parts. Measured here, on the
+arith task (:mod:`vapo_lab.tasks.arith`, up to 40 digits):
+
+1. Embeddings: embedding(``x3_7``) = type(x) + position(3) + digit(7) (likewise ``yK_D``,
+   ``zK_D``, the carries ``cK_B``, and the plain answer digits ``0``..``9`` as type + digit), so
+   what the model learns about a digit or a column in one word carries over to every word with
+   it; tied output embeddings give the output layer the same structure.
+2. One attention head of layer 0 starts out attending to the words of the same column
+   (:func:`_position_matching_head`). Without it the model learnt the column sum for the first
+   8 columns but, after 3 minutes, still wrote the sum digit of later columns at ~20% (chance
+   10%); with it, 90% in every column after 400 steps.
+3. init_std 0.1 instead of Qwen2's 0.02 (for d = 128): per-token accuracy of the sum digit
+   after 300 steps on <= 8 digits rose from 39% to 84% (0.05: 64%; 0.2: 40%).
 """
 
 from __future__ import annotations
@@ -38,12 +46,12 @@ def build_tiny_model(
     tie_word_embeddings: bool = True,
     structured_init: bool = True,
     rope_theta: float = 1e6,
-    init_std: float = 0.02,
+    init_std: float = 0.1,
 ) -> Qwen2ForCausalLM:
     """Returns a randomly initialised Qwen2ForCausalLM sized for ``tokenizer`` (~1.1M parameters).
 
-    With the defaults and the arith tokenizer (2823 tokens): embeddings 2823 x 128 = 361k (tied
-    with the output layer), 4 layers x 185k = 739k, about 1.10M in all.
+    With the defaults and the arith tokenizer (2827 tokens): embeddings 2827 x 128 = 362k (tied
+    with the output layer), 4 layers x 185k = 739k, 1.10M in all.
 
     Args:
         tokenizer: gives the vocabulary size, the bos/eos/pad ids and the task words.
@@ -55,9 +63,11 @@ def build_tiny_model(
         max_position_embeddings: the longest sequence RoPE is set up for.
         seed: the init seed; the caller's global torch RNG state is left as it was.
         tie_word_embeddings: share the input embedding with the output layer.
-        structured_init: give position-labelled words (``x3_7``) embeddings that are sums of
-            shared type, position and digit parts (module docstring); other tokens keep the
-            standard N(0, 0.02²) init.
+        structured_init: apply items 1 and 2 of the module docstring when the vocabulary has
+            position-labelled words (``x3_7``); other tokens keep the standard N(0, init_std²).
+        rope_theta: RoPE base; 1e6 as in Qwen2.5, so that the slowest RoPE dimensions (used by
+            the position-matching head) turn by < 0.25 rad over the longest task sequences.
+        init_std: std of the normal init of every weight matrix and embedding (item 3).
     """
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -102,11 +112,9 @@ def _structured_embeddings(
     * position(K) = units(K mod 10) + tens(K div 10), with units and tens orthonormal directions
       of their own P-dimensional subspace (P = 10 + number of tens): what the network learns
       about the units of short problems' positions carries over to long problems' positions.
-    * digit(D) = random + m·u1 + (m² − 1/3)·u2 with m = (D − 4.5)/4.5: a number line, so a head
-      that averages x_k, y_k and the carry reads their sum off one direction, and the logit of
-      digit j (tied output) is a quadratic in j whose peak a linear map can move to any digit.
-    * type, digit and number-line parts lie outside the position subspace, so position matching
-      (:func:`_position_matching_head`) sees positions only.
+    * type and digit parts lie outside the position subspace, so position matching
+      (:func:`_position_matching_head`) sees positions only. (A "number line" digit part, with
+      directions linear and quadratic in D, was tried and measured worse: it led to ±1 errors.)
 
     Each part has the norm of a N(0, (std/√3)²) vector, so a word's embedding has the scale of
     every other token's (std per coordinate) and the three parts weigh the same.
@@ -138,9 +146,7 @@ def _structured_embeddings(
     type_part = random_parts(len(types))
     k = torch.arange(n_positions)
     position_part = (position_basis[:, k % 10] + position_basis[:, 10 + k // 10]).T * part_norm / math.sqrt(2)
-    u1, u2 = random_parts(2)
-    m = torch.linspace(-1, 1, 10)[:, None]
-    digit_part = (random_parts(10) + m * u1 + (m**2 - 1 / 3) * 1.5 * u2) / math.sqrt(3)
+    digit_part = random_parts(10)
     for token_id, (t, k, d) in words.items():
         vector = type_part[types.index(t)] + digit_part[d]
         embedding[token_id] = vector if k is None else vector + position_part[k]
@@ -154,7 +160,7 @@ def _position_matching_head(model: Qwen2ForCausalLM, position_basis: torch.Tenso
     Why: with embeddings alone, the network learned the column sum for the positions of short
     problems within a minute but had not learnt to find column k of a 40-digit problem (among
     80 prompt digits) within three. Initialised this way, the head at the word for column k
-    (``c3_1`` while writing ``z3_*``; ``z3_*`` while writing ``c4_*``) attends to x3, y3 and the
+    (``c3_1`` while writing ``z3_*``; ``z3_*`` while writing ``c2_*``) attends to x3, y3 and the
     column's scratchpad words from the start, for every position at once; training adapts it.
 
     q = k = α·(position coordinates of the normalised input), placed in the head's lowest-RoPE-

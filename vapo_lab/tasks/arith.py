@@ -1,21 +1,28 @@
 r"""The embedded default task: multi-digit addition with a written scratchpad (``task=arith``).
 
-A problem adds two n-digit numbers, n drawn uniformly from [min_digits, max_digits] (default
-1..40), written with position-labelled digit words, most significant first::
+A problem adds two n-digit numbers, n drawn from [min_digits, max_digits] (default 1..40,
+P(n) ∝ n^-0.75), written with position-labelled digit words; positions count from the left, so the
+most significant column is 1 and the units column is n::
 
-    prompt:   x2_4 x1_5 x0_7 + y2_1 y1_8 y0_6 =
-    response: " z0_3 c1_1 z1_4 c2_1 z2_6 c3_0 \boxed{643}"
+    prompt:   x1_4 x2_5 x3_7 + y1_1 y2_8 y3_6 =
+    response: " c3_0 z3_3 c2_1 z2_4 c1_1 z1_6 c0_0 \boxed{643}"
 
-``xK_D`` is digit D at position K of x (K = 0 is the units). The response works from the units
-up: per position K the sum digit ``zK_D`` and the carry out ``c{K+1}_B``, then the answer in
-plain digits inside ``\boxed{}``. With the tokenizer of :mod:`vapo_lab.models.tokenizer` every
-word is one token, so a response is 3n+2 or 3n+3 tokens plus end-of-sequence: 6 tokens for
-n = 1 and 124 for n = 40, the >= 8x spread of lengths that VAPO's length-adaptive GAE and
-token-level loss are about (VAPO.md, challenge 2).
+``xK_D`` is digit D in column K of x. The response works from the units column (K = n) to the
+left: it opens with the carry into the units (``c{n}_0``), then per column K the sum digit
+``zK_D`` and the carry ``c{K-1}_B`` into the next column, ``c0`` being the carry out of the top;
+then the answer in plain digits inside ``\boxed{}``: the final carry if 1, then z1 .. zn. With
+the tokenizer of :mod:`vapo_lab.models.tokenizer` every word is one token, so a response is
+3n+3 or 3n+4 tokens plus end-of-sequence: 7 for n = 1 and 125 for n = 40, the >= 8x spread of
+lengths that VAPO's length-adaptive GAE and token-level loss are about (VAPO.md, challenge 2).
 
 Why position-labelled words: a ~1M-parameter model did not learn a character-level addition
 scratchpad in 3 minutes of CPU pre-training; with words whose embeddings share type, position
-and digit parts it did (see :func:`vapo_lab.models.tiny.build_tiny_model`).
+and digit parts it did (see :func:`vapo_lab.models.tiny.build_tiny_model`). Why the labels
+count from the left: the boxed answer is read off the scratchpad in the opposite order from
+the one it was written in, and its plain digits carry no label, so the model must count the
+digits it has written; counted from the left, the j-th answer digit is column j in every
+problem, while counted from the units it would be column n - j, a different pairing per n.
+Measured: with units-first labels the base read out 6-10-digit answers 0-2% right.
 
 :meth:`ArithTask.trace` writes the scratchpad, optionally with the deliberate noise that the base
 model is pre-trained on (:class:`TraceNoise`): a systematic bug that makes a wrong step the most
@@ -39,14 +46,14 @@ class TraceNoise:
     """How a written scratchpad departs from correct addition; all rates in [0, 1].
 
     Attributes:
-        bug_rate: probability of the systematic bug where it applies: at a position whose digits
-            sum to 9 with an incoming carry of 1 (true step z = 0, carry 1) the writer forgets
-            the carry and writes z = 9, carry 0. Above 0.5 the wrong step is the *mode*, so a
-            model trained on such traces fails greedily on every problem with such a step, and
+        bug_rate: probability of the systematic bug where it applies: in a column whose digits
+            sum to 9 with a carry in (true step: z = 0, carry 1) the writer forgets the carry
+            and writes z = 9, carry 0. Above 0.5 the wrong step is the *mode*, so a model
+            trained on such traces fails greedily on every problem with such a column, and
             samples the right step with probability 1 - bug_rate: a minority that RL can find
-            and reinforce. About 4.5% of positions are in the family, so long problems meet it
-            more often (their greedy accuracy falls like 0.955^n).
-        slip_rate: probability, at any other position, of writing a uniformly random wrong sum
+            and reinforce. About 4.5% of columns are in the family (10% have x + y = 9, about
+            45% of those a carry in), so long problems meet it more often.
+        slip_rate: probability, in any other column, of writing a uniformly random wrong sum
             digit (the carry stays right). Random slips are never the mode: they lower accuracy
             at temperature 1 only, more on long problems (errors accumulate).
     """
@@ -67,13 +74,13 @@ def is_bug_step(x_digit: int, y_digit: int, carry_in: int) -> bool:
 
 
 def _digits(value: int, n: int) -> list[int]:
-    """Returns the n decimal digits of ``value``, least significant first."""
-    return [(value // 10**k) % 10 for k in range(n)]
+    """Returns the n decimal digits of ``value``, most significant first (column 1 .. n)."""
+    return [int(ch) for ch in str(value).zfill(n)]
 
 
 def _words(name: str, value: int, n: int) -> str:
-    """Returns ``value`` as n position-labelled words, most significant first: ``x1_4 x0_2``."""
-    return " ".join(f"{name}{k}_{d}" for k, d in reversed(list(enumerate(_digits(value, n)))))
+    """Returns ``value`` as n position-labelled words, column 1 (leftmost) first: ``x1_4 x2_2``."""
+    return " ".join(f"{name}{column}_{d}" for column, d in enumerate(_digits(value, n), start=1))
 
 
 class ArithTask:
@@ -85,9 +92,15 @@ class ArithTask:
         n_eval: number of held-out problems. The eval split depends only on (seed, n_eval,
             min_digits, max_digits), not on n_train, so growing the train split never changes it.
         min_digits: fewest digits per number (>= 1).
-        max_digits: most digits per number; the vocabulary grows with it (positions 0..max-1).
-        **options: task-specific settings from ``task.options``; arith has none beyond the two
-            above, so any other key is an error.
+        max_digits: most digits per number; the vocabulary grows with it (columns 1..max_digits).
+        length_exponent: n is drawn with P(n) ∝ n^-length_exponent; 0 is uniform. The default
+            0.75 gives a long tail like real chains of thought: with 1..40 digits, 40% of
+            problems have at most 5 digits (under 20 tokens), 36% have 6-20 and 24% have 21-40
+            (7% over 100 tokens). Why not uniform: measured on 2 CPU cores, the ~1M-parameter
+            base learns the scratchpad within its 3-minute budget up to ~20 digits (longer
+            read-outs drift), so under a uniform n half the problems would be out of its reach.
+        **options: task-specific settings from ``task.options``; arith has none beyond the
+            three above, so any other key is an error.
 
     Raises:
         ConfigError: a bad digit range or split size, an unknown option, or more problems
@@ -97,12 +110,24 @@ class ArithTask:
     name = "arith"
 
     def __init__(
-        self, seed: int, n_train: int, n_eval: int, min_digits: int = 1, max_digits: int = 40, **options
+        self,
+        seed: int,
+        n_train: int,
+        n_eval: int,
+        min_digits: int = 1,
+        max_digits: int = 40,
+        length_exponent: float = 0.75,
+        **options,
     ) -> None:
         if options:
             raise ConfigError(
                 f"task.options has {sorted(options)}, which task arith does not know. "
-                "Its options are min_digits and max_digits."
+                "Its options are min_digits, max_digits and length_exponent."
+            )
+        if length_exponent < 0:
+            raise ConfigError(
+                f"task.options.length_exponent={length_exponent} is negative: P(n) ∝ n^-exponent "
+                "would favour long problems. Set it >= 0 (0 is uniform)."
             )
         if not 1 <= min_digits <= max_digits:
             raise ConfigError(
@@ -112,6 +137,8 @@ class ArithTask:
         if n_train < 0 or n_eval < 0:
             raise ConfigError(f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0.")
         self.seed, self.min_digits, self.max_digits = seed, min_digits, max_digits
+        self.digit_counts = list(range(min_digits, max_digits + 1))
+        self.length_weights = [n**-length_exponent for n in self.digit_counts]
         capacity = sum(self._pairs(n) for n in range(min_digits, max_digits + 1))
         if n_train + n_eval > capacity:
             raise ConfigError(
@@ -139,7 +166,7 @@ class ArithTask:
         rng = random.Random(f"vapo-lab/arith/{self.seed}/{split}")
         problems: list[Problem] = []
         while len(problems) < count:
-            n = rng.randint(self.min_digits, self.max_digits)
+            n = rng.choices(self.digit_counts, weights=self.length_weights)[0]
             x, y = self._draw(rng, n), self._draw(rng, n)
             # x + y and y + x count as one problem: their scratchpads are the same.
             key = (min(x, y), max(x, y))
@@ -159,16 +186,16 @@ class ArithTask:
         return problems
 
     def vocabulary(self) -> list[str]:
-        """Returns every word the task writes, each to become one token (positions < max_digits)."""
-        words = [f"{v}{k}_{d}" for v in "xyz" for k in range(self.max_digits) for d in range(10)]
-        words += [f"c{k}_{b}" for k in range(1, self.max_digits + 1) for b in (0, 1)]
+        """Returns every word the task writes, each to become one token (columns 1..max_digits)."""
+        words = [f"{v}{k}_{d}" for v in "xyz" for k in range(1, self.max_digits + 1) for d in range(10)]
+        words += [f"c{k}_{b}" for k in range(self.max_digits + 1) for b in (0, 1)]
         return words + list(OPERATORS) + [BOXED_OPEN]
 
     def trace(self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None) -> str:
-        r"""Returns the scratchpad response for ``problem``: ``" z0_3 c1_1 ... \boxed{643}"``.
+        r"""Returns the scratchpad response for ``problem``: ``" c3_0 z3_3 c2_1 ... \boxed{643}"``.
 
         The boxed answer is always read off the written scratchpad (final carry, then the sum
-        digits from the top), so a noisy step makes the answer wrong in the same way a model's
+        digits from the left), so a noisy step makes the answer wrong in the same way a model's
         own slip would, and the trace never "knows" the right answer it did not compute.
 
         Args:
@@ -180,8 +207,13 @@ class ArithTask:
         noise = noise or TraceNoise()
         if rng is None and (noise.bug_rate > 0 or noise.slip_rate > 0):
             raise ValueError("trace() needs an rng to draw noise from")
-        carry, words, written = 0, [], []
-        for k, (xd, yd) in enumerate(zip(_digits(x, n), _digits(y, n))):
+        # c{n}_0 (no carry into the units) opens the response, so that the word before every zK
+        # is labelled K: the position-matching attention head of the tiny model (see
+        # vapo_lab.models.tiny) then finds xK and yK from the first column on.
+        carry, words, written = 0, [f"c{n}_0"], {}
+        columns = list(zip(_digits(x, n), _digits(y, n)))
+        for column in range(n, 0, -1):
+            xd, yd = columns[column - 1]
             total = xd + yd + carry
             z, carry_out = total % 10, total // 10
             if is_bug_step(xd, yd, carry):
@@ -190,10 +222,10 @@ class ArithTask:
                     z, carry_out = 9, 0
             elif noise.slip_rate > 0 and rng.random() < noise.slip_rate:
                 z = (z + rng.randint(1, 9)) % 10  # any digit but the right one
-            words += [f"z{k}_{z}", f"c{k + 1}_{carry_out}"]
-            written.append(z)
+            words += [f"z{column}_{z}", f"c{column - 1}_{carry_out}"]
+            written[column] = z
             carry = carry_out
-        answer = ("1" if carry else "") + "".join(str(d) for d in reversed(written))
+        answer = ("1" if carry else "") + "".join(str(written[c]) for c in range(1, n + 1))
         return " " + " ".join(words) + f" {BOXED_OPEN}{answer}}}"
 
     def verify(self, response_text: str, problem: Problem) -> bool:

@@ -112,22 +112,33 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def build_base_for(cfg: DictConfig, progress: bool, force: bool = False) -> Any:
+    """Returns the embedded default's base model for ``cfg`` (a ``vapo_lab.base.BaseModel``),
+    building it on first use; the cache key covers the task, ``model.arch`` and ``model.base``."""
+    from vapo_lab.base import build_base
+
+    if cfg.model.name != "tiny":
+        raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
+                          "has a base model to build")
+    if cfg.task.name != "arith":
+        raise ConfigError(f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
+                          "use task=arith, or a real model (model=hf model.path=...) for other tasks")
+    arch, opts = cfg.model.arch, dict(cfg.task.options)
+    return build_base(
+        cache_dir=CACHE_DIR / "base", progress=progress, num_threads=cfg.trainer.threads, force=force,
+        task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
+        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent") if k in opts},
+        hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
+        num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
+        max_position_embeddings=int(arch.max_position_embeddings), **dict(cfg.model.base))
+
+
 def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> tuple[Any, Any, str, dict, Path]:
     """Returns (policy, tokenizer, a cache key of the initial weights, base metrics, its directory)."""
     from vapo_lab.models.load import load_model_and_tokenizer
 
     if cfg.model.name == "tiny":
-        from vapo_lab.base import build_base
-
-        arch = cfg.model.arch
-        opts = dict(cfg.task.options)
-        base = build_base(
-            cache_dir=CACHE_DIR / "base", progress=progress, num_threads=cfg.trainer.threads,
-            task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
-            min_digits=int(opts.get("min_digits", 1)), max_digits=int(opts.get("max_digits", 40)),
-            hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
-            num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
-            max_position_embeddings=int(arch.max_position_embeddings), **dict(cfg.model.base))
+        base = build_base_for(cfg, progress)
         if not base.cached:
             log(f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}")
         path, key, metrics = base.path, base.path.name, base.metrics
