@@ -15,6 +15,9 @@ from typing import Any
 
 from vapo_lab.errors import ConfigError
 
+# the one answer extractor, shared with evaluation (re-exported: tasks.arith and tests use it)
+from vapo_lab.eval.grader import last_boxed
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -24,27 +27,6 @@ class Problem:
     prompt: str
     answer: str
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
-
-
-def last_boxed(text: str) -> str | None:
-    r"""Returns the content of the last ``\boxed{...}`` in ``text`` (braces balanced), else None.
-
-    The last one wins because a chain of thought may box intermediate results before the final
-    answer. An unclosed last ``\boxed{`` gives None: a truncated response has no answer.
-    """
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    i = start + len("\\boxed{")
-    depth = 1
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j]
-    return None
 
 
 # name -> "module:attribute" for the built-in tasks, imported on first use (a task may pull heavy

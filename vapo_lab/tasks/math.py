@@ -11,23 +11,15 @@ equivalence.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.tasks import Problem, last_boxed
+from vapo_lab.eval.grader import extract_answer, grade, match_answer
+from vapo_lab.tasks import Problem
 
-_ANSWER_LINE = re.compile(r"Answer\s*:\s*(.+?)\s*$", re.IGNORECASE | re.MULTILINE)
-
-
-def extract_answer(text: str) -> str | None:
-    r"""Returns the final answer of a response: the last \boxed{...}, else the last 'Answer:' line."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    lines = _ANSWER_LINE.findall(text)
-    return lines[-1] if lines else None
+# the reward's comparison is evaluation's (vapo_lab.eval.grader); old names kept for callers
+verify_answer = match_answer
 
 
 def _field(record: dict[str, Any], key: str) -> Any:
@@ -103,29 +95,13 @@ class MathTask:
             held = held[:n_eval]
         if n_train > 0:
             train = train[:n_train]
-        render = lambda p: Problem(p.id, prompt_template.format(problem=p.prompt), p.answer, p.meta)  # noqa: E731
+        render = lambda p: Problem(p.id, prompt_template.format(problem=p.prompt), p.answer, p.meta)
         self.train, self.eval = [render(p) for p in train], [render(p) for p in held]
         self.seed = seed
 
     def verify(self, response_text: str, problem: Problem) -> bool:
-        """Returns True iff the response's final answer equals the reference (math-verify)."""
-        answer = extract_answer(response_text)
-        if answer is None:
-            return False
-        return verify_answer(answer, problem.answer)
+        """Returns True iff the response's final answer equals the reference (vapo_lab.eval.grader)."""
+        return grade(response_text, problem.answer)
 
 
-def verify_answer(answer: str, reference: str) -> bool:
-    """Returns True iff ``answer`` and ``reference`` are equivalent (string match or math-verify)."""
-    if answer.strip() == reference.strip():
-        return True
-    from math_verify import parse, verify
-
-    gold = parse(f"${reference}$")
-    pred = parse(f"${answer}$")
-    if not gold or not pred:
-        return False
-    try:
-        return bool(verify(gold, pred))
-    except Exception:  # noqa: BLE001 - adversarial output must never stop training
-        return False
+__all__ = ["MathTask", "extract_answer", "load_jsonl", "verify_answer"]
