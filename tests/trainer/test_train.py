@@ -90,3 +90,18 @@ def test_vllm_backend_without_vllm_or_gpu_fails_in_one_line(workdir):
 
     with pytest.raises(BackendUnavailable, match="rollout.backend=builtin"):
         _train(workdir, "vllm", extra=["rollout=vllm"])
+
+
+def test_prompt_plus_max_new_tokens_beyond_the_context_fails_before_compute(workdir, monkeypatch):
+    import vapo_lab.trainer.run as run_module
+
+    def no_build(*a, **k):
+        raise AssertionError("the base model was built before the length check")
+
+    monkeypatch.setattr(run_module, "load_policy", no_build)
+    # 3-digit problems: prompts of 9 tokens ("123+456=" and bos); 16 + 9 > 20
+    with pytest.raises(ConfigError, match=r"longest prompt \(\d+ tokens, problem .*max_new_tokens=16 exceeds "
+                                          r"the model's context of 20 tokens.*max_position_embeddings"):
+        _train(workdir, "ctx", extra=["model.arch.max_position_embeddings=20"])
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens=0 is out of range: it must be >= 1"):
+        _train(workdir, "ctx0", extra=["rollout.max_new_tokens=0"])

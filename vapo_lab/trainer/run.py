@@ -150,6 +150,23 @@ def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> 
     return policy, tokenizer, key, metrics, path
 
 
+def check_context(cfg: DictConfig, task: Any, tokenizer: Any, context: int | None) -> None:
+    """Raises ConfigError when the longest prompt plus ``rollout.max_new_tokens`` exceeds the model's
+    context of ``context`` tokens (None: unknown, not checked), naming the problem and both fixes."""
+    new = int(cfg.rollout.max_new_tokens)  # >= 1: checked at compose time
+    if context is None:
+        return
+    problems = list(task.train) + list(task.eval)
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, problems, cfg.model.chat_template)]
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    if lengths[longest] + new > context:
+        raise ConfigError(
+            f"the longest prompt ({lengths[longest]} tokens, problem {problems[longest].id}) plus "
+            f"rollout.max_new_tokens={new} exceeds the model's context of {context} tokens: lower "
+            "rollout.max_new_tokens, drop long problems, or use a model with a longer context"
+            + (" (model.arch.max_position_embeddings)" if cfg.model.name == "tiny" else ""))
+
+
 @torch.no_grad()
 def evaluate(generate: Generate, tokenizer: Any, task: Any, grader: Grader, cfg: DictConfig,
              seed: int) -> dict[str, float]:
@@ -190,7 +207,13 @@ class Run:
         torch.manual_seed(int(cfg.seed))
 
         self.task = build_task(cfg.task.name, **self._task_kwargs())
+        if cfg.model.name == "tiny":  # before the base build: its tokenizer is the task's vocabulary
+            from vapo_lab.models.tokenizer import build_tokenizer
+
+            check_context(cfg, self.task, build_tokenizer(self.task.vocabulary()), int(cfg.model.arch.max_position_embeddings))
         self.policy, self.tokenizer, policy_key, self.base_metrics, policy_path = load_policy(cfg, log, progress)
+        if cfg.model.name != "tiny":
+            check_context(cfg, self.task, self.tokenizer, getattr(self.policy.config, "max_position_embeddings", None))
         self.policy.to(self.device).eval()
         tok = self.tokenizer
         self.eos_ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
