@@ -121,3 +121,19 @@ def test_greedy_is_argmax_and_chunking_does_not_change_it():
 def test_negative_temperature_rejected():
     with pytest.raises(ValueError, match="temperature"):
         _run(_qwen(), True, temperature=-1.0)
+
+
+def test_top_p_draws_follow_the_filtered_distribution():
+    from vapo_lab.rollout.sampler import _sample_top_p
+
+    # one row, 6 tokens: probabilities 0.4, 0.25, 0.15, 0.1, 0.06, 0.04 (in shuffled order)
+    probs = torch.tensor([0.1, 0.4, 0.04, 0.25, 0.06, 0.15])
+    logits = probs.log().expand(20000, -1).contiguous()
+    g = torch.Generator().manual_seed(0)
+    tokens = _sample_top_p(logits, 0.7, g)
+    # nucleus at 0.7: 0.4 + 0.25 < 0.7, so 0.15 joins; renormalised by 0.8
+    freq = torch.bincount(tokens, minlength=6).float() / len(tokens)
+    expected = torch.tensor([0.0, 0.5, 0.0, 0.3125, 0.0, 0.1875])
+    assert torch.allclose(freq, expected, atol=0.015), freq
+    assert torch.equal(_sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)),
+                       _sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)))

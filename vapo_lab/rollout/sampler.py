@@ -164,10 +164,27 @@ def _draw(logits: Tensor, temperature: float, top_p: float,
     else:
         scaled = logits.float() / temperature
         logp_all = scaled.log_softmax(-1)
-        probs = top_p_filter(scaled, top_p).softmax(-1)
-        # draws on the CPU generator so that a seed gives the same samples on any device
-        token = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+        token = _sample_top_p(scaled, top_p, generator)
     return token, logp_all.gather(-1, token[:, None]).squeeze(-1)
+
+
+def _sample_top_p(scaled: Tensor, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """Returns one token per row drawn from softmax(scaled) restricted to its top-p nucleus.
+
+    The same distribution as ``softmax(top_p_filter(scaled, top_p))``, drawn in sorted order: the
+    multinomial runs over the widest nucleus of the batch, not the whole vocabulary, and nothing
+    is scattered back (the profile of evaluation at top_p 0.7 was dominated by those two).
+    Draws on the CPU generator so that a seed gives the same samples on any device.
+    """
+    if top_p >= 1.0:
+        return torch.multinomial(scaled.softmax(-1).cpu(), 1, generator=generator).squeeze(-1).to(scaled.device)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    keep = (probs.cumsum(-1) - probs) < top_p  # the mass before a token has not yet reached top_p
+    width = int(keep.sum(-1).max())
+    nucleus = (probs[:, :width] * keep[:, :width]).cpu()
+    pick = torch.multinomial(nucleus, 1, generator=generator).to(scaled.device)
+    return order[:, :width].gather(-1, pick).squeeze(-1)
 
 
 def _pad_to(x: Tensor, width: int, value: float | int | bool, left: bool = False) -> Tensor:
