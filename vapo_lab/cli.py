@@ -186,7 +186,15 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
                f"run dir     {result.run_dir}\n"
                f"eval avg@{k}  base {fmt(result.base_eval)}  final {fmt(result.final_eval)}  "
                f"best {fmt(result.best_eval)}  (held-out, x100)\n"
-               f"checkpoint  {result.checkpoint}", highlight=False)
+               f"checkpoint  {result.checkpoint}\n"
+               f"peak RSS    {_peak_rss_mib():.0f} MiB", highlight=False)
+
+
+def _peak_rss_mib() -> float:
+    """Returns this process's peak resident memory in MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @app.command()
@@ -432,6 +440,11 @@ def bench_generate(
     result = run_generate_benchmark(prompts=prompts, samples=samples, max_new_tokens=max_new_tokens,
                                     repeats=repeats, threads=threads, seed=seed)
     typer.echo(format_generate_benchmark(result))
+
+
+from vapo_lab.bench.trl_cli import bench_trl  # noqa: E402  (typer signature kept beside its benchmark)
+
+bench_app.command("trl")(_cli_errors(bench_trl))
 
 
 def main() -> None:

@@ -137,3 +137,15 @@ def test_top_p_draws_follow_the_filtered_distribution():
     assert torch.allclose(freq, expected, atol=0.015), freq
     assert torch.equal(_sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)),
                        _sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)))
+
+
+def test_inverse_cdf_draws_match_the_weights_and_never_pick_a_zero():
+    from vapo_lab.rollout.sampler import inverse_cdf_draw
+
+    weights = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0]]).expand(40000, -1)
+    draws = inverse_cdf_draw(weights, torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=6).float() / len(draws)
+    assert torch.allclose(freq, torch.tensor([0.0, 0.5, 0.0, 0.25, 0.25, 0.0]), atol=0.01), freq
+    one_hot = torch.zeros(5, 6)
+    one_hot[torch.arange(5), torch.tensor([0, 5, 2, 3, 5])] = 1.0  # first and last index too
+    assert inverse_cdf_draw(one_hot, torch.Generator().manual_seed(1)).tolist() == [0, 5, 2, 3, 5]

@@ -198,6 +198,7 @@ class TrainerConfig:
     warmup_steps: int = 0  # warmup-constant schedule
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: float = 1e-8
     grad_clip: float = 1.0
     eval_every: int = 10
     save_every: int = 10

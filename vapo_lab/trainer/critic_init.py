@@ -24,7 +24,7 @@ from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.forward import Rows, value_forward
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: inverse-CDF sampler (different draws)
 
 
 def cache_key(*parts: Any) -> str:

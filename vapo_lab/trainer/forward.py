@@ -41,11 +41,13 @@ class Rows:
 
 
 def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                   with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """Returns (log-probs of the response tokens (B, T), entropy (B, T) or None).
 
     Logits are divided by ``temperature`` so that the ratio to the sampler's log-probs is exact.
-    Only the response positions go through the LM head (a P-fold saving for long prompts).
+    Only the response positions go through the LM head (a P-fold saving for long prompts). The
+    entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
+    computed from detached logits, so the backward pass does not go through it.
     """
     ids, mask = rows.sequence()
     p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
@@ -55,7 +57,7 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = token_logprobs(logits, rows.response_ids)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
     return logprobs, entropy
 
 

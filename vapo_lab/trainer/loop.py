@@ -185,7 +185,8 @@ class Updater:
                     rows = batch.rows.take(idx)
                     t = rows.response_ids.shape[1]
                     mask = rows.response_mask
-                    logprobs, entropy = policy_forward(policy, rows, temperature, with_entropy=True)
+                    logprobs, entropy = policy_forward(policy, rows, temperature, with_entropy=True,
+                                                       entropy_grad=cfg.loss.entropy_coef > 0)
                     pg, m = ppo_policy_loss(logprobs, batch.old_logprobs[idx, :t], batch.advantages[idx, :t], mask,
                                             eps_low=float(cfg.loss.eps_low), eps_high=float(cfg.loss.eps_high),
                                             dual_clip=cfg.loss.dual_clip, loss_agg=cfg.loss.agg, normalizer=norm)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -98,6 +99,12 @@ class DataStream:
     def load(self, state: dict[str, int]) -> None:
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._permutation()
+
+
+def adamw(params: Any, lr: float, t: DictConfig) -> torch.optim.AdamW:
+    """Returns AdamW over ``params`` with the trainer config's betas, eps and weight decay."""
+    return torch.optim.AdamW(params, lr=lr, betas=tuple(t.adam_betas), eps=float(t.adam_eps),
+                             weight_decay=float(t.weight_decay))
 
 
 def _warmup_constant(warmup: int) -> Callable[[int], float]:
@@ -232,8 +239,7 @@ class Run:
         self.gen_rollout = torch.Generator().manual_seed(int(cfg.seed))
         self.gen_update = torch.Generator().manual_seed(int(cfg.seed) + 7)
         t = cfg.trainer
-        self.actor_opt = torch.optim.AdamW(self.policy.parameters(), lr=float(t.actor_lr),
-                                           betas=tuple(t.adam_betas), weight_decay=float(t.weight_decay))
+        self.actor_opt = adamw(self.policy.parameters(), float(t.actor_lr), t)
         self.actor_sched = torch.optim.lr_scheduler.LambdaLR(self.actor_opt, _warmup_constant(int(t.warmup_steps)))
         self.critic = self.critic_opt = self.critic_sched = None
         self.pretrain_info: dict[str, Any] = {}
@@ -301,8 +307,7 @@ class Run:
         critic.to(self.device).eval()
         if cfg.critic.pretrain.enabled:
             def updater_factory(c: ValueModel) -> Updater:
-                opt = torch.optim.AdamW(c.parameters(), lr=float(cfg.trainer.critic_lr),
-                                        betas=tuple(cfg.trainer.adam_betas), weight_decay=float(cfg.trainer.weight_decay))
+                opt = adamw(c.parameters(), float(cfg.trainer.critic_lr), cfg.trainer)
                 return Updater(cfg, self.policy, c, None, self.actor_opt, opt, torch.Generator().manual_seed(3))
 
             critic, self.pretrain_info = pretrain_critic(
@@ -311,8 +316,7 @@ class Run:
             critic.to(self.device).eval()
         self.critic = critic
         t = cfg.trainer
-        self.critic_opt = torch.optim.AdamW(critic.parameters(), lr=float(t.critic_lr), betas=tuple(t.adam_betas),
-                                            weight_decay=float(t.weight_decay))
+        self.critic_opt = adamw(critic.parameters(), float(t.critic_lr), t)
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, _warmup_constant(int(t.warmup_steps)))
 
     def _log_pretrain(self, metrics: dict[str, float], step: int) -> None:
@@ -453,6 +457,7 @@ class Run:
             "actor/lr": self.actor_sched.get_last_lr()[0],
             "time/rollout_s": t_rollout, "time/critic_s": t2 - t1, "time/actor_s": t3 - t2,
             "time/step_s": t3 - t0, "perf/tokens_per_s": n_tokens / max(t_rollout, 1e-9),
+            "perf/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
         })
         if batch.lam_policy is not None:
             m["gae/lam_policy_mean"] = float(batch.lam_policy.mean())
