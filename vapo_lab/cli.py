@@ -79,7 +79,8 @@ def _main(
 
 
 def _quiet_libraries() -> None:
-    """Silences per-file progress bars and advisory warnings of transformers / huggingface_hub."""
+    """Silences per-file progress bars and advisory warnings of transformers / huggingface_hub, and
+    MLflow's informational lines."""
     import os
 
     # environment variables, read when transformers is first imported (later, and only by the
@@ -87,6 +88,7 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not "Creating initial MLflow database tables..."
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
