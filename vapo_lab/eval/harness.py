@@ -54,7 +54,7 @@ from vapo_lab.eval.metrics import (
     majority_index,
     pass_at_k_table,
 )
-from vapo_lab.tasks import Problem
+from vapo_lab.tasks import Problem, jsonl_objects
 
 # The final-answer instruction of Qwen2.5-Math's evaluation (the prompt family of the paper's
 # base model); ``{problem}`` is replaced verbatim (str.replace, so braces elsewhere stay).
@@ -905,32 +905,23 @@ def read_responses(path: str | Path, problems: Sequence[Problem]) -> list[dict[s
         raise EvalError(f"--responses {path} does not exist: give a JSONL file with problem_id and response keys")
     known = {p.id: p for p in problems}
     per_problem: dict[str, list[dict[str, Any]]] = {}
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(d, dict):
-                raise EvalError(f"{path}:{number}: a line must be a JSON object")
-            pid = d.get("problem_id", d.get("id"))
-            response = d.get("response")
-            if pid is None or not isinstance(response, str):
-                raise EvalError(f"{path}:{number}: needs a problem_id (or id) and a response string")
-            pid = str(pid)
-            if pid not in known:
-                import difflib
+    for number, d in jsonl_objects(path, EvalError):
+        pid = d.get("problem_id", d.get("id"))
+        response = d.get("response")
+        if pid is None or not isinstance(response, str):
+            raise EvalError(f"{path}:{number}: needs a problem_id (or id) and a response string")
+        pid = str(pid)
+        if pid not in known:
+            import difflib
 
-                close = difflib.get_close_matches(pid, list(known), n=1)
-                hint = f"did you mean {close[0]}?" if close else f"its ids look like {', '.join(list(known)[:3])}"
-                raise EvalError(f"{path}:{number}: problem_id {pid!r} is not in the benchmark ({hint}); use the "
-                                "benchmark's problem ids")
-            rows = per_problem.setdefault(pid, [])
-            rows.append({"problem_id": pid, "sample_index": int(d.get("sample_index", len(rows))), "prompt": d.get("prompt"),
-                         "response": response, "extracted_answer": None, "reference": known[pid].answer,
-                         "correct": False, "length": d.get("length"), "finish_reason": d.get("finish_reason")})
+            close = difflib.get_close_matches(pid, list(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else f"its ids look like {', '.join(list(known)[:3])}"
+            raise EvalError(f"{path}:{number}: problem_id {pid!r} is not in the benchmark ({hint}); use the "
+                            "benchmark's problem ids")
+        rows = per_problem.setdefault(pid, [])
+        rows.append({"problem_id": pid, "sample_index": int(d.get("sample_index", len(rows))), "prompt": d.get("prompt"),
+                     "response": response, "extracted_answer": None, "reference": known[pid].answer,
+                     "correct": False, "length": d.get("length"), "finish_reason": d.get("finish_reason")})
     return [r for p in problems for r in sorted(per_problem.get(p.id, []), key=lambda r: r["sample_index"])]
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import ConfigError
@@ -27,6 +29,25 @@ class Problem:
     prompt: str
     answer: str
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields (line number, object) for each non-blank line of the JSONL file ``path``.
+
+    Raises:
+        error: a line that is not valid JSON or not a JSON object, named by file and line number.
+    """
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line") from None
+            if not isinstance(record, dict):
+                raise error(f"{path}:{number}: a line must be a JSON object, not {type(record).__name__}")
+            yield number, record
 
 
 # name -> "module:attribute" for the built-in tasks, imported on first use (a task may pull heavy

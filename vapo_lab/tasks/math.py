@@ -10,13 +10,12 @@ equivalence.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.eval.grader import extract_answer, grade, match_answer
-from vapo_lab.tasks import Problem
+from vapo_lab.tasks import Problem, jsonl_objects
 
 # the reward's comparison is evaluation's (vapo_lab.eval.grader); old names kept for callers
 verify_answer = match_answer
@@ -46,25 +45,16 @@ def load_jsonl(path: str | Path, problem_key: str = "problem", answer_key: str =
     if not path.is_file():
         raise ConfigError(f"data file {path} does not exist: set task.train_path / task.eval_path to a JSONL file")
     problems: list[Problem] = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(record, dict):
-                raise ConfigError(f"{path}:{number}: a line must be a JSON object, not {type(record).__name__}")
-            problem, answer = _field(record, problem_key), _field(record, answer_key)
-            if not isinstance(problem, str) or answer is None:
-                raise ConfigError(
-                    f"{path}:{number}: no {problem_key!r} text or no {answer_key!r} value; set "
-                    "task.problem_key / task.answer_key to the file's field names")
-            pid = str(record.get("id", f"{prefix}{number}"))
-            problems.append(Problem(id=pid, prompt=problem, answer=str(answer), meta={"line": number}))
-            if 0 < limit <= len(problems):
-                break
+    for number, record in jsonl_objects(path, ConfigError):
+        problem, answer = _field(record, problem_key), _field(record, answer_key)
+        if not isinstance(problem, str) or answer is None:
+            raise ConfigError(
+                f"{path}:{number}: no {problem_key!r} text or no {answer_key!r} value; set "
+                "task.problem_key / task.answer_key to the file's field names")
+        pid = str(record.get("id", f"{prefix}{number}"))
+        problems.append(Problem(id=pid, prompt=problem, answer=str(answer), meta={"line": number}))
+        if 0 < limit <= len(problems):
+            break
     if not problems:
         raise ConfigError(f"{path} holds no problems")
     return problems
