@@ -16,7 +16,7 @@ Both accumulate over columns, so long problems are harder and their reward spars
 challenge 3). The build measures held-out accuracy at temperature 1 and greedily, overall and by
 digit count, and stores it beside the weights; the target is 10-40% at temperature 1 and at most
 80% greedily. Measured with the defaults (256 eval problems, 2 samples each at temperature 1;
-2 threads; 143-160 s in all, of which ~142 s training and ~16 s measuring; the build is
+2 threads; 146-160 s in all, of which ~130-142 s training and ~13-16 s measuring; the build is
 deterministic: the same config gives the same weights and figures):
 
     digits (eval problems)   1-5 (81)   6-10 (43)   11-20 (57)   21-40 (75)   all
@@ -121,7 +121,7 @@ DEFAULTS: dict[str, Any] = {
     "max_position_embeddings": 512,
     "rope_theta": 1e6,
     "init_std": 0.1,
-    # pre-training: ~125 s of the 3-minute budget on 2 cores (900 steps: 143 s). Batch 16 x 1000 beat
+    # pre-training: 130-142 s of the 3-minute budget on 2 cores (measured 2026-11-22). Batch 16 x 1000 beat
     # 32 x 500 on the same tokens; lr 3e-3 beat 1e-3 and 6e-3
     "seed": 0,
     "steps": 800,
