@@ -149,3 +149,25 @@ def test_inverse_cdf_draws_match_the_weights_and_never_pick_a_zero():
     one_hot = torch.zeros(5, 6)
     one_hot[torch.arange(5), torch.tensor([0, 5, 2, 3, 5])] = 1.0  # first and last index too
     assert inverse_cdf_draw(one_hot, torch.Generator().manual_seed(1)).tolist() == [0, 5, 2, 3, 5]
+
+
+def test_top_p_draws_stay_in_the_sorted_nucleus_and_match_it_when_it_is_wide():
+    from vapo_lab.rollout.sampler import _sample_top_p
+
+    # near-uniform rows (as from a random-init model): the nucleus holds most of the vocabulary
+    torch.manual_seed(0)
+    logits = (torch.randn(4, 40) * 0.3).repeat_interleave(5000, dim=0)
+    tokens = _sample_top_p(logits, 0.7, torch.Generator().manual_seed(1))
+    kept = torch.isfinite(top_p_filter(logits[::5000], 0.7))  # the reference: a full sort
+    for row in range(4):
+        drawn = tokens[row * 5000:(row + 1) * 5000]
+        assert kept[row, drawn].all()
+        expected = top_p_filter(logits[row * 5000], 0.7).softmax(-1)
+        freq = torch.bincount(drawn, minlength=40).float() / len(drawn)
+        assert (freq - expected).abs().max() < 0.02, (row, freq, expected)
+
+
+def test_top_p_outside_zero_one_rejected():
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="top_p"):
+            _run(_qwen(), True, top_p=bad)
