@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_every_subpackage_is_listed_in_pyproject():
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "vapo_lab").rglob("__init__.py")}
-    assert listed == found | {"vapo_lab.conf"}
+    assert listed == found | {"vapo_lab.conf", "vapo_lab.experiments"}
 
 
 def test_conf_dir_is_the_repository_conf():

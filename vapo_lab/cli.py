@@ -214,18 +214,115 @@ def train(
     _train(algo, drop or [], overrides or [], quiet)
 
 
+LauncherOpt = Annotated[Optional[str], typer.Option(
+    help="Where the runs go: local (this machine's processes), ray, or slurm (a job array via submitit). "
+         "Settings: launcher.<name>.* overrides (conf/launcher/).")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the cells (and Slurm's sbatch scripts); submit nothing.")]
+WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Slurm: wait until every cell ends (local and Ray always wait).")]
+
+
 @app.command()
 @_cli_errors
 def ablate(
-    drop: Annotated[list[str], typer.Option(help="Component to turn off (repeatable), e.g. --drop clip_higher.")],
     overrides: OverridesArg = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    drop: Annotated[Optional[list[str]], typer.Option(help="Component to turn off (repeatable), e.g. --drop clip_higher.")] = None,
+    table1: Annotated[bool, typer.Option("--table1", help="The whole Table 1 grid (experiments/table1.yaml): PPO, DAPO, VAPO and VAPO without each component.")] = False,
+    seeds: Annotated[Optional[int], typer.Option(help="Seeds 0..N-1 of every cell (a grid).")] = None,
+    launcher: LauncherOpt = None,
+    dry_run: DryRunOpt = False,
+    wait: WaitOpt = True,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar (single run).")] = False,
 ) -> None:
-    """Train VAPO without the given components: one row of Table 1.
+    """Train VAPO without the given components (one row of Table 1), or the whole Table 1 grid.
 
-    Example: vapo-lab ablate --drop clip_higher seed=2
+    Examples: vapo-lab ablate --drop clip_higher seed=2 ;
+    vapo-lab ablate --table1 --seeds 3 --launcher slurm launcher.slurm.partition=gpu
     """
-    _train("vapo", drop, overrides or [], quiet)
+    from vapo_lab.launch.grid import drop_grid, load_grid
+
+    if table1 and drop:
+        raise ConfigError("--table1 already holds every --drop variant: give one or the other")
+    if not table1 and not drop:
+        raise ConfigError("give --drop NAME (repeatable) for one variant, or --table1 for the whole grid")
+    if not table1 and seeds is None and launcher is None and not dry_run:
+        _train("vapo", drop or [], overrides or [], quiet)  # one run, here, with a progress bar
+        return
+    grid = load_grid("table1", seeds=seeds) if table1 else drop_grid(drop or [], seeds=seeds or 1)
+    _run_grid(grid, overrides or [], launcher, dry_run, wait)
+
+
+def _run_grid(grid: Any, overrides: list[str], launcher: str | None, dry_run: bool, wait: bool) -> None:
+    from vapo_lab.launch.commands import run_grid
+
+    run_grid(grid, overrides, launcher, dry_run, wait, log=lambda m: _err.print(m, highlight=False),
+             out=lambda m: _out.print(m, highlight=False, markup=False, soft_wrap=True))
+
+
+@app.command()
+@_cli_errors
+def sweep(
+    grid_file: Annotated[str, typer.Argument(help="A grid YAML file (see experiments/), or a shipped grid's name: table1, lr_sweep.")],
+    overrides: OverridesArg = None,
+    seeds: Annotated[Optional[int], typer.Option(help="Seeds 0..N-1 of every cell, instead of the file's.")] = None,
+    launcher: LauncherOpt = None,
+    dry_run: DryRunOpt = False,
+    wait: WaitOpt = True,
+) -> None:
+    """Run a grid file: its cells x sweep points x seeds, skipping runs already finished.
+
+    Example: vapo-lab sweep experiments/lr_sweep.yaml --launcher ray trainer.total_steps=20
+    """
+    from vapo_lab.launch.grid import load_grid
+
+    _run_grid(load_grid(grid_file, seeds=seeds), overrides or [], launcher, dry_run, wait)
+
+
+@app.command()
+@_cli_errors
+def jobs(
+    grid: Annotated[Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
+) -> None:
+    """List a grid's cells: state (pending, running step k, finished, failed with the error), job and run ids."""
+    from vapo_lab.launch.commands import jobs_table
+
+    path, rows = jobs_table(output_dir, grid)
+    table = Table(title=f"grid {path.name} ({path})", title_justify="left")
+    for col in ("cell", "state", "job id", "tracking run id"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["cell"], r["state"], r["job_id"], r["run_id"])
+    _out.print(table)
+
+
+@app.command()
+@_cli_errors
+def cancel(
+    grid: Annotated[Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
+) -> None:
+    """Cancel a grid's queued and running cells (scancel; SIGTERM for local / Ray cells on this host).
+
+    Finished cells and checkpoints are kept: submitting the grid again resumes the rest.
+    """
+    from vapo_lab.launch.commands import cancel as cancel_grid
+
+    path, done = cancel_grid(output_dir, grid)
+    _out.print("\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False)
+
+
+@app.command()
+@_cli_errors
+def server(
+    host: Annotated[str, typer.Option(help="Interface to bind; 127.0.0.1 keeps it private to this machine. "
+                                          "Use 0.0.0.0 only on a trusted network (MLflow has no auth).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 5000,
+    store: Annotated[str, typer.Option(help="Folder for the server's database and artifacts.")] = "mlflow-server",
+) -> None:
+    """Run an MLflow tracking server for grids on Slurm / Ray (runs log with tracking.uri=http://HOST:PORT)."""
+    from vapo_lab.track.server import serve_forever
+
+    serve_forever(host, port, store, log=lambda m: _err.print(m, highlight=False))
 
 
 @base_app.command("build")

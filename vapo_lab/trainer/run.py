@@ -196,7 +196,8 @@ class Run:
     """Everything one training run holds."""
 
     def __init__(self, cfg: DictConfig, choices: dict[str, str] | None = None, progress: bool = True,
-                 log: Callable[[str], None] = print, command: str = "") -> None:
+                 log: Callable[[str], None] = print, command: str = "", tags: dict[str, str] | None = None,
+                 parent_run_id: str | None = None) -> None:
         self.cfg, self.log, self.progress = cfg, log, progress
         self.choices = choices or {}
         if cfg.trainer.threads:
@@ -252,10 +253,11 @@ class Run:
         previous = json.loads(run_json.read_text()) if resume_dir else {}
         tags = {"algo": cfg.algo.name, "seed": str(cfg.seed), "experiment": cfg.tracking.experiment,
                 "scale": cfg.scale.name, "git_commit": git_commit(), "run_dir": str(self.run_dir),
-                **component_tags(self.choices)}
+                **component_tags(self.choices), **(tags or {})}
         params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
         params["command"] = command or " ".join(sys.argv)
-        self.run_id = self.tracker.start(self.run_dir.name, tags, params, resume_run_id=previous.get("run_id"))
+        self.run_id = self.tracker.start(self.run_dir.name, tags, params, resume_run_id=previous.get("run_id"),
+                                         parent_run_id=parent_run_id)
         if not resume_dir:
             run_json.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": getattr(self.tracker, "uri", "none"),
                                             "command": params["command"], "choices": self.choices}, indent=2))

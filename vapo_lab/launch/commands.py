@@ -1,0 +1,57 @@
+"""What ``vapo-lab sweep / ablate --table1 / jobs / cancel`` do, apart from argument parsing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vapo_lab.launch.launchers import LaunchError
+from vapo_lab.launch.grid import Grid
+
+
+def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run: bool, wait: bool,
+             log: Callable[[str], None], out: Callable[[str], None]) -> Any:
+    """Expands ``grid`` with the command line's overrides and submits it; returns the Submission.
+
+    ``--launcher X`` is the ``launcher=X`` override; ``launcher.*`` and ``tracking.*`` overrides set
+    the submission's launcher and tracking (they do not change the runs' config hashes).
+    """
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.launch.launchers import LAUNCHERS, submit_grid
+
+    overrides = list(overrides)
+    if launcher is not None:
+        if launcher not in LAUNCHERS:
+            raise LaunchError(f"--launcher {launcher}: unknown; choose one of {', '.join(LAUNCHERS)}")
+        overrides = [o for o in overrides if not o.startswith("launcher=")] + [f"launcher={launcher}"]
+    specs = grid.expand(overrides)
+    first = specs[0]
+    cfg = compose_config(algo=first.algo, drop=first.drop, overrides=first.overrides).cfg
+    name = str(cfg.launcher.name)
+    sub = submit_grid(grid, specs, cfg, name, dry_run=dry_run, wait=wait, log=log)
+    if dry_run:
+        out(sub.dry_run_text)
+        return sub
+    failed = {k: v for k, v in sub.results.items() if v != "finished"}
+    if sub.results:
+        out(f"grid {sub.grid_id}: {len(sub.results) - len(failed)} finished, {len(failed)} failed this time; "
+            f"{len(sub.skipped_finished)} were already finished. `vapo-lab jobs {sub.grid_id}` for details")
+    if failed:
+        raise LaunchError(f"{len(failed)} cell(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
+                          + f". Fix and resubmit the same command: finished cells are skipped")
+    return sub
+
+
+def jobs_table(output_dir: str | Path, grid: str | None) -> tuple[Path, list[dict[str, Any]]]:
+    from vapo_lab.launch.launchers import find_grid, grid_table
+
+    path = find_grid(output_dir, grid)
+    return path, grid_table(path)
+
+
+def cancel(output_dir: str | Path, grid: str | None) -> tuple[Path, list[str]]:
+    from vapo_lab.launch.launchers import cancel_grid, find_grid
+
+    path = find_grid(output_dir, grid)
+    return path, cancel_grid(path)

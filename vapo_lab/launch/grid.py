@@ -1,0 +1,221 @@
+"""Grids: a YAML file of cells (preset + dropped components + overrides) x seeds -> run specs.
+
+A grid file (``experiments/table1.yaml`` is the paper's Table 1)::
+
+    name: table1                      # also the MLflow experiment, unless `experiment:` is given
+    seeds: [0]                        # --seeds N replaces it with 0..N-1
+    overrides: [trainer.total_steps=80]   # applied to every cell
+    sweep: {trainer.actor_lr: "1e-5,3e-5"}  # Hydra sweep syntax: the grid is multiplied by it
+    cells:
+      - {name: ppo, algo: ppo}
+      - {name: vapo-no-clip_higher, algo: vapo, drop: [clip_higher], overrides: [loss.eps_high=0.2]}
+
+Every cell x seed x sweep point is one run, identified by the hash of its fully composed config
+(seed included, output locations and tracking left out): re-running the same grid finds the same
+runs, so finished ones are skipped and partial ones resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from vapo_lab.errors import ConfigError
+
+# config keys that say where a run is written or logged, not what it computes
+VOLATILE_KEYS = ("output_dir", "run_name", "resume", "tracking", "launcher")
+
+
+@dataclass
+class CellSpec:
+    """One run of a grid: everything a launcher needs to start (or resume) it, JSON-serialisable."""
+
+    grid_id: str
+    name: str  # the grid file's cell name, e.g. vapo-no-clip_higher
+    algo: str
+    drop: list[str]
+    overrides: list[str]  # the cell's own: grid + cell + sweep point + seed (not output/tracking)
+    seed: int
+    config_hash: str
+    key: str  # <name>-s<seed>[-<sweep>]-<hash8>: the run's folder name
+    sweep: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CellSpec:
+        return cls(**d)
+
+
+@dataclass
+class Grid:
+    """A grid file, loaded and checked."""
+
+    name: str
+    experiment: str
+    seeds: list[int]
+    overrides: list[str]
+    sweep: dict[str, str]
+    cells: list[dict[str, Any]]
+    source: str  # the file it came from
+
+    def expand(self, extra_overrides: Sequence[str] = ()) -> list[CellSpec]:
+        """Returns every run of the grid (cells x sweep points x seeds), composed and validated.
+
+        Raises:
+            ConfigError: a cell whose config does not compose (named, with the reason).
+        """
+        from vapo_lab.config.compose import compose_config
+
+        specs: list[CellSpec] = []
+        points = sweep_points(self.sweep)
+        for cell in self.cells:
+            for point in points:
+                for seed in self.seeds:
+                    ov = [*self.overrides, *cell.get("overrides", []), *extra_overrides,
+                          *(f"{k}={v}" for k, v in point.items()), f"seed={seed}"]
+                    try:
+                        composed = compose_config(algo=cell["algo"], drop=cell.get("drop", []), overrides=ov)
+                    except ConfigError as e:
+                        raise ConfigError(f"grid {self.name}, cell {cell['name']} (seed {seed}): {e}") from e
+                    h = config_hash(OmegaConf.to_container(composed.cfg, resolve=True))
+                    label = "".join(f"-{_slug(k.split('.')[-1])}{_slug(v)}" for k, v in point.items())
+                    specs.append(CellSpec(grid_id="", name=cell["name"], algo=cell["algo"],
+                                          drop=list(cell.get("drop", [])), overrides=ov, seed=seed,
+                                          config_hash=h, key=f"{cell['name']}{label}-s{seed}-{h[:8]}",
+                                          sweep=dict(point)))
+        seen: dict[str, str] = {}
+        for s in specs:
+            if s.config_hash in seen:
+                raise ConfigError(f"grid {self.name}: cells {seen[s.config_hash]} and {s.key} compose the same "
+                                  "config: remove one of them (or give them different overrides)")
+            seen[s.config_hash] = s.key
+        gid = f"{_slug(self.name)}-{hashlib.sha256(''.join(sorted(seen)).encode()).hexdigest()[:8]}"
+        for s in specs:
+            s.grid_id = gid
+        return specs
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """Returns the hash that identifies a run: its resolved config without output/tracking keys."""
+    kept = {k: v for k, v in cfg.items() if k not in VOLATILE_KEYS}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
+    """Returns the cartesian product of Hydra sweep values, e.g. {"a": "1,2"} -> [{"a": "1"}, {"a": "2"}].
+
+    Each value is Hydra override syntax: ``1,2,3``, ``range(0,3)``, ``choice(a,b)``,
+    ``glob(*)`` is not supported (no choices to glob over here).
+    """
+    if not sweep:
+        return [{}]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    axes: list[list[tuple[str, str]]] = []
+    for key, value in sweep.items():
+        text = f"{key}={value}"
+        try:
+            (ov,) = parser.parse_overrides([text])
+        except HydraException as e:
+            raise ConfigError(f"sweep {text!r} is not Hydra sweep syntax ({str(e).splitlines()[0]}): "
+                              "write e.g. trainer.actor_lr: 1e-5,3e-5 or range(0,3)") from e
+        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+        axes.append([(key, v) for v in values])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def _slug(text: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(text)).strip("_")
+
+
+def builtin_grids() -> dict[str, Path]:
+    """Returns {name: path} of the grid files shipped in experiments/ (as vapo_lab.experiments)."""
+    root = Path(str(resources.files("vapo_lab.experiments")))
+    return {p.stem: p for p in sorted(root.glob("*.yaml"))}
+
+
+def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
+    """Returns the grid in a YAML file (or a shipped one by name, e.g. ``table1``).
+
+    Args:
+        path_or_name: a grid file, or the name of one under experiments/.
+        seeds: replace the file's seeds with 0..seeds-1.
+
+    Raises:
+        ConfigError: missing file, bad YAML, or a malformed grid (named, with the fix).
+    """
+    path = Path(path_or_name)
+    if not path.is_file():
+        shipped = builtin_grids()
+        if str(path_or_name) in shipped:
+            path = shipped[str(path_or_name)]
+        else:
+            raise ConfigError(f"grid file {path_or_name} not found: give a YAML file or one of "
+                              f"{', '.join(shipped) or '(none shipped)'}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"grid file {path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not raw["cells"]:
+        raise ConfigError(f"grid file {path}: needs a non-empty list `cells:` of {{name, algo, drop, overrides}}")
+    unknown = set(raw) - {"name", "experiment", "description", "seeds", "overrides", "sweep", "cells"}
+    if unknown:
+        raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)} (allowed: name, experiment, "
+                          "description, seeds, overrides, sweep, cells)")
+    name = str(raw.get("name") or path.stem)
+    cells = []
+    names: set[str] = set()
+    for i, cell in enumerate(raw["cells"]):
+        if not isinstance(cell, dict) or "name" not in cell:
+            raise ConfigError(f"grid file {path}: cell {i + 1} needs a `name:` (and `algo:`, optional "
+                              "`drop:` and `overrides:` lists)")
+        extra = set(cell) - {"name", "algo", "drop", "overrides"}
+        if extra:
+            raise ConfigError(f"grid file {path}: cell {cell['name']} has unknown keys {sorted(extra)}")
+        if cell["name"] in names:
+            raise ConfigError(f"grid file {path}: two cells are named {cell['name']}: names must be unique")
+        names.add(cell["name"])
+        for key in ("drop", "overrides"):
+            if not isinstance(cell.get(key, []), list):
+                raise ConfigError(f"grid file {path}: cell {cell['name']}: `{key}` must be a list")
+        cells.append({"name": str(cell["name"]), "algo": str(cell.get("algo", "vapo")),
+                      "drop": [str(d) for d in cell.get("drop", [])],
+                      "overrides": [str(o) for o in cell.get("overrides", [])]})
+    file_seeds = raw.get("seeds", [0])
+    if seeds is not None:
+        if seeds < 1:
+            raise ConfigError(f"--seeds {seeds}: must be >= 1")
+        file_seeds = list(range(seeds))
+    if not isinstance(file_seeds, list) or not all(isinstance(s, int) for s in file_seeds) or not file_seeds:
+        raise ConfigError(f"grid file {path}: `seeds` must be a non-empty list of integers")
+    sweep = raw.get("sweep") or {}
+    if not isinstance(sweep, dict):
+        raise ConfigError(f"grid file {path}: `sweep` must map config keys to Hydra sweep values")
+    overrides = raw.get("overrides") or []
+    if not isinstance(overrides, list):
+        raise ConfigError(f"grid file {path}: `overrides` must be a list")
+    return Grid(name=name, experiment=str(raw.get("experiment") or name), seeds=list(file_seeds),
+                overrides=[str(o) for o in overrides], sweep={str(k): str(v) for k, v in sweep.items()},
+                cells=cells, source=str(path))
+
+
+def drop_grid(drops: Sequence[str], seeds: int = 1) -> Grid:
+    """Returns the one-variant grid of ``vapo-lab ablate --drop A [--drop B]``: VAPO without them."""
+    name = "vapo-no-" + "-".join(drops)
+    return Grid(name="ablate", experiment="ablate", seeds=list(range(seeds)), overrides=[], sweep={},
+                cells=[{"name": name, "algo": "vapo", "drop": list(drops), "overrides": []}],
+                source="--drop " + " --drop ".join(drops))
