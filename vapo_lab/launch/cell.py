@@ -162,34 +162,43 @@ def prepare(jobs: list[CellJob]) -> list[str]:
     constructs the cell's ``Run`` with tracking off in a throwaway folder, which builds (or
     finds) exactly what the real run will load.
     """
-    from omegaconf import open_dict
-
-    from vapo_lab.trainer.run import Run
-
     if not jobs:
         return []
     os.chdir(jobs[0].cwd)
     done: set[str] = set()
-    lines = []
+    lines: list[str] = []
     for job in jobs:
-        cfg = compose_cell(job).cfg
+        try:
+            lines.append(_prepare_one(job, done))
+        except Exception as e:  # noqa: BLE001 - that cell fails with the same error when it runs
+            last = (str(e).strip().splitlines() or [""])[-1]
+            lines.append(f"could not prepare {job.spec.key}: {type(e).__name__}: {last}")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return [ln for ln in lines if ln]
+
+
+def _prepare_one(job: CellJob, done: set[str]) -> str:
+    from omegaconf import open_dict
+
+    from vapo_lab.trainer.run import Run
+
+    composed = compose_cell(job)
+    cfg = composed.cfg
+    with open_dict(cfg):
+        cfg.seed = 0
+    sig = json.dumps({k: str(cfg.get(k)) for k in ("model", "task", "critic", "rollout", "reward", "trainer",
+                                                   "algo", "value_pretraining", "gae")}, sort_keys=True)
+    if sig in done:
+        return ""
+    done.add(sig)
+    with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
         with open_dict(cfg):
-            cfg.seed = 0
-        sig = json.dumps({k: str(cfg.get(k)) for k in ("model", "task", "critic", "rollout", "reward", "trainer",
-                                                       "algo", "value_pretraining", "gae")}, sort_keys=True)
-        if sig in done:
-            continue
-        done.add(sig)
-        with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
-            with open_dict(cfg):
-                cfg.tracking.backend = "none"
-                cfg.output_dir = tmp
-                cfg.run_name = "prepare"
-            t0 = time.perf_counter()
-            Run(cfg, compose_cell(job).choices, progress=False, log=lambda text: print(text, file=sys.stderr))
-            lines.append(f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s")
-            print(lines[-1], file=sys.stderr, flush=True)
-    return lines
+            cfg.tracking.backend = "none"
+            cfg.output_dir = tmp
+            cfg.run_name = "prepare"
+        t0 = time.perf_counter()
+        Run(cfg, composed.choices, progress=False, log=lambda text: print(text, file=sys.stderr))
+    return f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s"
 
 
 class CellJobRunner:
