@@ -194,8 +194,9 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: st
     # checks that must pass before anything is submitted
     if launcher == "slurm":
         check_slurm(settings)
+    if launcher == "ray" and settings.get("address") and settings.get("address") != "auto":
+        _check_reachable(str(settings["address"]))
     parent = _parent_run(grid, specs, cfg, record, launcher, grid_dir)  # also checks the tracking server
-    started_ray = _ray_init(settings) if launcher == "ray" else False
 
     record = {**record, "grid_id": grid_id, "name": grid.name, "experiment": grid.experiment,
               "source": grid.source, "created": record.get("created", time.time()), "parent_run_id": parent,
@@ -219,6 +220,7 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: st
     if launcher == "local":
         _run_local(jobs, int(settings.get("workers", 1)), grid_dir, sub, log)
     elif launcher == "ray":
+        started_ray = _ray_init(settings)
         try:
             _run_ray(jobs, settings, sub, log)
         finally:
@@ -335,6 +337,8 @@ def _ray_init(settings: dict[str, Any]) -> bool:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # never let Ray re-resolve this env with uv
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
                               "configure_logging": False}
+    if address and address != "auto":
+        _check_reachable(address)
     try:
         if address:
             ray.init(address=address, **kwargs)
@@ -345,6 +349,22 @@ def _ray_init(settings: dict[str, Any]) -> bool:
                           f"{str(e).strip().splitlines()[0][:200]}; start it with `ray start --head`, "
                           "or leave launcher.ray.address unset for a local Ray") from e
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """Raises LaunchError unless host:port of a Ray address answers a TCP connection within 5 s
+    (``ray.init`` itself retries an unreachable address for minutes)."""
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"launcher.ray.address={address!r} is not host:port (or ray://host:port, or auto)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except OSError as e:
+        raise LaunchError(f"cannot connect to Ray at launcher.ray.address={address!r}: {e.strerror or e}; "
+                          "start it with `ray start --head`, or leave launcher.ray.address unset for a "
+                          "local Ray; nothing was submitted") from e
 
 
 def _run_ray(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Callable[[str], None]) -> None:

@@ -1,0 +1,34 @@
+"""The Ray launcher on a local Ray cluster (started by the launcher), and an unreachable address."""
+
+import pytest
+
+from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.grid import load_grid
+from vapo_lab.launch.launchers import LaunchError, grid_table
+
+from .conftest import GRID3, SMALL
+
+
+@pytest.mark.slow
+def test_ray_runs_a_grid_and_skips_it_when_resubmitted(in_tmp):
+    (in_tmp / "mini.yaml").write_text(GRID3)
+    overrides = [*SMALL, "launcher.ray.num_cpus=1"]
+    sub = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "ray", False, True, log=print, out=print)
+    assert len(sub.submitted) == 3 and set(sub.results.values()) == {"finished"}
+    assert all(r["state"].startswith("finished") and r["run_id"] for r in grid_table(sub.grid_dir))
+    again = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "ray", False, True, log=print, out=print)
+    assert again.submitted == [] and len(again.skipped_finished) == 3
+
+
+def test_unreachable_ray_address_fails_before_anything_is_submitted(in_tmp):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    grid = load_grid("table1")
+    grid.cells = grid.cells[:1]
+    with pytest.raises(LaunchError, match=f"cannot connect to Ray at launcher.ray.address='127.0.0.1:{port}'"):
+        run_grid(grid, [*SMALL, f"launcher.ray.address=127.0.0.1:{port}"], "ray", False, True, log=print,
+                 out=print)
+    assert not list((in_tmp / "runs" / "grids").glob("*/status/*.json"))

@@ -1,0 +1,135 @@
+"""Grids on a real Slurm (shared/slurm's single-node cluster) through submitit, logging to a real
+MLflow server on loopback: tags, idempotent resubmission, kill-and-requeue resume, bad input.
+
+Slow (minutes): run with `pytest -m slow`; .ci/run starts the local Slurm first.
+"""
+
+import json
+import socket
+import subprocess
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.grid import load_grid
+from vapo_lab.launch.launchers import LaunchError, find_grid, grid_table
+from vapo_lab.track.server import MlflowServer
+
+from .conftest import GRID3, SMALL
+
+pytestmark = pytest.mark.slow
+
+SLURM = ["launcher.slurm.cpus_per_task=1", "launcher.slurm.mem_gb=1", "launcher.slurm.time_min=15"]
+VOLATILE = ("time/", "perf/")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path_factory):
+    with MlflowServer("127.0.0.1", _free_port(), tmp_path_factory.mktemp("mlflow")) as srv:
+        yield srv
+
+
+def _metrics(run_dir):
+    """{step: metrics} from metrics.jsonl, the last record of each step (a resumed run repeats some)."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        out[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE)}
+    return out
+
+
+def test_slurm_grid_tags_runs_in_the_server_and_resubmission_submits_nothing(slurm, in_tmp, server):
+    (in_tmp / "mini.yaml").write_text(GRID3)
+    overrides = [*SMALL, *SLURM, f"tracking.uri={server.url}"]
+    sub = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "slurm", False, True, log=print, out=print)
+    assert len(sub.submitted) == 3 and set(sub.results.values()) == {"finished"}
+    assert "prepare" in sub.job_ids and all("_" in sub.job_ids[k] for k in sub.submitted)  # one array
+
+    client = MlflowClient(server.url)
+    exp = client.get_experiment_by_name("mini")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("kind") == "grid"]
+    cells = sorted((r for r in runs if r.data.tags.get("kind") != "grid"), key=lambda r: r.data.tags["cell"])
+    assert [r.data.tags["cell"] for r in cells] == ["ppo", "vapo", "vapo-no-clip_higher"]
+    for r in cells:
+        t = r.data.tags
+        assert r.info.status == "FINISHED" and t["mlflow.parentRunId"] == parent.info.run_id
+        assert t["grid_id"] == sub.grid_id and t["seed"] == "0" and len(t["config_hash"]) == 16
+        assert "rollout/reward" in r.data.metrics
+    assert cells[2].data.tags["dropped"] == "clip_higher" and cells[2].data.tags["component.clip_higher"] == "off"
+    jobs = {r["cell"]: r for r in grid_table(sub.grid_dir)}
+    assert all(r["state"].startswith("finished") and r["job_id"] for r in jobs.values())
+
+    before = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
+    again = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "slurm", False, True, log=print, out=print)
+    assert again.submitted == [] and sorted(again.skipped_finished) == sorted(sub.submitted)
+    assert "prepare" not in again.job_ids
+    after = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
+    assert after == before  # not a single new job
+    assert len(client.search_runs([exp.experiment_id])) == len(runs)
+
+
+def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics(slurm, in_tmp):
+    steps = [*SMALL, "trainer.total_steps=40", "trainer.eval_every=10", "tracking=none"]
+    grid = load_grid("table1")
+    grid.cells = grid.cells[2:3]  # VAPO
+    # the reference: the same cell, uninterrupted, on the local launcher in another folder
+    ref = run_grid(grid, [*steps, "output_dir=ref"], "local", False, True, log=print, out=print)
+    (key,) = ref.submitted
+
+    done = []
+    import threading
+
+    def submit():
+        done.append(run_grid(grid, [*steps, *SLURM], "slurm", False, True, log=print, out=print))
+
+    t = threading.Thread(target=submit)
+    t.start()
+    status_file = in_tmp / "runs" / "grids" / ref.grid_id / "status" / f"{key}.json"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        st = json.loads(status_file.read_text()) if status_file.is_file() else {}
+        if st.get("state") == "running" and st.get("step", 0) >= 3:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the cell never reached step 3: {st}")
+    subprocess.run(["scontrol", "requeue", st["job_id"]], check=True, capture_output=True)
+    t.join(timeout=600)
+    assert done and done[0].results == {key: "finished"}
+
+    st = json.loads(status_file.read_text())
+    assert st["attempts"] == 2  # it really ran twice
+    run_dir = in_tmp / "runs" / "grids" / ref.grid_id / "runs" / key
+    resumed = _metrics(run_dir)
+    reference = _metrics(in_tmp / "ref" / "grids" / ref.grid_id / "runs" / key)
+    assert sorted(resumed) == list(range(41)) and resumed == reference
+    log = "".join(p.read_text() for p in (run_dir.parents[1] / "slurm_logs").rglob("*.err"))
+    assert "resumed" in log and "REQUEUE" in log
+
+
+def test_unknown_partition_fails_in_one_line_before_submitting(slurm, in_tmp):
+    grid = load_grid("table1")
+    grid.cells = grid.cells[:1]
+    with pytest.raises(LaunchError, match=r"unknown Slurm partition launcher.slurm.partition='nope': this "
+                                          r"cluster has debug; nothing was submitted"):
+        run_grid(grid, [*SMALL, *SLURM, "launcher.slurm.partition=nope"], "slurm", False, True, log=print,
+                 out=print)
+
+
+def test_rejected_sbatch_reports_what_was_submitted(slurm, in_tmp):
+    grid = load_grid("table1")
+    grid.cells = grid.cells[:2]
+    with pytest.raises(LaunchError, match=r"sbatch refused the grid's prepare job: .*; submitted: none of 2 cells"):
+        run_grid(grid, [*SMALL, *SLURM, "launcher.slurm.mem_gb=100000"], "slurm", False, True, log=print,
+                 out=print)
+    grid_dir = find_grid("runs", None)
+    assert all(r["state"] == "pending" and not r["job_id"] for r in grid_table(grid_dir))
