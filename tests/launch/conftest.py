@@ -43,6 +43,9 @@ def shared_dir() -> Path:
     env = os.environ.get("VAPO_SHARED")
     if env:
         return Path(env)
+    for candidate in (Path(__file__).resolve().parents[3] / "shared", Path("/work/shared")):
+        if (candidate / "slurm").is_dir():
+            return candidate
     return Path(__file__).resolve().parents[3] / "shared"
 
 

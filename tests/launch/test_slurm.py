@@ -17,7 +17,7 @@ from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.launchers import LaunchError, find_grid, grid_table
 from vapo_lab.track.server import MlflowServer
 
-from .conftest import GRID3, SMALL
+from .conftest import SMALL
 
 pytestmark = pytest.mark.slow
 
@@ -46,30 +46,35 @@ def _metrics(run_dir):
     return out
 
 
-def test_slurm_grid_tags_runs_in_the_server_and_resubmission_submits_nothing(slurm, in_tmp, server):
-    (in_tmp / "mini.yaml").write_text(GRID3)
+def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(slurm, in_tmp, server):
+    """The issue's "done when": `vapo-lab ablate --table1 --seeds 1 --launcher slurm` with a few steps."""
     overrides = [*SMALL, *SLURM, f"tracking.uri={server.url}"]
-    sub = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "slurm", False, True, log=print, out=print)
-    assert len(sub.submitted) == 3 and set(sub.results.values()) == {"finished"}
-    assert "prepare" in sub.job_ids and all("_" in sub.job_ids[k] for k in sub.submitted)  # one array
+    sub = run_grid(load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print)
+    assert len(sub.submitted) == 10 and set(sub.results.values()) == {"finished"}
+    assert "prepare" in sub.job_ids
+    assert len({sub.job_ids[k].split("_")[0] for k in sub.submitted}) == 1  # one job array
 
     client = MlflowClient(server.url)
-    exp = client.get_experiment_by_name("mini")
+    exp = client.get_experiment_by_name("table1")
     runs = client.search_runs([exp.experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "grid"]
-    cells = sorted((r for r in runs if r.data.tags.get("kind") != "grid"), key=lambda r: r.data.tags["cell"])
-    assert [r.data.tags["cell"] for r in cells] == ["ppo", "vapo", "vapo-no-clip_higher"]
-    for r in cells:
+    cells = {r.data.tags["cell"]: r for r in runs if r.data.tags.get("kind") != "grid"}
+    assert sorted(cells) == sorted(c["name"] for c in load_grid("table1").cells)
+    for name, r in cells.items():
         t = r.data.tags
         assert r.info.status == "FINISHED" and t["mlflow.parentRunId"] == parent.info.run_id
         assert t["grid_id"] == sub.grid_id and t["seed"] == "0" and len(t["config_hash"]) == 16
-        assert "rollout/reward" in r.data.metrics
-    assert cells[2].data.tags["dropped"] == "clip_higher" and cells[2].data.tags["component.clip_higher"] == "off"
+        assert "rollout/reward" in r.data.metrics and "eval/avg_at_2" in r.data.metrics
+        assert t["algo"] == ("ppo" if name == "ppo" else "dapo" if name == "dapo" else "vapo")
+        dropped = name.removeprefix("vapo-no-") if name.startswith("vapo-no-") else "none"
+        assert t["dropped"] == dropped
+        if dropped != "none":
+            assert t[f"component.{dropped}"] == "off"
     jobs = {r["cell"]: r for r in grid_table(sub.grid_dir)}
     assert all(r["state"].startswith("finished") and r["job_id"] for r in jobs.values())
 
     before = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
-    again = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "slurm", False, True, log=print, out=print)
+    again = run_grid(load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print)
     assert again.submitted == [] and sorted(again.skipped_finished) == sorted(sub.submitted)
     assert "prepare" not in again.job_ids
     after = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()

@@ -86,7 +86,12 @@ class MlflowServer:
 
 
 def serve_forever(host: str, port: int, store: str | Path, log: Callable[[str], None] = print) -> None:
-    """Runs a server until Ctrl-C."""
+    """Runs a server until Ctrl-C or SIGTERM (either stops the server's whole process group)."""
+
+    def _stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
     server = MlflowServer(host, port, store)
     log(f"MLflow server at {server.url} (store {Path(store).resolve()}, log {server.log_path}); "
         f"runs log there with tracking.uri={server.url}. Ctrl-C stops it.")
