@@ -55,9 +55,13 @@ def test_every_file_under_conf_and_experiments_composes():
             overrides = [f"{group}={option}", *NEEDS.get((group, option), [])]
             algo = "dapo" if (group, option) in ALGO_FOR else None
             composed += compose_config(algo=algo, overrides=overrides) is not None
+        else:  # a grid file: every cell of it composes
+            from vapo_lab.launch.grid import load_grid
+
+            composed += len(load_grid(path).expand()) > 0
     # 7 components x 2 + 4 presets + model 2 + task 2 + rollout 2 + trainer 1 + tracking 2
-    # + launcher 3 + scale 2 = 32 group files (experiments/ holds grids, not yet any config)
-    assert composed == len(files) == 32
+    # + launcher 3 + scale 2 = 32 group files; experiments/: table1 and lr_sweep
+    assert composed == len(files) == 34
 
 
 def test_default_is_vapo_on_the_embedded_default(default):

@@ -242,7 +242,8 @@ class SlurmLauncherConfig:
     array_parallelism: int = 16
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)  # shell lines run before the job
-    log_dir: str = "slurm_logs"
+    log_dir: str = "slurm_logs"  # under the grid's folder
+    signal_delay_s: int = 120  # Slurm signals a job this long before its time limit: it requeues
 
 
 @dataclass
