@@ -6,18 +6,17 @@ from vapo_lab.launch.commands import run_grid
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.launchers import LaunchError, grid_table
 
-from .conftest import GRID3, SMALL
+from .conftest import SMALL
 
 
 @pytest.mark.slow
-def test_ray_runs_a_grid_and_skips_it_when_resubmitted(in_tmp):
-    (in_tmp / "mini.yaml").write_text(GRID3)
+def test_ray_runs_table1_and_skips_it_when_resubmitted(in_tmp):
     overrides = [*SMALL, "launcher.ray.num_cpus=1"]
-    sub = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "ray", False, True, log=print, out=print)
-    assert len(sub.submitted) == 3 and set(sub.results.values()) == {"finished"}
+    sub = run_grid(load_grid("table1", seeds=1), overrides, "ray", False, True, log=print, out=print)
+    assert len(sub.submitted) == 10 and set(sub.results.values()) == {"finished"}
     assert all(r["state"].startswith("finished") and r["run_id"] for r in grid_table(sub.grid_dir))
-    again = run_grid(load_grid(in_tmp / "mini.yaml"), overrides, "ray", False, True, log=print, out=print)
-    assert again.submitted == [] and len(again.skipped_finished) == 3
+    again = run_grid(load_grid("table1", seeds=1), overrides, "ray", False, True, log=print, out=print)
+    assert again.submitted == [] and len(again.skipped_finished) == 10
 
 
 def test_unreachable_ray_address_fails_before_anything_is_submitted(in_tmp):
