@@ -325,6 +325,28 @@ def server(
     serve_forever(host, port, store, log=lambda m: _err.print(m, highlight=False))
 
 
+@app.command()
+@_cli_errors
+def report(
+    experiment: Annotated[str, typer.Option(help="MLflow experiment of the grid (the grid file's name).")] = "table1",
+    out: Annotated[Optional[str], typer.Option(help="Output folder (default reports/<experiment>).")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow store or server (default: MLFLOW_TRACKING_URI, else ./mlflow.db).")] = None,
+    variants: Annotated[Optional[list[str]], typer.Option(help="Figure 2's variants (repeatable), default VAPO and DAPO.")] = None,
+    score: Annotated[str, typer.Option(help="final (last evaluation, default) or best (highest evaluation).")] = "final",
+    ema: Annotated[float, typer.Option(help="EMA smoothing of Figure 2 in (0, 1]; 1 = none.")] = 1.0,
+    band: Annotated[str, typer.Option(help="Band around the mean over seeds: minmax or std.")] = "minmax",
+) -> None:
+    """Table 1 (Markdown, LaTeX, CSV), Figure 1 and Figure 2 from a grid's tracked runs, beside the paper.
+
+    Example: vapo-lab report --experiment table1 --variants VAPO --variants DAPO --variants GRPO
+    """
+    from vapo_lab.report import make_report
+
+    rep = make_report(experiment, out, tracking_uri, variants, score=score, smooth=ema, band=band)
+    _out.print((rep.out / "table1.md").read_text(), highlight=False, markup=False)
+    _out.print(f"wrote {len(rep.files)} files to {rep.out} (start with {rep.out / 'index.md'})", highlight=False)
+
+
 @base_app.command("build")
 @_cli_errors
 def base_build(

@@ -1,0 +1,128 @@
+"""`vapo-lab report` on runs logged to a temporary MLflow store with metric values chosen here."""
+
+import math
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from vapo_lab.report import ReportError, make_report
+from vapo_lab.report.table import kendall, spearman
+
+ALL_ON = "none"
+
+
+def _log(client, exp_id, algo, off, seed, evals, status="FINISHED", curves=None, grid="g-1"):
+    run = client.create_run(exp_id, tags={"algo": algo, "components_off": off, "seed": str(seed),
+                                          "grid_id": grid, "git_commit": "abc123"})
+    rid = run.info.run_id
+    for step, v in evals:
+        client.log_metric(rid, "eval/avg_at_4", v, step=step)
+    for key, values in (curves or {}).items():
+        for step, v in enumerate(values, start=1):
+            client.log_metric(rid, key, v, step=step)
+    client.set_terminated(rid, status=status)
+    return rid
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    return uri, client, client.create_experiment("table1")
+
+
+DAPO_OFF = "value_pretraining,decoupled_gae,length_adaptive_gae,positive_lm_loss"
+PPO_OFF = ("value_pretraining,decoupled_gae,length_adaptive_gae,clip_higher,token_level_loss,"
+           "positive_lm_loss,group_sampling")
+
+
+def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
+    uri, client, exp = store
+    vapo = [_log(client, exp, "vapo", ALL_ON, s, [(0, 0.40), (10, v)],
+                 curves={"rollout/response_length": [30, 40, 50], "rollout/reward": [0.1, 0.2, 0.3],
+                         "actor/entropy": [0.5, 0.4, 0.3]})
+            for s, v in enumerate([0.50, 0.56, 0.53])]
+    _log(client, exp, "dapo", DAPO_OFF, 0, [(0, 0.40), (10, 0.48), (20, 0.46)],
+         curves={"rollout/response_length": [30, 35, 38], "rollout/reward": [0.1, 0.15, 0.2],
+                 "actor/entropy": [0.5, 0.45, 0.44]})
+    _log(client, exp, "ppo", PPO_OFF, 0, [(0, 0.40), (10, 0.30)])
+    _log(client, exp, "vapo", "clip_higher", 0, [(0, 0.40), (10, 0.52)])
+    _log(client, exp, "vapo", "clip_higher", 1, [(0, 0.40), (10, 0.54)])
+    _log(client, exp, "vapo", "group_sampling", 0, [(0, 0.40), (4, 0.41)], status="RUNNING")
+    rep = make_report("table1", tmp_path / "out", uri)
+    rows = {d["variant"]: d for d in rep.table}
+    v = rows["VAPO"]
+    assert v["seeds"] == 3 and v["mean"] == pytest.approx(53.0)
+    assert v["std"] == pytest.approx(math.sqrt(((50 - 53) ** 2 + (56 - 53) ** 2 + 0) / 2))  # sample std: 3.0
+    assert rows["DAPO"]["mean"] == pytest.approx(46.0)  # final, not best (48)
+    assert rows["DAPO"]["delta"] == pytest.approx(-7.0) and rows["DAPO"]["paper_delta"] == pytest.approx(-10.0)
+    assert rows["w/o clip_higher"]["mean"] == pytest.approx(53.0) and rows["w/o clip_higher"]["std"] == pytest.approx(math.sqrt(2))
+    assert rows["Vanilla PPO"]["mean"] == pytest.approx(30.0) and rows["Vanilla PPO"]["paper"] == 5.0
+    assert rows["w/o group_sampling"]["state"] == "running, step 4" and rows["w/o group_sampling"]["mean"] is None
+    assert rows["w/o decoupled_gae"]["state"] == "not run"
+    # rank agreement over the 4 scored rows: ours PPO 30 < DAPO 46 < w/o CH 53 = VAPO 53; paper 5 < 46 < 50 < 60
+    ours, paper = [30, 46, 53, 53], [5, 50, 46, 60]
+    assert rep.rank["n"] == 4
+    assert rep.rank["spearman"] == pytest.approx(spearman(ours, paper))
+    md = (tmp_path / "out" / "table1.md").read_text()
+    assert "| VAPO | 53.0 ± 3.0 | 3 | +0.0 | 60.0 | +0.0 |" in md
+    assert "| w/o decoupled_gae | not run | 0 |" in md and "running, step 4" in md
+    assert r"\toprule" in (tmp_path / "out" / "table1.tex").read_text()
+    assert (tmp_path / "out" / "table1.csv").read_text().splitlines()[0].startswith("variant,mean,std,seeds")
+
+    best = make_report("table1", tmp_path / "best", uri, score="best")
+    assert {d["variant"]: d for d in best.table}["DAPO"]["mean"] == pytest.approx(48.0)
+
+
+def test_figures_have_the_expected_panels_and_series(store, tmp_path):
+    uri, client, exp = store
+    for s in range(2):
+        _log(client, exp, "vapo", ALL_ON, s, [(0, 0.4), (5, 0.5), (10, 0.6)],
+             curves={"rollout/response_length": [30, 40], "rollout/reward": [0.1, 0.2], "actor/entropy": [0.5, 0.4]})
+    _log(client, exp, "dapo", DAPO_OFF, 0, [(0, 0.4), (5, 0.45), (10, 0.55)],
+         curves={"rollout/response_length": [30, 33], "rollout/reward": [0.1, 0.12], "actor/entropy": [0.5, 0.49]})
+    rep = make_report("table1", tmp_path / "out", uri)
+    for name in ("figure1.png", "figure1.pdf", "figure2.png", "figure2.pdf", "index.md"):
+        assert (tmp_path / "out" / name).stat().st_size > 1000, name
+    assert rep.figure2 == {k: {"VAPO": 2, "DAPO": 2} for k in
+                           ("rollout/response_length", "rollout/reward", "actor/entropy")}
+    # VAPO's final 60 -> target 54: VAPO first reaches it at step 10, DAPO (55) at step 10 too
+    assert rep.figure1["VAPO"] == {"final": pytest.approx(60.0), "reach_90": 10}
+    assert rep.figure1["DAPO"]["reach_90"] == 10
+    index = (tmp_path / "out" / "index.md").read_text()
+    assert "![Figure 2](figure2.png)" in index and "abc123" in index and "g-1" in index
+
+
+def test_rank_correlations_on_known_permutations():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert kendall([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # one adjacent swap of 4: Kendall (5 - 1) / 6, Spearman 1 - 6*2 / (4*15) = 0.8
+    assert kendall([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+
+
+def test_empty_and_missing_experiments_name_the_fix(store, tmp_path):
+    uri, client, exp = store
+    with pytest.raises(ReportError, match="no training runs yet.*vapo-lab ablate --table1"):
+        make_report("table1", tmp_path / "o", uri)
+    with pytest.raises(ReportError, match="no experiment 'nope'.*vapo-lab ablate"):
+        make_report("nope", tmp_path / "o", uri)
+    _log(client, exp, "vapo", ALL_ON, 0, [(0, 0.4)])
+    with pytest.raises(ReportError, match="--variants GRPO: not in experiment"):
+        make_report("table1", tmp_path / "o", uri, variants=["GRPO"])
+
+
+def test_cli_report_prints_the_table(store, tmp_path):
+    from typer.testing import CliRunner
+
+    from vapo_lab.cli import app
+
+    uri, client, exp = store
+    _log(client, exp, "vapo", ALL_ON, 0, [(0, 0.4), (10, 0.5)])
+    _log(client, exp, "dapo", DAPO_OFF, 0, [(0, 0.4), (10, 0.45)])
+    r = CliRunner().invoke(app, ["report", "--tracking-uri", uri, "--out", str(tmp_path / "r")])
+    assert r.exit_code == 0, r.output
+    assert "| VAPO | 50.0 ± 0.0 | 1 |" in r.output and Path(tmp_path / "r" / "index.md").is_file()
+    r = CliRunner().invoke(app, ["report", "--tracking-uri", uri, "--experiment", "nope"])
+    assert r.exit_code == 1 and "error: no experiment 'nope'" in r.output

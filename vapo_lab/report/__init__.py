@@ -1,0 +1,124 @@
+"""`vapo-lab report`: Table 1, Figure 1 and Figure 2 of a grid's tracked runs, beside the paper.
+
+``collect`` reads MLflow and groups runs into variants, ``table`` aggregates and compares with the
+paper, ``figures`` draws the curves; ``make_report`` writes them all and an ``index.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
+from vapo_lab.report.figures import figure1, figure2
+from vapo_lab.report.table import build_table, rank_agreement, table_records, to_csv, to_latex, to_markdown
+
+__all__ = ["Report", "ReportError", "make_report"]
+
+CLIP_KEYS = ("actor/clipfrac_low", "actor/clipfrac_high")
+
+
+@dataclass
+class Report:
+    out: Path
+    files: list[Path] = field(default_factory=list)
+    table: list[dict[str, Any]] = field(default_factory=list)
+    rank: dict[str, Any] = field(default_factory=dict)
+    figure1: dict[str, Any] = field(default_factory=dict)
+    figure2: dict[str, Any] = field(default_factory=dict)
+
+
+def make_report(experiment: str, out: str | Path | None = None, tracking_uri: str | None = None,
+                variants: list[str] | None = None, fig1_variants: list[str] | None = None,
+                score: str = "final", smooth: float = 1.0, band: str = "minmax") -> Report:
+    """Writes the report of ``experiment`` to ``out`` (default reports/<experiment>); returns it.
+
+    Args:
+        experiment: the MLflow experiment of a grid (a grid file's name, e.g. table1).
+        out: output folder.
+        tracking_uri: the store (default: tracking.uri resolution: MLFLOW_TRACKING_URI, ./mlflow.db).
+        variants: Figure 2's variants (default VAPO and DAPO).
+        fig1_variants: Figure 1's variants (default VAPO, DAPO, GRPO and any other preset present).
+        score: "final" (last evaluation, the default) or "best" (the run's highest evaluation).
+        smooth: EMA factor for Figure 2 in (0, 1]; 1 = none.
+        band: "minmax" or "std" around the mean over seeds.
+
+    Raises:
+        ReportError: no runs, no scores, or a bad option (one line, with the fix).
+    """
+    if score not in ("final", "best"):
+        raise ReportError(f"--score {score}: choose final or best")
+    if band not in ("minmax", "std"):
+        raise ReportError(f"--band {band}: choose minmax or std")
+    if not 0 < smooth <= 1:
+        raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
+    runs = load_runs(tracking_uri, experiment, CURVE_METRICS + CLIP_KEYS)
+    groups = group(runs)
+    variants = variants or ["VAPO", "DAPO"]
+    unknown = [v for v in variants if v not in groups]
+    if unknown:
+        raise ReportError(f"--variants {', '.join(unknown)}: not in experiment {experiment!r} "
+                          f"(it has: {', '.join(sorted(groups))})")
+    fig1_variants = fig1_variants or [v for v in ("VAPO", "DAPO", "GRPO", "Vanilla PPO") if v in groups]
+    key = score_key(runs)
+    out = Path(out or Path("reports") / experiment)
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(out=out)
+
+    rows = build_table(groups, key, score)
+    label = f"{key.split('/')[-1].replace('_at_', '@')} {score}"
+    for name, text in (("table1.md", to_markdown(rows, label)), ("table1.tex", to_latex(rows, label)),
+                       ("table1.csv", to_csv(rows))):
+        (out / name).write_text(text, encoding="utf-8")
+        rep.files.append(out / name)
+    rep.table, rep.rank = table_records(rows), rank_agreement(rows)
+    paths, rep.figure2 = figure2(groups, variants, out, smooth, band)
+    rep.files += paths
+    paths, rep.figure1 = figure1(groups, fig1_variants, key, out, band)
+    rep.files += paths
+    (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key),
+                                  encoding="utf-8")
+    rep.files.append(out / "index.md")
+    (out / "report.json").write_text(json.dumps({"table": rep.table, "rank": rep.rank, "figure1": rep.figure1,
+                                                  "figure2": rep.figure2, "score": label}, indent=1, default=str))
+    rep.files.append(out / "report.json")
+    return rep
+
+
+def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows: list[Any], rep: Report,
+           label: str, variants: list[str], key: str) -> str:
+    commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs})
+    seeds = sorted({r.seed for r in runs})
+    commands = sorted({r.tags.get("mlflow.source.name", "") for r in runs} - {""})
+    lines = [f"# Report: experiment `{experiment}`", "",
+             f"Made by `vapo-lab report --experiment {experiment}` from {len(runs)} tracked run(s); "
+             f"seeds {seeds}; git commit(s) {', '.join(commits)}; score = held-out {label} (x100).", ""]
+    grids = sorted({r.tags.get("grid_id", "") for r in runs} - {""})
+    if grids:
+        lines.append(f"Grid(s): {', '.join(grids)}. Re-run or extend with the same command, e.g. "
+                     f"`vapo-lab ablate --table1 --seeds {len(seeds)}`; `vapo-lab jobs` shows its cells.")
+        lines.append("")
+    if commands:
+        lines += [f"Commands: {', '.join(commands)}", ""]
+    lines += ["## Table 1", "", (rep.out / "table1.md").read_text(encoding="utf-8"),
+              "Also as [LaTeX](table1.tex) and [CSV](table1.csv).", "",
+              "## Figure 2", "", "![Figure 2](figure2.png)", "",
+              f"{' vs '.join(variants)}: mean over seeds with a band; [PDF](figure2.pdf).", "",
+              "## Figure 1", "", "![Figure 1](figure1.png)", ""]
+    for name, d in rep.figure1.items():
+        reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
+        lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final at {reach}")
+    lines += ["", "## Clip fractions (mean over steps and seeds)", "",
+              "| variant | low (ratio < 1-ε_low) | high (ratio > 1+ε_high) |", "|---|---|---|"]
+    for name in sorted(groups):
+        vals = {k: [v for r in groups[name] for _, v in r.history.get(k, [])] for k in CLIP_KEYS}
+        if all(vals.values()):
+            lo, hi = (sum(v) / len(v) for v in vals.values())
+            lines.append(f"| {name} | {lo:.4f} | {hi:.4f} |")
+    lines += ["", "## Runs behind each row", ""]
+    for r in rows:
+        ids = ", ".join(f"`{i}`" for i in r.run_ids) or r.state
+        lines.append(f"- {r.variant}: {ids}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,144 @@
+"""Read a grid's runs from MLflow and group them into the paper's variants (rows of Table 1).
+
+Only MLflow is read (the local store or a server): a report can be made on any machine that sees
+the tracking store, with no access to run folders. A run's variant comes from its tags — ``algo``
+and ``components_off`` — written by the trainer: VAPO with every component is "VAPO", VAPO with
+one component off is "w/o <component>", PPO with every component off is "Vanilla PPO".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vapo_lab.components import COMPONENTS
+from vapo_lab.errors import VapoLabError
+
+
+class ReportError(VapoLabError):
+    """Nothing to report, or the tracking store cannot be read."""
+
+
+@dataclass
+class RunData:
+    """One run as the report sees it."""
+
+    run_id: str
+    variant: str
+    seed: int
+    status: str  # MLflow: RUNNING, FINISHED, FAILED, KILLED
+    tags: dict[str, str]
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
+
+    def last_step(self) -> int:
+        return max((s for h in self.history.values() for s, _ in h), default=0)
+
+
+# the rows of Table 1 in the paper's order, with the paper's AIME 2024 avg@32 (VAPO.md)
+PAPER_TABLE1: list[tuple[str, float]] = [
+    ("Vanilla PPO", 5.0),
+    ("DAPO", 50.0),
+    ("w/o value_pretraining", 11.0),
+    ("w/o decoupled_gae", 33.0),
+    ("w/o length_adaptive_gae", 45.0),
+    ("w/o clip_higher", 46.0),
+    ("w/o token_level_loss", 53.0),
+    ("w/o positive_lm_loss", 54.0),
+    ("w/o group_sampling", 55.0),
+    ("VAPO", 60.0),
+]
+
+CURVE_METRICS = ("rollout/response_length", "rollout/reward", "actor/entropy", "rollout/accuracy")
+
+
+def variant_of(tags: dict[str, str]) -> str:
+    """Returns the Table 1 row of a run from its tags, e.g. "w/o clip_higher"; other
+    combinations read like "VAPO w/o a, b" or "DAPO w/o x"."""
+    algo = tags.get("algo", "?")
+    off = sorted(x for x in tags.get("components_off", "none").split(",") if x and x != "none")
+    names = {"vapo": "VAPO", "ppo": "PPO", "dapo": "DAPO", "grpo": "GRPO"}
+    preset = _preset_off(algo)
+    if algo == "ppo" and set(off) == preset:
+        return "Vanilla PPO"
+    extra = sorted(set(off) - preset)
+    back_on = sorted(preset - set(off))
+    name = names.get(algo, algo.upper())
+    if not extra and not back_on:
+        return name
+    if algo == "vapo" and len(extra) == 1 and not back_on:
+        return f"w/o {extra[0]}"
+    parts = [name] + ([f"w/o {', '.join(extra)}"] if extra else []) + ([f"with {', '.join(back_on)}"] if back_on else [])
+    return " ".join(parts)
+
+
+def _preset_off(algo: str) -> set[str]:
+    """The components a preset has off (from conf/algo/<algo>.yaml)."""
+    from vapo_lab.config.compose import compose_config
+
+    try:
+        choices = compose_config(algo=algo, check=False).choices
+    except VapoLabError:
+        return set()
+    return {c.name for c in COMPONENTS if choices.get(c.name) == "off"}
+
+
+def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()) -> list[RunData]:
+    """Returns the cell runs of ``experiment`` (grid parent runs left out), with the histories of
+    ``metrics`` (every ``eval/*`` metric is always read).
+
+    Raises:
+        ReportError: no such experiment, or no runs in it (naming `vapo-lab ablate`).
+    """
+    from mlflow.tracking import MlflowClient
+
+    from vapo_lab.track import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+    except Exception as e:  # noqa: BLE001 - one line, whatever the store says
+        raise ReportError(f"cannot read the tracking store {uri}: {str(e).splitlines()[0][:200]}") from e
+    if exp is None:
+        names = [e.name for e in client.search_experiments()]
+        raise ReportError(f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
+                          "run the grid first: vapo-lab ablate --table1 --seeds 3")
+    runs = []
+    for r in client.search_runs([exp.experiment_id], max_results=10000):
+        tags = dict(r.data.tags)
+        if tags.get("kind") == "grid" or "algo" not in tags:
+            continue
+        wanted = set(metrics) | {k for k in r.data.metrics if k.startswith("eval/")}
+        history = {}
+        for key in sorted(wanted & set(r.data.metrics)):
+            points = client.get_metric_history(r.info.run_id, key)
+            by_step: dict[int, float] = {}
+            for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
+                by_step[int(m.step)] = float(m.value)  # a resumed run may log a step twice: keep the last
+            history[key] = sorted(by_step.items())
+        runs.append(RunData(run_id=r.info.run_id, variant=variant_of(tags), seed=int(tags.get("seed", 0)),
+                            status=r.info.status, tags=tags, history=history))
+    if not runs:
+        raise ReportError(f"experiment {experiment!r} in {uri} has no training runs yet: "
+                          "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3")
+    return runs
+
+
+def score_key(runs: list[RunData]) -> str:
+    """Returns the held-out score metric the runs share, ``eval/avg_at_<k>`` (the largest k)."""
+    keys = {k for r in runs for k in r.history if k.startswith("eval/avg_at_")}
+    if not keys:
+        raise ReportError("no run has a held-out score (eval/avg_at_k) yet: runs log it every "
+                          "trainer.eval_every steps")
+    return max(keys, key=lambda k: int(k.rsplit("_", 1)[-1]))
+
+
+def group(runs: list[RunData]) -> dict[str, list[RunData]]:
+    out: dict[str, list[RunData]] = {}
+    for r in sorted(runs, key=lambda r: (r.variant, r.seed)):
+        out.setdefault(r.variant, []).append(r)
+    return out
+
+
+def describe(r: RunData) -> dict[str, Any]:
+    return {"run_id": r.run_id, "seed": r.seed, "status": r.status, "last_step": r.last_step()}

@@ -1,0 +1,131 @@
+"""Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score against step).
+
+Curves are the mean over a variant's seeds at each step, with a band (min-max, or ±1 std), and
+optional EMA smoothing (applied to each seed before averaging). Written as PNG and PDF with
+matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from vapo_lab.report.collect import RunData
+
+FIG2_PANELS = [("rollout/response_length", "(a) mean response length (tokens)"),
+               ("rollout/reward", "(b) reward score"),
+               ("actor/entropy", "(c) generation entropy")]
+
+
+def ema(values: list[float], alpha: float) -> list[float]:
+    """Returns the exponential moving average (alpha in (0, 1]; 1 = no smoothing)."""
+    out: list[float] = []
+    for v in values:
+        out.append(v if not out else alpha * v + (1 - alpha) * out[-1])
+    return out
+
+
+def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
+              band: str = "minmax") -> tuple[list[int], list[float], list[float], list[float]]:
+    """Returns (steps, mean, low, high) of ``key`` over ``runs`` at the steps every run logged."""
+    series = []
+    for r in runs:
+        h = r.history.get(key, [])
+        if h:
+            series.append(dict(zip([s for s, _ in h], ema([v for _, v in h], smooth))))
+    if not series:
+        return [], [], [], []
+    steps = sorted(set.intersection(*(set(s) for s in series)))
+    mean, low, high = [], [], []
+    for s in steps:
+        vals = [d[s] for d in series]
+        m = sum(vals) / len(vals)
+        mean.append(m)
+        if band == "std":
+            sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+            low.append(m - sd)
+            high.append(m + sd)
+        else:
+            low.append(min(vals))
+            high.append(max(vals))
+    return steps, mean, low, high
+
+
+def _save(fig: Any, out: Path, stem: str) -> list[Path]:
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    for p in paths:
+        fig.savefig(p, dpi=130, bbox_inches="tight")
+    return paths
+
+
+def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, smooth: float = 1.0,
+            band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
+    """Writes Figure 2 (three panels, one line per variant); returns (paths, what was plotted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    plotted: dict[str, Any] = {}
+    for ax, (key, title) in zip(axes, FIG2_PANELS):
+        for name in variants:
+            steps, mean, low, high = mean_band(groups.get(name, []), key, smooth, band)
+            if not steps:
+                continue
+            line, = ax.plot(steps, mean, label=f"{name} (n={len(groups[name])})")
+            ax.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
+            plotted.setdefault(key, {})[name] = len(steps)
+        ax.set_title(title)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle("Figure 2: " + " vs ".join(variants) + f" (mean over seeds, {band} band"
+                 + (f", EMA {smooth}" if smooth < 1 else "") + ")")
+    paths = _save(fig, out, "figure2")
+    plt.close(fig)
+    return paths, plotted
+
+
+def first_reach(steps: list[int], values: list[float], target: float) -> int | None:
+    """Returns the first step whose value reaches ``target``, None if never."""
+    return next((s for s, v in zip(steps, values) if v >= target), None)
+
+
+def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out: Path,
+            band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
+    """Writes Figure 1: held-out score against step, with the step at which each variant first
+    reaches 90% of VAPO's final score marked; returns (paths, {variant: {"final", "reach_90"}})."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = {name: mean_band(groups.get(name, []), key, 1.0, band) for name in variants}
+    vapo = curves.get("VAPO")
+    target = 0.9 * vapo[1][-1] if vapo and vapo[1] else None
+    info: dict[str, Any] = {}
+    for name, (steps, mean, low, high) in curves.items():
+        if not steps:
+            continue
+        y = [100 * v for v in mean]
+        line, = ax.plot(steps, y, marker="o", ms=3, label=name)
+        ax.fill_between(steps, [100 * v for v in low], [100 * v for v in high], alpha=0.15, color=line.get_color())
+        reach = first_reach(steps, mean, target) if target is not None else None
+        info[name] = {"final": 100 * mean[-1], "reach_90": reach}
+        if reach is not None:
+            ax.axvline(reach, color=line.get_color(), ls=":", lw=1)
+    if target is not None:
+        ax.axhline(100 * target, color="grey", ls="--", lw=0.8, label="90% of VAPO's final")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"held-out {key.split('/')[-1].replace('_at_', '@')} (x100)")
+    ax.set_title("Figure 1: held-out score against step (dotted: first step at 90% of VAPO's final)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    paths = _save(fig, out, "figure1")
+    plt.close(fig)
+    return paths, info
