@@ -116,3 +116,11 @@ def test_mini_grid_file_parses(tmp_path):
     path = tmp_path / "mini.yaml"
     path.write_text(GRID3)
     assert [s.name for s in load_grid(path).expand()] == ["ppo", "vapo", "vapo-no-clip_higher"]
+
+
+def test_more_seeds_extend_the_same_grid(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(GRID3)
+    one, three = load_grid(path, seeds=1).expand(), load_grid(path, seeds=3).expand()
+    assert one[0].grid_id == three[0].grid_id
+    assert {s.key for s in one} < {s.key for s in three} and len(three) == 9

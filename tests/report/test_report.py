@@ -126,3 +126,13 @@ def test_cli_report_prints_the_table(store, tmp_path):
     assert "| VAPO | 50.0 ± 0.0 | 1 |" in r.output and Path(tmp_path / "r" / "index.md").is_file()
     r = CliRunner().invoke(app, ["report", "--tracking-uri", uri, "--experiment", "nope"])
     assert r.exit_code == 1 and "error: no experiment 'nope'" in r.output
+
+
+def test_a_cell_logged_twice_counts_once(store, tmp_path):
+    uri, client, exp = store
+    for v in (0.30, 0.50):  # the same cell (config hash) in two grids: the later finished run counts
+        rid = _log(client, exp, "vapo", ALL_ON, 0, [(0, 0.4), (10, v)])
+        client.set_tag(rid, "config_hash", "c0ffee")
+    _log(client, exp, "vapo", ALL_ON, 1, [(0, 0.4), (10, 0.70)])
+    rows = {d["variant"]: d for d in make_report("table1", tmp_path / "o", uri).table}
+    assert rows["VAPO"]["seeds"] == 2 and rows["VAPO"]["mean"] == pytest.approx(60.0)

@@ -12,7 +12,8 @@ A grid file (``experiments/table1.yaml`` is the paper's Table 1)::
 
 Every cell x seed x sweep point is one run, identified by the hash of its fully composed config
 (seed included, output locations and tracking left out): re-running the same grid finds the same
-runs, so finished ones are skipped and partial ones resumed.
+runs, so finished ones are skipped and partial ones resumed. The grid id hashes the cells' configs
+without the seed, so running a grid again with more seeds extends it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Grid:
         from vapo_lab.config.compose import compose_config
 
         specs: list[CellSpec] = []
+        cell_hashes: set[str] = set()  # without the seed: more seeds extend the same grid
         points = sweep_points(self.sweep)
         for cell in self.cells:
             for point in points:
@@ -89,7 +91,9 @@ class Grid:
                         composed = compose_config(algo=cell["algo"], drop=cell.get("drop", []), overrides=ov)
                     except ConfigError as e:
                         raise ConfigError(f"grid {self.name}, cell {cell['name']} (seed {seed}): {e}") from e
-                    h = config_hash(OmegaConf.to_container(composed.cfg, resolve=True))
+                    resolved = OmegaConf.to_container(composed.cfg, resolve=True)
+                    h = config_hash(resolved)
+                    cell_hashes.add(config_hash({k: v for k, v in resolved.items() if k != "seed"}))
                     label = "".join(f"-{_slug(k.split('.')[-1])}{_slug(v)}" for k, v in point.items())
                     specs.append(CellSpec(grid_id="", name=cell["name"], algo=cell["algo"],
                                           drop=list(cell.get("drop", [])), overrides=ov, seed=seed,
@@ -101,7 +105,9 @@ class Grid:
                 raise ConfigError(f"grid {self.name}: cells {seen[s.config_hash]} and {s.key} compose the same "
                                   "config: remove one of them (or give them different overrides)")
             seen[s.config_hash] = s.key
-        gid = f"{_slug(self.name)}-{hashlib.sha256(''.join(sorted(seen)).encode()).hexdigest()[:8]}"
+        # the grid id names the cells (config without seed): `--seeds 3` after `--seeds 1` reopens
+        # the same grid folder, skips seed 0's finished runs and adds seeds 1 and 2
+        gid = f"{_slug(self.name)}-{hashlib.sha256(''.join(sorted(cell_hashes)).encode()).hexdigest()[:8]}"
         for s in specs:
             s.grid_id = gid
         return specs

@@ -56,7 +56,8 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
     runs = load_runs(tracking_uri, experiment, CURVE_METRICS + CLIP_KEYS)
     groups = group(runs)
-    variants = variants or ["VAPO", "DAPO"]
+    if not variants:  # the paper's pair, or whatever of it the experiment holds
+        variants = [v for v in ("VAPO", "DAPO") if v in groups] or sorted(groups)[:2]
     unknown = [v for v in variants if v not in groups]
     if unknown:
         raise ReportError(f"--variants {', '.join(unknown)}: not in experiment {experiment!r} "

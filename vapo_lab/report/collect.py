@@ -104,10 +104,8 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
         raise ReportError(f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
                           "run the grid first: vapo-lab ablate --table1 --seeds 3")
     runs = []
-    for r in client.search_runs([exp.experiment_id], max_results=10000):
+    for r in _one_per_config(client.search_runs([exp.experiment_id], max_results=10000)):
         tags = dict(r.data.tags)
-        if tags.get("kind") == "grid" or "algo" not in tags:
-            continue
         wanted = set(metrics) | {k for k in r.data.metrics if k.startswith("eval/")}
         history = {}
         for key in sorted(wanted & set(r.data.metrics)):
@@ -122,6 +120,21 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
         raise ReportError(f"experiment {experiment!r} in {uri} has no training runs yet: "
                           "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3")
     return runs
+
+
+def _one_per_config(found: list[Any]) -> list[Any]:
+    """Returns the training runs, one per config hash: a cell run twice (two grids with the same
+    cell, a rerun) counts once — its latest finished run, else its latest run."""
+    best: dict[str, Any] = {}
+    for r in found:
+        tags = r.data.tags
+        if tags.get("kind") == "grid" or "algo" not in tags:
+            continue
+        key = tags.get("config_hash") or r.info.run_id
+        rank = (r.info.status == "FINISHED", r.info.start_time or 0)
+        if key not in best or rank > (best[key].info.status == "FINISHED", best[key].info.start_time or 0):
+            best[key] = r
+    return list(best.values())
 
 
 def score_key(runs: list[RunData]) -> str:
