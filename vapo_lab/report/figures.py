@@ -53,10 +53,10 @@ def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
 
 
 def _save(fig: Any, out: Path, stem: str) -> list[Path]:
-    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    for p in paths:
-        fig.savefig(p, dpi=130, bbox_inches="tight")
-    return paths
+    # no creation date in the files: the same runs give byte-identical figures
+    fig.savefig(out / f"{stem}.png", dpi=130, bbox_inches="tight")
+    fig.savefig(out / f"{stem}.pdf", bbox_inches="tight", metadata={"CreationDate": None})
+    return [out / f"{stem}.png", out / f"{stem}.pdf"]
 
 
 def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, smooth: float = 1.0,
