@@ -39,6 +39,7 @@ def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
     runs = _runs(in_tmp, "g")
     children = [r for r in runs if r.data.tags.get("kind") != "grid"]
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "grid"]
+    assert parent.data.params["command"].startswith("vapo-lab")
     assert {r.data.tags["cell"] for r in children} == {"vapo", "dapo"}  # the broken one never started a run
     for r in children:
         t = r.data.tags

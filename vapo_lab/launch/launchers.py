@@ -266,7 +266,8 @@ def _parent_run(grid: Grid, specs: list[CellSpec], cfg: DictConfig, record: dict
         return record["parent_run_id"]
     tags = {"grid_id": specs[0].grid_id, "grid": grid.name, "kind": "grid", "launcher": launcher}
     params = {"source": grid.source, "cells": len(specs), "seeds": ",".join(map(str, grid.seeds)),
-              "grid_dir": str(grid_dir), "cell_names": ",".join(sorted({s.name for s in specs}))}
+              "grid_dir": str(grid_dir), "cell_names": ",".join(sorted({s.name for s in specs})),
+              "command": " ".join(["vapo-lab", *sys.argv[1:]])}
     run_id = tracker.start(specs[0].grid_id, tags, params)
     tracker.finish("FINISHED")
     return run_id

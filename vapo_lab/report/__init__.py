@@ -92,7 +92,7 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
            label: str, variants: list[str], key: str) -> str:
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs})
     seeds = sorted({r.seed for r in runs})
-    commands = sorted({r.tags.get("mlflow.source.name", "") for r in runs} - {""})
+    commands = sorted({c for r in runs for c in r.tags.get("grid_commands", "").split(" ; ")} - {""})
     lines = [f"# Report: experiment `{experiment}`", "",
              f"Made by `vapo-lab report --experiment {experiment}` from {len(runs)} tracked run(s); "
              f"seeds {seeds}; git commit(s) {', '.join(commits)}; score = held-out {label} (x100).", ""]
@@ -102,7 +102,7 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
                      f"`vapo-lab ablate --table1 --seeds {len(seeds)}`; `vapo-lab jobs` shows its cells.")
         lines.append("")
     if commands:
-        lines += [f"Commands: {', '.join(commands)}", ""]
+        lines += ["Submitted with:", "", *(f"    {c}" for c in commands), ""]
     lines += ["## Table 1", "", (rep.out / "table1.md").read_text(encoding="utf-8"),
               "Also as [LaTeX](table1.tex) and [CSV](table1.csv).", "",
               "## Figure 2", "", "![Figure 2](figure2.png)", "",

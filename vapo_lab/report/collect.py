@@ -104,7 +104,10 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
         raise ReportError(f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
                           "run the grid first: vapo-lab ablate --table1 --seeds 3")
     runs = []
-    for r in _one_per_config(client.search_runs([exp.experiment_id], max_results=10000)):
+    found = client.search_runs([exp.experiment_id], max_results=10000)
+    commands = sorted({r.data.params["command"] for r in found
+                       if r.data.tags.get("kind") == "grid" and r.data.params.get("command")})
+    for r in _one_per_config(found):
         tags = dict(r.data.tags)
         wanted = set(metrics) | {k for k in r.data.metrics if k.startswith("eval/")}
         history = {}
@@ -114,6 +117,7 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
             for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
                 by_step[int(m.step)] = float(m.value)  # a resumed run may log a step twice: keep the last
             history[key] = sorted(by_step.items())
+        tags["grid_commands"] = " ; ".join(commands)  # the submissions that made the grid
         runs.append(RunData(run_id=r.info.run_id, variant=variant_of(tags), seed=int(tags.get("seed", 0)),
                             status=r.info.status, tags=tags, history=history))
     if not runs:
