@@ -7,16 +7,13 @@ from pathlib import Path
 
 import pytest
 
-# a base model, reward model and critic small enough to build in seconds (as tests/trainer's)
-SMALL = [
-    "task.options.max_digits=3", "task.n_train=128", "task.n_eval=16",
-    "model.arch.hidden_size=64", "model.arch.num_layers=2", "model.arch.intermediate_size=128",
-    "+model.base.steps=200", "+model.base.eval_samples=1",
-    "rollout.responses_per_step=16", "rollout.group_size=4", "rollout.max_new_tokens=16",
-    "rollout.eval_samples=2", "trainer.mini_batch_size=8", "trainer.micro_batch_size=8",
-    "trainer.total_steps=3", "trainer.eval_every=3", "trainer.save_every=1", "trainer.threads=1",
-    "critic.pretrain.steps=2", "critic.rm_steps=2", "critic.rm_batch=16", "reward.overlong.l_cache=4",
-]
+from tests.trainer.conftest import SMALL as TRAINER_SMALL
+
+# the trainer tests' small base model, reward model and critic (built in seconds), with 3 steps,
+# one eval at the end, one thread per cell, and tracking left to each test
+_CHANGED = {"trainer.total_steps": "3", "trainer.eval_every": "3", "trainer.threads": "1"}
+SMALL = [f"{o.split('=')[0]}={_CHANGED[o.split('=')[0]]}" if o.split("=")[0] in _CHANGED else o
+         for o in TRAINER_SMALL if o != "tracking=none"]
 
 # three cells of Table 1: enough to see tags, skipping and resuming without the ten-cell cost
 GRID3 = """\

@@ -17,12 +17,13 @@ from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.launchers import LaunchError, find_grid, grid_table
 from vapo_lab.track.server import MlflowServer
 
+from tests.trainer.conftest import last_metrics
+
 from .conftest import SMALL
 
 pytestmark = pytest.mark.slow
 
 SLURM = ["launcher.slurm.cpus_per_task=1", "launcher.slurm.mem_gb=1", "launcher.slurm.time_min=15"]
-VOLATILE = ("time/", "perf/")
 
 
 def _free_port():
@@ -35,15 +36,6 @@ def _free_port():
 def server(tmp_path_factory):
     with MlflowServer("127.0.0.1", _free_port(), tmp_path_factory.mktemp("mlflow")) as srv:
         yield srv
-
-
-def _metrics(run_dir):
-    """{step: metrics} from metrics.jsonl, the last record of each step (a resumed run repeats some)."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        d = json.loads(line)
-        out[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE)}
-    return out
 
 
 def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(slurm, in_tmp, server):
@@ -114,8 +106,8 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
     st = json.loads(status_file.read_text())
     assert st["attempts"] == 2  # it really ran twice
     run_dir = in_tmp / "runs" / "grids" / ref.grid_id / "runs" / key
-    resumed = _metrics(run_dir)
-    reference = _metrics(in_tmp / "ref" / "grids" / ref.grid_id / "runs" / key)
+    resumed = last_metrics(run_dir)
+    reference = last_metrics(in_tmp / "ref" / "grids" / ref.grid_id / "runs" / key)
     assert sorted(resumed) == list(range(41)) and resumed == reference
     log = "".join(p.read_text() for p in (run_dir.parents[1] / "slurm_logs").rglob("*.err"))
     assert "resumed" in log and "REQUEUE" in log

@@ -166,7 +166,7 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: st
     """
     if launcher not in LAUNCHERS:
         raise LaunchError(f"--launcher {launcher}: unknown; choose one of {', '.join(LAUNCHERS)}")
-    settings = launcher_settings(cfg)[launcher] if launcher in launcher_settings(cfg) else {}
+    settings = launcher_settings(cfg).get(launcher, {})
     grid_id = specs[0].grid_id
     grid_dir = grid_dir_for(cfg.output_dir, grid_id)
     record = read_record(grid_dir)
@@ -188,7 +188,6 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: st
     cwd = os.getcwd()
     if dry_run:
         sub.dry_run_text = _dry_run_text(grid, specs, todo, sub, launcher, settings, grid_dir, cwd)
-        sub.submitted = []
         return sub
 
     # checks that must pass before anything is submitted

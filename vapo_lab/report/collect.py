@@ -8,6 +8,7 @@ one component off is "w/o <component>", PPO with every component off is "Vanilla
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,15 +72,16 @@ def variant_of(tags: dict[str, str]) -> str:
     return " ".join(parts)
 
 
-def _preset_off(algo: str) -> set[str]:
-    """The components a preset has off (from conf/algo/<algo>.yaml)."""
+@functools.lru_cache(maxsize=None)
+def _preset_off(algo: str) -> frozenset[str]:
+    """The components a preset has off (from conf/algo/<algo>.yaml); composed once per preset."""
     from vapo_lab.config.compose import compose_config
 
     try:
         choices = compose_config(algo=algo, check=False).choices
     except VapoLabError:
-        return set()
-    return {c.name for c in COMPONENTS if choices.get(c.name) == "off"}
+        return frozenset()
+    return frozenset(c.name for c in COMPONENTS if choices.get(c.name) == "off")
 
 
 def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()) -> list[RunData]:
@@ -156,6 +158,3 @@ def group(runs: list[RunData]) -> dict[str, list[RunData]]:
         out.setdefault(r.variant, []).append(r)
     return out
 
-
-def describe(r: RunData) -> dict[str, Any]:
-    return {"run_id": r.run_id, "seed": r.seed, "status": r.status, "last_step": r.last_step()}
