@@ -31,8 +31,12 @@ def test_same_seed_gives_identical_metrics(workdir):
     for key in ("rollout/reward", "rollout/accuracy", "rollout/response_length", "rollout/response_length_max",
                 "rollout/truncated_frac", "actor/entropy", "critic/value_loss", "critic/explained_variance",
                 "actor/clipfrac_low", "actor/clipfrac_high", "actor/approx_kl", "actor/grad_norm",
-                "critic/grad_norm", "gae/lam_policy_mean", "adv/mean", "adv/std", "actor/lr", "critic/lr"):
+                "critic/grad_norm", "gae/lam_policy_mean", "adv/mean", "adv/std", "actor/lr", "critic/lr",
+                "diag/value_bias/all", "diag/value_bias/000_007", "diag/length/count_000_007"):
         assert key in step, key
+    # the length profile counts every response of the step once
+    counts = sum(v for k, v in step.items() if k.startswith("diag/length/count_"))
+    assert counts == step["rollout/responses"]
     assert "eval/avg_at_2" in ma[2] and "eval/avg_at_2" in ma[0]
     assert a.checkpoint is not None and a.checkpoint.name == "step_000004"
     c = _train(workdir, "det-c", extra=["seed=1"])

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from vapo_lab.algo import (
     aggregate_loss,
     decoupled_gae,
+    gae,
     group_advantages,
     kl_estimate,
     length_adaptive_lambda,
@@ -64,7 +65,8 @@ class Batch:
     values: Tensor | None = None  # (B, T)
     ref_logprobs: Tensor | None = None  # (B, T)
     advantages: Tensor | None = None  # (B, T)
-    returns: Tensor | None = None  # (B, T)
+    returns: Tensor | None = None  # (B, T) the critic's targets
+    mc_returns: Tensor | None = None  # (B, T) realised Monte-Carlo returns G_t (diagnostics)
     lam_policy: Tensor | None = None  # (B,)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -99,6 +101,7 @@ def compute_advantages(cfg: DictConfig, batch: Batch) -> None:
     # decoupled: the critic's own λ (1.0: Monte-Carlo targets); shared: the policy's λ per response
     lam_c = float(cfg.gae.lam_critic) if cfg.gae.lam_critic_mode == "decoupled" else lam_p
     adv, ret = decoupled_gae(rewards, batch.values, mask, lam_p, lam_c, gamma=float(cfg.gae.gamma))
+    batch.mc_returns = ret if isinstance(lam_c, float) and lam_c == 1.0 else gae(rewards, batch.values, mask, 1.0, float(cfg.gae.gamma))[1]
     if cfg.gae.whiten:
         valid = mask.bool()
         mean = adv[valid].mean()

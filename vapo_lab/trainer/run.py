@@ -33,6 +33,7 @@ from vapo_lab.tasks import build_task
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from vapo_lab.trainer.critic_init import batched_values, build_reward_model, pretrain_critic
+from vapo_lab.trainer.diagnostics import length_profile, value_bias_by_position
 from vapo_lab.trainer.forward import Rows, policy_forward
 from vapo_lab.trainer.loop import Batch, Grader, Updater, compute_advantages, encode_prompts
 
@@ -461,6 +462,10 @@ class Run:
             "time/step_s": t3 - t0, "perf/tokens_per_s": n_tokens / max(t_rollout, 1e-9),
             "perf/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
         })
+        m.update({f"diag/length/{k}": v for k, v in length_profile(batch.lengths, batch.correct).items()})
+        if batch.mc_returns is not None:
+            bias = value_bias_by_position(batch.values, batch.mc_returns, mask)
+            m.update({f"diag/value_bias/{k}": v for k, v in bias.items()})
         if batch.lam_policy is not None:
             m["gae/lam_policy_mean"] = float(batch.lam_policy.mean())
             m["gae/lam_policy_zero_frac"] = float((batch.lam_policy == 0).float().mean())

@@ -1,0 +1,76 @@
+"""Per-step diagnostics for what VAPO argues but does not plot, logged as ``diag/*`` metrics.
+
+- Value bias by token position: mean V(s_t) − G_t over the tokens whose position t falls in each
+  bucket, G_t the realised Monte-Carlo return (γ-discounted sum of the token rewards from t on).
+  VAPO §4.1 argues that a critic initialised from the reward model is biased early in a response
+  (it was only ever trained to score the end) and that value pretraining removes the bias.
+- Response length against correctness: how many responses fall in each length bucket and what
+  fraction of them is correct, plus the mean length of correct and of wrong responses.
+
+Buckets are powers of two, [0, 8), [8, 16), ... [128, inf), named by their first and last member
+("000_007", ..., "128_up") so that MLflow accepts the keys and they sort by position.
+Pure functions of tensors: the trainer calls them, the report reads their metrics back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+EDGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128)
+
+
+def bucket_labels(edges: tuple[int, ...] = EDGES) -> list[str]:
+    """Returns one label per bucket, e.g. ["000_007", "008_015", ..., "128_up"]."""
+    return [f"{lo:03d}_{hi - 1:03d}" for lo, hi in zip(edges, edges[1:])] + [f"{edges[-1]:03d}_up"]
+
+
+def bucket_of(x: Tensor, edges: tuple[int, ...] = EDGES) -> Tensor:
+    """Returns the bucket index of each value of ``x``: i where edges[i] <= x < edges[i + 1]
+    (values below edges[0] go to bucket 0, values from edges[-1] on to the last)."""
+    return (torch.bucketize(x.to(torch.float64), torch.tensor(edges[1:], dtype=torch.float64), right=True))
+
+
+def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
+                           edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+    """Returns {bucket label: mean of V(s_t) − G_t over valid tokens at positions in the bucket}
+    (buckets without tokens left out) and "all": the mean over every valid token.
+
+    Args:
+        values: critic values V(s_t), (B, T).
+        mc_returns: realised returns G_t, (B, T).
+        mask: (B, T) valid-token mask.
+    """
+    valid = mask.bool()
+    if not valid.any():
+        return {}
+    err = (values.double() - mc_returns.double())
+    pos = torch.arange(values.shape[1]).expand_as(values)
+    which = bucket_of(pos, edges)
+    out = {}
+    for i, label in enumerate(bucket_labels(edges)):
+        sel = valid & (which == i)
+        if sel.any():
+            out[label] = float(err[sel].mean())
+    out["all"] = float(err[valid].mean())
+    return out
+
+
+def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+    """Returns per length bucket "count_<label>" (responses) and "acc_<label>" (fraction correct,
+    only for non-empty buckets), and "correct_mean" / "wrong_mean" (mean length of the correct /
+    wrong responses, when there are any)."""
+    which = bucket_of(lengths, edges)
+    ok = correct.bool()
+    out: dict[str, float] = {}
+    for i, label in enumerate(bucket_labels(edges)):
+        sel = which == i
+        out[f"count_{label}"] = float(sel.sum())
+        if sel.any():
+            out[f"acc_{label}"] = float(ok[sel].float().mean())
+    lengths = lengths.double()
+    if ok.any():
+        out["correct_mean"] = float(lengths[ok].mean())
+    if (~ok).any():
+        out["wrong_mean"] = float(lengths[~ok].mean())
+    return out
