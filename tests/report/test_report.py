@@ -136,3 +136,80 @@ def test_a_cell_logged_twice_counts_once(store, tmp_path):
     _log(client, exp, "vapo", ALL_ON, 1, [(0, 0.4), (10, 0.70)])
     rows = {d["variant"]: d for d in make_report("table1", tmp_path / "o", uri).table}
     assert rows["VAPO"]["seeds"] == 2 and rows["VAPO"]["mean"] == pytest.approx(60.0)
+
+
+def test_diagnostics_are_the_hand_computed_aggregates(store, tmp_path):
+    """Five training steps: early = step 1, late = step 5 (a fifth of the steps, at least one)."""
+    uri, client, exp = store
+    bias = {"diag/value_bias/000_007": [-0.4, -0.3, -0.2, -0.1, 0.0], "diag/value_bias/008_015": [0.2] * 5,
+            "diag/value_bias/all": [-0.1] * 5}
+    length = {"diag/length/count_000_007": [6, 6, 6, 6, 2], "diag/length/acc_000_007": [0.5, 0, 0, 0, 1.0],
+              "diag/length/count_008_015": [2, 2, 2, 2, 6], "diag/length/acc_008_015": [0.0, 0, 0, 0, 0.5],
+              "diag/length/correct_mean": [5, 6, 7, 8, 9], "diag/length/wrong_mean": [4, 4, 4, 4, 4],
+              "gae/lam_policy_mean": [0.9] * 5, "gae/lam_policy_zero_frac": [0.0] * 5,
+              "actor/clipfrac_low": [0.01] * 5, "actor/clipfrac_high": [0.002] * 5}
+    for s, shift in enumerate((0.0, 0.2)):  # VAPO seeds 0 and 1: seed 1's early bias is 0.2 higher
+        rid = _log(client, exp, "vapo", ALL_ON, s, [(0, 0.4), (5, 0.5)],
+                   curves={**{k: [v + shift if k.endswith("000_007") else v for v in vs] for k, vs in bias.items()},
+                           **length})
+        client.log_param(rid, "gae.alpha", "2.5")
+        client.log_param(rid, "rollout.max_new_tokens", "16")
+    _log(client, exp, "vapo", "value_pretraining", 0, [(0, 0.4), (5, 0.45)],
+         curves={"diag/value_bias/000_007": [0.5] * 5, "diag/value_bias/all": [0.5] * 5})
+    rep = make_report("table1", tmp_path / "out", uri)
+    for stem in ("diag_value_bias", "diag_lambda", "diag_length", "diag_clip"):
+        assert (tmp_path / "out" / f"{stem}.png").stat().st_size > 1000, stem
+        assert (tmp_path / "out" / f"{stem}.pdf").stat().st_size > 1000, stem
+    vb = rep.diagnostics["diag_value_bias"]
+    assert vb["VAPO"]["early"]["000_007"] == pytest.approx((-0.4 + -0.2) / 2)
+    assert vb["VAPO"]["late"]["000_007"] == pytest.approx((0.0 + 0.2) / 2)
+    assert vb["VAPO"]["late"]["008_015"] == pytest.approx(0.2)
+    assert vb["w/o value_pretraining"]["early"] == {"000_007": pytest.approx(0.5), "all": pytest.approx(0.5)}
+    la = rep.diagnostics["diag_length"]["VAPO"]
+    # step 1 of both seeds: 12 responses of 0-7 tokens, half correct; late (step 5): 4 short, all correct
+    assert la["early"]["000_007"] == {"count": 12.0, "acc": pytest.approx(0.5)}
+    assert la["late"]["008_015"] == {"count": 12.0, "acc": pytest.approx(0.5)}
+    lam = rep.diagnostics["diag_lambda"]
+    # 2 seeds x (26 short + 14 longer) responses; λ(10) = 1 - 1/25
+    assert lam["length_share"] == {"000_007": pytest.approx(52 / 80), "008_015": pytest.approx(28 / 80)}
+    assert lam["lambda_at"][10] == pytest.approx(0.96) and lam["lambda_at"][5] == pytest.approx(0.92)
+    assert rep.diagnostics["diag_clip"]["VAPO"] == {"clipfrac_low": pytest.approx(0.01),
+                                                    "clipfrac_high": pytest.approx(0.002)}
+    index = (tmp_path / "out" / "index.md").read_text()
+    assert "![Value bias by token position](diag_value_bias.png)" in index
+    assert "| VAPO | early | -0.300 | +0.200 | -0.100 |" in index
+    assert "0-7 50% (n=12)" in index
+
+
+def test_runs_without_diagnostics_say_so(store, tmp_path):
+    uri, client, exp = store
+    _log(client, exp, "vapo", ALL_ON, 0, [(0, 0.4), (10, 0.5)])
+    rep = make_report("table1", tmp_path / "out", uri)
+    assert rep.diagnostics == {} and not (tmp_path / "out" / "diag_value_bias.png").exists()
+    assert "No run logged the trainer's diagnostics" in (tmp_path / "out" / "index.md").read_text()
+
+
+def test_a_report_from_a_runs_export_is_the_same_report(store, tmp_path):
+    """Export -> import into a fresh store -> report gives the very same files (run ids included)."""
+    from vapo_lab.report import report_from_export
+    from vapo_lab.track.export import ExportError, export_runs
+
+    uri, client, exp = store
+    ids = [_log(client, exp, "vapo", ALL_ON, s, [(0, 0.4), (10, v)],
+                curves={"rollout/response_length": [30, 40], "rollout/reward": [0.1, 0.2],
+                        "actor/entropy": [0.5, 0.4], "diag/value_bias/000_007": [0.3, 0.1]})
+           for s, v in enumerate([0.5, 0.6])]
+    _log(client, exp, "dapo", DAPO_OFF, 0, [(0, 0.4), (10, 0.45)], status="RUNNING")
+    direct = make_report("table1", tmp_path / "direct", uri)
+    assert export_runs(uri, "table1", tmp_path / "runs.json.gz") == 3
+    again = report_from_export(tmp_path / "runs.json.gz", tmp_path / "again")
+    assert [p.name for p in again.files] == [p.name for p in direct.files]
+    for name in ("table1.md", "table1.tex", "table1.csv", "index.md", "report.json"):
+        assert (tmp_path / "again" / name).read_text() == (tmp_path / "direct" / name).read_text(), name
+    assert all(i in (tmp_path / "again" / "index.md").read_text() for i in ids)
+    first = (tmp_path / "runs.json.gz").read_bytes()
+    export_runs(uri, "table1", tmp_path / "runs.json.gz")
+    assert (tmp_path / "runs.json.gz").read_bytes() == first  # same runs, same bytes
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ExportError, match="cannot read runs file .*--save-runs"):
+        report_from_export(tmp_path / "bad.json.gz", tmp_path / "x")

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vapo_lab.report import diagnostics as diag
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
 from vapo_lab.report.figures import figure1, figure2
 from vapo_lab.report.table import build_table, rank_agreement, table_records, to_csv, to_latex, to_markdown
 
-__all__ = ["Report", "ReportError", "make_report"]
+__all__ = ["Report", "ReportError", "make_report", "report_from_export"]
 
 CLIP_KEYS = ("actor/clipfrac_low", "actor/clipfrac_high")
 
@@ -28,6 +29,7 @@ class Report:
     rank: dict[str, Any] = field(default_factory=dict)
     figure1: dict[str, Any] = field(default_factory=dict)
     figure2: dict[str, Any] = field(default_factory=dict)
+    diagnostics: dict[str, Any] = field(default_factory=dict)  # figure stem -> what it plotted
 
 
 def make_report(experiment: str, out: str | Path | None = None, tracking_uri: str | None = None,
@@ -79,13 +81,33 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     rep.files += paths
     paths, rep.figure1 = figure1(groups, fig1_variants, key, out, band)
     rep.files += paths
+    for stem, draw in (("diag_value_bias", diag.figure_value_bias), ("diag_lambda", diag.figure_lambda),
+                       ("diag_length", diag.figure_length), ("diag_clip", diag.figure_clip)):
+        paths, info = draw(groups, out)
+        if paths:
+            rep.files += paths
+            rep.diagnostics[stem] = info
     (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key),
                                   encoding="utf-8")
     rep.files.append(out / "index.md")
     (out / "report.json").write_text(json.dumps({"table": rep.table, "rank": rep.rank, "figure1": rep.figure1,
-                                                  "figure2": rep.figure2, "score": label}, indent=1, default=str))
+                                                  "figure2": rep.figure2, "diagnostics": diag.summarize(groups),
+                                                  "score": label}, indent=1, default=str))
     rep.files.append(out / "report.json")
     return rep
+
+
+def report_from_export(path: str | Path, out: str | Path | None = None, **kwargs: Any) -> Report:
+    """Imports a runs export (``vapo-lab report --save-runs``) into a temporary MLflow store and
+    reports from it: the committed example report is remade this way from its runs.json.gz."""
+    import tempfile
+
+    from vapo_lab.track.export import import_runs
+
+    with tempfile.TemporaryDirectory(prefix="vapo-report-") as tmp:
+        uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
+        experiment, _ = import_runs(path, uri)
+        return make_report(experiment, out, uri, **kwargs)
 
 
 def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows: list[Any], rep: Report,
@@ -111,6 +133,7 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
     for name, d in rep.figure1.items():
         reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
         lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final at {reach}")
+    lines += _diagnostics_section(rep, groups)
     lines += ["", "## Clip fractions (mean over steps and seeds)", "",
               "| variant | low (ratio < 1-ε_low) | high (ratio > 1+ε_high) |", "|---|---|---|"]
     for name in sorted(groups):
@@ -123,3 +146,56 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
         ids = ", ".join(f"`{i}`" for i in r.run_ids) or r.state
         lines.append(f"- {r.variant}: {ids}")
     return "\n".join(lines) + "\n"
+
+
+DIAG_TEXT = {
+    "diag_value_bias": ("Value bias by token position",
+                        "Mean V(s_t) − G_t (critic value minus realised Monte-Carlo return) over the tokens at "
+                        "each position, in the first and the last fifth of training. VAPO §4.1 argues that a "
+                        "critic initialised from the reward model is biased until it is pretrained."),
+    "diag_lambda": ("λ_policy against response length",
+                    "Length-adaptive GAE's λ_policy = 1 − 1/(α·l) over the lengths the policy produced, "
+                    "beside the paper's α = 0.05 over its lengths."),
+    "diag_length": ("Response length against correctness",
+                    "Accuracy of the training rollouts by length, early and late, and the mean length of "
+                    "correct and wrong responses."),
+    "diag_clip": ("Clip fractions against step", "Clip-higher raises ε_high (0.28 against 0.2), which "
+                  "should clip fewer positive-advantage tokens (b) and leave the low side (a) alone. With "
+                  "one PPO epoch the first mini-batch of a step is on-policy (ratio 1), so only the later "
+                  "ones can be clipped at all."),
+}
+
+
+def _diagnostics_section(rep: Report, groups: dict[str, list[Any]]) -> list[str]:
+    """Returns index.md's diagnostics: each figure with a line on what it shows and its key numbers."""
+    if not rep.diagnostics:
+        return ["", "## Diagnostics", "", "No run logged the trainer's diagnostics (diag/* metrics: "
+                "runs made before they were added)."]
+    lines = ["", "## Diagnostics", ""]
+    for stem, info in rep.diagnostics.items():
+        title, text = DIAG_TEXT[stem]
+        lines += [f"### {title}", "", f"![{title}]({stem}.png)", "", text + f" [PDF]({stem}.pdf)", ""]
+        if stem == "diag_value_bias":
+            lines += ["| variant | window | " + " | ".join(diag.pretty(k) for k in _labels(info)) + " | all |",
+                      "|---|---|" + "---|" * (len(_labels(info)) + 1)]
+            for name, prof in info.items():
+                for which, d in prof.items():
+                    cells = [f"{d[k]:+.3f}" if k in d else "" for k in _labels(info)]
+                    lines.append(f"| {name} | {which} | " + " | ".join(cells) + f" | {d.get('all', float('nan')):+.3f} |")
+            lines.append("")
+        elif stem == "diag_lambda":
+            at = ", ".join(f"λ({l}) = {v:.3f}" for l, v in info.get("lambda_at", {}).items())
+            lines += [f"{info['variant']}, α = {info['alpha']:g}: {at}; mean λ_policy over training "
+                      f"{info.get('mean', float('nan')):.3f}, λ = 0 for {100 * info.get('zero_frac', float('nan')):.1f}% "
+                      "of responses.", ""]
+        elif stem == "diag_length":
+            for name, prof in info.items():
+                parts = [f"{which}: " + ", ".join(f"{diag.pretty(k)} {100 * d['acc']:.0f}% (n={d['count']:.0f})"
+                                                  for k, d in prof[which].items()) for which in prof]
+                lines.append(f"- {name} — accuracy by length: " + "; ".join(parts))
+            lines.append("")
+    return lines
+
+
+def _labels(info: dict[str, Any]) -> list[str]:
+    return sorted({k for prof in info.values() for d in prof.values() for k in d} - {"all"})

@@ -14,6 +14,7 @@ from typing import Any
 
 from vapo_lab.components import COMPONENTS
 from vapo_lab.errors import VapoLabError
+from vapo_lab.track.export import SOURCE_TAG
 
 
 class ReportError(VapoLabError):
@@ -30,6 +31,7 @@ class RunData:
     status: str  # MLflow: RUNNING, FINISHED, FAILED, KILLED
     tags: dict[str, str]
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
+    params: dict[str, str] = field(default_factory=dict)  # the few config values the report draws with
 
     def last_step(self) -> int:
         return max((s for h in self.history.values() for s, _ in h), default=0)
@@ -50,6 +52,10 @@ PAPER_TABLE1: list[tuple[str, float]] = [
 ]
 
 CURVE_METRICS = ("rollout/response_length", "rollout/reward", "actor/entropy", "rollout/accuracy")
+# metric families read whole: held-out scores, the trainer's diagnostics (value bias by position,
+# length profile) and λ_policy statistics
+PREFIXES = ("eval/", "diag/", "gae/")
+PARAMS = ("gae.alpha", "gae.lam_policy", "gae.lam_policy_mode", "rollout.max_new_tokens")
 
 
 def variant_of(tags: dict[str, str]) -> str:
@@ -86,7 +92,7 @@ def _preset_off(algo: str) -> frozenset[str]:
 
 def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()) -> list[RunData]:
     """Returns the cell runs of ``experiment`` (grid parent runs left out), with the histories of
-    ``metrics`` (every ``eval/*`` metric is always read).
+    ``metrics`` (every metric under ``PREFIXES`` is always read).
 
     Raises:
         ReportError: no such experiment, or no runs in it (naming `vapo-lab ablate`).
@@ -111,7 +117,7 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
                        if r.data.tags.get("kind") == "grid" and r.data.params.get("command")})
     for r in _one_per_config(found):
         tags = dict(r.data.tags)
-        wanted = set(metrics) | {k for k in r.data.metrics if k.startswith("eval/")}
+        wanted = set(metrics) | {k for k in r.data.metrics if k.startswith(PREFIXES)}
         history = {}
         for key in sorted(wanted & set(r.data.metrics)):
             points = client.get_metric_history(r.info.run_id, key)
@@ -120,8 +126,10 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
                 by_step[int(m.step)] = float(m.value)  # a resumed run may log a step twice: keep the last
             history[key] = sorted(by_step.items())
         tags["grid_commands"] = " ; ".join(commands)  # the submissions that made the grid
-        runs.append(RunData(run_id=r.info.run_id, variant=variant_of(tags), seed=int(tags.get("seed", 0)),
-                            status=r.info.status, tags=tags, history=history))
+        run_id = tags.get(SOURCE_TAG, r.info.run_id)  # an imported run keeps its original id
+        runs.append(RunData(run_id=run_id, variant=variant_of(tags), seed=int(tags.get("seed", 0)),
+                            status=r.info.status, tags=tags, history=history,
+                            params={k: r.data.params[k] for k in PARAMS if k in r.data.params}))
     if not runs:
         raise ReportError(f"experiment {experiment!r} in {uri} has no training runs yet: "
                           "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3")

@@ -1,0 +1,292 @@
+"""Diagnostics the paper argues but does not plot, from the trainer's ``diag/*`` and ``gae/*`` metrics.
+
+- Value bias: mean V(s_t) − G_t by token-position bucket, early and late in training, per variant
+  (VAPO §4.1: without value pretraining the critic is biased, most at the start of a response).
+- λ_policy against response length: λ = 1 − 1/(α·l) over the lengths the policy produced, ours
+  beside the paper's α = 0.05 over its 500-20,000-token responses.
+- Response length against correctness: accuracy per length bucket early and late, and the mean
+  length of correct and of wrong responses against step.
+- Clip fractions, low and high, against step, with and without clip-higher.
+
+"Early" is the first fifth of a run's training steps (at least one), "late" the last fifth. Means
+over seeds are of per-run means; accuracies per length bucket pool the responses of all seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from vapo_lab.report.collect import RunData
+from vapo_lab.report.figures import _save, mean_band
+
+BIAS = "diag/value_bias/"
+LENGTH = "diag/length/"
+WINDOW = 0.2
+PAPER_ALPHA, PAPER_LENGTHS = 0.05, (500, 20480)
+
+
+def pretty(label: str) -> str:
+    """Returns a bucket label for display: "008_015" -> "8-15", "128_up" -> "128+"."""
+    lo, hi = label.split("_")
+    return f"{int(lo)}+" if hi == "up" else f"{int(lo)}-{int(hi)}"
+
+
+def window_steps(steps: list[int], which: str, frac: float = WINDOW) -> list[int]:
+    """Returns the first (``which="early"``) or last ("late") fraction ``frac`` of ``steps``, at least one."""
+    steps = sorted(steps)
+    n = max(1, math.ceil(frac * len(steps)))
+    return steps[:n] if which == "early" else steps[-n:]
+
+
+def _windowed(run: RunData, key: str, which: str) -> list[float]:
+    h = dict(run.history.get(key, []))
+    return [h[s] for s in window_steps(list(h), which)] if h else []
+
+
+def _buckets(runs: list[RunData], prefix: str) -> list[str]:
+    return sorted({k[len(prefix):] for r in runs for k in r.history if k.startswith(prefix)})
+
+
+def value_bias_profile(runs: list[RunData]) -> dict[str, dict[str, float]]:
+    """Returns {"early"|"late": {bucket label: mean over runs of the run's windowed mean bias}}."""
+    out: dict[str, dict[str, float]] = {}
+    for which in ("early", "late"):
+        for label in _buckets(runs, BIAS):
+            per_run = [sum(v) / len(v) for r in runs if (v := _windowed(r, BIAS + label, which))]
+            if per_run:
+                out.setdefault(which, {})[label] = sum(per_run) / len(per_run)
+    return out
+
+
+def length_accuracy(runs: list[RunData]) -> dict[str, dict[str, dict[str, float]]]:
+    """Returns {"early"|"late": {bucket: {"count": responses, "acc": fraction correct}}}, pooling
+    the responses of every run's window (accuracy weighted by each step's count)."""
+    labels = [k[len("count_"):] for k in _buckets(runs, LENGTH) if k.startswith("count_")]
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for which in ("early", "late"):
+        for label in labels:
+            count = correct = 0.0
+            for r in runs:
+                counts = dict(r.history.get(f"{LENGTH}count_{label}", []))
+                accs = dict(r.history.get(f"{LENGTH}acc_{label}", []))
+                for s in window_steps(list(counts), which) if counts else []:
+                    count += counts[s]
+                    correct += counts[s] * accs.get(s, 0.0)
+            if count:
+                out.setdefault(which, {})[label] = {"count": count, "acc": correct / count}
+    return out
+
+
+def length_histogram(runs: list[RunData]) -> dict[str, float]:
+    """Returns {bucket: responses over all training steps and runs}."""
+    out: dict[str, float] = {}
+    for r in runs:
+        for k, h in r.history.items():
+            if k.startswith(LENGTH + "count_"):
+                label = k[len(LENGTH + "count_"):]
+                out[label] = out.get(label, 0.0) + sum(v for _, v in h)
+    return dict(sorted(out.items()))
+
+
+def lambda_policy(length: float, alpha: float) -> float:
+    """λ_policy = 1 − 1/(α·l) clamped to [0, 1] (the trainer's formula, in plain floats for plotting)."""
+    return min(1.0, max(0.0, 1.0 - 1.0 / (alpha * length))) if length > 0 else 0.0
+
+
+def _mean_metric(runs: list[RunData], key: str) -> float | None:
+    vals = [v for r in runs for _, v in r.history.get(key, [])]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize(groups: dict[str, list[RunData]]) -> dict[str, Any]:
+    """Returns the numbers behind the diagnostics figures, per variant that logged them."""
+    out: dict[str, Any] = {}
+    for name, runs in sorted(groups.items()):
+        d: dict[str, Any] = {}
+        if bias := value_bias_profile(runs):
+            d["value_bias"] = bias
+        if acc := length_accuracy(runs):
+            d["length_accuracy"] = acc
+        for key in ("gae/lam_policy_mean", "gae/lam_policy_zero_frac", LENGTH + "correct_mean", LENGTH + "wrong_mean",
+                    "actor/clipfrac_low", "actor/clipfrac_high"):
+            if (m := _mean_metric(runs, key)) is not None:
+                d[key.split("/")[-1]] = m
+        if d:
+            out[name] = d
+    return out
+
+
+def _present(groups: dict[str, list[RunData]], names: tuple[str, ...], prefix: str) -> list[str]:
+    """Returns the variants among ``names`` (then any other) whose runs logged a ``prefix`` metric."""
+    has = [n for n in groups if any(k.startswith(prefix) for r in groups[n] for k in r.history)]
+    return [n for n in names if n in has] + sorted(set(has) - set(names))
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+    """Writes diag_value_bias: V(s_t) − G_t by position bucket, (a) early, (b) late; one line per
+    critic-based variant. Returns (paths, {variant: profile}); no file when no run logged it."""
+    names = _present(groups, ("VAPO", "w/o value_pretraining", "Vanilla PPO", "w/o decoupled_gae"), BIAS)
+    if not names:
+        return [], {}
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    plotted = {}
+    for ax, which, title in zip(axes, ("early", "late"), ("(a) early: first fifth of training",
+                                                        "(b) late: last fifth of training")):
+        for name in names:
+            prof = value_bias_profile(groups[name]).get(which, {})
+            labels = [k for k in prof if k != "all"]
+            if labels:
+                ax.plot([pretty(k) for k in labels], [prof[k] for k in labels], marker="o",
+                        label=f"{name} (n={len(groups[name])})")
+                plotted.setdefault(name, {})[which] = prof
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_title(title)
+        ax.set_xlabel("token position in the response")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    axes[0].set_ylabel("mean V(s_t) − G_t (value bias)")
+    fig.suptitle("Value bias by token position: critic value minus realised return (mean over seeds)")
+    paths = _save(fig, out, "diag_value_bias")
+    plt.close(fig)
+    return paths, plotted
+
+
+def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+    """Writes diag_lambda: (a) λ_policy(l) with our α over the lengths our policy produced (bars:
+    share of responses per length bucket), (b) the paper's α = 0.05 over its lengths."""
+    names = _present(groups, ("VAPO", "DAPO"), LENGTH + "count_")
+    if not names:
+        return [], {}
+    runs = groups[names[0]]
+    alpha = float(runs[0].params.get("gae.alpha", "nan"))
+    max_len = int(runs[0].params.get("rollout.max_new_tokens", 160))
+    hist = length_histogram(runs)
+    total = sum(hist.values()) or 1.0
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"wspace": 0.35})
+    ax = axes[0]
+    info: dict[str, Any] = {"variant": names[0], "alpha": alpha, "length_share": {k: v / total for k, v in hist.items()}}
+    bars = ax.twinx()
+    for label, count in hist.items():
+        lo, hi = label.split("_")
+        lo_f, hi_f = float(lo), (float(max_len) if hi == "up" else float(hi) + 1)
+        bars.bar(lo_f, count / total, width=hi_f - lo_f, align="edge", alpha=0.25, color="tab:grey",
+                 edgecolor="tab:grey")
+    bars.set_ylabel(f"share of {names[0]}'s responses per length bucket")
+    if math.isfinite(alpha):
+        ls = list(range(1, max_len + 1))
+        ax.plot(ls, [lambda_policy(l, alpha) for l in ls], color="tab:blue", label=f"length-adaptive, α = {alpha:g}")
+        info["lambda_at"] = {l: lambda_policy(l, alpha) for l in (5, 10, 20, 50, 100) if l <= max_len}
+    fixed = next((float(r.params["gae.lam_policy"]) for n in groups for r in groups[n]
+                  if r.params.get("gae.lam_policy_mode") == "fixed" and "gae.lam_policy" in r.params), None)
+    if fixed is not None:
+        ax.axhline(fixed, color="tab:orange", ls="--", label=f"fixed λ = {fixed:g} (w/o length-adaptive GAE)")
+    for key, name in (("gae/lam_policy_mean", "mean"), ("gae/lam_policy_zero_frac", "zero_frac")):
+        if (m := _mean_metric(runs, key)) is not None:
+            info[name] = m
+    ax.set_zorder(bars.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("response length l (tokens)")
+    ax.set_ylabel("λ_policy")
+    ax.set_title(f"(a) ours: λ_policy over our lengths (mean λ {info.get('mean', float('nan')):.3f}, "
+                 f"λ = 0 for {100 * info.get('zero_frac', float('nan')):.1f}%)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax = axes[1]
+    ls = list(range(PAPER_LENGTHS[0], PAPER_LENGTHS[1] + 1, 100))
+    ax.plot(ls, [lambda_policy(l, PAPER_ALPHA) for l in ls], color="tab:blue", label=f"α = {PAPER_ALPHA}")
+    ax.set_xscale("log")
+    ax.set_ylim(0.9, 1.002)
+    ax.set_xlabel("response length l (tokens)")
+    ax.set_title("(b) the paper: α = 0.05 over 500-20,480-token responses", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle("Length-adaptive GAE: λ_policy = 1 − 1/(α·l) against response length")
+    paths = _save(fig, out, "diag_lambda")
+    plt.close(fig)
+    return paths, info
+
+
+def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+    """Writes diag_length: (a) accuracy per length bucket, early vs late, per variant; (b) mean
+    length of correct and of wrong responses against step."""
+    names = _present(groups, ("VAPO", "DAPO"), LENGTH + "count_")[:2]
+    if not names:
+        return [], {}
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    info: dict[str, Any] = {}
+    labels = sorted({k for n in names for w in length_accuracy(groups[n]).values() for k in w})
+    width = 0.8 / (2 * len(names))
+    for i, name in enumerate(names):
+        prof = length_accuracy(groups[name])
+        info[name] = prof
+        for j, which in enumerate(("early", "late")):
+            xs = [labels.index(k) + (2 * i + j - len(names) + 0.5) * width for k in prof.get(which, {})]
+            axes[0].bar(xs, [d["acc"] for d in prof.get(which, {}).values()], width=width, color=f"C{i}",
+                        label=f"{name}, {which}", alpha=0.4 if which == "early" else 0.9)
+    axes[0].set_xticks(range(len(labels)), [pretty(k) for k in labels])
+    axes[0].set_xlabel("response length (tokens)")
+    axes[0].set_ylabel("fraction correct")
+    axes[0].set_title("(a) accuracy by response length, early vs late in training", fontsize=9)
+    axes[0].grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    for i, name in enumerate(names):
+        for key, style in (("correct_mean", "-"), ("wrong_mean", "--")):
+            steps, mean, low, high = mean_band(groups[name], LENGTH + key)
+            if steps:
+                axes[1].plot(steps, mean, ls=style, color=f"C{i}", label=f"{name}: {key.split('_')[0]}")
+    axes[1].set_xlabel("training step")
+    axes[1].set_ylabel("mean response length (tokens)")
+    axes[1].set_title("(b) length of correct (solid) and wrong (dashed) responses", fontsize=9)
+    axes[1].grid(alpha=0.3)
+    if axes[1].lines:
+        axes[1].legend(fontsize=8)
+    fig.suptitle("Response length against correctness (rollouts at temperature 1)")
+    paths = _save(fig, out, "diag_length")
+    plt.close(fig)
+    return paths, info
+
+
+def figure_clip(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+    """Writes diag_clip: clip fractions (a) low and (b) high against step, with and without
+    clip-higher (and DAPO, which has it)."""
+    names = [n for n in ("VAPO", "w/o clip_higher", "DAPO", "Vanilla PPO") if n in groups
+             and any("actor/clipfrac_low" in r.history for r in groups[n])]
+    if not names:
+        return [], {}
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    info: dict[str, Any] = {}
+    for ax, key, title in zip(axes, ("actor/clipfrac_low", "actor/clipfrac_high"),
+                              ("(a) low: ratio < 1 − ε_low, A < 0", "(b) high: ratio > 1 + ε_high, A > 0")):
+        for name in names:
+            steps, mean, low, high = mean_band(groups[name], key)
+            if steps:
+                line, = ax.plot(steps, mean, label=name)
+                ax.fill_between(steps, low, high, alpha=0.15, color=line.get_color())
+                info.setdefault(name, {})[key.split("/")[-1]] = sum(mean) / len(mean)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    axes[0].set_ylabel("fraction of tokens clipped")
+    fig.suptitle("Clip fractions with and without clip-higher (mean over seeds, min-max band)")
+    paths = _save(fig, out, "diag_clip")
+    plt.close(fig)
+    return paths, info
