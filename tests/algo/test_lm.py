@@ -4,6 +4,8 @@ token_logprobs.  Hand derivations are in comments; random cases use explicit loo
 
 import math
 
+import pytest
+
 import torch
 
 from vapo_lab.algo.lm import entropy_from_logits, masked_entropy, positive_nll_loss, token_logprobs
@@ -211,3 +213,24 @@ def test_token_logprobs_vs_log_softmax_gather_and_loop():
     logits.requires_grad_(True)
     token_logprobs(logits, tokens).sum().backward()
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
+
+
+def test_token_logprobs_and_entropy_match_the_separate_functions():
+    from vapo_lab.algo import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11) * 4
+    logits[0, 1, 3] = float("-inf")  # a masked vocabulary entry: 0·(−inf) must not give nan
+    logits[2, 4, :5] = float("-inf")
+    tokens = torch.randint(5, 11, (3, 5))
+    lp, h = token_logprobs_and_entropy(logits, tokens)
+    torch.testing.assert_close(lp, token_logprobs(logits, tokens), rtol=0, atol=1e-5)
+    torch.testing.assert_close(h, entropy_from_logits(logits), rtol=0, atol=1e-5)
+    assert not h.requires_grad
+    # by hand: uniform over 4 entries -> H = log 4, log π = -log 4
+    lp, h = token_logprobs_and_entropy(torch.zeros(1, 1, 4), torch.zeros(1, 1, dtype=torch.long))
+    assert h.item() == pytest.approx(math.log(4)) and lp.item() == pytest.approx(-math.log(4))
+    z = logits.clone().requires_grad_(True)
+    _, h = token_logprobs_and_entropy(z, tokens, entropy_grad=True)
+    h.sum().backward()
+    assert torch.isfinite(z.grad).all()

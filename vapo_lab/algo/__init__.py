@@ -16,6 +16,7 @@ from vapo_lab.algo.lm import (
     masked_entropy,
     positive_nll_loss,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 from vapo_lab.algo.masked import masked_mean, masked_sum, masked_var
 from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, ppo_policy_loss
@@ -41,5 +42,6 @@ __all__ = [
     "positive_nll_loss",
     "ppo_policy_loss",
     "token_logprobs",
+    "token_logprobs_and_entropy",
     "value_loss",
 ]

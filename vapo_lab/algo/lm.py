@@ -89,3 +89,30 @@ def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     # Gather then subtract, instead of a full log_softmax: no second (B, T, V) tensor.
     chosen = torch.gather(logits, -1, tokens.long().unsqueeze(-1)).squeeze(-1)
     return chosen - torch.logsumexp(logits, dim=-1)  # log π(y) = z_y − lse(z)
+
+
+def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """Returns (log π(y_t), entropy H_t), each (B, T), from one log-softmax over the vocabulary.
+
+    The same values as ``token_logprobs`` and ``entropy_from_logits`` (to float rounding) in about
+    half the passes over the (B, T, V) logits, which dominate a small model's training step: H is
+    −Σ_v p_v·log p_v with log p = log_softmax(z), computed without gradient unless
+    ``entropy_grad`` (then through ``entropy_from_logits``). Positions with −inf logits, where
+    p·log p is 0·(−inf), are recomputed with ``entropy_from_logits``, which handles them.
+
+    Args:
+        logits: z, shape (B, T, V).
+        tokens: token ids y, shape (B, T), long.
+        entropy_grad: whether H carries gradients (an entropy bonus in the loss).
+    """
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = torch.gather(logp, -1, tokens.long().unsqueeze(-1)).squeeze(-1)  # log π(y)
+    if entropy_grad:
+        return chosen, entropy_from_logits(logits)
+    with torch.no_grad():
+        lq = logp.detach()
+        entropy = -(lq.exp() * lq).sum(dim=-1)  # H = −Σ p·log p
+        bad = torch.isnan(entropy)
+        if bad.any():  # −inf logits: 0·(−inf)
+            entropy[bad] = entropy_from_logits(logits.detach()[bad])
+    return chosen, entropy

@@ -199,6 +199,7 @@ class TrainerConfig:
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1e-8
+    adam_impl: str = "fused"  # fused | foreach | for-loop: torch's AdamW implementations (same maths)
     grad_clip: float = 1.0
     eval_every: int = 10
     save_every: int = 10

@@ -149,6 +149,9 @@ def _relations(get: Any) -> list[str]:
                         "(weights are never downloaded)")
     if get("task.name") == "math" and not get("task.train_path"):
         problems.append("task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl")
+    impl = get("trainer.adam_impl")
+    if impl not in ("fused", "foreach", "for-loop"):
+        problems.append(f"trainer.adam_impl={impl} is not an AdamW implementation: use fused, foreach or for-loop")
     device = get("trainer.device")
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
         problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")

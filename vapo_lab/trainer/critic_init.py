@@ -24,7 +24,7 @@ from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.forward import Rows, value_forward
 
-CACHE_VERSION = 3  # 2: inverse-CDF sampler; 3: top-p by rejection (different draws when top_p < 1)
+CACHE_VERSION = 4  # 2: inverse-CDF sampler; 3: top-p by rejection (different draws when top_p < 1); 4: fused AdamW
 
 
 def cache_key(*parts: Any) -> str:

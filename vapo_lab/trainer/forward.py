@@ -4,6 +4,13 @@ Rows are the sampler's layout: prompts left-padded to P, responses right-padded 
 micro-batch is trimmed to its own longest prompt and response before the forward pass, so short
 rows do not pay for the batch's longest. The logits at position P−1+t predict response token t;
 the critic's value there is V(s_t), the value of the state before token t.
+
+Group sampling puts G responses of one prompt in a batch, so the prompts of a micro-batch repeat.
+For Qwen2/Llama-style models ``response_states`` runs each distinct prompt through the
+transformer once and lets every response attend to its prompt's keys and values (the same maths
+as a forward pass over each prompt ++ response, so the same gradients: a shared prompt's gradient
+is the sum of its responses'). With 8 samples of 22-token prompts and 32-token responses this
+removes about a third of the tokens of every training pass. Other models take HF's forward.
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vapo_lab.algo import entropy_from_logits, token_logprobs
+from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
+from vapo_lab.rollout.decoder import _rotate_half, rope_theta
 
 
 @dataclass
@@ -40,6 +48,86 @@ class Rows:
                 torch.cat([self.prompt_mask, self.response_mask], 1))
 
 
+def shares_prompts(decoder: nn.Module) -> bool:
+    """Returns True when ``response_states`` can run the transformer ``decoder`` (a Qwen2/Llama
+    ``*Model`` with default RoPE, no sliding window and no attention dropout)."""
+    cfg = getattr(decoder, "config", None)
+    return (cfg is not None and getattr(cfg, "model_type", "") in ("qwen2", "llama")
+            and rope_theta(cfg) is not None and not getattr(cfg, "use_sliding_window", False)
+            and not getattr(cfg, "attention_dropout", 0.0)
+            and all(hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm")))
+
+
+def response_states(decoder: nn.Module, rows: Rows) -> Tensor:
+    """Returns the final hidden states at positions P−1 .. P+T−2 of every row, (B, T, H): the
+    states that predict response tokens 0..T−1 (and whose values are V(s_0)..V(s_{T−1})).
+
+    ``decoder`` is a Qwen2/Llama transformer (``Qwen2Model``: embed_tokens, layers, norm). Each
+    distinct prompt of ``rows`` is computed once; responses attend to their prompt's cached keys
+    and values, causally among themselves. Padding keys (left of a prompt) are masked; padded
+    response tokens sit after the valid ones, so causality keeps them out of every valid state.
+    """
+    cfg = decoder.config
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    group, scale = n_heads // n_kv, head_dim ** -0.5
+    b, p = rows.prompt_ids.shape
+    t = rows.response_ids.shape[1]
+    device = rows.prompt_ids.device
+    # distinct prompts (torch.unique sorts: deterministic), and each row's prompt
+    key = torch.cat([rows.prompt_ids, rows.prompt_mask.long()], 1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    p_ids, p_mask = uniq[:, :p], uniq[:, p:].bool()
+    p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)  # (U, P), as HF's cumsum positions
+    r_pos = p_pos[inverse, -1:] + 1 + torch.arange(t, device=device)  # (B, T)
+    inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    dtype = decoder.embed_tokens.weight.dtype
+
+    def rope(pos: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = pos.float()[..., None] * inv_freq  # (N, S, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (N, 1, S, hd)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    p_cos, p_sin = rope(p_pos)
+    r_cos, r_sin = rope(r_pos)
+    causal_p = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+    eye_p = torch.eye(p, dtype=torch.bool, device=device)
+    # prompt queries: causal and not padding; a padding query sees itself (no NaN; output unused)
+    p_allow = ((causal_p[None] & p_mask[:, None, :]) | eye_p[None])[:, None, None]  # (U, 1, 1, P, P)
+    causal_r = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    r_allow = torch.cat([p_mask[inverse][:, None, :].expand(b, t, p), causal_r[None].expand(b, t, t)], -1)
+    r_allow = r_allow[:, None, None]  # (B, 1, 1, T, P+T)
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, allow: Tensor) -> Tensor:
+        n, _, s, _ = q.shape  # grouped-query attention: the query heads of one KV head stacked
+        scores = (q.reshape(n, n_kv, group * s, head_dim) @ k.transpose(-1, -2)) * scale
+        scores = scores.view(n, n_kv, group, s, -1).masked_fill(~allow, float("-inf"))
+        probs = scores.softmax(-1).view(n, n_kv, group * s, -1)
+        return (probs @ v).view(n, n_heads, s, head_dim).transpose(1, 2).reshape(n, s, -1)
+
+    def qkv(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        n, s, _ = x.shape
+        q = attn.q_proj(x).view(n, s, n_heads, head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(n, s, n_kv, head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(n, s, n_kv, head_dim).transpose(1, 2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    h = decoder.embed_tokens(p_ids)  # (U, P, H)
+    g = decoder.embed_tokens(rows.response_ids)  # (B, T, H)
+    for layer in decoder.layers:
+        attn = layer.self_attn
+        q, k, v = qkv(attn, layer.input_layernorm(h), p_cos, p_sin)
+        qr, kr, vr = qkv(attn, layer.input_layernorm(g), r_cos, r_sin)
+        h = h + attn.o_proj(attend(q, k, v, p_allow))
+        keys, values = torch.cat([k[inverse], kr], 2), torch.cat([v[inverse], vr], 2)
+        g = g + attn.o_proj(attend(qr, keys, values, r_allow))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        g = g + layer.mlp(layer.post_attention_layernorm(g))
+    last_prompt = h[:, -1][inverse][:, None]  # (B, 1, H): the state before response token 0
+    return decoder.norm(torch.cat([last_prompt, g[:, :t - 1]], 1))
+
+
 def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
                    with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
     """Returns (log-probs of the response tokens (B, T), entropy (B, T) or None).
@@ -49,20 +137,27 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
     entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
     computed from detached logits, so the backward pass does not go through it.
     """
-    ids, mask = rows.sequence()
-    p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    hidden = model.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).last_hidden_state
-    logits = model.lm_head(hidden[:, p - 1:p - 1 + t]).float()
+    if shares_prompts(model.model):
+        hidden = response_states(model.model, rows)
+    else:
+        ids, mask = rows.sequence()
+        p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = model.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).last_hidden_state
+        hidden = hidden[:, p - 1:p - 1 + t]
+    logits = model.lm_head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    logprobs = token_logprobs(logits, rows.response_ids)
-    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
-    return logprobs, entropy
+    if with_entropy:
+        return token_logprobs_and_entropy(logits, rows.response_ids, entropy_grad)
+    return token_logprobs(logits, rows.response_ids), None
 
 
 def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     """Returns V(s_t) for each response token, (B, T)."""
+    backbone = getattr(critic, "backbone", None)
+    if backbone is not None and hasattr(critic, "head") and shares_prompts(backbone):
+        return critic.head(response_states(backbone, rows)).squeeze(-1).float()
     ids, mask = rows.sequence()
     p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
     return critic(ids, mask.long())[:, p - 1:p - 1 + t]

@@ -133,8 +133,14 @@ class Updater:
         self.cfg, self.policy, self.critic, self.ref = cfg, policy, critic, ref
         self.actor_opt, self.critic_opt, self.generator = actor_opt, critic_opt, generator
 
-    def micro(self, index: Tensor) -> list[Tensor]:
+    def micro(self, index: Tensor, lengths: Tensor) -> list[Tensor]:
+        """Returns the micro-batches of mini-batch ``index``: its rows sorted by response length,
+        in chunks of ``trainer.micro_batch_size``, so that short responses are not padded to the
+        longest of the mini-batch (each micro-batch is trimmed to its own longest row). The
+        gradient is the mini-batch's whatever the split: every loss uses the mini-batch's normaliser."""
         size = int(self.cfg.trainer.micro_batch_size)
+        if size < len(index):
+            index = index[torch.sort(lengths[index], stable=True).indices]
         return [index[i:i + size] for i in range(0, len(index), size)]
 
     def critic_update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -148,7 +154,7 @@ class Updater:
                 norm = _normalizer(cfg.critic.loss_agg, batch.rows.response_mask[mb])
                 self.critic_opt.zero_grad(set_to_none=True)
                 loss_sum, clip_sum = 0.0, 0.0
-                for idx in self.micro(mb):
+                for idx in self.micro(mb, batch.lengths):
                     rows = batch.rows.take(idx)
                     t = rows.response_ids.shape[1]
                     values = value_forward(critic, rows)
@@ -184,7 +190,7 @@ class Updater:
                 self.actor_opt.zero_grad(set_to_none=True)
                 acc = {k: 0.0 for k in keys}
                 n_tok = float(mask_mb.sum())
-                for idx in self.micro(mb):
+                for idx in self.micro(mb, batch.lengths):
                     rows = batch.rows.take(idx)
                     t = rows.response_ids.shape[1]
                     mask = rows.response_mask

@@ -103,9 +103,12 @@ class DataStream:
 
 
 def adamw(params: Any, lr: float, t: DictConfig) -> torch.optim.AdamW:
-    """Returns AdamW over ``params`` with the trainer config's betas, eps and weight decay."""
+    """Returns AdamW over ``params`` with the trainer config's betas, eps, weight decay and kernel
+    (``trainer.adam_impl``: fused, foreach or for-loop)."""
+    impl = t.get("adam_impl", "fused")
+    kernel = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
     return torch.optim.AdamW(params, lr=lr, betas=tuple(t.adam_betas), eps=float(t.adam_eps),
-                             weight_decay=float(t.weight_decay))
+                             weight_decay=float(t.weight_decay), **kernel)
 
 
 def _warmup_constant(warmup: int) -> Callable[[int], float]:

@@ -1,0 +1,66 @@
+"""The shared-prompt training forward against Hugging Face's full forward over prompt ++ response."""
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from vapo_lab.models.value import ValueModel
+from vapo_lab.trainer import forward as F
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **kw)
+    return Qwen2ForCausalLM(cfg).train()
+
+
+def _rows(vocab=50, p=6, t=5):
+    """7 rows over 3 distinct prompts of 6, 3 and 1 real tokens (left-padded), responses of 1-5 tokens."""
+    g = torch.Generator().manual_seed(1)
+    prompts = []
+    for n in (6, 3, 1):
+        mask = torch.arange(p) >= p - n
+        prompts.append((torch.where(mask, torch.randint(3, vocab, (p,), generator=g), 2), mask))
+    which = [0, 1, 0, 2, 1, 0, 2]
+    lengths = torch.tensor([5, 3, 1, 5, 4, 2, 3])
+    rmask = torch.arange(t)[None] < lengths[:, None]
+    rids = torch.where(rmask, torch.randint(3, vocab, (len(which), t), generator=g), 2)
+    return F.Rows(torch.stack([prompts[w][0] for w in which]), torch.stack([prompts[w][1] for w in which]), rids, rmask)
+
+
+def _hf_hidden(decoder, rows):
+    ids, mask = rows.sequence()
+    p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return decoder(input_ids=ids, attention_mask=mask.long(), position_ids=pos).last_hidden_state[:, p - 1:p - 1 + t]
+
+
+def test_log_probs_values_and_gradients_equal_the_full_forward():
+    model, rows = _model(), _rows()
+    mask = rows.response_mask
+    assert F.shares_prompts(model.model)
+    ref = F.token_logprobs(model.lm_head(_hf_hidden(model.model, rows)).float(), rows.response_ids)
+    (ref * mask).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    got, _ = F.policy_forward(model, rows)
+    torch.testing.assert_close(got * mask, ref * mask, rtol=0, atol=1e-5)
+    (got * mask).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+
+    critic = ValueModel.from_causal_lm(model)
+    torch.nn.init.normal_(critic.head.weight, std=0.1)
+    ids, m = rows.sequence()
+    p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
+    torch.testing.assert_close(F.value_forward(critic, rows) * mask, critic(ids, m.long())[:, p - 1:p - 1 + t] * mask,
+                               rtol=0, atol=1e-5)
+
+
+def test_models_it_cannot_run_take_the_full_forward(monkeypatch):
+    model = _model(attention_dropout=0.1)
+    assert not F.shares_prompts(model.model)
+    monkeypatch.setattr(F, "response_states", lambda *a: pytest.fail("shared-prompt path taken"))
+    lp, ent = F.policy_forward(model.eval(), _rows(), with_entropy=True)
+    assert lp.shape == ent.shape == (7, 5)
