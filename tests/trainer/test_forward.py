@@ -36,7 +36,8 @@ def _hf_hidden(decoder, rows):
     return decoder(input_ids=ids, attention_mask=mask.long(), position_ids=pos).last_hidden_state[:, p - 1:p - 1 + t]
 
 
-def test_log_probs_values_and_gradients_equal_the_full_forward():
+def test_log_probs_values_and_gradients_equal_the_full_forward(monkeypatch):
+    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 1)  # take the shared path for 7 rows of 3 prompts
     model, rows = _model(), _rows()
     mask = rows.response_mask
     assert F.shares_prompts(model.model)
@@ -64,3 +65,12 @@ def test_models_it_cannot_run_take_the_full_forward(monkeypatch):
     monkeypatch.setattr(F, "response_states", lambda *a: pytest.fail("shared-prompt path taken"))
     lp, ent = F.policy_forward(model.eval(), _rows(), with_entropy=True)
     assert lp.shape == ent.shape == (7, 5)
+
+
+def test_the_shared_path_runs_only_where_prompts_repeat(monkeypatch):
+    model, rows = _model(), _rows()  # 7 rows, 3 prompts: fewer than 4 rows per prompt
+    assert F._shared(model.model, rows) is None
+    four = F.Rows(*(x[[0, 0, 2, 5, 0, 2, 5, 0]] for x in (rows.prompt_ids, rows.prompt_mask, rows.response_ids,
+                                                            rows.response_mask)))
+    uniq, inverse = F._shared(model.model, four)  # 8 rows of one prompt
+    assert len(uniq) == 1 and inverse.tolist() == [0] * 8
