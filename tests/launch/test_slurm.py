@@ -75,7 +75,9 @@ def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_not
 
 
 def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics(slurm, in_tmp):
-    steps = [*SMALL, "trainer.total_steps=40", "trainer.eval_every=10", "tracking=none"]
+    # long enough that the requeue lands mid-run: Slurm lets a job run KillWait (5 s on the local
+    # cluster) after the requeue's SIGTERM, and a step of this config takes ~0.1 s
+    steps = [*SMALL, "trainer.total_steps=200", "trainer.eval_every=50", "tracking=none"]
     grid = load_grid("table1")
     grid.cells = grid.cells[2:3]  # VAPO
     # the reference: the same cell, uninterrupted, on the local launcher in another folder
@@ -108,7 +110,7 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
     run_dir = in_tmp / "runs" / "grids" / ref.grid_id / "runs" / key
     resumed = last_metrics(run_dir)
     reference = last_metrics(in_tmp / "ref" / "grids" / ref.grid_id / "runs" / key)
-    assert sorted(resumed) == list(range(41)) and resumed == reference
+    assert sorted(resumed) == list(range(201)) and resumed == reference
     log = "".join(p.read_text() for p in (run_dir.parents[1] / "slurm_logs").rglob("*.err"))
     assert "resumed" in log and "REQUEUE" in log
 
