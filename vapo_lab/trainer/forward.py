@@ -93,7 +93,7 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
     n_heads = cfg.num_attention_heads
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    group, scale = n_heads // n_kv, head_dim ** -0.5
+    scale = head_dim ** -0.5
     b, p = rows.prompt_ids.shape
     t = rows.response_ids.shape[1]
     device = rows.prompt_ids.device
@@ -120,7 +120,7 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
     r_allow = r_allow[:, None]  # (B, 1, T, P+T)
 
     def attend(q: Tensor, k: Tensor, v: Tensor, allow: Tensor) -> Tensor:
-        n, _, s_, _ = q.shape
+        n, _, s_, _ = q.shape  # grouped-query attention by SDPA itself (enable_gqa: torch >= 2.5)
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=scale, enable_gqa=True)
         return o.transpose(1, 2).reshape(n, s_, -1)
 
