@@ -56,6 +56,7 @@ def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
     assert v["seeds"] == 3 and v["mean"] == pytest.approx(53.0)
     assert v["std"] == pytest.approx(math.sqrt(((50 - 53) ** 2 + (56 - 53) ** 2 + 0) / 2))  # sample std: 3.0
     assert rows["DAPO"]["mean"] == pytest.approx(46.0)  # final, not best (48)
+    assert rows["DAPO"]["other_mean"] == pytest.approx(48.0)  # best, in its own column
     assert rows["DAPO"]["delta"] == pytest.approx(-7.0) and rows["DAPO"]["paper_delta"] == pytest.approx(-10.0)
     assert rows["w/o clip_higher"]["mean"] == pytest.approx(53.0) and rows["w/o clip_higher"]["std"] == pytest.approx(math.sqrt(2))
     assert rows["Vanilla PPO"]["mean"] == pytest.approx(30.0) and rows["Vanilla PPO"]["paper"] == 5.0
@@ -66,13 +67,16 @@ def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
     assert rep.rank["n"] == 4
     assert rep.rank["spearman"] == pytest.approx(spearman(ours, paper))
     md = (tmp_path / "out" / "table1.md").read_text()
-    assert "| VAPO | 53.0 ± 3.0 | 3 | +0.0 | 60.0 | +0.0 |" in md
+    assert "| VAPO | 53.0 ± 3.0 | 3 | +0.0 | 60.0 | +0.0 | 53.0 ± 3.0 |" in md
+    assert "| DAPO | 46.0 ± 0.0 | 1 | -7.0 | 50.0 | -10.0 | 48.0 ± 0.0 |" in md
+    assert "ours: avg@4 best |" in md.splitlines()[0]
     assert "| w/o decoupled_gae | not run | 0 |" in md and "running, step 4" in md
     assert r"\toprule" in (tmp_path / "out" / "table1.tex").read_text()
     assert (tmp_path / "out" / "table1.csv").read_text().splitlines()[0].startswith("variant,mean,std,seeds")
 
     best = make_report("table1", tmp_path / "best", uri, score="best")
     assert {d["variant"]: d for d in best.table}["DAPO"]["mean"] == pytest.approx(48.0)
+    assert {d["variant"]: d for d in best.table}["DAPO"]["other_mean"] == pytest.approx(46.0)
 
 
 def test_figures_have_the_expected_panels_and_series(store, tmp_path):

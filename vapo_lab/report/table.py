@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vapo_lab.report.collect import PAPER_TABLE1, RunData
@@ -24,6 +24,7 @@ class Row:
     run_ids: list[str]
     state: str  # "" when scored, else "not run" / "running, step k" / "failed"
     paper: float | None
+    other: list[float] = field(default_factory=list)  # the same runs' scores by the other criterion
 
     @property
     def n(self) -> int:
@@ -35,10 +36,19 @@ class Row:
 
     @property
     def std(self) -> float | None:
-        if self.n < 2:
-            return 0.0 if self.scores else None
-        m = self.mean
-        return math.sqrt(sum((x - m) ** 2 for x in self.scores) / (self.n - 1))
+        return _std(self.scores)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs: list[float]) -> float | None:
+    """Sample standard deviation (n-1); 0 for one value, None for none."""
+    if len(xs) < 2:
+        return 0.0 if xs else None
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
 def run_score(run: RunData, key: str, which: str = "final") -> float | None:
@@ -66,8 +76,10 @@ def build_table(groups: dict[str, list[RunData]], key: str, which: str = "final"
                 state = "failed" if all(r.status == "FAILED" for r in runs) else "not finished"
             else:
                 state = "not run"
+        other = "best" if which == "final" else "final"
         rows.append(Row(variant=name, scores=[run_score(r, key, which) for r in done],  # type: ignore[misc]
-                        run_ids=[r.run_id for r in done], state=state, paper=paper.get(name)))
+                        run_ids=[r.run_id for r in done], state=state, paper=paper.get(name),
+                        other=[run_score(r, key, other) for r in done]))  # type: ignore[misc]
     return rows
 
 
@@ -141,18 +153,24 @@ def table_records(rows: list[Row]) -> list[dict[str, Any]]:
             "variant": r.variant, "mean": r.mean, "std": r.std, "seeds": r.n, "state": r.state,
             "delta": None if r.mean is None or ours_ref is None else r.mean - ours_ref,
             "paper": r.paper, "paper_delta": None if r.paper is None else r.paper - paper_ref,
-            "run_ids": r.run_ids,
+            "run_ids": r.run_ids, "other_mean": _mean(r.other), "other_std": _std(r.other),
         })
     return out
 
 
+def _other_label(score_label: str) -> str:
+    """"avg@4 final" -> "avg@4 best" and back: the column beside the table's score."""
+    return score_label.replace("final", "BEST").replace("best", "final").replace("BEST", "best")
+
+
 def to_markdown(rows: list[Row], score_label: str) -> str:
-    lines = [f"| variant | ours: {score_label} (mean ± std) | seeds | Δ vs our VAPO | paper (AIME24 avg@32) | paper Δ |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"| variant | ours: {score_label} (mean ± std) | seeds | Δ vs our VAPO | paper (AIME24 avg@32) | paper Δ "
+             f"| ours: {_other_label(score_label)} |", "|---|---|---|---|---|---|---|"]
     for d in table_records(rows):
         ours = d["state"] or f"{d['mean']:.1f} ± {d['std']:.1f}"
+        other = "" if d["other_mean"] is None else f"{d['other_mean']:.1f} ± {d['other_std']:.1f}"
         lines.append(f"| {d['variant']} | {ours} | {d['seeds']} | {_fmt(d['delta'], True)} | "
-                     f"{_fmt(d['paper'])} | {_fmt(d['paper_delta'], True)} |")
+                     f"{_fmt(d['paper'])} | {_fmt(d['paper_delta'], True)} | {other} |")
     ra = rank_agreement(rows)
     if ra["spearman"] is None:
         lines.append(f"\nRank agreement with the paper: needs at least 2 scored rows ({ra['n']} so far).")
@@ -163,13 +181,15 @@ def to_markdown(rows: list[Row], score_label: str) -> str:
 
 
 def to_latex(rows: list[Row], score_label: str) -> str:
-    lines = [r"\begin{tabular}{lrrrrr}", r"\toprule",
-             rf"Variant & Ours ({score_label}) & Seeds & $\Delta$ & Paper & Paper $\Delta$ \\", r"\midrule"]
+    lines = [r"\begin{tabular}{lrrrrrr}", r"\toprule",
+             rf"Variant & Ours ({score_label}) & Seeds & $\Delta$ & Paper & Paper $\Delta$ & Ours ({_other_label(score_label)}) \\",
+             r"\midrule"]
     for d in table_records(rows):
         name = d["variant"].replace("_", r"\_")
         ours = d["state"] or f"${d['mean']:.1f} \\pm {d['std']:.1f}$"
+        other = "" if d["other_mean"] is None else f"${d['other_mean']:.1f} \\pm {d['other_std']:.1f}$"
         lines.append(f"{name} & {ours} & {d['seeds']} & {_fmt(d['delta'], True)} & {_fmt(d['paper'])} & "
-                     f"{_fmt(d['paper_delta'], True)} \\\\")
+                     f"{_fmt(d['paper_delta'], True)} & {other} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -177,10 +197,13 @@ def to_latex(rows: list[Row], score_label: str) -> str:
 def to_csv(rows: list[Row]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["variant", "mean", "std", "seeds", "state", "delta_vs_vapo", "paper", "paper_delta", "run_ids"])
+    w.writerow(["variant", "mean", "std", "seeds", "state", "delta_vs_vapo", "paper", "paper_delta", "run_ids",
+                "other_mean", "other_std"])
     for d in table_records(rows):
         w.writerow([d["variant"], "" if d["mean"] is None else f"{d['mean']:.4f}",
                     "" if d["std"] is None else f"{d['std']:.4f}", d["seeds"], d["state"],
                     "" if d["delta"] is None else f"{d['delta']:.4f}", _fmt(d["paper"]),
-                    _fmt(d["paper_delta"], True), " ".join(d["run_ids"])])
+                    _fmt(d["paper_delta"], True), " ".join(d["run_ids"]),
+                    "" if d["other_mean"] is None else f"{d['other_mean']:.4f}",
+                    "" if d["other_std"] is None else f"{d['other_std']:.4f}"])
     return buf.getvalue()
