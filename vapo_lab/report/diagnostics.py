@@ -133,6 +133,23 @@ def _plt() -> Any:
     return plt
 
 
+def _dress(ax: Any, title: str, xlabel: str, **title_kw: Any) -> None:
+    """Title, x label, grid, and a legend when the axis has lines."""
+    ax.set_title(title, **title_kw)
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+
+
+def _write(plt: Any, fig: Any, out: Path, stem: str, suptitle: str) -> list[Path]:
+    """Titles, saves (PNG and PDF) and closes ``fig``; returns the paths."""
+    fig.suptitle(suptitle)
+    paths = _save(fig, out, stem)
+    plt.close(fig)
+    return paths
+
+
 def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_value_bias: V(s_t) − G_t by position bucket, (a) early, (b) late; one line per
     critic-based variant. Returns (paths, {variant: profile}); no file when no run logged it."""
@@ -152,16 +169,10 @@ def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list
                         label=f"{name} (n={len(groups[name])})")
                 plotted.setdefault(name, {})[which] = prof
         ax.axhline(0, color="grey", lw=0.8)
-        ax.set_title(title)
-        ax.set_xlabel("token position in the response")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
+        _dress(ax, title, "token position in the response")
     axes[0].set_ylabel("mean V(s_t) − G_t (value bias)")
-    fig.suptitle("Value bias by token position: critic value minus realised return (mean over seeds)")
-    paths = _save(fig, out, "diag_value_bias")
-    plt.close(fig)
-    return paths, plotted
+    return _write(plt, fig, out, "diag_value_bias", "Value bias by token position: critic value minus realised "
+                  "return (mean over seeds)"), plotted
 
 
 def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
@@ -215,10 +226,7 @@ def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Pat
     ax.set_title("(b) the paper: α = 0.05 over 500-20,480-token responses", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle("Length-adaptive GAE: λ_policy = 1 − 1/(α·l) against response length")
-    paths = _save(fig, out, "diag_lambda")
-    plt.close(fig)
-    return paths, info
+    return _write(plt, fig, out, "diag_lambda", "Length-adaptive GAE: λ_policy = 1 − 1/(α·l) against response length"), info
 
 
 def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
@@ -250,16 +258,9 @@ def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Pat
             steps, mean, low, high = mean_band(groups[name], LENGTH + key)
             if steps:
                 axes[1].plot(steps, mean, ls=style, color=f"C{i}", label=f"{name}: {key.split('_')[0]}")
-    axes[1].set_xlabel("training step")
     axes[1].set_ylabel("mean response length (tokens)")
-    axes[1].set_title("(b) length of correct (solid) and wrong (dashed) responses", fontsize=9)
-    axes[1].grid(alpha=0.3)
-    if axes[1].lines:
-        axes[1].legend(fontsize=8)
-    fig.suptitle("Response length against correctness (rollouts at temperature 1)")
-    paths = _save(fig, out, "diag_length")
-    plt.close(fig)
-    return paths, info
+    _dress(axes[1], "(b) length of correct (solid) and wrong (dashed) responses", "training step", fontsize=9)
+    return _write(plt, fig, out, "diag_length", "Response length against correctness (rollouts at temperature 1)"), info
 
 
 def figure_clip(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
@@ -280,13 +281,7 @@ def figure_clip(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path]
                 line, = ax.plot(steps, mean, label=name)
                 ax.fill_between(steps, low, high, alpha=0.15, color=line.get_color())
                 info.setdefault(name, {})[key.split("/")[-1]] = sum(mean) / len(mean)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("training step")
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=8)
+        _dress(ax, title, "training step", fontsize=9)
     axes[0].set_ylabel("fraction of tokens clipped")
-    fig.suptitle("Clip fractions with and without clip-higher (mean over seeds, min-max band)")
-    paths = _save(fig, out, "diag_clip")
-    plt.close(fig)
-    return paths, info
+    return _write(plt, fig, out, "diag_clip", "Clip fractions with and without clip-higher (mean over seeds, "
+                  "min-max band)"), info
