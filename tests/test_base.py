@@ -72,3 +72,40 @@ def test_default_recipe_meets_its_targets(tmp_path):
     assert acc["greedy"]["all"] <= 0.80, acc
     assert acc["greedy"]["all"] > acc["t1"]["all"]  # noise the greedy policy mostly avoids
     assert lengths["min"] < 10 and lengths["max"] > 100 and lengths["max"] >= 8 * lengths["min"]
+
+
+# Run in a fresh interpreter: the gradients of one training batch of the default-sized tiny model,
+# hashed before and after a base build. torch.set_num_threads, even with the current count, makes
+# later kernels round differently (measured), so a build that called it left every run that built
+# its base in-process different from the same run with the base cached.
+_BUILD_LEAVES_NUMERICS = """
+import hashlib, sys
+from vapo_lab import base as B
+from vapo_lab.models.tiny import build_tiny_model
+from vapo_lab.models.tokenizer import build_tokenizer
+from vapo_lab.tasks.arith import ArithTask
+
+task = ArithTask(0, 64, 0)
+tok = build_tokenizer(task.vocabulary())
+model = build_tiny_model(tok, seed=0)
+ids, labels = B._collate([tok(p.prompt).input_ids for p in task.train],
+                         tok([task.trace(p) for p in task.train]).input_ids, tok)
+
+def grad_hash():
+    model.zero_grad()
+    B._response_loss(model, ids, labels, tok.pad_token_id).backward()
+    return hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest()
+
+before = grad_hash()
+B.build_base(sys.argv[1], progress=False, **SMALL)
+print(before == grad_hash())
+"""
+
+
+def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
+    import subprocess
+    import sys
+
+    code = f"SMALL = {SMALL!r}\n{_BUILD_LEAVES_NUMERICS}"
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]

@@ -5,27 +5,34 @@ wrong. The embedded default mirrors that: :func:`build_base` pre-trains the tiny
 (:mod:`vapo_lab.models.tiny`) with next-token loss on scratchpad traces of the arith train split
 (:mod:`vapo_lab.tasks.arith`) that carry deliberate noise (:class:`~vapo_lab.tasks.arith.TraceNoise`):
 
-* a systematic bug, wrong in ``bug_rate`` (> 0.5) of the traces where it applies (a 9 with a
-  carry in), so the wrong step is the model's *mode*: greedy decoding fails on every problem with
-  such a step, and RL has to raise a minority token, not merely sharpen the distribution. A
-  prototype whose traces had only random slips reached 35% at temperature 1 but 100% greedily,
-  and RL "won" by removing the slips in 40 steps — too easy for the seven components to matter.
+* a systematic bug, wrong in ``bug_rate`` (> 0.5) of the traces where it applies (``bug_sums``:
+  a column with a carry in whose digits x + y >= 9, so that it overflows; the writer forgets the
+  carry in, about 25% of columns), so the wrong step is the model's *mode*: greedy decoding fails
+  on every problem with such a step, and RL has to raise a minority token, not merely sharpen the
+  distribution. A prototype whose traces had only random slips reached 35% at temperature 1 but
+  100% greedily, and RL "won" by removing the slips in 40 steps — too easy for the seven
+  components to matter.
 * random slips at ``slip_rate`` per column, which cost accuracy at temperature 1 only.
 
 Both accumulate over columns, so long problems are harder and their reward sparser (VAPO.md,
 challenge 3). The build measures held-out accuracy at temperature 1 and greedily, overall and by
 digit count, and stores it beside the weights; the target is 10-40% at temperature 1 and at most
 80% greedily. Measured with the defaults (256 eval problems, 2 samples each at temperature 1;
-2 threads; 146-160 s in all, of which ~130-142 s training and ~13-16 s measuring; the build is
-deterministic: the same config gives the same weights and figures):
+the build is deterministic: the same config gives the same weights and figures):
 
     digits (eval problems)   1-5 (81)   6-10 (43)   11-20 (57)   21-40 (75)   all
-    temperature 1             72.8%      27.9%        7.9%         0%        29.5%
-    greedy                    87.7%      60.5%       29.8%         0%        44.5%
+    temperature 1             51.8%       1.2%         0%          0%        16.6%
+    greedy                    64.2%      25.6%         0%          0%        24.6%
 
 The 21-40-digit problems are out of the base's reach (their reward is always 0 before RL): its
 scratchpad columns are mostly right there too, but reading 21+ unlabelled answer digits back
 needs the model to count further than 3 minutes of pre-training teaches it; the read-out drifts.
+The 11-20-digit ones nearly always meet the bug (a 15-digit problem has about 4 bug columns), so
+they are where RL has the most to gain once short problems have taught it to keep the carry.
+
+Until 2026-11-22 the family was x + y = 9 only (4.5% of columns: 29.5% at temperature 1, 44.5%
+greedily). Greedy decoding of a base without that bug would have scored only ~15 points more, and
+the default RL run gained +9.5 ± 1.1 over 3 seeds; the wider family leaves RL real room.
 
 The result is cached under ``<cache_dir>/<hash of the config>/`` with ``save_pretrained`` (model
 and tokenizer, loadable with :func:`vapo_lab.models.load_model_and_tokenizer`) plus
@@ -109,9 +116,15 @@ DEFAULTS: dict[str, Any] = {
     "length_exponent": 0.75,
     # deliberate noise in the traces (vapo_lab.tasks.arith.TraceNoise). bug_rate 0.7: the bug is
     # the mode (greedy fails) and the right step is sampled 30% of the time; slip_rate 0.05 puts
-    # temperature-1 accuracy at ~29% and greedy at ~44% (0.02 gave 48% / 63% with 1/n lengths)
+    # temperature-1 accuracy at 16.6% and greedy at 24.6% with the bug family below (with the
+    # x + y = 9 family: 29.5% / 44.5%; slip_rate 0.02 there gave 48% / 63% with 1/n lengths)
     "bug_rate": 0.7,
     "slip_rate": 0.05,
+    # the bug's family: with a carry in, the writer forgets it whenever x + y >= 9 (the column
+    # overflows), about 25% of columns. With x + y = 9 only (4.5% of columns; the recipe until
+    # 2026-11-22) greedy decoding of a bug-free base would gain only ~15 points, so RL topped
+    # out at +9.5 ± 1.1 in the default run; with this family it gained +17 (seed 0, measured)
+    "bug_sums": list(range(9, 19)),
     # the tiny model (vapo_lab.models.tiny; model.arch.* in conf/model/tiny.yaml)
     "hidden_size": 128,
     "num_layers": 4,
@@ -141,7 +154,7 @@ def build_base(
     *,
     force: bool = False,
     progress: bool = True,
-    num_threads: int | None = 2,
+    num_threads: int | None = None,
     **options: Any,
 ) -> BaseModel:
     """Returns the base model for ``options``, building and caching it on first use.
@@ -151,6 +164,8 @@ def build_base(
         task_seed, n_train, n_eval, min_digits, max_digits, length_exponent: the arith task
             (``task.seed``, ``task.n_train``, ``task.n_eval``, ``task.options.*``).
         bug_rate: share of traces with the systematic bug where it applies (0.7: the mode).
+        bug_sums: the column digit sums x + y at which, with a carry in, the bug applies
+            (9..18: every overflowing column).
         slip_rate: probability of a random wrong sum digit at any other column (0.05).
         hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
             max_position_embeddings, rope_theta, init_std: the tiny model.
@@ -166,7 +181,8 @@ def build_base(
             directory. The model goes to ``<cache_dir>/<config hash>/``.
         force: rebuild even if the cache has this config.
         progress: show a rich progress bar while training and measuring.
-        num_threads: torch CPU threads during the build (restored afterwards); None leaves it.
+        num_threads: torch CPU threads during the build (restored afterwards); None (the default)
+            leaves the process's thread settings untouched (see :func:`_threads`).
 
     Returns:
         the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
@@ -233,7 +249,7 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Pro
     bucketed by length (8 batches' worth sorted together) to cut padding.
     """
     rng = random.Random(f"vapo-lab/base/{config['seed']}")
-    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"])
+    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=tuple(config["bug_sums"]))
     prompt_ids = [tokenizer(p.prompt).input_ids for p in task.train]
     steps, batch_size = config["steps"], config["batch_size"]
     optimizer = torch.optim.AdamW(
@@ -390,10 +406,20 @@ def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None
 
 @contextmanager
 def _threads(n: int | None):
-    """Sets torch's CPU thread count for the block, then restores it."""
+    """Sets torch's CPU thread count for the block, then restores it; with None, touches nothing.
+
+    ``torch.set_num_threads`` is not free of side effects even when the count does not change:
+    it also pins MKL's thread count and turns MKL's dynamic threading off, and from then on some
+    kernels round differently (measured: the policy's gradients after
+    ``torch.set_num_threads(torch.get_num_threads())`` differ at the 1e-8 level). A build that
+    called it on the way out made every run that built its base in-process drift away from the
+    same run with the base cached, so with ``n=None`` the process is left exactly as it was.
+    """
+    if n is None:
+        yield
+        return
     previous = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
+    torch.set_num_threads(n)
     try:
         yield
     finally:

@@ -124,6 +124,21 @@ def test_noise_bug_is_the_mode_and_slips_are_rare():
     assert 0.69 < sum(task.verify(t, q) for t in slipped) / 2000 < 0.77
 
 
+def test_a_wider_bug_family_forgets_the_carry_in_at_every_listed_sum():
+    # 68 + 47: units 8 + 7 = 15 -> z2 5, c1 1; tens 6 + 4 + 1 = 11: x + y = 10 with a carry in.
+    # Correct: z1 1, c0 1 -> 115. With 10 in bug_sums the carry in is forgotten: 6 + 4 = 10,
+    # z1 0, c0 1 -> 105. With the default family (9 only) the column is never buggy.
+    task = ArithTask(0, 0, 0)
+    p = Problem("p", "", "115", {"n_digits": 2, "x": 68, "y": 47})
+    assert is_bug_step(6, 4, 1, (9, 10)) and not is_bug_step(6, 4, 1) and not is_bug_step(6, 4, 0, (9, 10))
+    rng = random.Random(0)
+    wide = {task.trace(p, rng, TraceNoise(bug_rate=0.5, bug_sums=(9, 10))) for _ in range(200)}
+    assert wide == {" c2_0 z2_5 c1_1 z1_1 c0_1 \\boxed{115}", " c2_0 z2_5 c1_1 z1_0 c0_1 \\boxed{105}"}
+    assert {task.trace(p, rng, TraceNoise(bug_rate=0.5)) for _ in range(50)} == {" c2_0 z2_5 c1_1 z1_1 c0_1 \\boxed{115}"}
+    with pytest.raises(ConfigError, match="bug_sums"):
+        TraceNoise(bug_sums=(19,))
+
+
 def test_noisy_trace_answer_is_read_off_the_scratchpad(task):
     rng = random.Random(1)
     for p in task.train[:200]:

@@ -46,31 +46,41 @@ class TraceNoise:
     """How a written scratchpad departs from correct addition; all rates in [0, 1].
 
     Attributes:
-        bug_rate: probability of the systematic bug where it applies: in a column whose digits
-            sum to 9 with a carry in (true step: z = 0, carry 1) the writer forgets the carry
-            and writes z = 9, carry 0. Above 0.5 the wrong step is the *mode*, so a model
-            trained on such traces fails greedily on every problem with such a column, and
-            samples the right step with probability 1 - bug_rate: a minority that RL can find
-            and reinforce. About 4.5% of columns are in the family (10% have x + y = 9, about
-            45% of those a carry in), so long problems meet it more often.
+        bug_rate: probability of the systematic bug where it applies (see ``bug_sums``): e.g.
+            in a column whose digits sum to 9 with a carry in (true step: z = 0, carry 1) the
+            writer forgets the carry and writes z = 9, carry 0. Above 0.5 the wrong step is the
+            *mode*, so a model trained on such traces fails greedily on every problem with such
+            a column, and samples the right step with probability 1 - bug_rate: a minority that
+            RL can find and reinforce. With x + y = 9 alone about 4.5% of columns are in the
+            family (10% have x + y = 9, about 45% of those a carry in); long problems meet it
+            more often.
         slip_rate: probability, in any other column, of writing a uniformly random wrong sum
             digit (the carry stays right). Random slips are never the mode: they lower accuracy
             at temperature 1 only, more on long problems (errors accumulate).
+        bug_sums: the digit sums x_k + y_k at which, with a carry in, the bug applies; the
+            buggy step always forgets the carry in (z = (x + y) mod 10, carry (x + y) // 10).
+            (9,) is the family above; (9, ..., 18) makes it "forgets the carry in whenever the
+            column overflows", about 25% of columns.
     """
 
     bug_rate: float = 0.0
     slip_rate: float = 0.0
+    bug_sums: tuple[int, ...] = (9,)
 
     def __post_init__(self) -> None:
         for name in ("bug_rate", "slip_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{name}={value} is not a probability. Set {name} within [0, 1].")
+        object.__setattr__(self, "bug_sums", tuple(int(v) for v in self.bug_sums))
+        if any(not 0 <= v <= 18 for v in self.bug_sums):
+            raise ConfigError(f"bug_sums={list(self.bug_sums)}: a column's digit sum x + y is 0..18. "
+                              "Give sums within [0, 18], e.g. [9].")
 
 
-def is_bug_step(x_digit: int, y_digit: int, carry_in: int) -> bool:
-    """Returns True where :attr:`TraceNoise.bug_rate` applies: x_k + y_k = 9 with a carry in."""
-    return carry_in == 1 and x_digit + y_digit == 9
+def is_bug_step(x_digit: int, y_digit: int, carry_in: int, bug_sums: tuple[int, ...] = (9,)) -> bool:
+    """Returns True where :attr:`TraceNoise.bug_rate` applies: a carry in, and x_k + y_k in ``bug_sums``."""
+    return carry_in == 1 and x_digit + y_digit in bug_sums
 
 
 def _digits(value: int, n: int) -> list[int]:
@@ -216,10 +226,10 @@ class ArithTask:
             xd, yd = columns[column - 1]
             total = xd + yd + carry
             z, carry_out = total % 10, total // 10
-            if is_bug_step(xd, yd, carry):
+            if is_bug_step(xd, yd, carry, noise.bug_sums):
                 if noise.bug_rate > 0 and rng.random() < noise.bug_rate:
-                    # the carry in is forgotten: 9 + 0 = 9, no carry out
-                    z, carry_out = 9, 0
+                    # the carry in is forgotten: 4 + 5 (+1) gives 9, no carry out; 7 + 8 (+1) gives 5
+                    z, carry_out = (xd + yd) % 10, (xd + yd) // 10
             elif noise.slip_rate > 0 and rng.random() < noise.slip_rate:
                 z = (z + rng.randint(1, 9)) % 10  # any digit but the right one
             words += [f"z{column}_{z}", f"c{column - 1}_{carry_out}"]

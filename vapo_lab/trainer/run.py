@@ -141,7 +141,7 @@ def build_base_for(cfg: DictConfig, progress: bool, force: bool = False) -> Any:
         **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent") if k in opts},
         hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
         num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
-        max_position_embeddings=int(arch.max_position_embeddings), **dict(cfg.model.base))
+        max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))
 
 
 def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> tuple[Any, Any, str, dict, Path]:
