@@ -205,6 +205,7 @@ class TrainerConfig:
     save_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch CPU threads; None keeps torch's default
+    deterministic: bool = True  # torch.use_deterministic_algorithms on CPU (same seed, same metrics)
 
 
 @dataclass

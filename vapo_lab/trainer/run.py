@@ -207,6 +207,10 @@ class Run:
         if cfg.trainer.threads:
             torch.set_num_threads(int(cfg.trainer.threads))
         self.device = _device(cfg.trainer.device)
+        if self.device.type == "cpu" and cfg.trainer.deterministic:
+            # some CPU backward kernels accumulate in an order that varies run to run; this picks
+            # their deterministic versions (conf/trainer/default.yaml: deterministic)
+            torch.use_deterministic_algorithms(True, warn_only=True)
         if cfg.rollout.backend == "vllm":  # fail before any compute when vLLM or a GPU is missing
             from vapo_lab.rollout.vllm_backend import require_vllm
 
