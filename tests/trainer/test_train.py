@@ -43,6 +43,20 @@ def test_same_seed_gives_identical_metrics(workdir):
     assert json.dumps(last_metrics(c.run_dir), sort_keys=True) != json.dumps(ma, sort_keys=True)
 
 
+def test_deterministic_kernels_follow_the_config(workdir):
+    # measured on the embedded default: without deterministic kernels two runs with identical
+    # weights and inputs got different actor gradients at step 2 (CPU accumulation order)
+    import torch
+
+    _train(workdir, "kernels-off", extra=["trainer.total_steps=1", "trainer.deterministic=false"])
+    assert not torch.are_deterministic_algorithms_enabled()
+    _train(workdir, "kernels-on", extra=["trainer.total_steps=1"])
+    assert torch.are_deterministic_algorithms_enabled()
+    import torch.utils.deterministic
+
+    assert torch.utils.deterministic.fill_uninitialized_memory is False
+
+
 @pytest.mark.parametrize("algo", ["ppo", "dapo", "grpo"])
 def test_presets_run_to_the_end(workdir, algo):
     result = _train(workdir, f"preset-{algo}", algo=algo, extra=["trainer.total_steps=2"])

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils import deterministic as torch_deterministic
 from omegaconf import DictConfig, OmegaConf
 
 from vapo_lab.algo import dynamic_sampling_keep, explained_variance, masked_mean
@@ -207,10 +208,13 @@ class Run:
         if cfg.trainer.threads:
             torch.set_num_threads(int(cfg.trainer.threads))
         self.device = _device(cfg.trainer.device)
-        if self.device.type == "cpu" and cfg.trainer.deterministic:
+        if self.device.type == "cpu":
             # some CPU backward kernels accumulate in an order that varies run to run; this picks
             # their deterministic versions (conf/trainer/default.yaml: deterministic)
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.use_deterministic_algorithms(bool(cfg.trainer.deterministic), warn_only=True)
+            # the mode also fills every new tensor with NaN by default (to expose reads of
+            # uninitialised memory): a memory pass per op output that buys no determinism here
+            torch_deterministic.fill_uninitialized_memory = False
         if cfg.rollout.backend == "vllm":  # fail before any compute when vLLM or a GPU is missing
             from vapo_lab.rollout.vllm_backend import require_vllm
 
