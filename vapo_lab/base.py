@@ -249,7 +249,7 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Pro
     bucketed by length (8 batches' worth sorted together) to cut padding.
     """
     rng = random.Random(f"vapo-lab/base/{config['seed']}")
-    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=tuple(config["bug_sums"]))
+    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=config["bug_sums"])
     prompt_ids = [tokenizer(p.prompt).input_ids for p in task.train]
     steps, batch_size = config["steps"], config["batch_size"]
     optimizer = torch.optim.AdamW(
