@@ -11,3 +11,7 @@ class ConfigError(VapoLabError):
 
 class UnknownComponentError(ConfigError):
     """A component name that is not one of the seven."""
+
+
+class CheckpointError(VapoLabError):
+    """A checkpoint or cache file that vapo-lab refuses to load (unsafe or corrupt)."""

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from vapo_lab.trainer.metrics_log import record_kind
+
 VOLATILE = ("time/", "perf/")  # wall-clock metrics differ between identical runs
 
 # a base model, reward model and critic small enough to build in seconds; 3-digit problems
@@ -35,5 +37,7 @@ def last_metrics(run_dir):
     rows = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         d = json.loads(line)
-        rows[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE)}
+        if record_kind(d) == "pretrain":  # value pretraining numbers its steps on its own
+            continue
+        rows[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE) and k != "timestamp_ms"}
     return rows

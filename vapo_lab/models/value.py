@@ -66,7 +66,7 @@ class ValueModel(nn.Module):
         from transformers import AutoModel
 
         path = Path(path)
-        backbone = AutoModel.from_pretrained(path)
+        backbone = AutoModel.from_pretrained(path, use_safetensors=True)
         hidden = json.loads((path / "value_model.json").read_text())["hidden_size"]
         model = cls(backbone, hidden)
         model.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vapo_lab.track.mlflow_tracker import (
@@ -16,8 +17,8 @@ __all__ = ["MlflowTracker", "NullTracker", "TrackingError", "flatten", "make_tra
 
 
 def make_tracker(backend: str, uri: str | None = None, experiment: str = "vapo-lab",
-                 spool_dir: str | None = None) -> Any:
-    """Returns the tracker for ``tracking.backend`` (mlflow | none)."""
+                 spool_dir: str | None = None, log: Callable[[str], None] | None = None) -> Any:
+    """Returns the tracker for ``tracking.backend`` (mlflow | none); ``log`` hears of outages."""
     if backend == "none":
         return NullTracker()
-    return MlflowTracker(uri=uri, experiment=experiment, spool_dir=spool_dir)
+    return MlflowTracker(uri=uri, experiment=experiment, spool_dir=spool_dir, log=log)

@@ -1,18 +1,23 @@
-"""MLflow tracking that never silently loses a metric.
+"""MLflow tracking that never silently loses a metric and never stalls training.
 
 Metrics go to MLflow through ``MlflowClient`` (no global fluent state, so several runs can live in
-one process). When a call fails mid-run (server down, network), the batch is appended to a spool
-file on disk and training goes on; the spool is replayed, in order, before the next successful
-call and at ``finish``. A spool that still cannot be replayed at the end is kept and its path
-reported, so nothing is lost.
+one process), sent by a background thread. When a send fails (server down, network), the batch is
+appended to a spool file on disk and training goes on; the user is told once; the spool is
+replayed, in order, when the server answers again (tried at most every ``retry_s`` seconds) and at
+``finish``, and the user is told once that it caught up. A spool that still cannot be replayed at
+the end is kept and its path reported, so nothing is lost. After a resume, :meth:`backfill` sends
+the steps that a killed process had written to its local record but not sent, and only those.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import queue
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +72,19 @@ def check_server(uri: str, timeout: float = 3.0) -> None:
 
 
 class MlflowTracker:
-    """Logs one run to MLflow, spooling to disk whatever fails to send."""
+    """Logs one run to MLflow, spooling to disk whatever fails to send.
+
+    After :meth:`start`, metrics are handed to a background sender thread, so a slow or dead
+    server never stalls the training loop: the thread sends each step's batch, or, while the
+    server does not answer, appends it to the spool and tries the server again at most every
+    ``retry_s`` seconds. ``log`` is told once when spooling begins and once when the spool has
+    been sent. Without :meth:`start` (logging into an existing run, as ``vapo-lab eval`` does)
+    each call sends at once.
+    """
 
     def __init__(self, uri: str | None = None, experiment: str = "vapo-lab",
-                 spool_dir: str | Path | None = None) -> None:
+                 spool_dir: str | Path | None = None, log: Callable[[str], None] | None = None,
+                 retry_s: float = 10.0) -> None:
         # MLflow retries an unreachable server with exponential backoff for minutes; training
         # should instead spool and go on, so keep retries short unless the user set them
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -83,6 +97,12 @@ class MlflowTracker:
         self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd() / ".vapo_cache" / "spool"
         self.run_id: str | None = None
         self.failures = 0
+        self.log = log or (lambda text: None)
+        self.retry_s = retry_s
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._spooling = False  # in an outage (told once per outage)
+        self._last_try = -math.inf
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, run_name: str | None, tags: Mapping[str, str], params: Mapping[str, Any],
@@ -96,26 +116,34 @@ class MlflowTracker:
             if resume_run_id:
                 self.client.update_run(resume_run_id, status="RUNNING")
                 self.run_id = resume_run_id
-                return resume_run_id
-            exp = self.client.get_experiment_by_name(self.experiment)
-            exp_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment)
-            all_tags = {str(k): str(v) for k, v in tags.items()}
-            if parent_run_id:
-                all_tags["mlflow.parentRunId"] = parent_run_id
-            run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
-            self.run_id = run.info.run_id
-            items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
-            for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-                self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
-            return self.run_id
+            else:
+                exp = self.client.get_experiment_by_name(self.experiment)
+                exp_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment)
+                all_tags = {str(k): str(v) for k, v in tags.items()}
+                if parent_run_id:
+                    all_tags["mlflow.parentRunId"] = parent_run_id
+                run = self.client.create_run(exp_id, run_name=run_name, tags=all_tags)
+                self.run_id = run.info.run_id
+                items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
+                for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+                    self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
         except Exception as e:  # noqa: BLE001 - any backend failure at start is fatal and clear
             raise TrackingError(
                 f"cannot reach the MLflow tracking store {self.uri}: {str(e).splitlines()[0][:200]}; "
                 "start it (`mlflow server --host 127.0.0.1`) or set tracking.uri / tracking=none") from e
+        self._thread = threading.Thread(target=self._sender, name="vapo-lab-mlflow", daemon=True)
+        self._thread.start()
+        return self.run_id
 
-    def finish(self, status: str = "FINISHED") -> Path | None:
-        """Returns the path of a spool that could not be replayed (None when everything was sent)."""
-        self._replay()
+    def finish(self, status: str = "FINISHED", wait_s: float = 60.0) -> Path | None:
+        """Sends what is queued (waiting at most ``wait_s`` seconds), marks the run ``status``
+        (FINISHED, FAILED or KILLED) and returns the path of a spool that could not be sent (None
+        when everything was sent)."""
+        if self._thread is not None:
+            self._queue.put(("stop", None))
+            self._thread.join(wait_s)
+            self._thread = None
+        self._replay(force=True)
         spool = self._spool_path()
         try:
             self.client.set_terminated(self.run_id, status=status)
@@ -124,18 +152,21 @@ class MlflowTracker:
         return spool if spool.exists() else None
 
     # -- logging -------------------------------------------------------------------------------
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Logs ``metrics`` at ``step``; on failure spools them to disk."""
-        record = {"step": int(step), "timestamp": int(time.time() * 1000),
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
+        """Logs ``metrics`` at ``step``; on failure spools them to disk (never raises)."""
+        record = {"step": int(step), "timestamp": int(timestamp_ms or time.time() * 1000),
                   "metrics": {k: float(v) for k, v in metrics.items()}}
-        if self._spool_path().exists() and not self._replay():
-            self._append(record)
-            return
-        try:
-            self._send([record])
-        except Exception:  # noqa: BLE001 - backend down: keep training, keep the data
-            self.failures += 1
-            self._append(record)
+        if self._thread is not None:
+            self._queue.put(("record", record))
+        else:
+            self._deliver(record)
+
+    def backfill(self, records: list[dict[str, Any]]) -> None:
+        """Sends those of ``records`` ({step, timestamp, metrics}) whose (key, step) the run does not
+        hold yet: after a resume, the steps a killed process wrote to its local record but never
+        got to send. The store is asked once per metric key; nothing is sent twice."""
+        if records:
+            self._queue.put(("backfill", records)) if self._thread is not None else self._backfill(records)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Sets tags on the run (best effort: tags are re-set at the next start/resume)."""
@@ -151,6 +182,68 @@ class MlflowTracker:
             self.client.log_text(self.run_id, text, artifact_file)
         except Exception:  # noqa: BLE001
             self.failures += 1
+
+    # -- the sender ----------------------------------------------------------------------------
+    def _sender(self) -> None:
+        """The background thread: delivers queued work in order until told to stop."""
+        while True:
+            kind, item = self._queue.get()
+            try:
+                if kind == "stop":
+                    return
+                if kind == "record":
+                    self._deliver(item)
+                else:
+                    self._backfill(item)
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        """Returns once everything logged so far has been sent or spooled."""
+        if self._thread is not None:
+            self._queue.join()
+
+    def _deliver(self, record: dict[str, Any]) -> None:
+        """Sends ``record`` after any spooled ones, or appends it to the spool."""
+        if self._spool_path().exists() and not self._replay():
+            self._append(record)
+            return
+        try:
+            self._send([record])
+        except Exception as e:  # noqa: BLE001 - backend down: keep training, keep the data
+            self._outage(e)
+            self._append(record)
+
+    def _outage(self, e: Exception) -> None:
+        self.failures += 1
+        self._last_try = time.monotonic()
+        if not self._spooling:
+            self._spooling = True
+            self.log(f"tracking: MLflow at {self.uri} is not answering ({str(e).splitlines()[0][:120]}); "
+                     f"spooling metrics to {self._spool_path()}, training goes on; they are sent when it answers")
+
+    def _backfill(self, records: list[dict[str, Any]]) -> None:
+        if self._spool_path().exists() and not self._replay():
+            for r in records:  # cannot ask the store now: keep them for later, after the spool
+                self._append({**r, "backfill": True})
+            return
+        try:
+            self._send(self._missing(records))
+        except Exception as e:  # noqa: BLE001
+            self._outage(e)
+            for r in records:
+                self._append({**r, "backfill": True})
+
+    def _missing(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Returns ``records`` cut to the (key, step) pairs that the run does not hold."""
+        keys = sorted({k for r in records for k in r["metrics"]})
+        held = {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
+        out = []
+        for r in records:
+            metrics = {k: v for k, v in r["metrics"].items() if r["step"] not in held[k]}
+            if metrics:
+                out.append({**r, "metrics": metrics})
+        return out
 
     # -- spool ---------------------------------------------------------------------------------
     def _spool_path(self) -> Path:
@@ -168,18 +261,28 @@ class MlflowTracker:
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
 
-    def _replay(self) -> bool:
-        """Returns True when the spool is empty after trying to send it."""
+    def _replay(self, force: bool = False) -> bool:
+        """Returns True when the spool is empty after trying to send it (while the server is down,
+        tried at most every ``retry_s`` seconds unless ``force``)."""
         path = self._spool_path()
         if not path.exists():
             return True
+        if not force and self._spooling and time.monotonic() - self._last_try < self.retry_s:
+            return False
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
         try:
-            self._send(records)
-        except Exception:  # noqa: BLE001
-            self.failures += 1
+            plain = [r for r in records if not r.get("backfill")]
+            self._send(plain)
+            backfill = [r for r in records if r.get("backfill")]
+            if backfill:
+                self._send(self._missing(backfill))
+        except Exception as e:  # noqa: BLE001
+            self._outage(e)
             return False
         path.unlink()
+        if self._spooling:
+            self._spooling = False
+            self.log(f"tracking: MLflow at {self.uri} answers again; the {len(records)} spooled step(s) were sent")
         return True
 
 
@@ -198,7 +301,13 @@ class NullTracker:
     def finish(self, status: str = "FINISHED") -> Path | None:
         return None
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
+        pass
+
+    def backfill(self, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:

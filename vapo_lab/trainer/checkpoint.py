@@ -1,27 +1,46 @@
-"""Atomic checkpoints: write everything to a temporary folder, then rename it into place.
+"""Atomic, checksummed checkpoints that load without running any code from the file.
 
 A checkpoint holds what an exact resume needs: policy, critic, optimisers, schedulers, every RNG
-state, the data position and the step. A crash while writing leaves the previous checkpoint
-intact (the rename is the commit point); ``latest`` only ever names a complete one.
+state, the data position and the step. It is written to a temporary folder, checksummed
+(``manifest.json``, see :mod:`vapo_lab.integrity`), then renamed into place: the rename is the
+commit point, so a crash while writing leaves the previous checkpoints as they were. Older ones
+are pruned only after the new one is complete.
+
+Safety: tensors (optimiser and scheduler state, torch RNG states) go to ``trainer_state.pt`` and
+are read back with ``torch.load(weights_only=True)``, which refuses any object a pickle could use
+to run code; everything else (step, data position, Python's RNG state, the best score) is JSON in
+``trainer_state.json``; models are safetensors. A file that needs more than ``weights_only`` is
+refused with one line naming it, never loaded.
+
+Corruption: :func:`latest_checkpoint` returns the newest checkpoint whose files match their
+checksums; a damaged newer one is skipped with a warning (the run resumes from the one before).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vapo_lab.errors import CheckpointError
+from vapo_lab.integrity import manifest_problem, write_manifest
+
 STATE_FILE = "trainer_state.pt"
+META_FILE = "trainer_state.json"
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
-    """Returns the global and named RNG states."""
+    """Returns the global and named RNG states: Python's as JSON-able lists, torch's as tensors."""
+    version, internal, gauss = random.getstate()
     return {
-        "python": random.getstate(),
+        "python": [version, list(internal), gauss],
         "torch": torch.get_rng_state(),
         "generators": {name: g.get_state() for name, g in generators.items()},
     }
@@ -29,22 +48,38 @@ def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
     """Restores what ``rng_state`` returned."""
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
     for name, g in generators.items():
         g.set_state(state["generators"][name])
 
 
+def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Returns (the tensor-bearing part, the JSON part) of a trainer state."""
+    tensors = {k: v for k, v in state.items() if k not in ("rng", "data", "best_eval", "step", "note")}
+    rng = state.get("rng")
+    if rng is not None:
+        tensors["rng"] = {"torch": rng["torch"], "generators": rng["generators"]}
+    meta = {k: state[k] for k in ("step", "data", "best_eval", "note") if k in state}
+    if rng is not None:
+        meta["python_rng"] = rng["python"]
+    return tensors, meta
+
+
 def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
-                    keep: int = 2) -> Path:
+                    keep: int = 2, before_commit: Callable[[], None] | None = None) -> Path:
     """Returns the path of a new complete checkpoint ``folder/step_<step>``.
 
     Args:
         folder: the run's checkpoints folder.
         step: the training step just finished.
         modules: name -> object with ``save_pretrained(path)`` or ``save(path)`` (models).
-        state: everything else (optimiser/scheduler state dicts, RNG states, data position).
-        keep: how many most recent checkpoints to keep.
+        state: everything else (optimiser/scheduler state dicts, ``rng`` from :func:`rng_state`,
+            ``data`` position, ``best_eval``).
+        keep: how many most recent checkpoints to keep (older ones are removed after this one is
+            complete, so a damaged newest one always has a predecessor to fall back to).
+        before_commit: called once every file is written, before the rename (fault tests).
     """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:06d}"
@@ -54,10 +89,15 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
     tmp.mkdir()
     for name, module in modules.items():
         if hasattr(module, "save_pretrained"):
-            module.save_pretrained(tmp / name)
+            module.save_pretrained(tmp / name)  # safetensors
         else:
             module.save(tmp / name)
-    torch.save({"step": step, **state}, tmp / STATE_FILE)
+    tensors, meta = _split({"step": step, **state})
+    torch.save(tensors, tmp / STATE_FILE)
+    (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
+    write_manifest(tmp)
+    if before_commit is not None:
+        before_commit()
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -65,20 +105,51 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
     os.replace(folder / "latest.tmp", folder / "latest")
     for old in sorted(p for p in folder.glob("step_*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    for stale in folder.glob(".tmp_step_*"):  # a write killed before its rename
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
-def latest_checkpoint(folder: Path) -> Path | None:
-    """Returns the newest complete checkpoint in ``folder``, or None."""
-    pointer = folder / "latest"
-    if pointer.is_file():
-        path = folder / pointer.read_text().strip()
-        if (path / STATE_FILE).is_file():
+def latest_checkpoint(folder: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """Returns the newest checkpoint in ``folder`` whose files match their checksums, or None.
+
+    A newer checkpoint that is damaged (a zeroed, truncated or missing file) is skipped, and
+    ``warn`` is told which one and why.
+    """
+    candidates = sorted((p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), reverse=True)
+    for i, path in enumerate(candidates):
+        problem = manifest_problem(path)
+        if problem is None:
             return path
-    done = sorted(p for p in folder.glob("step_*") if (p / STATE_FILE).is_file())
-    return done[-1] if done else None
+        if warn is not None:
+            older = candidates[i + 1].name if i + 1 < len(candidates) else "none left"
+            warn(f"warning: checkpoint {path.name} is unusable ({problem}); falling back to the one before "
+                 f"({older})")
+    return None
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    """Returns the non-model state saved in checkpoint ``path``."""
-    return torch.load(path / STATE_FILE, weights_only=False)
+    """Returns the non-model state saved in checkpoint ``path``, read without unpickling objects.
+
+    Raises:
+        CheckpointError: ``trainer_state.pt`` holds objects beyond tensors and plain containers
+            (``torch.load(weights_only=True)`` refuses it: it could run code), or a file is unreadable.
+    """
+    file = path / STATE_FILE
+    try:
+        tensors = torch.load(file, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"refusing to load {file}: it holds Python objects beyond tensors, which could run code when "
+            "unpickled (vapo-lab writes only tensors there); use a checkpoint written by vapo-lab") from e
+    except (OSError, RuntimeError, EOFError) as e:
+        raise CheckpointError(f"cannot read {file}: {str(e).splitlines()[0][:200]}") from e
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path / META_FILE}: {e}") from e
+    state = {**tensors, **{k: v for k, v in meta.items() if k != "python_rng"}}
+    if "rng" in tensors:
+        state["rng"] = {**tensors["rng"], "python": meta["python_rng"]}
+    return state

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vapo_lab.algo import explained_variance, gae
+from vapo_lab.integrity import manifest_problem, write_manifest
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.forward import Rows, value_forward
@@ -33,12 +34,46 @@ def cache_key(*parts: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _resolved(node: DictConfig) -> Any:
+    """Returns ``node`` as plain containers with every interpolation resolved, so that a cache key is
+    the same whether the config was just composed (``${rollout.max_new_tokens}``) or read back from a
+    run's resolved ``config.yaml`` on resume."""
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def reward_model_key(policy_key: str, cfg: DictConfig) -> str:
+    """Returns the reward model's cache key: the base policy and every setting that shapes it."""
+    return cache_key("rm", policy_key, _resolved(cfg.task), _resolved(cfg.reward), float(cfg.rollout.temperature),
+                     int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch)
+
+
+def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
+    """Returns the pretrained critic's cache key: where it started and every setting that shapes it."""
+    return cache_key("pretrain", critic_key, _resolved(cfg.task), _resolved(cfg.reward),
+                     _resolved(cfg.critic), float(cfg.rollout.temperature), float(cfg.rollout.top_p),
+                     int(cfg.rollout.max_new_tokens), int(cfg.rollout.responses_per_step),
+                     int(cfg.rollout.n_samples), float(cfg.trainer.critic_lr), int(cfg.trainer.mini_batch_size),
+                     int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma))
+
+
+def _usable(path: Path, what: str, log: Callable[[str], None]) -> bool:
+    """Returns True when the cache entry at ``path`` exists and matches its checksums; a damaged
+    entry is reported in one line (and then rebuilt by the caller)."""
+    if not path.is_dir():
+        return False
+    problem = manifest_problem(path)
+    if problem is not None:
+        log(f"warning: the cached {what} is unusable ({problem}): rebuilding it")
+    return problem is None
+
+
 def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save(tmp)
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    write_manifest(tmp)
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
@@ -64,10 +99,8 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
     of a response, biased before it (the paper's starting point).
     """
     opts = cfg.critic
-    key = cache_key("rm", policy_key, OmegaConf.to_container(cfg.task), OmegaConf.to_container(cfg.reward),
-                    float(cfg.rollout.temperature), int(cfg.rollout.max_new_tokens), opts.rm_steps, opts.rm_batch)
-    path = cache_dir / "reward_model" / key
-    if (path / "meta.json").is_file():
+    path = cache_dir / "reward_model" / reward_model_key(policy_key, cfg)
+    if _usable(path, "reward model", log):
         return path
     log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
     gen = torch.Generator().manual_seed(int(cfg.task.seed))
@@ -97,7 +130,8 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
 def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg: DictConfig,
                     draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
                     encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
-                    log_metrics: Callable[[dict[str, float], int], None]) -> tuple[ValueModel, dict[str, Any]]:
+                    log_metrics: Callable[[dict[str, float], int], None],
+                    log: Callable[[str], None] = print) -> tuple[ValueModel, dict[str, Any]]:
     """Returns the critic after value pretraining (VAPO §4.1) and the pretraining history.
 
     The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
@@ -108,13 +142,8 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
     from vapo_lab.trainer.loop import Batch, token_rewards
 
     pre = cfg.critic.pretrain
-    key = cache_key("pretrain", critic_key, OmegaConf.to_container(cfg.task), OmegaConf.to_container(cfg.reward),
-                    OmegaConf.to_container(cfg.critic), float(cfg.rollout.temperature), float(cfg.rollout.top_p),
-                    int(cfg.rollout.max_new_tokens), int(cfg.rollout.responses_per_step),
-                    int(cfg.rollout.n_samples), float(cfg.trainer.critic_lr), int(cfg.trainer.mini_batch_size),
-                    int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma))
-    path = cache_dir / "pretrained_critic" / key
-    if (path / "meta.json").is_file():
+    path = cache_dir / "pretrained_critic" / pretrained_critic_key(critic_key, cfg)
+    if _usable(path, "pretrained critic", log):
         meta = json.loads((path / "meta.json").read_text())
         for i, m in enumerate(meta["history"]):
             log_metrics(m, i)

@@ -13,6 +13,7 @@ import copy
 import json
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import torch
 from torch.utils import deterministic as torch_deterministic
 from omegaconf import DictConfig, OmegaConf
 
+from vapo_lab import faults
 from vapo_lab.algo import dynamic_sampling_keep, explained_variance, masked_mean
 from vapo_lab.components import COMPONENTS
 from vapo_lab.errors import ConfigError
@@ -36,6 +38,7 @@ from vapo_lab.trainer.checkpoint import latest_checkpoint, load_state, rng_state
 from vapo_lab.trainer.critic_init import batched_values, build_reward_model, pretrain_critic
 from vapo_lab.trainer.diagnostics import length_profile, value_bias_by_position
 from vapo_lab.trainer.forward import Rows, policy_forward
+from vapo_lab.trainer.metrics_log import MetricsLog
 from vapo_lab.trainer.loop import Batch, Grader, Updater, compute_advantages, encode_prompts
 
 CACHE_DIR = Path(".vapo_cache")
@@ -124,7 +127,8 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_base_for(cfg: DictConfig, progress: bool, force: bool = False) -> Any:
+def build_base_for(cfg: DictConfig, progress: bool, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> Any:
     """Returns the embedded default's base model for ``cfg`` (a ``vapo_lab.base.BaseModel``),
     building it on first use; the cache key covers the task, ``model.arch`` and ``model.base``."""
     from vapo_lab.base import build_base
@@ -137,7 +141,7 @@ def build_base_for(cfg: DictConfig, progress: bool, force: bool = False) -> Any:
                           "use task=arith, or a real model (model=hf model.path=...) for other tasks")
     arch, opts = cfg.model.arch, dict(cfg.task.options)
     return build_base(
-        cache_dir=CACHE_DIR / "base", progress=progress, num_threads=cfg.trainer.threads, force=force,
+        cache_dir=CACHE_DIR / "base", progress=progress, num_threads=cfg.trainer.threads, force=force, log=log,
         task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
         **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent") if k in opts},
         hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
@@ -150,7 +154,7 @@ def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> 
     from vapo_lab.models.load import load_model_and_tokenizer
 
     if cfg.model.name == "tiny":
-        base = build_base_for(cfg, progress)
+        base = build_base_for(cfg, progress, log=log)
         if not base.cached:
             log(f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}")
         path, key, metrics = base.path, base.path.name, base.metrics
@@ -258,9 +262,10 @@ class Run:
         self.pretrain_info: dict[str, Any] = {}
 
         self.run_dir = resume_dir or self._new_run_dir()
+        created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = make_tracker(cfg.tracking.backend, cfg.tracking.uri, cfg.tracking.experiment,
-                                    cfg.tracking.spool_dir)
+                                    cfg.tracking.spool_dir, log=self.log)
         run_json = self.run_dir / "run.json"
         previous = json.loads(run_json.read_text()) if resume_dir else {}
         tags = {"algo": cfg.algo.name, "seed": str(cfg.seed), "experiment": cfg.tracking.experiment,
@@ -268,14 +273,30 @@ class Run:
                 **component_tags(self.choices), **(tags or {})}
         params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
         params["command"] = command or " ".join(sys.argv)
-        self.run_id = self.tracker.start(self.run_dir.name, tags, params, resume_run_id=previous.get("run_id"),
-                                         parent_run_id=parent_run_id)
+        try:
+            self.run_id = self.tracker.start(self.run_dir.name, tags, params,
+                                             resume_run_id=previous.get("run_id"), parent_run_id=parent_run_id)
+        except BaseException:
+            if created:  # nothing of this run exists anywhere: leave no empty folder behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+        try:
+            self._setup(cfg, resume_dir, run_json, params, policy_key)
+        except BaseException as e:
+            self._close("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", e)
+            raise
+
+    def _setup(self, cfg: DictConfig, resume_dir: Path | None, run_json: Path, params: dict[str, Any],
+               policy_key: str) -> None:
+        """The part of setting up that runs inside the tracking run (a failure here is recorded)."""
         if not resume_dir:
             run_json.write_text(json.dumps({"run_id": self.run_id, "tracking_uri": getattr(self.tracker, "uri", "none"),
                                             "command": params["command"], "choices": self.choices}, indent=2))
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             self.tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        self.metrics_file = self.run_dir / "metrics.jsonl"
+        self.metrics_log = MetricsLog(self.run_dir / "metrics.jsonl", warn=self.log)
+        if resume_dir:  # steps a killed process wrote locally but never got to send
+            self.tracker.backfill(self.metrics_log.records())
 
         if cfg.algo.advantage == "gae":
             self._init_critic(policy_key)
@@ -326,7 +347,7 @@ class Run:
 
             critic, self.pretrain_info = pretrain_critic(
                 critic, critic_key, self.generate, cfg, DataStream(self.task.train, int(cfg.task.seed) + 5).take,
-                self.grader, self.encode, updater_factory, CACHE_DIR, self._log_pretrain)
+                self.grader, self.encode, updater_factory, CACHE_DIR, self._log_pretrain, log=self.log)
             critic.to(self.device).eval()
         self.critic = critic
         t = cfg.trainer
@@ -334,7 +355,7 @@ class Run:
         self.critic_sched = torch.optim.lr_scheduler.LambdaLR(self.critic_opt, _warmup_constant(int(t.warmup_steps)))
 
     def _log_pretrain(self, metrics: dict[str, float], step: int) -> None:
-        self.tracker.log_metrics(metrics, step)
+        self.log_metrics(metrics, step)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def save(self) -> Path:
@@ -348,20 +369,21 @@ class Run:
             "rng": rng_state({"rollout": self.gen_rollout, "update": self.gen_update}),
             "data": self.data.state(), "best_eval": self.best_eval,
         }
-        return save_checkpoint(self.run_dir / "checkpoints", self.step, modules, state)
+        return save_checkpoint(self.run_dir / "checkpoints", self.step, modules, state,
+                               before_commit=lambda: faults.point("checkpoint", self.step))
 
     def _resume(self) -> None:
-        path = latest_checkpoint(self.run_dir / "checkpoints")
+        path = latest_checkpoint(self.run_dir / "checkpoints", warn=self.log)
         if path is None:
-            self.log(f"no checkpoint in {self.run_dir}: starting from step 0")
+            self.log(f"no usable checkpoint in {self.run_dir}: starting from step 0")
             return
         from transformers import AutoModelForCausalLM
 
-        policy = AutoModelForCausalLM.from_pretrained(path / "policy", dtype=self.policy.dtype)
+        state = load_state(path)  # first: it refuses an unsafe file before any model is touched
+        policy = AutoModelForCausalLM.from_pretrained(path / "policy", dtype=self.policy.dtype, use_safetensors=True)
         self.policy.load_state_dict(policy.state_dict())
         if self.critic is not None:
             self.critic.load_state_dict(ValueModel.load(path / "critic").state_dict())
-        state = load_state(path)
         self.actor_opt.load_state_dict(state["actor_opt"])
         self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic_opt is not None:
@@ -376,9 +398,29 @@ class Run:
 
     # -- the loop ------------------------------------------------------------------------------
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.tracker.log_metrics(metrics, step)
-        with self.metrics_file.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        """Records ``metrics`` at ``step`` in metrics.jsonl, then the tracker; a step already
+        recorded before an interruption is not recorded again (see ``MetricsLog``)."""
+        now = int(time.time() * 1000)
+        if self.metrics_log.add(step, metrics, now):
+            self.tracker.log_metrics(metrics, step, now)
+
+    def _close(self, status: str, error: BaseException | None = None) -> None:
+        """Ends the tracking run as ``status`` (FINISHED, FAILED, KILLED); a run that did not finish
+        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it)."""
+        failure = self.run_dir / "failure.txt"
+        if error is not None:
+            import traceback
+
+            what = "interrupted" if status == "KILLED" else "failed"
+            failure.write_text(
+                f"{what} at step {getattr(self, 'step', 0)} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{type(error).__name__}: {error}\ncontinue it with: vapo-lab train resume={self.run_dir}\n\n"
+                + "".join(traceback.format_exception(error)), encoding="utf-8")
+        elif failure.exists():
+            failure.unlink()
+        spool = self.tracker.finish(status)
+        if spool is not None:
+            self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")
 
     def collect(self) -> tuple[Batch, dict[str, float]]:
         """Returns one step's graded experience (DAPO: only groups with mixed rewards)."""
@@ -434,6 +476,7 @@ class Run:
         t0 = time.perf_counter()
         batch, info = self.collect()
         t_rollout = time.perf_counter() - t0
+        faults.point("rollout", self.step + 1)
         if len(batch.problems) == 0:
             return {**info, "rollout/empty_batch": 1.0}
         micro = int(cfg.trainer.micro_batch_size)
@@ -454,6 +497,7 @@ class Run:
             self.critic_sched.step()
             m["critic/lr"] = self.critic_sched.get_last_lr()[0]
         t2 = time.perf_counter()
+        faults.point("update", self.step + 1)
         m.update(self.updater.actor_update(batch, self.step))
         self.actor_sched.step()
         if self.engine is not None:
@@ -494,7 +538,6 @@ class Run:
         base_eval = None
         k = int(cfg.rollout.eval_samples)
         key = f"eval/avg_at_{k}"
-        status = "FAILED"
         try:
             if self.step == 0:
                 e = evaluate(self.generate, self.tokenizer, self.task, self.grader, cfg, int(cfg.seed) * 7919)
@@ -514,11 +557,10 @@ class Run:
                     self.save()
                 if on_step:
                     on_step(self.step, metrics)
-            status = "FINISHED"
-        finally:
-            spool = self.tracker.finish(status)
-            if spool is not None:
-                self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")
+        except BaseException as e:
+            self._close("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED", e)
+            raise
+        self._close("FINISHED")
         final = history[-1].get(key) if history else None
         return TrainResult(self.run_dir, self.run_id, self.step, final, self.best_eval, base_eval,
                            latest_checkpoint(self.run_dir / "checkpoints"), history)
