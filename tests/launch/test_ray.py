@@ -31,3 +31,26 @@ def test_unreachable_ray_address_fails_before_anything_is_submitted(in_tmp):
         run_grid(grid, [*SMALL, f"launcher.ray.address=127.0.0.1:{port}"], "ray", False, True, log=print,
                  out=print)
     assert not list((in_tmp / "runs" / "grids").glob("*/status/*.json"))
+
+
+def test_a_failed_ray_launch_marks_its_cells_and_parent_failed(in_tmp, monkeypatch):
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from vapo_lab.launch import launchers
+
+    def no_ray(settings):
+        raise LaunchError("Ray could not start (test)")
+
+    monkeypatch.setattr(launchers, "_ray_init", no_ray)
+    grid = load_grid("table1")
+    grid.cells = grid.cells[:2]
+    with pytest.raises(LaunchError, match="Ray could not start"):
+        run_grid(grid, [*SMALL], "ray", False, True, log=print, out=print)
+    statuses = [json.loads(p.read_text()) for p in (in_tmp / "runs" / "grids").glob("*/status/*.json")]
+    assert len(statuses) == 2
+    assert all(s["state"] == "failed" and "launch failed: Ray could not start" in s["error"] for s in statuses)
+    record = json.loads(next((in_tmp / "runs" / "grids").glob("*/grid.json")).read_text())
+    parent = MlflowClient(record["tracking_uri"]).get_run(record["parent_run_id"])
+    assert parent.info.status == "FAILED"

@@ -228,6 +228,7 @@ class RayLauncherConfig:
     address: Optional[str] = None  # None: start a local Ray; "auto" or "ray://host:port"
     num_cpus: float = 1
     num_gpus: float = 0
+    expose: bool = False  # a local Ray listens on 127.0.0.1 only unless true
 
 
 @dataclass

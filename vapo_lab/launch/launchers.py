@@ -34,6 +34,7 @@ from vapo_lab.errors import VapoLabError
 from vapo_lab.launch.cell import (
     FAILED,
     FINISHED,
+    PENDING,
     RUNNING,
     CellJob,
     CellJobRunner,
@@ -205,6 +206,8 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: st
     if not todo:
         log(f"grid {grid_id}: nothing to submit ({len(sub.skipped_finished)} finished, "
             f"{len(sub.skipped_running)} still running)")
+        if not sub.skipped_running:
+            _end_parent(cfg, parent, "FINISHED")
         return sub
     jobs = [CellJob(spec=s, grid_dir=str(grid_dir), cwd=cwd, experiment=grid.experiment, parent_run_id=parent)
             for s in todo]
@@ -216,28 +219,48 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: st
     write_record(grid_dir, record)
     log(f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher}, {len(sub.skipped_finished)} finished, "
         f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}")
-    if launcher == "local":
-        _run_local(jobs, int(settings.get("workers", 1)), grid_dir, sub, log)
-    elif launcher == "ray":
-        started_ray = _ray_init(settings)
-        try:
-            _run_ray(jobs, settings, sub, log)
-        finally:
-            if started_ray:
-                import ray
+    try:
+        if launcher == "local":
+            _run_local(jobs, int(settings.get("workers", 1)), grid_dir, sub, log)
+        elif launcher == "ray":
+            started_ray = _ray_init(settings)
+            try:
+                _run_ray(jobs, settings, sub, log)
+            finally:
+                if started_ray:
+                    import ray
 
-                ray.shutdown()
-    else:
-        try:
-            _submit_slurm(jobs, settings, grid_dir, grid_id, sub, log)
-        finally:
-            entry["job_ids"] = dict(sub.job_ids)
-            entry["prepare_job"] = sub.job_ids.get("prepare")
-            write_record(grid_dir, record)
-        if wait:
-            _wait_slurm(jobs, sub, log)
+                    ray.shutdown()
+        else:
+            try:
+                _submit_slurm(jobs, settings, grid_dir, grid_id, sub, log)
+            finally:
+                entry["job_ids"] = dict(sub.job_ids)
+                entry["prepare_job"] = sub.job_ids.get("prepare")
+                write_record(grid_dir, record)
+            if wait:
+                _wait_slurm(jobs, sub, log)
+    except BaseException as e:
+        # the launch itself failed (or was interrupted): no cell may stay "pending" for ever
+        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"launch failed: {str(e).splitlines()[0][:300]}"
+        for j in jobs:
+            if read_status(grid_dir, j.spec.key).get("state") in (PENDING, RUNNING) and not sub.job_ids.get(j.spec.key):
+                write_status(grid_dir, j.spec.key, state=FAILED, error=reason)
+        _end_parent(cfg, parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
     sub.submitted = [j.spec.key for j in jobs]
+    if launcher != "slurm" or wait:  # a Slurm grid left running keeps its parent RUNNING
+        _end_parent(cfg, parent, "FINISHED" if all(sub.results.get(j.spec.key) == FINISHED for j in jobs)
+                    else "FAILED")
     return sub
+
+
+def _end_parent(cfg: DictConfig, parent: str | None, status: str) -> None:
+    """Marks the grid's parent run ``status``: FINISHED when every submitted cell finished."""
+    if parent is not None and cfg.tracking.backend != "none":
+        from vapo_lab.track.mlflow_tracker import set_run_status
+
+        set_run_status(_tracking_uri(cfg), parent, status)
 
 
 def _tracking_uri(cfg: DictConfig) -> str:
@@ -250,11 +273,12 @@ def _tracking_uri(cfg: DictConfig) -> str:
 
 def _parent_run(grid: Grid, specs: list[CellSpec], cfg: DictConfig, record: dict[str, Any], launcher: str,
                 grid_dir: Path) -> str | None:
-    """Returns the grid's parent MLflow run id (created on first submission; raises when the
-    tracking server is down, before anything is submitted)."""
+    """Returns the grid's parent MLflow run id, RUNNING until the submission ends (created on first
+    submission; raises when the tracking server is down, before anything is submitted)."""
     if cfg.tracking.backend == "none":
         return None
     from vapo_lab.track import make_tracker
+    from vapo_lab.track.mlflow_tracker import set_run_status
 
     tracker = make_tracker(cfg.tracking.backend, cfg.tracking.uri, grid.experiment, cfg.tracking.spool_dir)
     if record.get("parent_run_id") and record.get("tracking_uri") == _tracking_uri(cfg):
@@ -262,13 +286,14 @@ def _parent_run(grid: Grid, specs: list[CellSpec], cfg: DictConfig, record: dict
 
         if tracker.uri.startswith(("http://", "https://")):
             check_server(tracker.uri)
+        set_run_status(tracker.uri, record["parent_run_id"], "RUNNING")
         return record["parent_run_id"]
     tags = {"grid_id": specs[0].grid_id, "grid": grid.name, "kind": "grid", "launcher": launcher}
     params = {"source": grid.source, "cells": len(specs), "seeds": ",".join(map(str, grid.seeds)),
               "grid_dir": str(grid_dir), "cell_names": ",".join(sorted({s.name for s in specs})),
               "command": " ".join(["vapo-lab", *sys.argv[1:]])}
     run_id = tracker.start(specs[0].grid_id, tags, params)
-    tracker.finish("FINISHED")
+    tracker.close()
     return run_id
 
 
@@ -326,14 +351,29 @@ def _pct(v: Any) -> str:
 
 def _ray_init(settings: dict[str, Any]) -> bool:
     """Connects to the configured Ray cluster (or starts a local one); returns True when this call
-    connected (so the caller shuts it down); raises LaunchError if unreachable."""
+    connected (so the caller shuts it down); raises LaunchError if unreachable.
+
+    A local Ray started here listens on 127.0.0.1 only, unless ``launcher.ray.expose=true``: anyone
+    who can reach a Ray port can run code on it (Ray's security notes). Ray has no bind option of
+    its own for this; its switch for a loopback-only node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    meant for laptops) makes every Ray process of the node use and listen on 127.0.0.1.
+    """
+    address = settings.get("address")
+    loopback = not address and not settings.get("expose", False)
+    previous = os.environ.get(_RAY_LOOPBACK_ENV)
+    if loopback:
+        os.environ[_RAY_LOOPBACK_ENV] = "0"  # read when ray is imported, and by the processes it starts
     try:
         import ray
     except ImportError as e:
         raise LaunchError("the Ray launcher needs `ray` (pip install 'ray>=2.9'), or use --launcher local") from e
     if ray.is_initialized():
         return False
-    address = settings.get("address")
+    from ray._private import ray_constants
+
+    cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
+    if loopback:
+        ray_constants.ENABLE_RAY_CLUSTER = False  # the env var is read at import: ray may be imported already
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # never let Ray re-resolve this env with uv
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
                               "configure_logging": False}
@@ -348,7 +388,17 @@ def _ray_init(settings: dict[str, Any]) -> bool:
         raise LaunchError(f"cannot connect to Ray at launcher.ray.address={address!r}: "
                           f"{str(e).strip().splitlines()[0][:200]}; start it with `ray start --head`, "
                           "or leave launcher.ray.address unset for a local Ray") from e
+    finally:
+        if loopback:  # the node is started: later connections in this process decide for themselves
+            ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+            if previous is None:
+                os.environ.pop(_RAY_LOOPBACK_ENV, None)
+            else:
+                os.environ[_RAY_LOOPBACK_ENV] = previous
     return True
+
+
+_RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def _check_reachable(address: str) -> None:

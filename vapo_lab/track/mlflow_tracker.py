@@ -135,14 +135,19 @@ class MlflowTracker:
         self._thread.start()
         return self.run_id
 
-    def finish(self, status: str = "FINISHED", wait_s: float = 60.0) -> Path | None:
-        """Sends what is queued (waiting at most ``wait_s`` seconds), marks the run ``status``
-        (FINISHED, FAILED or KILLED) and returns the path of a spool that could not be sent (None
-        when everything was sent)."""
+    def close(self, wait_s: float = 60.0) -> None:
+        """Sends what is queued (waiting at most ``wait_s`` seconds) and stops the sender; the run's
+        status is left as it is (a grid's parent run stays RUNNING while its cells run)."""
         if self._thread is not None:
             self._queue.put(("stop", None))
             self._thread.join(wait_s)
             self._thread = None
+
+    def finish(self, status: str = "FINISHED", wait_s: float = 60.0) -> Path | None:
+        """Sends what is queued (waiting at most ``wait_s`` seconds), marks the run ``status``
+        (FINISHED, FAILED or KILLED) and returns the path of a spool that could not be sent (None
+        when everything was sent)."""
+        self.close(wait_s)
         self._replay(force=True)
         spool = self._spool_path()
         try:
@@ -286,6 +291,21 @@ class MlflowTracker:
         return True
 
 
+def set_run_status(uri: str, run_id: str, status: str) -> None:
+    """Sets the status of MLflow run ``run_id`` at ``uri``: RUNNING, or a final one (FINISHED,
+    FAILED, KILLED) with its end time; best effort (a store that does not answer is left as is)."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+        if status == "RUNNING":
+            client.update_run(run_id, status=status)
+        else:
+            client.set_terminated(run_id, status=status)
+    except Exception:  # noqa: BLE001 - a status is worth no crash; the cells' own runs are exact
+        pass
+
+
 class NullTracker:
     """Same methods as MlflowTracker; records nothing (tracking=none)."""
 
@@ -308,6 +328,9 @@ class NullTracker:
         pass
 
     def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
