@@ -123,3 +123,35 @@ def test_prompt_plus_max_new_tokens_beyond_the_context_fails_before_compute(work
         _train(workdir, "ctx", extra=["model.arch.max_position_embeddings=20"])
     with pytest.raises(ConfigError, match="rollout.max_new_tokens=0 is out of range: it must be >= 1"):
         _train(workdir, "ctx0", extra=["rollout.max_new_tokens=0"])
+
+
+@pytest.mark.parametrize("error, status, word", [(RuntimeError("boom"), "FAILED", "failed"),
+                                                  (KeyboardInterrupt(), "KILLED", "interrupted")])
+def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error, status, word):
+    from mlflow.tracking import MlflowClient
+
+    from vapo_lab.trainer.run import Run
+
+    real = Run.train_step
+
+    def step(self):
+        if self.step == 1:
+            raise error
+        return real(self)
+
+    monkeypatch.setattr(Run, "train_step", step)
+    store = f"sqlite:///{workdir / 'status.db'}"
+    name = f"fails-{status}"
+    with pytest.raises(type(error)):
+        _train(workdir, name, extra=["tracking=mlflow", f"tracking.uri={store}"])
+    run_dir = workdir / "runs" / name
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert MlflowClient(store).get_run(run_id).info.status == status
+    failure = (run_dir / "failure.txt").read_text()
+    assert failure.startswith(f"{word} at step 1") and f"resume=runs/{name}" in failure
+    monkeypatch.setattr(Run, "train_step", real)  # resumed, it finishes and the note goes
+    from vapo_lab.trainer.run import resume_config
+
+    train(*resume_config(run_dir), progress=False, log=lambda m: None)
+    assert MlflowClient(store).get_run(run_id).info.status == "FINISHED"
+    assert not (run_dir / "failure.txt").exists()
