@@ -109,3 +109,43 @@ def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
     code = f"SMALL = {SMALL!r}\n{_BUILD_LEAVES_NUMERICS}"
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+# A build with progress, its output a pipe (a Slurm log, nohup, | tee): a marker is written to the same
+# pipe at the 10th of 20 training steps; progress lines must come before it, not all at the end.
+_BUILD_INTO_A_PIPE = """
+import sys
+from vapo_lab import base as B
+
+loss, calls = B._response_loss, [0]
+
+def marked(*args):
+    calls[0] += 1
+    if calls[0] == 10:
+        print("MARKER: training step 10", file=sys.stderr, flush=True)
+    return loss(*args)
+
+B._response_loss = marked
+B.build_base(sys.argv[1], progress=True, **SMALL)
+print("MARKER: built", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_build_into_a_pipe_prints_plain_progress_lines_as_it_goes(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    env["VAPO_PROGRESS_INTERVAL"] = "0"  # a line at every update
+    code = f"SMALL = {SMALL!r}\n{_BUILD_INTO_A_PIPE}"
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env, check=True).stdout
+    lines = out.splitlines()
+    step10, built = lines.index("MARKER: training step 10"), lines.index("MARKER: built")
+    assert "pre-training base: step 0/20 (0%)" in lines[:step10], out
+    assert any(line.startswith("pre-training base: step 9/20 (45%), ") and " steps/s, ETA " in line
+               for line in lines[:step10]), out
+    assert any(line.startswith("pre-training base: done, 20 steps in ") for line in lines[step10:built]), out
+    assert any(line.startswith("measuring accuracy: done, 2 batches in ") for line in lines[step10:built]), out
+    assert "━" not in out and "\x1b" not in out  # no bar, no escape codes

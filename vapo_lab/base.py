@@ -50,17 +50,20 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TextColumn
 
 from vapo_lab.errors import ConfigError
+from vapo_lab.integrity import manifest_problem, write_manifest
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
+from vapo_lab.progress import ProgressBar, default_columns, progress_bar
 from vapo_lab.tasks import Problem
 from vapo_lab.tasks.arith import ArithTask, TraceNoise
 
@@ -155,6 +158,7 @@ def build_base(
     force: bool = False,
     progress: bool = True,
     num_threads: int | None = None,
+    log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> BaseModel:
     """Returns the base model for ``options``, building and caching it on first use.
@@ -180,9 +184,11 @@ def build_base(
         cache_dir: where built models are kept; default ``.vapo_cache/base`` in the working
             directory. The model goes to ``<cache_dir>/<config hash>/``.
         force: rebuild even if the cache has this config.
-        progress: show a rich progress bar while training and measuring.
+        progress: show progress while training and measuring, on stderr: a rich bar on a terminal,
+            plain timed lines in a log (:func:`vapo_lab.progress.progress_bar`).
         num_threads: torch CPU threads during the build (restored afterwards); None (the default)
             leaves the process's thread settings untouched (see :func:`_threads`).
+        log: told, in one line, when a cached entry fails its checksums and is rebuilt.
 
     Returns:
         the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
@@ -196,9 +202,13 @@ def build_base(
     config = base_config(**options)
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     path = root / config_hash(config)
-    if not force and (path / META_FILE).is_file():
-        meta = json.loads((path / META_FILE).read_text())
-        return BaseModel(path=path, config=meta["config"], metrics=meta["metrics"], cached=True)
+    if not force and path.is_dir():
+        problem = manifest_problem(path)
+        if problem is None:
+            meta = json.loads((path / META_FILE).read_text())
+            return BaseModel(path=path, config=meta["config"], metrics=meta["metrics"], cached=True)
+        if log is not None:
+            log(f"warning: the cached base model is unusable ({problem}): rebuilding it")
 
     build_start = time.perf_counter()
     with _threads(num_threads), _progress(progress) as bar:
@@ -240,7 +250,7 @@ def build_base(
     return BaseModel(path=path, config=config, metrics=metrics, cached=False)
 
 
-def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Progress | None) -> float:
+def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: ProgressBar | None) -> float:
     """Returns the mean loss of the last 50 steps after training ``model`` on noisy traces in place.
 
     Loss: next-token cross-entropy on response tokens and the final eos (not the prompt: its
@@ -334,7 +344,7 @@ def _collate(prompts: list[list[int]], responses: list[list[int]], tokenizer) ->
 @torch.no_grad()
 def measure_accuracy(
     model, tokenizer, task: ArithTask, problems: list[Problem], samples: int, seed: int,
-    bar: Progress | None = None, batch_size: int = 64,
+    bar: ProgressBar | None = None, batch_size: int = 64,
 ) -> dict[str, dict[str, float]]:
     """Returns accuracy ("greedy" and "t1", temperature 1 over ``samples`` draws) by digit bucket.
 
@@ -343,7 +353,8 @@ def measure_accuracy(
     """
     order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    task_id = bar.add_task("measuring accuracy", total=len(batches) * (1 + samples), info="") if bar else None
+    task_id = bar.add_task("measuring accuracy", total=len(batches) * (1 + samples), info="",
+                           unit="batch") if bar else None
     correct = {"greedy": [0.0] * len(problems), "t1": [0.0] * len(problems)}
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
@@ -393,12 +404,13 @@ def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        write_manifest(tmp)
         if path.exists():
             shutil.rmtree(path)  # force=True, or a stale entry without base.json
         try:
             os.replace(tmp, path)
         except OSError:
-            if not (path / META_FILE).is_file():  # not a concurrent build's complete copy
+            if manifest_problem(path) is not None:  # not a concurrent build's complete copy
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -428,13 +440,7 @@ def _threads(n: int | None):
 
 @contextmanager
 def _progress(enabled: bool):
-    """Yields a rich Progress showing step, ETA and an info field, or None when disabled."""
-    if not enabled:
-        yield None
-        return
-    columns = (
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-    )
-    with Progress(*columns) as bar:
+    """Yields a progress bar showing step, ETA and an info field (plain lines when stderr is not a
+    terminal), or None when disabled."""
+    with progress_bar(enabled, None, *default_columns(), TextColumn("{task.fields[info]}")) as bar:
         yield bar

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from vapo_lab import __version__
 from vapo_lab.errors import ConfigError, VapoLabError
@@ -105,17 +108,58 @@ def components() -> None:
     """
     from vapo_lab.components import COMPONENTS, settings
 
-    table = Table(title="The seven VAPO components (Table 1: VAPO = 60, vanilla PPO = 5, DAPO = 50)",
-                  show_lines=True)
-    table.add_column("name", style="bold")
-    table.add_column("what it does")
-    table.add_column("keys: on -> off")
-    table.add_column("paper", justify="center")
-    table.add_column("Table 1\nwithout it", justify="right")
-    for c in COMPONENTS:
-        keys = "\n".join(f"{k}: {_show(on)} -> {_show(off)}" for k, (on, off) in settings(c).items())
-        table.add_row(c.name, c.summary, keys, f"{c.paper_section}\n({c.origin})", f"{c.table1_without:g}")
-    _out.print(table)
+    cols = (_Col("name", typed=True, style="bold"), _Col("keys: on -> off", typed=True), _Col("what it does (paper)"),
+            _Col("Table 1 without it", justify="right"))
+    rows = [(c.name, "\n".join(f"{k}: {_show(on)} -> {_show(off)}" for k, (on, off) in settings(c).items()),
+             f"{c.summary} ({c.paper_section}, {c.origin})", f"{c.table1_without:g}") for c in COMPONENTS]
+    _print_table("The seven VAPO components (Table 1: VAPO = 60, vanilla PPO = 5, DAPO = 50)", cols, rows,
+                 lines=True)
+
+
+@dataclass(frozen=True)
+class _Col:
+    """A column of :func:`_print_table`; ``typed``: its cells hold names, keys, ids or paths a user
+    types, never cut and never broken inside a word."""
+
+    header: str
+    typed: bool = False
+    justify: str = "left"
+    style: str = ""
+
+
+def _print_table(title: str | None, cols: Sequence[_Col], rows: Sequence[Sequence[str]], lines: bool = False) -> None:
+    """Prints a title line and a table that keeps every typed cell whole (issue 14, item 11).
+
+    On a terminal: a rich table whose typed columns (and those of one word a cell) are as wide as
+    their longest line, or else their longest word (a cell then wraps between words). Where even
+    that does not fit, and whenever stdout is not a terminal (a pipe, a file): plain tab-separated
+    lines, the header first, a cell's lines joined by '; ', for grep and cut.
+    """
+    if title:
+        _out.print(title, markup=False, highlight=False, soft_wrap=True)
+    if _out.is_terminal:
+        cells = [[c.header for c in cols], *rows]
+        longest = lambda i, split: max(cell_len(w) for r in cells for w in split(r[i]) or [""])  # noqa: E731
+        words = [longest(i, str.split) for i in range(len(cols))]
+        # fixed width: typed columns, and those of one word a cell (numbers): never squeezed by rich
+        fixed = [col.typed or all(len(r[i].split()) <= 1 for r in rows) for i, col in enumerate(cols)]
+        for split in (str.splitlines, str.split):  # fixed columns: whole lines, else whole words
+            widths = [longest(i, split) if f else None for i, f in enumerate(fixed)]
+            # narrowest table: each column its width or longest word, 1 space either side, a border between
+            if sum((w or m) + 3 for w, m in zip(widths, words)) + 1 > _out.width:
+                continue
+            table = Table(show_lines=lines)
+            for col, width in zip(cols, widths):
+                table.add_column(col.header, justify=col.justify,  # type: ignore[arg-type]
+                                 style=col.style, overflow="fold", width=width)
+            for r in rows:
+                table.add_row(*(Text(cell) for cell in r))
+            _out.print(table)
+            return
+    plain = lambda cell: cell.replace("\t", " ").replace("\n", "; ")  # noqa: E731
+    for r in [[c.header for c in cols], *rows]:
+        _out.file.write("\t".join(plain(cell) for cell in r) + "\n")
+    _out.file.flush()
 
 
 def _show(value: Any) -> str:
@@ -148,11 +192,11 @@ def config(
 
 
 def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool) -> None:
-    """Composes the config, trains with a progress bar, prints the closing summary."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    """Composes the config, trains with a progress bar (plain lines in a log), prints the closing summary."""
+    from rich.progress import TextColumn
 
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.progress import default_columns, progress_bar
     from vapo_lab.trainer.run import Run
 
     from vapo_lab.trainer.run import resume_config
@@ -165,17 +209,18 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
             raise ConfigError(f"resume={cfg.resume} continues a run with its saved config: drop {others or '--algo/--drop'}")
         cfg, choices = resume_config(cfg.resume)
     command = "vapo-lab " + " ".join(sys.argv[1:])
+    _sigterm_interrupts()
     run = Run(cfg, choices, progress=not quiet, log=lambda msg: _err.print(msg, highlight=False),
               command=command)
     _err.print(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')})",
                highlight=False)
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TimeRemainingColumn(), TextColumn("{task.fields[stats]}")]
     total = int(cfg.trainer.total_steps)
-    with Progress(*columns, console=_err, disable=quiet, transient=False) as bar:
-        task = bar.add_task(f"{cfg.algo.name}", total=total, completed=run.step, stats="")
+    with progress_bar(not quiet, _err, *default_columns(), TextColumn("{task.fields[stats]}")) as bar:
+        task = bar.add_task(f"{cfg.algo.name}", total=total, completed=run.step, stats="") if bar else None
 
         def on_step(step: int, m: dict[str, float]) -> None:
+            if bar is None:
+                return
             stats = (f"reward {m.get('rollout/reward', float('nan')):.3f} "
                      f"acc {m.get('rollout/accuracy', float('nan')):.3f} "
                      f"len {m.get('rollout/response_length', float('nan')):.0f}")
@@ -190,6 +235,19 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
                f"best {fmt(result.best_eval)}  (held-out, x100)\n"
                f"checkpoint  {result.checkpoint}\n"
                f"peak RSS    {_peak_rss_mib():.0f} MiB", highlight=False)
+
+
+def _sigterm_interrupts() -> None:
+    """Makes SIGTERM (``kill``, a container stop, Slurm's scancel) end the run as Ctrl-C does: the
+    run is marked KILLED in MLflow and says so in its folder, instead of staying RUNNING."""
+    import signal
+    import threading
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 def _peak_rss_mib() -> float:
@@ -287,12 +345,8 @@ def jobs(
     from vapo_lab.launch.commands import jobs_table
 
     path, rows = jobs_table(output_dir, grid)
-    table = Table(title=f"grid {path.name} ({path})", title_justify="left")
-    for col in ("cell", "state", "job id", "tracking run id"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(r["cell"], r["state"], r["job_id"], r["run_id"])
-    _out.print(table)
+    cols = (_Col("cell", typed=True), _Col("state"), _Col("job id", typed=True), _Col("tracking run id", typed=True))
+    _print_table(f"grid {path.name} ({path})", cols, [(r["cell"], r["state"], r["job_id"], r["run_id"]) for r in rows])
 
 
 @app.command()
@@ -380,14 +434,12 @@ def base_build(
     cfg = compose_config(overrides=overrides or ()).cfg
     base = build_base_for(cfg, progress=not quiet, force=force)
     m = base.metrics
-    table = Table(title=f"base model {'(cached) ' if base.cached else ''}{base.path}")
     buckets = list(m["accuracy"]["t1"])
-    table.add_column("held-out accuracy")
-    for b in buckets:
-        table.add_column("all digits" if b == "all" else f"{b} digits", justify="right")
-    for mode, label in (("t1", "temperature 1"), ("greedy", "greedy")):
-        table.add_row(label, *(f"{100 * m['accuracy'][mode][b]:.1f}%" for b in buckets))
-    _out.print(table)
+    cols = [_Col("held-out accuracy")] + [_Col("all digits" if b == "all" else f"{b} digits", justify="right")
+                                          for b in buckets]
+    rows = [(label, *(f"{100 * m['accuracy'][mode][b]:.1f}%" for b in buckets))
+            for mode, label in (("t1", "temperature 1"), ("greedy", "greedy"))]
+    _print_table(f"base model {'(cached) ' if base.cached else ''}{base.path}", cols, rows)
     _out.print(f"{m['n_params']:,} parameters; responses {m['response_tokens']['min']}-"
                f"{m['response_tokens']['max']} tokens; final loss {m['final_loss']}; "
                f"built in {m.get('build_seconds', m['train_seconds'] + m['eval_seconds'])} s", highlight=False)
@@ -468,10 +520,10 @@ def eval_(
 
     Example: vapo-lab eval aime24 --samples 32 --model runs/vapo-seed0-20261122-080224 --step 100
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from vapo_lab.eval.harness import MATH_TEMPLATE, EvalSettings, evaluate_model, grade_responses
+    from vapo_lab.progress import progress_bar
 
     settings = EvalSettings(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
                             backend=backend, template=template or MATH_TEMPLATE, chunk_problems=chunk_problems,
@@ -490,11 +542,12 @@ def eval_(
     else:
         columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
                    TimeElapsedColumn(), TimeRemainingColumn()]
-        with Progress(*columns, console=_err, disable=quiet, transient=False) as bar:
-            task = bar.add_task(f"eval {name}", total=None)
+        with progress_bar(not quiet, _err, *columns) as bar:
+            task = bar.add_task(f"eval {name}", total=None, unit="sample") if bar else None
 
             def on_progress(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
+                if bar is not None:
+                    bar.update(task, completed=done, total=total)
 
             result = evaluate_model(bench, model=model, step=step, settings=settings, out_dir=out, data=data,
                                     problem_key=problem_key, answer_key=answer_key, runs_dir=runs_dir,
@@ -537,18 +590,14 @@ def _print_eval(s: dict[str, Any], per_problem: bool) -> None:
                    f"{b['name']} problems: a score near zero is the expected, honest result", highlight=False,
                    soft_wrap=True, markup=False)
     if per_problem:
-        from rich.markup import escape
-
-        table = Table(show_lines=False)
-        for col, justify in (("problem", "left"), ("reference", "right"), ("correct", "right"),
-                             ("accuracy", "right"), ("majority answer", "right")):
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
-        for row in s["per_problem"]:
-            maj = row["majority_answer"]
-            table.add_row(escape(row["problem_id"]), escape(row["reference"]), f"{row['correct']}/{row['samples']}",
-                          pct(row["accuracy"]),
-                          "-" if maj is None else escape(f"{maj[:30]}{' (right)' if row['majority_correct'] else ''}"))
-        _out.print(table)
+        cols = (_Col("problem", typed=True), _Col("reference", typed=True, justify="right"),
+                _Col("correct", justify="right"), _Col("accuracy", justify="right"),
+                _Col("majority answer", justify="right"))
+        rows = [(row["problem_id"], row["reference"], f"{row['correct']}/{row['samples']}", pct(row["accuracy"]),
+                 "-" if row["majority_answer"] is None
+                 else f"{row['majority_answer'][:30]}{' (right)' if row['majority_correct'] else ''}")
+                for row in s["per_problem"]]
+        _print_table(None, cols, rows)
     t = s.get("tracking")
     track = "not logged" if not t else (f"{'new run' if t['new_run'] else 'training run'} {t['run_id']} at step "
                                         f"{t['step']} ({t['uri']})")
