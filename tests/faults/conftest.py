@@ -1,0 +1,72 @@
+"""The fault suite's shared pieces: a small run, an uninterrupted reference, and the checks that a
+faulted-then-resumed run ends with the reference's history, each step logged once, everywhere."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.trainer.conftest import SMALL
+from vapo_lab.trainer.metrics_log import RESERVED, VOLATILE, record_kind
+
+# checkpoints every 3 steps, so a kill leaves steps logged after the last checkpoint to recompute
+STEPS = ["trainer.total_steps=8", "trainer.eval_every=4", "trainer.save_every=3"]
+RUN = [o for o in SMALL if o != "tracking=none"] + STEPS
+
+
+def train(workdir: Path, *args: str, fault: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL point)."""
+    env = {k: v for k, v in os.environ.items() if k != "VAPO_FAULT"}
+    if fault:
+        env["VAPO_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def store(workdir: Path) -> str:
+    return f"sqlite:///{workdir / 'mlflow.db'}"
+
+
+def records(run_dir: Path) -> dict[tuple[str, int], dict]:
+    """Returns {(kind, step): stable metrics} from metrics.jsonl, failing on any repeated step."""
+    out: dict[tuple[str, int], dict] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        key = (record_kind(r), r["step"])
+        assert key not in out, f"{key} logged twice in {run_dir / 'metrics.jsonl'}"
+        out[key] = {k: v for k, v in r.items() if k not in RESERVED and not k.startswith(VOLATILE)}
+    return out
+
+
+def assert_like_reference(run_dir: Path, reference: Path, uri: str) -> None:
+    """The run's history equals the reference's (each step once, the same values) in metrics.jsonl
+    and in MLflow, and its MLflow run is FINISHED."""
+    mine, ref = records(run_dir), records(reference)
+    assert sorted(mine) == sorted(ref)
+    for key in ref:
+        assert mine[key] == ref[key], key
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    full = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        for k, v in r.items():
+            if k not in RESERVED:
+                full.setdefault(k, []).append((r["step"], v))
+    for k, expected in full.items():
+        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, k))
+        assert got == sorted(expected), k  # each (key, step) once, the value metrics.jsonl holds
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A working directory whose caches (base, reward model, critic) and reference run are built once."""
+    path = tmp_path_factory.mktemp("faults")
+    done = train(path, *RUN, f"tracking.uri={store(path)}", "run_name=reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return path
