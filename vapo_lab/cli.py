@@ -200,6 +200,8 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
     from vapo_lab.trainer.run import Run
 
     from vapo_lab.trainer.run import resume_config
+    from vapo_lab.config.preflight import check_run
+    from vapo_lab.trainer.run import CACHE_DIR
 
     composed = compose_config(algo=algo, drop=drop, overrides=overrides)
     cfg, choices = composed.cfg, composed.choices
@@ -208,6 +210,7 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
         if others or algo or drop:
             raise ConfigError(f"resume={cfg.resume} continues a run with its saved config: drop {others or '--algo/--drop'}")
         cfg, choices = resume_config(cfg.resume)
+    check_run(cfg, CACHE_DIR)  # folders and tracking store, before the base build
     command = "vapo-lab " + " ".join(sys.argv[1:])
     _sigterm_interrupts()
     run = Run(cfg, choices, progress=not quiet, log=lambda msg: _err.print(msg, highlight=False),
@@ -296,8 +299,10 @@ def ablate(
     Examples: vapo-lab ablate --drop clip_higher seed=2 ;
     vapo-lab ablate --table1 --seeds 3 --launcher slurm launcher.slurm.partition=gpu
     """
-    from vapo_lab.launch.grid import drop_grid, load_grid
+    from vapo_lab.launch.grid import check_seeds, drop_grid, load_grid
 
+    if seeds is not None:
+        check_seeds(seeds)
     if table1 and drop:
         raise ConfigError("--table1 already holds every --drop variant: give one or the other")
     if not table1 and not drop:
@@ -429,9 +434,12 @@ def base_build(
     Example: vapo-lab base build task.options.max_digits=20 +model.base.steps=400
     """
     from vapo_lab.config.compose import compose_config
-    from vapo_lab.trainer.run import build_base_for
+    from vapo_lab.config.preflight import require_writable
+    from vapo_lab.trainer.run import CACHE_DIR, build_base_for
 
     cfg = compose_config(overrides=overrides or ()).cfg
+    require_writable(CACHE_DIR / "base", f"the base-model cache {CACHE_DIR / 'base'}",
+                     "run vapo-lab from a writable folder")
     base = build_base_for(cfg, progress=not quiet, force=force)
     m = base.metrics
     buckets = list(m["accuracy"]["t1"])
@@ -543,11 +551,13 @@ def eval_(
         columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
                    TimeElapsedColumn(), TimeRemainingColumn()]
         with progress_bar(not quiet, _err, *columns) as bar:
-            task = bar.add_task(f"eval {name}", total=None, unit="sample") if bar else None
+            tasks: list[Any] = []  # added at the first report, after every check: a refusal prints alone
 
             def on_progress(done: int, total: int) -> None:
                 if bar is not None:
-                    bar.update(task, completed=done, total=total)
+                    if not tasks:
+                        tasks.append(bar.add_task(f"eval {name}", total=total, completed=done, unit="sample"))
+                    bar.update(tasks[0], completed=done, total=total)
 
             result = evaluate_model(bench, model=model, step=step, settings=settings, out_dir=out, data=data,
                                     problem_key=problem_key, answer_key=answer_key, runs_dir=runs_dir,

@@ -16,6 +16,7 @@ from vapo_lab.bench.trl import (
     _verifier_reward_model,
     _worker_argv,
     _worker_env,
+    bench_config,
     bench_task,
     build_bench_model,
     compare,
@@ -26,7 +27,6 @@ from vapo_lab.bench.trl import (
 )
 from vapo_lab.bench.trl_cli import bench_trl
 from vapo_lab.cli import _cli_errors
-from vapo_lab.config.compose import compose_config
 
 # 8 completions of <= 4 tokens, 2-digit problems: a step takes well under a second
 SMALL = BenchSpec(completions=8, max_new_tokens=4, group_size=4, mini_batch_size=4, threads=1, digits=2,
@@ -71,7 +71,7 @@ def test_bench_model_has_the_default_size(model_dir):
 
 @pytest.mark.parametrize("algo, n_samples, kl", [("ppo", 1, 0.05), ("vapo", 8, 0.0), ("grpo", 8, 0.04)])
 def test_our_config_does_the_benchmark_work(tmp_path, algo, n_samples, kl):
-    cfg = compose_config(algo=algo, overrides=our_overrides(algo, tmp_path, BenchSpec(), tmp_path)).cfg
+    cfg = bench_config(algo, tmp_path, BenchSpec(), tmp_path).cfg
     assert cfg.algo.name == algo
     assert (cfg.rollout.responses_per_step, cfg.rollout.max_new_tokens, cfg.rollout.n_samples) == (64, 32, n_samples)
     assert (cfg.trainer.ppo_epochs, cfg.trainer.mini_batch_size, cfg.trainer.threads) == (1, 16, 2)

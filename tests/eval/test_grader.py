@@ -1,8 +1,11 @@
 r"""The grader: a hand-checked table of responses, and grade_many's time limit and crash handling."""
 
+import ast
 import multiprocessing
 import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -94,6 +97,17 @@ CASES = [
     (r"\boxed{x^2+2x+1}", "(x+1)^2", False, "x^2+2x+1", True),
     (r"\boxed{x = 3}", "3", False, "x = 3", True),
     (r"\boxed{\pi}", "3.14", False, r"\pi", False),
+    # Markdown emphasis around DAPO's Answer: line (issue 14.10): the value is the number, not "** 73"
+    ("**Answer:** 73", "73", True, "73", True),
+    ("**Answer: 73**", "73", True, "73", True),
+    ("Answer: **73**", "73", True, "73", True),
+    ("**Final Answer:** 73", "73", True, "73", True),
+    ("**Answer**: 73", "73", True, "73", True),
+    ("__Answer:__ 73", "73", True, "73", True),
+    ("*Answer:* 73", "73", True, "73", True),
+    ("Work...\n**Answer:** **$073$**.", "73", True, "$073$.", True),
+    ("**Answer:** 72", "73", True, "72", False),
+    ("Answer: z^*", "z^*", False, "z^*", True),  # a star after ^ is a conjugate, not emphasis
     # nested and escaped braces
     (r"\boxed{\{1,2\}}", r"\{2,1\}", False, r"\{1,2\}", True),
     (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", False,
@@ -137,12 +151,101 @@ def test_normalised_keys_group_equal_answers():
 
 def test_extraction_is_linear_on_adversarial_text():
     # a quadratic regex or brace scan would take minutes on these
-    texts = ["Answer:" + " " * 200_000 + "x", "\\boxedx" * 50_000, "\\fbox{" * 50_000, "$" * 200_000]
+    texts = ["Answer:" + " " * 200_000 + "x", "\\boxedx" * 50_000, "\\fbox{" * 50_000, "$" * 200_000,
+             "Answer" + " " * 200_000 + "x", "Answer:" + " *" * 100_000 + "x", "Answer: 1" + "* " * 100_000]
     start = time.perf_counter()
     for text in texts:
         extract_answer(text)
         normalize_answer(text)
     assert time.perf_counter() - start < 5.0
+
+
+# --- large and pathological answers (issue 14.10) -------------------------------------------------
+# math-verify's time grows with an answer's length and steeply with its nesting, and sympy expands
+# integer powers: before the pre-checks each of these ran into the 5 s limit (and counted wrong).
+PATHOLOGICAL = [
+    ("\\boxed{" + "1" * 1_000_000 + "}", r"\frac{1}{2}"),  # a 1 MB number
+    ("\\boxed{" + "1+" * 500_000 + "1}", r"\frac{1}{2}"),  # a 1 MB sum
+    ("\\boxed{\\text{" + "a " * 500_000 + "}}", r"\frac{1}{2}"),  # 1 MB of text
+    ("\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}", "2"),  # braces nested 5000 deep
+    ("\\boxed{" + "(" * 2000 + "1" + ")" * 2000 + "}", "2"),  # parentheses nested 2000 deep
+    ("\\boxed{" + "\\frac{1}{" * 30 + "2" + "}" * 30 + "}", "2"),  # fractions nested 30 deep
+    (r"\boxed{9^{9^{9^{9}}}}", "1"),  # a power tower: 9^{9^9} alone has 369,693,100 digits
+    (r"\boxed{10^{10^{10}}}", "1"),
+]
+
+
+def test_huge_and_deeply_nested_answers_are_graded_wrong_fast():
+    for response, reference in PATHOLOGICAL:
+        start = time.perf_counter()
+        assert grade(response, reference) is False
+        assert time.perf_counter() - start < 2.5, response[:40]  # was 5 s each (the limit)
+
+
+def test_grade_many_grades_them_within_the_limit():
+    # status "ok" (graded: wrong) for all 8, where all but the 30-deep fractions were a "timeout"
+    results = grade_many([r for r, _ in PATHOLOGICAL], [g for _, g in PATHOLOGICAL], integer=False,
+                         timeout_s=5.0, workers=2)
+    assert [(r.status, r.correct) for r in results] == [("ok", False)] * len(PATHOLOGICAL)
+
+
+def test_pre_checks_keep_right_answers_right():
+    # whitespace is not length: "73" padded with 1 MB of spaces is 73, and "x^2 + 2x + 1" so padded
+    # still reaches math-verify (runs of spaces collapse to one before the length check)
+    assert grade("\\boxed{73" + " " * 1_000_000 + "}", "73", integer=True)
+    assert grade("\\boxed{x^2 + 2x" + " " * 1_000_000 + "+ 1}", "(x+1)^2")
+    # small towers are still evaluated: 2^{2^2} = 2^4 = 16
+    assert grade(r"\boxed{2^{2^{2}}}", "16") and grade(r"\boxed{2^{10}}", "1024")
+    # a continued fraction nested 3 deep: 1/(1 + 1/(1 + 1/2)) = 1/(1 + 2/3) = 3/5
+    assert grade(r"\boxed{\frac{1}{1+\frac{1}{1+\frac{1}{2}}}}", r"\frac{3}{5}")
+    # 399 characters, within the limit of 400: 0+0+...+0+1 = 1 (4 x the reference's 1 character is less)
+    assert grade("\\boxed{" + "0+" * 199 + "1}", "1")
+    # 403 characters: past it, so compared as text only
+    assert not grade("\\boxed{" + "0+" * 201 + "1}", "1")
+
+
+def test_pre_check_measures():
+    # depth counts unescaped ( [ { : \{ is a set brace, written as text
+    assert grader._nesting_depth(r"\left\{ (a+[b]) \right\}") == 2
+    assert grader._nesting_depth("{{x}}") == 2 and grader._nesting_depth("x)(") == 1
+    # digits of integer powers: 2^10 = 1024 has 4; 9^{9^9} = 9^387420489 has
+    # floor(387420489 * log10 9) + 1 = floor(369693099.63) + 1 = 369,693,100
+    assert grader._power_digits(r"2^{10}") == 4 and grader._power_digits("2^10") == 4
+    assert grader._power_digits(r"9^{9^{9}}") == 369_693_100
+    assert grader._power_digits(r"9^{9^{9^{9}}}") == float("inf")
+    # the limit is 10,000 digits: 2^33219 has floor(9999.92) + 1 = 10,000, 2^33220 has 10,001
+    assert grader._power_digits(r"2^{33219}") == 10_000 and grader._power_digits(r"2^{33220}") == 10_001
+    # only integer powers count: in x^{9^{9}} that is 9^9 = 387,420,489 (9 digits); 9^{x} has none
+    assert grader._power_digits(r"x^{9^{9}}") == 9 and grader._power_digits(r"9^{x}") == 0
+
+
+# --- any thread: the limit holds off the main thread (issue 14.10) ---------------------------------
+# math-verify's limit is SIGALRM, which only the main thread receives; elsewhere a power tower ran
+# for minutes holding the GIL, so the script runs in a child process that can always be killed.
+_ON_A_THREAD = r"""
+import threading, time
+from vapo_lab.eval.grader import grade
+cases = [("tower", r"\boxed{9^{9^{9^{9}}}}", "1", 5.0),   # refused by the pre-check
+         ("slow", r"\boxed{(9)^{(9)^{(9)^{(9)}}}}", "1", 2.0),  # passes the pre-checks: killed at 2 s
+         ("half", r"\boxed{\frac{1}{2}}", "0.5", 5.0)]  # a symbolic comparison off the main thread
+out = {}
+def run():
+    for name, response, reference, limit in cases:
+        start = time.perf_counter()
+        out[name] = (grade(response, reference, timeout_s=limit), time.perf_counter() - start)
+thread = threading.Thread(target=run)
+thread.start()
+thread.join()
+print(repr(out))
+"""
+
+
+def test_grade_is_time_bounded_on_any_thread():
+    done = subprocess.run([sys.executable, "-c", _ON_A_THREAD], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert {name: verdict for name, (verdict, _) in out.items()} == {"tower": False, "slow": False, "half": True}
+    assert all(seconds < 20 for _, seconds in out.values()), out  # minutes before
 
 
 # --- grade_many: hangs and crashes -------------------------------------------------------------

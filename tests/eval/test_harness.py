@@ -167,6 +167,17 @@ def test_metrics_of_hand_made_records():
     assert "eval/aime24/avg_at_2_ci95_low" in names and not any("@" in k for k in names)
 
 
+def test_grader_timeouts_and_errors_are_counted_apart():
+    # 4 samples of one problem: 2 timed out, 1 crashed, 1 graded; all 4 count wrong
+    problems = [Problem("a", "?", "5")]
+    records = [{"problem_id": "a", "correct": False, "extracted_answer": None, "grade_status": status}
+               for status in ("timeout", "ok", "error", "timeout")]
+    m, _ = compute_metrics(records, problems, integer=False)
+    assert (m["grade_timeouts"], m["grade_errors"], m["avg_at_4"]) == (2, 1, 0.0)
+    names = metric_names("math500", m)
+    assert (names["eval/math500/grade_timeouts"], names["eval/math500/grade_errors"]) == (2.0, 1.0)
+
+
 def test_metrics_go_into_the_training_run_at_the_checkpoint_step(tiny, tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vapo_lab.cli import app
-from vapo_lab.eval.harness import EvalError, grade_responses
+from vapo_lab.eval.harness import EvalError, EvalSettings, grade_responses
 
 
 def _table():
@@ -54,6 +54,21 @@ def test_responses_cli_prints_the_figures(tmp_path):
     right = sum(c[4] for c in cases)
     assert f"avg@1       {100 * right / len(cases):.1f}%" in result.output
     assert f"{len(cases)} problems x 1 samples" in result.output
+
+
+def test_a_grading_timeout_is_counted_and_reported(tmp_path):
+    # (9)^{(9)^{(9)^{(9)}}} passes the grader's pre-checks and sympy expands it for minutes: over the
+    # 2 s limit, its worker is killed; it counts wrong, and the summary and warnings say so
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "p1", "problem": "?", "answer": r"\frac{1}{2}"}) + "\n")  # not integer
+    responses = tmp_path / "r.jsonl"
+    responses.write_text(json.dumps({"problem_id": "p1", "response": r"\boxed{(9)^{(9)^{(9)^{(9)}}}}"}) + "\n"
+                         + json.dumps({"problem_id": "p1", "response": r"\boxed{0.5}"}) + "\n")
+    r = grade_responses(None, responses, data=data, settings=EvalSettings(grade_timeout_s=2.0),
+                        out_dir=tmp_path / "o", track=False)
+    assert (r.metrics["grade_timeouts"], r.metrics["grade_errors"], r.metrics["avg_at_2"]) == (1, 0, 0.5)
+    assert any("1 timeout" in w for w in r.warnings)
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["metrics"]["grade_timeouts"] == 1
 
 
 def test_several_responses_per_problem_and_bad_lines(tmp_path):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -128,6 +128,8 @@ def _hydra_compose(overrides: list[str]) -> DictConfig:
 
 def _one_line(error: Exception) -> str:
     """Returns Hydra's or OmegaConf's error as one line, with a fix."""
+    if isinstance(error, OverrideParseException):
+        return _parse_error(error.override, error.message)
     text = str(error) if error.__cause__ is None else f"{error}\n{error.__cause__}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     head = lines[0] if lines else type(error).__name__
@@ -155,21 +157,105 @@ def _one_line(error: Exception) -> str:
     if match:
         where = f"{key.group(1)}=" if key else ""
         kind = match.group(2).lower()
-        return f"{where}{match.group(1)} is not a valid {kind}: give a {kind} value"
+        article = "an" if kind[0] in "aeiou" else "a"
+        fix = f"set {key.group(1)} to {article} {kind}" if key else f"give {article} {kind}"
+        return f"{where}{match.group(1)} is not a valid {kind}: {fix}"
+    match = re.search(r"Value '([^']*)' is not a valid bool", " ".join(lines))
+    if match:
+        where = f"{key.group(1)}=" if key else ""
+        fix = f"set {key.group(1)} to true or false" if key else "give true or false"
+        return f"{where}{match.group(1)} is not a valid bool: {fix}"
     return head
 
 
+def _parse_error(override: str, detail: str) -> str:
+    """Returns the one line for an override Hydra cannot parse: which one, what is wrong, the fix."""
+    lines = [ln.strip() for ln in detail.splitlines()
+             if ln.strip() and not ln.strip().startswith(("Error parsing override", "See https://", "^"))]
+    detail = lines[0] if lines else "cannot be parsed"
+    if detail.startswith("LexerNoViableAltException"):
+        detail = "it holds a character the override grammar does not accept here"
+    key, eq, value = override.partition("=")
+    key = key.lstrip("+~")
+    quote = "'trainer.adam_betas=[0.9,0.999]'"  # a list-valued key, to show the shell quoting
+    if not eq:
+        return (f"malformed override {override!r}: overrides are key=value ({detail}); "
+                "e.g. loss.eps_low=0.1 or clip_higher=off")
+    for opening, closing in ("[]", "{}", "()"):
+        if value.count(opening) == value.count(closing):
+            continue
+        inner = value.strip("[]{}() ")
+        problem = f"'{opening}' is not closed" if value.count(opening) > value.count(closing) \
+            else f"'{closing}' closes nothing"
+        if isinstance(_default_value(key), (list, dict)):
+            whole = f"{opening}{inner}{closing}"
+            return (f"malformed override {override!r}: {problem}; write the {'list' if opening == '[' else 'value'} "
+                    f"whole and quote the override for the shell: '{key}={whole}'")
+        return (f"malformed override {override!r}: {problem}; {key} takes one value: write {key}={inner} "
+                f"(a list is written whole and quoted for the shell, e.g. {quote})")
+    if value.count("'") % 2 or value.count('"') % 2:
+        return (f"malformed override {override!r}: a quote is not closed; quote the whole value, "
+                f"e.g. {key}='text with spaces' (itself inside double quotes in a shell)")
+    if any(ch.isspace() for ch in value):
+        return (f"malformed override {override!r}: a value with spaces must be quoted; write "
+                f"{key}='{value}' (itself inside double quotes in a shell)")
+    return (f"malformed override {override!r}: {detail}; overrides are key=value, e.g. loss.eps_low=0.1 or "
+            f"clip_higher=off, and a list is quoted for the shell, e.g. {quote}")
+
+
+def _default_value(key: str) -> object:
+    """Returns the default config's value at dotted ``key`` (None when there is no such key)."""
+    node: object = _default_tree()
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def _closest_key(key: str) -> str:
-    """Returns '; did you mean X?' for the closest dotted key of the default config, or ''."""
+    """Returns '; did you mean X?' for the closest dotted key of the default config, else the keys of
+    ``key``'s group ('; trainer has: ...'), or ''."""
+    keys = _dotted_keys(_default_tree())
+    close = closest_key(key, keys)
+    if close:
+        return f"; did you mean {close}?"
+    group = key.rpartition(".")[0]
+    siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == group)
+    return f"; {group} has: {', '.join(siblings)}" if group and siblings else ""
+
+
+def closest_key(key: str, keys: Sequence[str]) -> str | None:
+    """Returns the key of ``keys`` that ``key`` most likely misspells, or None when none is close.
+
+    Compares the last part with the keys of the same group (``trainer.keep`` is nothing like any
+    ``trainer.*`` key: None, not ``trainer.device``, which shares only the group's name), then a
+    misspelt group (``trainr.total_steps``), then the same last part in another group
+    (``trainer.eps_low`` -> ``loss.eps_low``).
+    """
+    group, _, leaf = key.rpartition(".")
+    groups = {k.rpartition(".")[0] for k in keys}
+    if group not in groups:
+        near = difflib.get_close_matches(group, sorted(groups - {""}), n=1, cutoff=0.75)
+        if near and f"{near[0]}.{leaf}" in keys:
+            return f"{near[0]}.{leaf}"
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == group]
+    near = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+    if near:
+        return f"{group}.{near[0]}" if group else near[0]
+    elsewhere = [k for k in keys if k.rpartition(".")[2] == leaf]
+    return elsewhere[0] if len(elsewhere) == 1 else None
+
+
+def _default_tree() -> dict:
+    """Returns the default config (unresolved, without the hydra node) as nested dicts; {} if it fails."""
     try:
         default = _hydra_compose([])
     except (HydraException, OmegaConfBaseException, ValueError):
-        return ""
+        return {}
     tree = OmegaConf.to_container(default, resolve=False)
     tree.pop("hydra", None)  # type: ignore[union-attr]
-    keys = _dotted_keys(tree)
-    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+    return tree  # type: ignore[return-value]
 
 
 def _dotted_keys(node: object, prefix: str = "") -> list[str]:

@@ -155,4 +155,28 @@ def _relations(get: Any) -> list[str]:
     device = get("trainer.device")
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
         problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")
+    if get("task.name") == "arith":
+        problems += _arith_answer_fits(int(get("rollout.max_new_tokens")), get("task.options"))
     return problems
+
+
+def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str]:
+    """Returns a problem when ``max_new_tokens`` is below the shortest correct response of task=arith
+    (the scratchpad and boxed answer of a ``min_digits`` problem): then no response could be right."""
+    import inspect
+
+    from vapo_lab.tasks.arith import ArithTask, response_tokens
+
+    defaults = inspect.signature(ArithTask).parameters
+    low = options.get("min_digits", defaults["min_digits"].default)
+    high = options.get("max_digits", defaults["max_digits"].default)
+    if not isinstance(low, int) or not isinstance(high, int) or low < 1:
+        return []  # the task itself refuses bad digit options, with their fix
+    shortest = response_tokens(low)
+    if max_new_tokens >= shortest:
+        return []
+    return [f"rollout.max_new_tokens={max_new_tokens} is below the shortest correct response of task=arith: "
+            f"the scratchpad and \\boxed{{}} answer of a {low}-digit problem (task.options.min_digits={low}) take "
+            f"{shortest} tokens, so no response could be complete. Set rollout.max_new_tokens>={shortest} "
+            f"({response_tokens(high, final_carry=True) + 1} fits every problem up to {high} digits, end-of-sequence "
+            "included)"]

@@ -73,20 +73,28 @@ def load_benchmark(name_or_path: str | Path, problem_key: str | None = None,
             line (named with its file and line number).
     """
     name = str(name_or_path)
+    check_benchmark_name(name)
     if name in BENCHMARKS:
         spec = BENCHMARKS[name]
         problems = load_jsonl(data_dir() / spec.file, problem_key or spec.problem_key, answer_key or spec.answer_key)
         return Benchmark(name, problems, spec.integer_answers)
     path = Path(name)
-    if not path.is_file():
-        close = difflib.get_close_matches(name, list(BENCHMARKS), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ConfigError(
-            f"benchmark {name!r} is neither a packaged benchmark{hint} nor an existing file. Use one of "
-            f"{', '.join(BENCHMARKS)}, or the path of a JSONL file with problem and answer fields.")
     problems = load_jsonl(path, problem_key or "problem", answer_key or "answer")
     integer = all(_INTEGER_ANSWER.fullmatch(p.answer.strip()) for p in problems)
     return Benchmark(path.stem, problems, integer)
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "data_dir", "load_benchmark"]
+def check_benchmark_name(name_or_path: str | Path) -> None:
+    """Raises ConfigError unless ``name_or_path`` is a packaged benchmark or an existing file (reads nothing:
+    a command checks it before it resolves or loads a model)."""
+    name = str(name_or_path)
+    if name in BENCHMARKS or Path(name).is_file():
+        return
+    close = difflib.get_close_matches(name, list(BENCHMARKS), n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise ConfigError(
+        f"benchmark {name!r} is neither a packaged benchmark{hint} nor an existing file. Use one of "
+        f"{', '.join(BENCHMARKS)}, or the path of a JSONL file with problem and answer fields.")
+
+
+__all__ = ["BENCHMARKS", "Benchmark", "check_benchmark_name", "data_dir", "load_benchmark"]

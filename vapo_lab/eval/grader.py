@@ -7,11 +7,15 @@ else its last ``Answer:`` line (DAPO's format). ``grade`` compares the answer wi
   zeros, ``1,000``, ``^\circ``, ``\text{}``, ``$...$`` and a trailing period tolerated), compared
   exactly; anything else is wrong, with no symbolic parsing;
 * other sets (MATH-500): equal after cheap normalisation, else math-verify's symbolic
-  equivalence (``math_verify.parse`` / ``verify``).
+  equivalence (``math_verify.parse`` / ``verify``), unless a cheap pre-check finds the answer too
+  long, too deeply nested or holding too large an integer power for sympy (see
+  ``_symbolic_refusal``): such an answer is compared as text only.
 
 ``grade_many`` grades a batch in worker processes with a per-sample time limit: sympy can hang on
 adversarial output, and a hung or crashed sample is reported and counted wrong without stopping
-the rest. Model output is only ever parsed as text, never passed to ``eval``/``exec``.
+the rest. ``grade`` is bounded on any thread: math-verify's own limit (SIGALRM) in the main
+thread, a worker process killed at the limit in any other. Model output is only ever parsed as
+text, never passed to ``eval``/``exec``.
 
 This module imports only the standard library at import time (math-verify, which pulls sympy,
 is imported on first symbolic comparison), so ``vapo_lab.tasks`` can import it cheaply.
@@ -21,9 +25,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import multiprocessing
 import os
 import re
+import signal
 import threading
 import time
 from collections import deque
@@ -34,10 +40,14 @@ from typing import Any
 
 STATUSES = ("ok", "no_answer", "timeout", "error")
 
+_log = logging.getLogger(__name__)
+
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # Greedy to the end of the line (`.` stops at a newline), stripped afterwards: a lazy `(.+?)\s*$`
-# backtracks quadratically on a long run of spaces.
-_ANSWER_LINE = re.compile(r"Answer[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
+# backtracks quadratically on a long run of spaces. Markdown bold may close between "Answer" and
+# its colon (`**Answer**: 73`); the optional group is tried once per "Answer", so this stays linear.
+_ANSWER_LINE = re.compile(r"Answer(?:[ \t]*(?:\*{1,3}|_{1,3}))?[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
+_EMPHASIS = "*_ \t"  # Markdown bold/italic markers (and the spaces beside them) around an answer line's value
 # Whole-string wrappers whose content is the answer.
 _WRAPPERS = ("\\text", "\\textbf", "\\textrm", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed", "\\fbox")
 # Spacing and sizing commands that never change a value (`\!` and `\,` also separate thousands).
@@ -47,6 +57,19 @@ _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°")
 _UNIT = re.compile(r"^(.*?\S)\s*\\(?:text|mbox|mathrm)\s*\{[ a-zA-Z.]*\}$", re.DOTALL)
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?")
 _INTEGER = re.compile(r"([+-]?\d+)(?:\.0*)?")
+_BRACE_OR_ESCAPE = re.compile(r"[\\{}]")
+_GROUPING = re.compile(r"\\.|[{(\[]|[})\]]", re.DOTALL)
+_POWER = re.compile(r"(?<![0-9.])([0-9]+)\s*\^\s*")  # an integer base and its ^
+_DIGITS = re.compile(r"[0-9]+")  # ASCII only: \d also matches other scripts' digits
+
+# Pre-checks before math-verify (sympy), whose time grows with an answer's length and steeply with
+# its nesting (on 2 shared CPU cores: a 1,000-character sum 1 s, braces nested 10 deep 1 s and 20
+# deep over 20 s), and which evaluates integer powers eagerly (9^{9^9} has 369,693,100 digits).
+# MATH-500's references are at most 53 characters long and nested at most 2 deep; an answer past
+# a limit is compared as text only (its normalised key), so it can still equal the reference.
+SYMBOLIC_MAX_CHARS = 400  # after runs of whitespace collapse; or 4x the reference's length, if more
+SYMBOLIC_MAX_DEPTH = 8  # ( [ { nested (unescaped); a 3-deep continued fraction is 3
+SYMBOLIC_MAX_DIGITS = 10_000  # digits of an integer power such as 2^{33219}; int() stops at 4,300
 
 
 def _matching_brace(text: str, open_at: int) -> int:
@@ -54,22 +77,22 @@ def _matching_brace(text: str, open_at: int) -> int:
 
     A backslash escapes the next character, so ``\\{`` and ``\\}`` (set braces, possibly
     unpaired as in ``\\left\\{ ... \\right.``) do not count, while ``\\\\{`` (a line break then a
-    group) does.
+    group) does. The regex jumps over everything else, so a 1 MB answer is scanned in C.
     """
     depth = 0
-    i = open_at
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
+    pos = open_at
+    while (m := _BRACE_OR_ESCAPE.search(text, pos)) is not None:
+        i = m.start()
+        if text[i] == "\\":
+            pos = i + 2
             continue
-        if ch == "{":
+        if text[i] == "{":
             depth += 1
-        elif ch == "}":
+        else:
             depth -= 1
             if depth == 0:
                 return i
-        i += 1
+        pos = i + 1
     return -1
 
 
@@ -113,8 +136,25 @@ def extract_answer(text: str) -> str | None:
     if any(c in text for c in _BOX_COMMANDS):
         boxed = (last_boxed(text) or "").strip()
         return boxed or None
-    lines = [m.strip() for m in _ANSWER_LINE.findall(text)]
-    return lines[-1] if lines and lines[-1] else None
+    lines = _ANSWER_LINE.findall(text)
+    value = _strip_emphasis(lines[-1]) if lines else ""
+    return value or None
+
+
+def _strip_emphasis(value: str) -> str:
+    """Returns an answer line's value without Markdown emphasis: ``** 73`` and ``**73**.`` → ``73`` / ``73.``.
+
+    Models bold the answer line in several ways (``**Answer:** 73``, ``**Answer: 73**``,
+    ``Answer: **73**``), leaving markers at either end of the value; no answer starts with ``*`` or
+    ``_`` or ends with ``_``. A trailing ``*`` after ``^`` is kept: ``z^*`` is a conjugate.
+    """
+    s = value.strip().lstrip(_EMPHASIS)
+    period = "." if s.endswith(".") else ""
+    core = s[:len(s) - len(period)]
+    kept = core.rstrip(_EMPHASIS)
+    if kept.endswith("^") and core[len(kept):].startswith("*"):
+        kept += "*"
+    return kept + period if kept else ""
 
 
 def _unwrap(s: str) -> str:
@@ -171,16 +211,119 @@ def _as_int(key: str) -> int | None:
     return int(match.group(1))
 
 
-def _symbolic_equal(answer: str, reference: str, timeout_s: int | None) -> bool:
-    """Returns math-verify's verdict on ``answer`` ≡ ``reference``; False when either fails to parse.
+def _nesting_depth(text: str) -> int:
+    """Returns how deep unescaped ``(``, ``[`` and ``{`` nest in ``text`` (a stray closer counts nothing)."""
+    depth = deepest = 0
+    for m in _GROUPING.finditer(text):
+        ch = m.group()
+        if ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+    return deepest
 
-    ``timeout_s`` is math-verify's own SIGALRM limit; it only works in a main thread, so it is
-    dropped elsewhere (``grade_many`` enforces its limit by killing the worker instead).
+
+def _int_log10(digits: str) -> float:
+    """Returns log10 of the integer a digit string spells (-inf for 0), without building a huge int."""
+    digits = digits.lstrip("0")
+    if not digits:
+        return -math.inf
+    if len(digits) <= 300:
+        return math.log10(int(digits))
+    return len(digits) - 15 + math.log10(int(digits[:15]))  # leading 15 digits, shifted
+
+
+def _tower_log10(text: str, at: int) -> tuple[float, int] | None:
+    """Returns (log10 of the value, end index) of the integer power at ``at`` (``9^{9^{9}}``), else None.
+
+    ``text[at:]`` must start with an integer base and ``^``; the exponent is ``{...}`` holding an
+    integer or another such power, or a bare digit run (math-verify reads ``2^10`` as 2^10).
+    Anything else (``9^{x}``, ``9^{-1}``, ``9^{2n}``) is not an integer power: None. The log10 is
+    inf when it overflows a float.
     """
+    m = _POWER.match(text, at)
+    if m is None:
+        return None
+    j = m.end()
+    if j < len(text) and text[j] == "{":
+        end = _matching_brace(text, j)
+        if end < 0:
+            return None
+        exponent, stop = text[j + 1:end].strip(), end + 1
+    else:
+        run = _DIGITS.match(text, j)
+        if run is None:
+            return None
+        exponent, stop = run.group(), run.end()
+    if _DIGITS.fullmatch(exponent):
+        exp_log10 = _int_log10(exponent)
+    else:
+        inner = _tower_log10(exponent, 0)
+        if inner is None or inner[1] != len(exponent):
+            return None
+        exp_log10 = inner[0]
+    base_log10 = _int_log10(m.group(1))
+    if base_log10 <= 0 or exp_log10 == -math.inf:  # 0^E, 1^E or b^0: 0 or 1
+        return 0.0, stop
+    # log10(b^E) = E·log10(b), with E = 10^log10(E)
+    return (math.inf if exp_log10 > 300 else 10.0 ** exp_log10 * base_log10), stop
+
+
+def _power_digits(text: str) -> float:
+    """Returns the digit count of the largest integer power written in ``text`` (0 if none; may be inf).
+
+    ``2^{10}`` = 1024: 4; ``9^{9^{9}}`` = 9^387420489: ⌊387420489·log10 9⌋ + 1 = 369,693,100.
+    """
+    largest = 0.0
+    for m in _POWER.finditer(text):
+        tower = _tower_log10(text, m.start())
+        if tower is not None:
+            largest = max(largest, math.inf if math.isinf(tower[0]) else math.floor(tower[0]) + 1)
+    return largest
+
+
+def _symbolic_refusal(answer: str, reference: str) -> str | None:
+    """Returns why sympy should not see ``answer`` (too long, nested or large), else None.
+
+    ``answer`` has its whitespace runs collapsed already. The limits (``SYMBOLIC_MAX_*``) are far
+    beyond any reference answer and below what sympy does in a fraction of the time limit.
+    """
+    if len(answer) > max(SYMBOLIC_MAX_CHARS, 4 * len(reference)):
+        return f"{len(answer)} characters"
+    depth = _nesting_depth(answer)
+    if depth > SYMBOLIC_MAX_DEPTH:
+        return f"nested {depth} deep"
+    digits = _power_digits(answer)
+    if digits > SYMBOLIC_MAX_DIGITS:
+        return f"an integer power of {digits:.0f} digits"
+    return None
+
+
+def _symbolic_equal(answer: str, reference: str, timeout_s: float | None) -> bool:
+    """Returns math-verify's verdict on ``answer`` ≡ ``reference``; False if either fails to parse or times out.
+
+    The limit holds on every thread. ``timeout_s`` None: no limit here, the caller bounds the
+    process (``grade_many`` kills its worker). Main thread: math-verify's own SIGALRM limit. Any
+    other thread (or no SIGALRM, as on Windows): the comparison runs in a worker process that is
+    killed at the limit, because no in-process bound can stop sympy there (it may hold the GIL
+    for minutes expanding a power tower). A comparison over the limit counts False and is logged.
+    """
+    if timeout_s is None:
+        return _math_verify_equal(answer, reference, None)
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGALRM"):
+        return _math_verify_equal(answer, reference, timeout_s)
+    verdict = _OFF_MAIN_THREAD.equal(answer, reference, timeout_s)
+    if verdict is None:
+        _log.warning("grading took over %s s (off the main thread): counted wrong: %.200s", timeout_s, answer)
+        return False
+    return verdict
+
+
+def _math_verify_equal(answer: str, reference: str, timeout_s: float | None) -> bool:
+    """Returns math-verify's verdict, with its own SIGALRM limit (main thread only) or none."""
     from math_verify import parse, verify
 
-    if threading.current_thread() is not threading.main_thread():
-        timeout_s = None
     wrap = lambda s: s if "$" in s else f"${s}$"
     gold = parse(wrap(reference), parsing_timeout=timeout_s)
     pred = parse(wrap(answer), parsing_timeout=timeout_s)
@@ -189,13 +332,16 @@ def _symbolic_equal(answer: str, reference: str, timeout_s: int | None) -> bool:
     return bool(verify(gold, pred, timeout_seconds=timeout_s))
 
 
-def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: int | None = 5) -> bool:
+def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: float | None = 5) -> bool:
     """Returns True iff the extracted ``answer`` equals ``reference``.
 
     Equal normalised keys → True. Both integers → exact integer comparison. Otherwise, with
     ``integer`` → False (an AIME answer that is not an integer literal is wrong, whatever it
     evaluates to); without → math-verify symbolic equivalence. An ``integer`` set whose
-    reference is not an integer falls back to math-verify too.
+    reference is not an integer falls back to math-verify too. An answer that fails a pre-check
+    (``_symbolic_refusal``: over 400 characters, nested over 8 deep, or an integer power over
+    10,000 digits) never reaches math-verify: its key did not equal the reference's, so False.
+    ``timeout_s`` bounds math-verify on any thread (see ``_symbolic_equal``); None: unbounded.
     """
     key, ref_key = normalize_answer(answer, integer), normalize_answer(reference, integer)
     if key and key == ref_key:
@@ -205,15 +351,19 @@ def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: 
         return value == ref_value
     if integer and ref_value is not None:
         return False
-    return _symbolic_equal(answer, reference, timeout_s)
+    compact = re.sub(r"\s+", " ", answer).strip()  # LaTeX reads a run of spaces as one
+    if _symbolic_refusal(compact, reference) is not None:
+        return False
+    return _symbolic_equal(compact, reference, timeout_s)
 
 
-def grade(response: str, reference: str, integer: bool = False, timeout_s: int | None = 5) -> bool:
+def grade(response: str, reference: str, integer: bool = False, timeout_s: float | None = 5) -> bool:
     """Returns True iff the final answer of ``response`` equals ``reference`` (see ``match_answer``).
 
-    In-process (the reward's path), bounded only by math-verify's own alarm (main thread) and
-    never raising: an error in the comparison grades the response wrong. ``grade_many`` also
-    survives hangs and crashes, and reports them.
+    In-process (the reward's path), bounded by ``timeout_s`` on any thread (math-verify's alarm
+    in the main thread, a killed worker process elsewhere) and never raising: an error or a
+    timeout grades the response wrong (a timeout is logged). ``grade_many`` also survives hangs
+    and crashes, and reports them per sample.
     """
     try:
         answer = extract_answer(response)
@@ -244,6 +394,9 @@ class GradeResult:
 # a slow sample is reported as "timeout" rather than silently graded wrong.
 _match_in_worker = functools.partial(match_answer, timeout_s=None)
 
+# A job for ``_worker``: (response or answer, reference, integer) -> the fields of a GradeResult.
+_Job = Callable[[str, str, bool], tuple[Any, ...]]
+
 
 def _grade_one(response: str, reference: str, integer: bool,
                match_fn: Callable[[str, str, bool], bool]) -> tuple[str | None, bool, str, str]:
@@ -258,8 +411,19 @@ def _grade_one(response: str, reference: str, integer: bool,
         return answer, False, "error", f"{type(e).__name__}: {e}"[:500]
 
 
-def _worker(conn: Connection, match_fn: Callable[[str, str, bool], bool], warm_up: bool) -> None:
-    """Grades chunks ``[(response, reference, integer), ...]`` from ``conn``, one reply per sample.
+def _compare_one(answer: str, reference: str, integer: bool) -> tuple[str, bool, str, str]:
+    """Returns the fields of a GradeResult for math-verify on an extracted ``answer``, unbounded here.
+
+    The job of ``_OffMainThread``'s workers (``integer`` is unused: only the symbolic step comes here).
+    """
+    try:
+        return answer, bool(_math_verify_equal(answer, reference, None)), "ok", ""
+    except Exception as e:  # noqa: BLE001 - reported to the caller as "error"
+        return answer, False, "error", f"{type(e).__name__}: {e}"[:500]
+
+
+def _worker(conn: Connection, job: _Job, warm_up: bool) -> None:
+    """Runs ``job`` on chunks ``[(response, reference, integer), ...]`` from ``conn``, one reply per sample.
 
     Says "ready" once warm (math-verify imported and its parser built, ~0.2 s the first time), so
     that start-up is not charged to the first sample's time limit. A reply per sample tells the
@@ -269,7 +433,7 @@ def _worker(conn: Connection, match_fn: Callable[[str, str, bool], bool], warm_u
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(lambda record: "Timeout is disabled" not in record.getMessage())
     if warm_up:
-        _grade_one("\\boxed{\\frac{1}{2}}", "0.5", False, match_fn)
+        job("\\boxed{\\frac{1}{2}}", "0.5", False)
     conn.send("ready")
     while True:
         try:
@@ -279,7 +443,7 @@ def _worker(conn: Connection, match_fn: Callable[[str, str, bool], bool], warm_u
         if chunk is None:
             return
         for response, reference, integer in chunk:
-            conn.send(_grade_one(response, reference, integer, match_fn))
+            conn.send(job(response, reference, integer))
 
 
 def _context() -> Any:
@@ -298,9 +462,9 @@ def _context() -> Any:
 class _Slot:
     """One worker process and the chunk it is grading: ``chunk[pos]`` is in progress since ``since``."""
 
-    def __init__(self, ctx: Any, match_fn: Callable[[str, str, bool], bool], warm_up: bool) -> None:
+    def __init__(self, ctx: Any, job: _Job, warm_up: bool) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, match_fn, warm_up), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, job, warm_up), daemon=True)
         self.proc.start()
         child.close()
         self.state = "starting"  # then "idle" / "busy"
@@ -320,6 +484,72 @@ class _Slot:
             self.proc.kill()
         self.proc.join()
         self.conn.close()
+
+
+class _OffMainThread:
+    """Worker processes for math-verify comparisons made off the main thread (``_symbolic_equal``).
+
+    A worker is started on first need (its start-up is not charged to the limit) and kept for the
+    next call, one per thread grading at once, so a reward computed on another thread pays one
+    pipe round trip per symbolic comparison. Over the limit, the worker is killed.
+    """
+
+    def __init__(self, start_timeout_s: float = 120.0) -> None:
+        self.start_timeout_s = start_timeout_s
+        self._lock = threading.Lock()
+        self._idle: list[_Slot] = []
+
+    def equal(self, answer: str, reference: str, timeout_s: float) -> bool | None:
+        """Returns math-verify's verdict, or None when it took longer than ``timeout_s`` (worker killed).
+
+        Raises:
+            RuntimeError: a worker could not start, died, or the comparison raised.
+        """
+        with self._lock:
+            slot = self._idle.pop() if self._idle else None
+        slot = slot or self._start()
+        try:
+            slot.conn.send([(answer, reference, False)])
+            if not slot.conn.poll(timeout_s):
+                slot.stop(kill=True)
+                return None
+            _, verdict, status, detail = slot.conn.recv()
+        except (EOFError, OSError):
+            slot.stop(kill=True)
+            raise RuntimeError(f"the grading process died (exit code {slot.proc.exitcode})") from None
+        with self._lock:
+            self._idle.append(slot)
+        if status != "ok":
+            raise RuntimeError(detail)
+        return verdict
+
+    def _start(self) -> _Slot:
+        """Returns a started, warmed-up worker."""
+        try:
+            slot = _Slot(_context(), _compare_one, warm_up=True)
+        except Exception as e:  # e.g. a daemonic process may not have children
+            raise RuntimeError(f"could not start a grading process for a thread other than the main one "
+                               f"({type(e).__name__}: {e}); grade from the main thread, or use grade_many") from e
+        try:
+            ready = slot.conn.poll(self.start_timeout_s) and slot.conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            slot.stop(kill=True)
+            raise RuntimeError(f"a grading process did not start within {self.start_timeout_s} s "
+                               f"(exit code {slot.proc.exitcode})")
+        slot.state = "idle"
+        return slot
+
+    def close(self) -> None:
+        """Ends the idle workers (busy ones end with their call)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for slot in idle:
+            slot.stop(kill=False)
+
+
+_OFF_MAIN_THREAD = _OffMainThread()
 
 
 def grade_many(responses: Sequence[str], references: Sequence[str], integer: bool,
@@ -359,9 +589,9 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
     # ~4 chunks per worker balance the load; 64 bounds the work requeued after a kill
     size = max(1, min(64, n // (4 * workers)))
     queue = deque(list(range(i, min(i + size, n))) for i in range(0, n, size))
-    match_fn = match_fn or _match_in_worker
+    job = functools.partial(_grade_one, match_fn=match_fn or _match_in_worker)
     ctx = _context()
-    start = lambda: _Slot(ctx, match_fn, warm_up=not integer)
+    start = lambda: _Slot(ctx, job, warm_up=not integer)
     slots = [start() for _ in range(min(workers, len(queue)))]
     results: list[GradeResult | None] = [None] * n
     remaining = n
@@ -434,6 +664,9 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
 
 __all__ = [
     "STATUSES",
+    "SYMBOLIC_MAX_CHARS",
+    "SYMBOLIC_MAX_DEPTH",
+    "SYMBOLIC_MAX_DIGITS",
     "GradeResult",
     "extract_answer",
     "grade",

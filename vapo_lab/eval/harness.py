@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import VapoLabError
-from vapo_lab.eval.data import BENCHMARKS, Benchmark, load_benchmark
+from vapo_lab.eval.data import BENCHMARKS, Benchmark, check_benchmark_name, load_benchmark
 from vapo_lab.eval.grader import grade_many, last_boxed, normalize_answer
 from vapo_lab.eval.metrics import (
     avg_at_k,
@@ -353,16 +353,27 @@ def arith_bench(ref: ModelRef | None) -> EvalBench:
                      chat_template="none")
 
 
-def load_eval_bench(bench: str | None, ref: ModelRef | None, data: str | Path | None = None,
-                    problem_key: str | None = None, answer_key: str | None = None) -> EvalBench:
-    """Returns the benchmark to evaluate: arith, a packaged set, or ``data`` (a JSONL file)."""
+def check_benchmark(bench: str | None, data: str | Path | None = None) -> None:
+    """Raises EvalError or ConfigError unless ``bench`` / ``data`` name one benchmark that exists; reads
+    nothing, so a command checks it before it resolves or loads a model."""
     if data is not None:
         if bench not in (None, str(data)):
             raise EvalError(f"give either a benchmark name ({bench}) or --data {data}, not both")
+        check_benchmark_name(data)
+    elif bench is None:
+        raise EvalError(f"no benchmark given: name one of arith, {', '.join(BENCHMARKS)}, or give --data FILE.jsonl")
+    elif bench != ARITH:
+        check_benchmark_name(bench)
+
+
+def load_eval_bench(bench: str | None, ref: ModelRef | None, data: str | Path | None = None,
+                    problem_key: str | None = None, answer_key: str | None = None) -> EvalBench:
+    """Returns the benchmark to evaluate: arith, a packaged set, or ``data`` (a JSONL file)."""
+    check_benchmark(bench, data)
+    if data is not None:
         b: Benchmark = load_benchmark(Path(data), problem_key, answer_key)
         return EvalBench(b.name, b.problems, b.integer_answers, str(Path(data).resolve()))
-    if bench is None:
-        raise EvalError(f"no benchmark given: name one of arith, {', '.join(BENCHMARKS)}, or give --data FILE.jsonl")
+    assert bench is not None  # check_benchmark
     if bench == ARITH:
         return arith_bench(ref)
     b = load_benchmark(bench, problem_key, answer_key)
@@ -405,6 +416,7 @@ def compute_metrics(records: Sequence[dict[str, Any]], problems: Sequence[Proble
     Problems without a record are left out (``problems_graded`` counts the rest). avg@N is the
     mean per-sample accuracy (pass@1 from N samples), its SE and bootstrap CI over problems;
     pass@k for k = 1, 2, 4, ... N (the unbiased estimator); maj@N votes by normalised answer.
+    ``grade_timeouts`` / ``grade_errors`` count the samples the grader timed out on / crashed on.
     """
     by_problem: dict[str, list[dict[str, Any]]] = {}
     for r in records:
@@ -434,6 +446,10 @@ def compute_metrics(records: Sequence[dict[str, Any]], problems: Sequence[Proble
         "truncated_frac": (sum(r == "length" for r in reasons) / len(reasons)
                            if all(r is not None for r in reasons) else None),
         "grade_status": statuses,
+        # samples over the grader's time limit or whose grading crashed: counted wrong above, and
+        # counted here apart, so that they show in the summary and log as metrics
+        "grade_timeouts": statuses.get("timeout", 0),
+        "grade_errors": statuses.get("error", 0),
     }
     rows = []
     for p, row, ans in zip(graded, correct, answers):
@@ -709,8 +725,10 @@ def evaluate_model(
     import torch
 
     check_settings(settings)
+    check_benchmark(bench, data)  # a file or packaged set is read before the model is looked for; arith needs the run
+    early = None if bench == ARITH and data is None else load_eval_bench(bench, None, data, problem_key, answer_key)
     ref = resolve_model(model, step, runs_dir, tracking_uri)
-    bch = load_eval_bench(bench, ref, data, problem_key, answer_key)
+    bch = early or load_eval_bench(bench, ref, data, problem_key, answer_key)
     n = settings.samples
     seed = settings.seed
     seed_rule = "given"
@@ -740,6 +758,7 @@ def evaluate_model(
         **_grader_settings(bch, settings),
     }
 
+    _require_out(out, out_dir is not None)
     out.mkdir(parents=True, exist_ok=True)
     samples_path = out / SAMPLES_FILE
     if overwrite:
@@ -890,6 +909,15 @@ def log_metrics_to_mlflow(summary: dict[str, Any], ref: ModelRef | None, bench: 
         return None
 
 
+def _require_out(out: Path, given: bool) -> None:
+    """Raises EvalError when the output folder ``out`` cannot be made or written (before any compute)."""
+    from vapo_lab.config.preflight import require_writable
+
+    require_writable(out, f"--out {out}" if given else f"the output folder {out}",
+                     "give --out a writable folder" if given else "run from a writable folder, or give --out one",
+                     EvalError)
+
+
 # -- responses generated elsewhere ---------------------------------------------------------------
 def read_responses(path: str | Path, problems: Sequence[Problem]) -> list[dict[str, Any]]:
     """Returns sample records from a JSONL of responses: ``problem_id`` (or ``id``) and ``response``.
@@ -898,13 +926,15 @@ def read_responses(path: str | Path, problems: Sequence[Problem]) -> list[dict[s
     ``finish_reason`` ("length" = truncated). Records come back in benchmark order.
 
     Raises:
-        EvalError: a missing file, a malformed line or an unknown problem id, named with its line.
+        EvalError: a missing file, a malformed line, an unknown problem id, or a sample_index that is
+            not one of 0..k-1 (k: the problem's responses) or repeats, named with its line.
     """
     path = Path(path)
     if not path.is_file():
         raise EvalError(f"--responses {path} does not exist: give a JSONL file with problem_id and response keys")
     known = {p.id: p for p in problems}
     per_problem: dict[str, list[dict[str, Any]]] = {}
+    line_of: dict[int, int] = {}  # id(record) -> its line
     for number, d in jsonl_objects(path, EvalError):
         pid = d.get("problem_id", d.get("id"))
         response = d.get("response")
@@ -919,9 +949,29 @@ def read_responses(path: str | Path, problems: Sequence[Problem]) -> list[dict[s
             raise EvalError(f"{path}:{number}: problem_id {pid!r} is not in the benchmark ({hint}); use the "
                             "benchmark's problem ids")
         rows = per_problem.setdefault(pid, [])
-        rows.append({"problem_id": pid, "sample_index": int(d.get("sample_index", len(rows))), "prompt": d.get("prompt"),
+        index = d.get("sample_index", len(rows))
+        if isinstance(index, float) and index.is_integer():
+            index = int(index)
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise EvalError(f"{path}:{number}: sample_index {index!r} is not an integer: number each problem's "
+                            "responses 0, 1, 2, ..., or leave sample_index out (order of appearance)")
+        rows.append({"problem_id": pid, "sample_index": index, "prompt": d.get("prompt"),
                      "response": response, "extracted_answer": None, "reference": known[pid].answer,
                      "correct": False, "length": d.get("length"), "finish_reason": d.get("finish_reason")})
+        line_of[id(rows[-1])] = number
+    for pid, rows in per_problem.items():  # each problem's k responses are numbered 0..k-1, each once
+        seen: dict[int, int] = {}
+        for r in rows:
+            index, number = r["sample_index"], line_of[id(r)]
+            if not 0 <= index < len(rows):
+                raise EvalError(f"{path}:{number}: sample_index {index} is out of range: problem {pid} has {len(rows)} "
+                                f"responses, numbered 0..{len(rows) - 1}, each once; renumber them, or leave "
+                                "sample_index out (order of appearance)")
+            if index in seen:
+                raise EvalError(f"{path}:{number}: sample_index {index} of problem {pid} is given twice (also on line "
+                                f"{seen[index]}); number its responses 0..{len(rows) - 1}, each once, or leave "
+                                "sample_index out (order of appearance)")
+            seen[index] = number
     return [r for p in problems for r in sorted(per_problem.get(p.id, []), key=lambda r: r["sample_index"])]
 
 
@@ -945,8 +995,12 @@ def grade_responses(
     (or a latest run) for its task. Writes ``samples.jsonl`` (graded) and ``summary.json``.
     """
     check_settings(settings)
+    check_benchmark(bench, data)
     ref = resolve_model(model, step, runs_dir, tracking_uri) if (bench == ARITH or model is not None) else None
     bch = load_eval_bench(bench, ref, data, problem_key, answer_key)
+    out = Path(out_dir) if out_dir is not None else Path("evals") / (
+        f"{_UNSAFE.sub('_', bch.name).replace('/', '_')}-responses-{Path(responses).stem}")
+    _require_out(out, out_dir is not None)
     records = read_responses(responses, bch.problems)
     if not records:
         raise EvalError(f"--responses {responses} holds no response")
@@ -963,8 +1017,6 @@ def grade_responses(
         warnings.append(f"grading: {', '.join(f'{v} {k}' for k, v in bad.items())} (counted wrong)")
     n = metrics["samples_per_problem"]
     n = n if isinstance(n, int) else n["min"]
-    out = Path(out_dir) if out_dir is not None else Path("evals") / (
-        f"{_UNSAFE.sub('_', bch.name).replace('/', '_')}-responses-{Path(responses).stem}")
     out.mkdir(parents=True, exist_ok=True)
     (out / SAMPLES_FILE).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
                                     encoding="utf-8")

@@ -172,10 +172,7 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
         else:
             raise ConfigError(f"grid file {path_or_name} not found: give a YAML file or one of "
                               f"{', '.join(shipped) or '(none shipped)'}")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"grid file {path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    raw = yaml_file(path, "grid file")
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not raw["cells"]:
         raise ConfigError(f"grid file {path}: needs a non-empty list `cells:` of {{name, algo, drop, overrides}}")
     unknown = set(raw) - {"name", "experiment", "description", "seeds", "overrides", "sweep", "cells"}
@@ -203,8 +200,7 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
                       "overrides": [str(o) for o in cell.get("overrides", [])]})
     file_seeds = raw.get("seeds", [0])
     if seeds is not None:
-        if seeds < 1:
-            raise ConfigError(f"--seeds {seeds}: must be >= 1")
+        check_seeds(seeds)
         file_seeds = list(range(seeds))
     if not isinstance(file_seeds, list) or not all(isinstance(s, int) for s in file_seeds) or not file_seeds:
         raise ConfigError(f"grid file {path}: `seeds` must be a non-empty list of integers")
@@ -219,8 +215,41 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
                 cells=cells, source=str(path))
 
 
+def check_seeds(seeds: int) -> None:
+    """Raises ConfigError unless ``--seeds N`` asks for at least one seed (a grid runs seeds 0..N-1)."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: a grid runs seeds 0..N-1, so N must be >= 1; give --seeds 1 or "
+                          "more, or leave --seeds out")
+
+
+def yaml_file(path: Path, what: str) -> Any:
+    """Returns the YAML document in ``path``; raises ConfigError naming the file and line of a byte
+    that is not UTF-8 or of a YAML error."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{what} {path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
+                          "save it as UTF-8") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        if mark is None:
+            raise ConfigError(f"{what} {path}: not valid YAML ({str(e).splitlines()[0]}); fix it") from None
+        problem = getattr(e, "problem", None) or "a syntax error"
+        context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+        where = f", {context} that starts on line {start.line + 1}" if context and start and start.line != mark.line \
+            else (f", {context}" if context else "")
+        raise ConfigError(f"{what} {path}:{mark.line + 1}: not valid YAML ({problem} at column {mark.column + 1}"
+                          f"{where}); fix that line") from None
+
+
 def drop_grid(drops: Sequence[str], seeds: int = 1) -> Grid:
     """Returns the one-variant grid of ``vapo-lab ablate --drop A [--drop B]``: VAPO without them."""
+    check_seeds(seeds)
     name = "vapo-no-" + "-".join(drops)
     return Grid(name="ablate", experiment="ablate", seeds=list(range(seeds)), overrides=[], sweep={},
                 cells=[{"name": name, "algo": "vapo", "drop": list(drops), "overrides": []}],

@@ -56,6 +56,10 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         raise ReportError(f"--band {band}: choose minmax or std")
     if not 0 < smooth <= 1:
         raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
+    from vapo_lab.config.preflight import require_writable
+
+    require_writable(Path(out or Path("reports") / experiment), f"--out {out}" if out else
+                     f"the report folder reports/{experiment}", "give --out a writable folder", ReportError)
     runs = load_runs(tracking_uri, experiment, CURVE_METRICS + CLIP_KEYS)
     groups = group(runs)
     if not variants:  # the paper's pair, or whatever of it the experiment holds

@@ -95,13 +95,18 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
     ``metrics`` (every metric under ``PREFIXES`` is always read).
 
     Raises:
-        ReportError: no such experiment, or no runs in it (naming `vapo-lab ablate`).
+        ReportError: no such store (a local one is never created), no such experiment, or no runs
+            in it (naming `vapo-lab ablate`).
     """
     from mlflow.tracking import MlflowClient
 
     from vapo_lab.track import resolve_tracking_uri
 
+    from vapo_lab.config.preflight import require, tracking_problems
+
     uri = resolve_tracking_uri(tracking_uri)
+    # a store that is not there is named, never created empty by MLflow
+    require(tracking_problems(tracking_uri, key="--tracking-uri", must_exist=True), ReportError)
     client = MlflowClient(tracking_uri=uri)
     try:
         exp = client.get_experiment_by_name(experiment)

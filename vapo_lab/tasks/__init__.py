@@ -35,10 +35,15 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
     """Yields (line number, object) for each non-blank line of the JSONL file ``path``.
 
     Raises:
-        error: a line that is not valid JSON or not a JSON object, named by file and line number.
+        error: a line that is not UTF-8, not valid JSON or not a JSON object, named by file and line number.
     """
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is no error
+            except UnicodeDecodeError as e:
+                raise error(f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                            "save it as UTF-8") from None
             if not line.strip():
                 continue
             try:

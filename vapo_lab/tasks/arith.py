@@ -93,6 +93,15 @@ def _words(name: str, value: int, n: int) -> str:
     return " ".join(f"{name}{column}_{d}" for column, d in enumerate(_digits(value, n), start=1))
 
 
+def response_tokens(n_digits: int, final_carry: bool = False) -> int:
+    r"""Returns the tokens of a correct response to an n-digit problem, end-of-sequence not counted.
+
+    ``c{n}_0``, then ``zK cK-1`` per column (2n), ``\boxed{``, the answer's n digits (n + 1 with a
+    final carry) and ``}``: 3n + 3, or 3n + 4 (one token a word, see the module docstring).
+    """
+    return 3 * n_digits + 3 + int(final_carry)
+
+
 class ArithTask:
     """Returns problems of n-digit addition with a scratchpad; train and eval splits are disjoint.
 
