@@ -27,7 +27,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _wait_for(predicate, what, timeout=300):
+def _wait_for(predicate, what, timeout=900):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
@@ -90,7 +90,7 @@ def test_mlflow_server_stopped_and_restarted_mid_run(workdir, tmp_path):
         down_at = len(_train_steps(run_dir))
         _wait_for(lambda: len(_train_steps(run_dir)) >= down_at + 10, "10 steps with the server down")
         srv = MlflowServer("127.0.0.1", port, server_store).__enter__()  # and comes back
-        out, err = proc.communicate(timeout=600)
+        out, err = proc.communicate(timeout=1800)
         assert proc.returncode == 0, err[-3000:]
         assert err.count("spooling metrics") == 1 and err.count("answers again") == 1, err
         assert _train_steps(run_dir) == set(range(201))
@@ -98,7 +98,7 @@ def test_mlflow_server_stopped_and_restarted_mid_run(workdir, tmp_path):
         done = subprocess.run([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet",
                                *[a for a in args if not a.startswith(("tracking.uri", "run_name"))],
                                f"tracking.uri={store(workdir)}", "run_name=reference-200"],
-                              cwd=workdir, capture_output=True, text=True, timeout=600)
+                              cwd=workdir, capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, done.stderr[-2000:]
         assert_like_reference(run_dir, reference, srv.url)
     finally:
