@@ -170,8 +170,12 @@ class MlflowTracker:
         """Sends those of ``records`` ({step, timestamp, metrics}) whose (key, step) the run does not
         hold yet: after a resume, the steps a killed process wrote to its local record but never
         got to send. The store is asked once per metric key; nothing is sent twice."""
-        if records:
-            self._queue.put(("backfill", records)) if self._thread is not None else self._backfill(records)
+        if not records:
+            return
+        if self._thread is not None:
+            self._queue.put(("backfill", records))
+        else:
+            self._backfill(records)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         """Sets tags on the run (best effort: tags are re-set at the next start/resume)."""
