@@ -1,4 +1,4 @@
-"""Bad input is refused first, in one line naming the value, the rule and the fix (issue 14, item 9).
+"""Bad input is refused first, in one line naming the value, the rule and the fix.
 
 Each test runs the CLI in an empty working directory with every expensive step (base-model build,
 model load, grid submission, generation) patched to fail the test if it is reached, and checks

@@ -1,5 +1,5 @@
 """The Typer CLI: help, components table, config printing, one-line errors; tables that never cut
-what a user types, and train progress that reaches a log as it goes (issue 14, items 11-12)."""
+what a user types, and train progress that reaches a log as it goes."""
 
 import io
 import os

@@ -1,5 +1,5 @@
 """Progress of long phases: a rich bar on a terminal; in a log (Slurm, nohup, | tee) plain lines with
-phase, step k/N, rate and ETA at a steady interval, each flushed (issue 14, item 12)."""
+phase, step k/N, rate and ETA at a steady interval, each flushed."""
 
 import io
 

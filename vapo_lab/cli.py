@@ -128,7 +128,7 @@ class _Col:
 
 
 def _print_table(title: str | None, cols: Sequence[_Col], rows: Sequence[Sequence[str]], lines: bool = False) -> None:
-    """Prints a title line and a table that keeps every typed cell whole (issue 14, item 11).
+    """Prints a title line and a table that keeps every typed cell whole.
 
     On a terminal: a rich table whose typed columns (and those of one word a cell) are as wide as
     their longest line, or else their longest word (a cell then wraps between words). Where even

@@ -4,7 +4,13 @@ A writer calls :func:`write_manifest` last, after every other file of the folder
 records the SHA-256 and size of each file in ``manifest.json``. A reader calls
 :func:`manifest_problem` before loading anything: a zeroed, truncated or edited file, a missing
 file or a missing manifest is named, and the caller rebuilds (caches) or falls back to an older
-folder (checkpoints) instead of loading it. Hashing a 4 MB tiny-model folder takes ~10 ms.
+folder (checkpoints) instead of loading it.
+
+Cost: one full read of the folder per write and per check. Measured on 2 CPU cores: 7 ms for the
+default base model (4.7 MB), 31 ms for a default checkpoint (26 MB, policy, critic and optimiser
+state) — noise next to a 3 s step. At about 1 GB/s it would add minutes to each save of a
+multi-hundred-GB checkpoint; a sharded, distributed checkpoint wants checksums per shard, written
+by the rank that writes the shard.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Progress of long phases (base build, training, evaluation): a live bar on a terminal, plain lines in a log.
 
 A rich bar redraws itself in place; when its console is not an interactive terminal (a Slurm log,
-``nohup``, ``| tee``) it draws nothing until it stops, so a job that works for minutes looks hung
-(issue 14, item 12). :func:`progress_bar` gives the rich bar on a terminal and otherwise a
+``nohup``, ``| tee``) it draws nothing until it stops, so a job that works for minutes looks hung.
+:func:`progress_bar` gives the rich bar on a terminal and otherwise a
 :class:`PlainProgress`, which takes the same ``add_task`` / ``update`` calls and prints, flushed, one
 line when a phase starts, at most one per interval while it runs and one when it ends::
 

@@ -97,7 +97,7 @@ CASES = [
     (r"\boxed{x^2+2x+1}", "(x+1)^2", False, "x^2+2x+1", True),
     (r"\boxed{x = 3}", "3", False, "x = 3", True),
     (r"\boxed{\pi}", "3.14", False, r"\pi", False),
-    # Markdown emphasis around DAPO's Answer: line (issue 14.10): the value is the number, not "** 73"
+    # Markdown emphasis around DAPO's Answer: line: the value is the number, not "** 73"
     ("**Answer:** 73", "73", True, "73", True),
     ("**Answer: 73**", "73", True, "73", True),
     ("Answer: **73**", "73", True, "73", True),
@@ -160,7 +160,7 @@ def test_extraction_is_linear_on_adversarial_text():
     assert time.perf_counter() - start < 5.0
 
 
-# --- large and pathological answers (issue 14.10) -------------------------------------------------
+# --- large and pathological answers -------------------------------------------------
 # math-verify's time grows with an answer's length and steeply with its nesting, and sympy expands
 # integer powers: before the pre-checks each of these ran into the 5 s limit (and counted wrong).
 PATHOLOGICAL = [
@@ -219,7 +219,7 @@ def test_pre_check_measures():
     assert grader._power_digits(r"x^{9^{9}}") == 9 and grader._power_digits(r"9^{x}") == 0
 
 
-# --- any thread: the limit holds off the main thread (issue 14.10) ---------------------------------
+# --- any thread: the limit holds off the main thread ---------------------------------
 # math-verify's limit is SIGALRM, which only the main thread receives; elsewhere a power tower ran
 # for minutes holding the GIL, so the script runs in a child process that can always be killed.
 _ON_A_THREAD = r"""

@@ -536,6 +536,7 @@ class Run:
         total = int(cfg.trainer.total_steps)
         history: list[dict[str, Any]] = []
         base_eval = None
+        checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
         k = int(cfg.rollout.eval_samples)
         key = f"eval/avg_at_{k}"
         try:
@@ -554,7 +555,7 @@ class Run:
                 self.log_metrics(metrics, self.step)
                 history.append({"step": self.step, **metrics})
                 if self.step % int(cfg.trainer.save_every) == 0 or self.step == total:
-                    self.save()
+                    checkpoint = self.save()
                 if on_step:
                     on_step(self.step, metrics)
         except BaseException as e:
@@ -563,7 +564,7 @@ class Run:
         self._close("FINISHED")
         final = history[-1].get(key) if history else None
         return TrainResult(self.run_dir, self.run_id, self.step, final, self.best_eval, base_eval,
-                           latest_checkpoint(self.run_dir / "checkpoints"), history)
+                           checkpoint or latest_checkpoint(self.run_dir / "checkpoints"), history)
 
 
 def _cat_rows(parts: list[Rows], pad_id: int) -> Rows:
