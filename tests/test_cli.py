@@ -180,7 +180,7 @@ def test_base_build_keeps_the_model_path_whole(monkeypatch, tmp_path):
         "accuracy": {"t1": accuracy, "greedy": accuracy}, "n_params": 1000, "final_loss": 0.5,
         "response_tokens": {"min": 7, "max": 14}, "train_seconds": 0.8, "eval_seconds": 0.2,
         "build_seconds": 1.0})
-    monkeypatch.setattr("vapo_lab.trainer.run.build_base_for", lambda cfg, progress, force: base)
+    monkeypatch.setattr("vapo_lab.basemodel.build_base_for", lambda cfg, progress, force: base)
     result = runner.invoke(app, ["base", "build", "--quiet"], env={"COLUMNS": "80", **NO_TTY})
     assert result.exit_code == 0, result.output
     assert str(path) in result.output and _rows(result.output)["greedy"] == ["greedy", "25.0%", "50.0%"]

@@ -14,7 +14,7 @@ from vapo_lab.components import (
     option_values,
     settings,
 )
-from vapo_lab.config import conf_dir
+from vapo_lab.conf import conf_dir
 from vapo_lab.errors import UnknownComponentError
 
 SEVEN = [

@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from vapo_lab.components import COMPONENTS
-from vapo_lab.config import conf_dir
+from vapo_lab.conf import conf_dir
 from vapo_lab.config.compose import compose_config, options
 from vapo_lab.errors import ConfigError, UnknownComponentError
 

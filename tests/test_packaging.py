@@ -3,7 +3,7 @@
 import tomllib
 from pathlib import Path
 
-from vapo_lab.config import conf_dir
+from vapo_lab.conf import conf_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

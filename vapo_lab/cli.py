@@ -199,9 +199,9 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
     from vapo_lab.progress import default_columns, progress_bar
     from vapo_lab.trainer.run import Run
 
-    from vapo_lab.trainer.run import resume_config
+    from vapo_lab.runs.folder import resume_config
     from vapo_lab.config.preflight import check_run
-    from vapo_lab.trainer.run import CACHE_DIR
+    from vapo_lab.integrity import CACHE_DIR
 
     composed = compose_config(algo=algo, drop=drop, overrides=overrides)
     cfg, choices = composed.cfg, composed.choices
@@ -435,7 +435,8 @@ def base_build(
     """
     from vapo_lab.config.compose import compose_config
     from vapo_lab.config.preflight import require_writable
-    from vapo_lab.trainer.run import CACHE_DIR, build_base_for
+    from vapo_lab.basemodel import build_base_for
+    from vapo_lab.integrity import CACHE_DIR
 
     cfg = compose_config(overrides=overrides or ()).cfg
     require_writable(CACHE_DIR / "base", f"the base-model cache {CACHE_DIR / 'base'}",

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from vapo_lab.config import conf_dir
+from vapo_lab.conf import conf_dir
 from vapo_lab.errors import UnknownComponentError
 
 # Trainer stages a component may change (the trainer looks components up by stage, not by name).

@@ -19,6 +19,8 @@ import hashlib
 import json
 from pathlib import Path
 
+# the caches of the working folder (base model, reward model, pretrained critic), each entry checksummed
+CACHE_DIR = Path(".vapo_cache")
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 

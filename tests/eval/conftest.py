@@ -20,10 +20,10 @@ RUN_ID = "0123456789abcdef0123456789abcdef"
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """A run ``runs/tiny`` with policy checkpoints at steps 2 and 4 (4 = the base, perturbed)."""
-    from vapo_lab.base import build_base
+    from vapo_lab.basemodel.build import build_base
     from vapo_lab.config.compose import compose_config
     from vapo_lab.models.load import load_model_and_tokenizer
-    from vapo_lab.trainer.checkpoint import save_checkpoint
+    from vapo_lab.runs.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("eval")
     base = build_base(root / "base", progress=False, **TINY_BASE)

@@ -13,7 +13,7 @@ from vapo_lab.eval.harness import EvalError, EvalSettings, grade_responses
 
 def _table():
     """Returns test_grader.CASES: (response, reference, integer set?, extracted answer, correct)."""
-    spec = importlib.util.spec_from_file_location("_grader_table", Path(__file__).with_name("test_grader.py"))
+    spec = importlib.util.spec_from_file_location("_grader_table", Path(__file__).parents[1] / "grading" / "test_grader.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.CASES

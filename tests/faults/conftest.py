@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.trainer.conftest import SMALL
-from vapo_lab.trainer.metrics_log import RESERVED, VOLATILE, record_kind
+from vapo_lab.runs.metrics_log import RESERVED, VOLATILE, record_kind
 
 # checkpoints every 3 steps, so a kill leaves steps logged after the last checkpoint to recompute
 STEPS = ["trainer.total_steps=8", "trainer.eval_every=4", "trainer.save_every=3"]

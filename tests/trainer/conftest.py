@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from vapo_lab.trainer.metrics_log import record_kind
+from vapo_lab.runs.metrics_log import record_kind
 
 VOLATILE = ("time/", "perf/")  # wall-clock metrics differ between identical runs
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from vapo_lab.errors import CheckpointError
 from vapo_lab.integrity import write_manifest
-from vapo_lab.trainer.checkpoint import (
+from vapo_lab.runs.checkpoint import (
     STATE_FILE,
     latest_checkpoint,
     load_state,

@@ -150,7 +150,7 @@ def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error,
     failure = (run_dir / "failure.txt").read_text()
     assert failure.startswith(f"{word} at step 1") and f"resume=runs/{name}" in failure
     monkeypatch.setattr(Run, "train_step", real)  # resumed, it finishes and the note goes
-    from vapo_lab.trainer.run import resume_config
+    from vapo_lab.runs.folder import resume_config
 
     train(*resume_config(run_dir), progress=False, log=lambda m: None)
     assert MlflowClient(store).get_run(run_id).info.status == "FINISHED"

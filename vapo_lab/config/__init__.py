@@ -1,15 +1,5 @@
-"""Config: the typed schema, the conf/ tree's location, and the one compose function.
+"""Config: the typed schema, the one compose function, whole-config validation and preflight checks.
 
-``compose_config`` lives in ``vapo_lab.config.compose`` (imported lazily by callers) so that the
-component registry can find conf/ without importing Hydra's composition machinery.
+``compose_config`` lives in ``vapo_lab.config.compose`` (imported by callers when they need it:
+composing pulls in Hydra).
 """
-
-from __future__ import annotations
-
-from importlib import resources
-from pathlib import Path
-
-
-def conf_dir() -> Path:
-    """Returns the directory of the Hydra config tree (repository conf/, shipped as vapo_lab.conf)."""
-    return Path(str(resources.files("vapo_lab.conf")))

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from vapo_lab.components import COMPONENTS, Registry, unknown_name_message
-from vapo_lab.config import conf_dir
+from vapo_lab.conf import conf_dir
 from vapo_lab.config.schema import VapoConfig
 from vapo_lab.config.validate import validate
 from vapo_lab.errors import ConfigError

@@ -52,7 +52,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
-    # model=tiny: options of the base-model build (vapo_lab.base.build_base: steps, batch_size, lr,
+    # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size, lr,
     # bug_rate, slip_rate, ...); empty keeps its measured defaults
     base: dict[str, Any] = field(default_factory=dict)
 

@@ -43,7 +43,7 @@ class Benchmark:
         name: the packaged name, or the file's stem for a JSONL path.
         problems: in file order; ``Problem.id`` from the file's ``id`` field, else the line number.
         integer_answers: every reference is an integer, so answers are graded as integers
-            (``vapo_lab.eval.grader.match_answer``).
+            (``vapo_lab.grading.match_answer``).
     """
 
     name: str

@@ -45,7 +45,7 @@ from typing import Any
 
 from vapo_lab.errors import VapoLabError
 from vapo_lab.eval.data import BENCHMARKS, Benchmark, check_benchmark_name, load_benchmark
-from vapo_lab.eval.grader import grade_many, last_boxed, normalize_answer
+from vapo_lab.grading import grade_many, last_boxed, normalize_answer
 from vapo_lab.eval.metrics import (
     avg_at_k,
     avg_at_k_se,
@@ -224,7 +224,7 @@ def find_run(run_id: str, runs_dir: Path, tracking_uri: str | None = None) -> Pa
 
 def _checkpoints(run_dir: Path) -> dict[int, Path]:
     """Returns {step: folder} of the run's complete checkpoints."""
-    from vapo_lab.trainer.checkpoint import STATE_FILE
+    from vapo_lab.runs.checkpoint import STATE_FILE
 
     out = {}
     for p in (run_dir / "checkpoints").glob("step_*"):
@@ -237,7 +237,7 @@ def _run_checkpoint(run_dir: Path, step: int | None) -> ModelRef:
     """Returns the ModelRef of a run's checkpoint at ``step`` (None: the latest)."""
     from omegaconf import OmegaConf
 
-    from vapo_lab.trainer.checkpoint import latest_checkpoint
+    from vapo_lab.runs.checkpoint import latest_checkpoint
 
     if not (run_dir / "config.yaml").is_file():
         raise EvalError(f"{run_dir} has run.json but no config.yaml: not a complete vapo-lab run directory")
@@ -561,7 +561,7 @@ def grade_records(records: list[dict[str, Any]], bench: EvalBench, problems: dic
 def _grader_settings(bench: EvalBench, settings: EvalSettings) -> dict[str, Any]:
     if bench.verify is not None:
         return {"grader": "task verifier (arith): last \\boxed{} equals the sum; truncated counts wrong"}
-    return {"grader": "vapo_lab.eval.grader.grade_many", "integer_answers": bench.integer_answers,
+    return {"grader": "vapo_lab.grading.grade_many", "integer_answers": bench.integer_answers,
             "timeout_s": settings.grade_timeout_s}
 
 
@@ -580,13 +580,9 @@ class _Loaded:
 
 
 def _device(name: str) -> str:
-    import torch
+    from vapo_lab.models.load import pick_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise EvalError(f"--device {name} but no CUDA GPU is visible: use --device cpu")
-    return name
+    return str(pick_device(name, "--device"))
 
 
 def load_tokenizer(ref: ModelRef) -> Any:
@@ -658,7 +654,7 @@ def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed:
 
 def _prompt_ids(bench: EvalBench, tokenizer: Any, settings: EvalSettings) -> tuple[list[list[int]], bool]:
     """Returns (prompt token ids per problem, whether a chat template was applied)."""
-    from vapo_lab.trainer.loop import encode_prompts
+    from vapo_lab.rollout.prompts import encode_prompts
 
     if bench.verify is not None:  # arith: the trainer's own prompts
         mode, problems = bench.chat_template or "none", bench.problems

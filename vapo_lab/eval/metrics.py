@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vapo_lab.eval.grader import normalize_answer
+from vapo_lab.grading import normalize_answer
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

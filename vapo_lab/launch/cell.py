@@ -109,7 +109,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
 
     Raises whatever the run raised, after recording it as ``failed`` with the last error line.
     """
-    from vapo_lab.trainer.run import Run, resume_config
+    from vapo_lab.runs.folder import resume_config
+    from vapo_lab.trainer.run import Run
 
     os.chdir(job.cwd)
     grid_dir, key = Path(job.grid_dir), job.spec.key
@@ -157,7 +158,7 @@ def prepare(jobs: list[CellJob]) -> list[str]:
     """Builds the caches every cell of a grid shares — base model, reward model, pretrained critic —
     once, before the cells start; returns one line per distinct cache set prepared.
 
-    The caches are keyed by config (``vapo_lab.base``, ``vapo_lab.trainer.critic_init``), not by
+    The caches are keyed by config (``vapo_lab.basemodel``, ``vapo_lab.trainer.critic_init``), not by
     seed: a grid's seeds share them, so only one seed of each cell is prepared. Each preparation
     constructs the cell's ``Run`` with tracking off in a throwaway folder, which builds (or
     finds) exactly what the real run will load.

@@ -31,7 +31,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run
     name = str(cfg.launcher.name)
     if not dry_run:  # the grid's folder, the caches and the tracking store, before any cell starts
         from vapo_lab.config.preflight import check_run
-        from vapo_lab.trainer.run import CACHE_DIR
+        from vapo_lab.integrity import CACHE_DIR
 
         check_run(cfg, CACHE_DIR)
     sub = submit_grid(grid, specs, cfg, name, dry_run=dry_run, wait=wait, log=log)

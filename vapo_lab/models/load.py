@@ -1,6 +1,6 @@
 """Loading a policy and its tokenizer from a local directory: the embedded model or a real one.
 
-The embedded base model is saved with ``save_pretrained`` (see :mod:`vapo_lab.base`), so the one
+The embedded base model is saved with ``save_pretrained`` (see :mod:`vapo_lab.basemodel`), so the one
 function below loads it and a real Hugging Face checkpoint alike (``model.path=/models/Qwen2.5-0.5B``).
 Nothing is ever downloaded: ``local_files_only=True``.
 """
@@ -15,6 +15,21 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from vapo_lab.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(name: str, option: str = "trainer.device") -> torch.device:
+    """Returns the torch device ``name`` names (auto: CUDA when a GPU is visible, else CPU).
+
+    Raises:
+        ConfigError: a CUDA device is asked for and none is visible; ``option`` is how the user
+            set it (``trainer.device``, ``--device``), named in the message with the fix.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        sep = " " if option.startswith("--") else "="
+        raise ConfigError(f"{option}{sep}{name} but no CUDA GPU is visible: use {option}{sep}cpu")
+    return torch.device(name)
 
 
 def load_model_and_tokenizer(

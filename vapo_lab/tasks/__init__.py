@@ -18,7 +18,7 @@ from typing import Any
 from vapo_lab.errors import ConfigError
 
 # the one answer extractor, shared with evaluation (re-exported: tasks.arith and tests use it)
-from vapo_lab.eval.grader import last_boxed
+from vapo_lab.grading import last_boxed
 
 
 @dataclass(frozen=True)

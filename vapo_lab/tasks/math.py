@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.eval.grader import extract_answer, grade, match_answer
+from vapo_lab.grading import extract_answer, grade, match_answer
 from vapo_lab.tasks import Problem, jsonl_objects
 
-# the reward's comparison is evaluation's (vapo_lab.eval.grader); old names kept for callers
+# the reward's comparison is evaluation's (vapo_lab.grading); old names kept for callers
 verify_answer = match_answer
 
 
@@ -90,7 +90,7 @@ class MathTask:
         self.seed = seed
 
     def verify(self, response_text: str, problem: Problem) -> bool:
-        """Returns True iff the response's final answer equals the reference (vapo_lab.eval.grader)."""
+        """Returns True iff the response's final answer equals the reference (vapo_lab.grading)."""
         return grade(response_text, problem.answer)
 
 

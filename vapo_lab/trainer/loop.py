@@ -259,16 +259,3 @@ class Grader:
             scores = scores + overlong_penalty(samples.lengths, int(self.overlong.l_max),
                                                int(self.overlong.l_cache), float(self.overlong.penalty))
         return scores.float(), correct, texts
-
-
-def encode_prompts(tokenizer: Any, problems: list[Any], chat_template: str) -> list[list[int]]:
-    """Returns the prompt token ids (chat template applied when asked and available)."""
-    out = []
-    for p in problems:
-        if chat_template == "auto" and getattr(tokenizer, "chat_template", None):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}],
-                                                add_generation_prompt=True, tokenize=True)
-        else:
-            ids = tokenizer(p.prompt, add_special_tokens=True)["input_ids"]
-        out.append(list(ids))
-    return out

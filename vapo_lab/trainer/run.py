@@ -30,18 +30,21 @@ from vapo_lab import faults
 from vapo_lab.algo import dynamic_sampling_keep, explained_variance, masked_mean
 from vapo_lab.components import COMPONENTS
 from vapo_lab.errors import ConfigError
+from vapo_lab.basemodel import build_base_for
+from vapo_lab.integrity import CACHE_DIR
+from vapo_lab.models.load import pick_device
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate, make_engine, make_generator
 from vapo_lab.tasks import build_task
 from vapo_lab.track import flatten, make_tracker
-from vapo_lab.trainer.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
+from vapo_lab.runs.checkpoint import latest_checkpoint, load_state, rng_state, save_checkpoint, set_rng_state
 from vapo_lab.trainer.critic_init import batched_values, build_reward_model, pretrain_critic
 from vapo_lab.trainer.diagnostics import length_profile, value_bias_by_position
 from vapo_lab.trainer.forward import Rows, policy_forward
-from vapo_lab.trainer.metrics_log import MetricsLog
-from vapo_lab.trainer.loop import Batch, Grader, Updater, compute_advantages, encode_prompts
+from vapo_lab.runs.metrics_log import MetricsLog
+from vapo_lab.rollout.prompts import encode_prompts
+from vapo_lab.trainer.loop import Batch, Grader, Updater, compute_advantages
 
-CACHE_DIR = Path(".vapo_cache")
 
 
 @dataclass
@@ -119,36 +122,6 @@ def _warmup_constant(warmup: int) -> Callable[[int], float]:
     return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={name} but no CUDA GPU is visible: use trainer.device=cpu")
-    return torch.device(name)
-
-
-def build_base_for(cfg: DictConfig, progress: bool, force: bool = False,
-                   log: Callable[[str], None] | None = None) -> Any:
-    """Returns the embedded default's base model for ``cfg`` (a ``vapo_lab.base.BaseModel``),
-    building it on first use; the cache key covers the task, ``model.arch`` and ``model.base``."""
-    from vapo_lab.base import build_base
-
-    if cfg.model.name != "tiny":
-        raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
-                          "has a base model to build")
-    if cfg.task.name != "arith":
-        raise ConfigError(f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
-                          "use task=arith, or a real model (model=hf model.path=...) for other tasks")
-    arch, opts = cfg.model.arch, dict(cfg.task.options)
-    return build_base(
-        cache_dir=CACHE_DIR / "base", progress=progress, num_threads=cfg.trainer.threads, force=force, log=log,
-        task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
-        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent") if k in opts},
-        hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
-        num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
-        max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))
-
-
 def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: bool) -> tuple[Any, Any, str, dict, Path]:
     """Returns (policy, tokenizer, a cache key of the initial weights, base metrics, its directory)."""
     from vapo_lab.models.load import load_model_and_tokenizer
@@ -211,7 +184,7 @@ class Run:
         self.choices = choices or {}
         if cfg.trainer.threads:
             torch.set_num_threads(int(cfg.trainer.threads))
-        self.device = _device(cfg.trainer.device)
+        self.device = pick_device(cfg.trainer.device)
         if self.device.type == "cpu":
             # some CPU backward kernels accumulate in an order that varies run to run; this picks
             # their deterministic versions (conf/trainer/default.yaml: deterministic)
@@ -586,17 +559,6 @@ def _slice_batch(batch: Batch, n: int) -> Batch:
     return Batch(rows=batch.rows.take(idx), problems=batch.problems[:n], scores=batch.scores[:n],
                  correct=batch.correct[:n], lengths=batch.lengths[:n], truncated=batch.truncated[:n],
                  old_logprobs=batch.old_logprobs[:n, :int(batch.rows.take(idx).response_ids.shape[1])])
-
-
-def resume_config(run_dir: str | Path) -> tuple[DictConfig, dict[str, str]]:
-    """Returns (the saved config with resume=<run_dir>, the component choices) of a run to continue."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "run.json").is_file() or not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"resume={run_dir} is not a vapo-lab run directory (no run.json / config.yaml): "
-                          "give the folder printed when the run started, e.g. runs/vapo-seed0-...")
-    cfg = OmegaConf.load(run_dir / "config.yaml")
-    cfg.resume = str(run_dir)
-    return cfg, json.loads((run_dir / "run.json").read_text()).get("choices", {})
 
 
 def train(cfg: DictConfig, choices: dict[str, str] | None = None, progress: bool = True,

@@ -59,8 +59,10 @@ from typing import Any
 import torch
 from rich.progress import TextColumn
 
+from omegaconf import DictConfig, OmegaConf
+
 from vapo_lab.errors import ConfigError
-from vapo_lab.integrity import manifest_problem, write_manifest
+from vapo_lab.integrity import CACHE_DIR, manifest_problem, write_manifest
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.progress import ProgressBar, default_columns, progress_bar
@@ -69,7 +71,7 @@ from vapo_lab.tasks.arith import ArithTask, TraceNoise
 
 # Bump when the recipe changes in a way the config does not capture: old caches are then ignored.
 RECIPE_VERSION = 2
-DEFAULT_CACHE_DIR = Path(".vapo_cache") / "base"
+DEFAULT_CACHE_DIR = CACHE_DIR / "base"
 META_FILE = "base.json"
 # Digit-count buckets for the accuracy-by-length report (n digits -> about 3n+3 response tokens).
 BUCKETS = ((1, 5), (6, 10), (11, 20), (21, 40))
@@ -444,3 +446,23 @@ def _progress(enabled: bool):
     terminal), or None when disabled."""
     with progress_bar(enabled, None, *default_columns(), TextColumn("{task.fields[info]}")) as bar:
         yield bar
+
+
+def build_base_for(cfg: DictConfig, progress: bool, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> Any:
+    """Returns the embedded default's base model for ``cfg`` (a ``BaseModel``),
+    building it on first use; the cache key covers the task, ``model.arch`` and ``model.base``."""
+    if cfg.model.name != "tiny":
+        raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
+                          "has a base model to build")
+    if cfg.task.name != "arith":
+        raise ConfigError(f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
+                          "use task=arith, or a real model (model=hf model.path=...) for other tasks")
+    arch, opts = cfg.model.arch, dict(cfg.task.options)
+    return build_base(
+        cache_dir=DEFAULT_CACHE_DIR, progress=progress, num_threads=cfg.trainer.threads, force=force, log=log,
+        task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
+        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent") if k in opts},
+        hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
+        num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
+        max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from vapo_lab.eval import grader
-from vapo_lab.eval.grader import (
+from vapo_lab import grading as grader
+from vapo_lab.grading import (
     extract_answer,
     grade,
     grade_many,
@@ -224,7 +224,7 @@ def test_pre_check_measures():
 # for minutes holding the GIL, so the script runs in a child process that can always be killed.
 _ON_A_THREAD = r"""
 import threading, time
-from vapo_lab.eval.grader import grade
+from vapo_lab.grading import grade
 cases = [("tower", r"\boxed{9^{9^{9^{9}}}}", "1", 5.0),   # refused by the pre-check
          ("slow", r"\boxed{(9)^{(9)^{(9)^{(9)}}}}", "1", 2.0),  # passes the pre-checks: killed at 2 s
          ("half", r"\boxed{\frac{1}{2}}", "0.5", 5.0)]  # a symbolic comparison off the main thread

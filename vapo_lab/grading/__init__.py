@@ -454,7 +454,7 @@ def _context() -> Any:
     """
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["vapo_lab.eval.grader", "math_verify"])
+        ctx.set_forkserver_preload(["vapo_lab.grading", "math_verify"])
         return ctx
     return multiprocessing.get_context("spawn")
 

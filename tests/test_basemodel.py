@@ -5,7 +5,7 @@ response lengths spanning >= 8x."""
 import pytest
 import torch
 
-from vapo_lab.base import build_base, config_hash, base_config
+from vapo_lab.basemodel.build import build_base, config_hash, base_config
 from vapo_lab.errors import ConfigError
 from vapo_lab.models.load import load_model_and_tokenizer
 
@@ -80,7 +80,7 @@ def test_default_recipe_meets_its_targets(tmp_path):
 # its base in-process different from the same run with the base cached.
 _BUILD_LEAVES_NUMERICS = """
 import hashlib, sys
-from vapo_lab import base as B
+from vapo_lab.basemodel import build as B
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
@@ -115,7 +115,7 @@ def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
 # pipe at the 10th of 20 training steps; progress lines must come before it, not all at the end.
 _BUILD_INTO_A_PIPE = """
 import sys
-from vapo_lab import base as B
+from vapo_lab.basemodel import build as B
 
 loss, calls = B._response_loss, [0]
 
