@@ -28,12 +28,14 @@ def no_compute(monkeypatch, tmp_path):
     """An empty working directory in which building, loading, submitting or generating fails the test."""
     import vapo_lab.basemodel.build
     import vapo_lab.eval.harness
-    import vapo_lab.launch.launchers
-    import vapo_lab.trainer.run
+    import vapo_lab.eval.responses
+    import vapo_lab.launch.submit
+    import vapo_lab.trainer.setup
 
-    for module, name in ((vapo_lab.trainer.run, "load_policy"), (vapo_lab.trainer.run, "build_base_for"),
-                         (vapo_lab.basemodel.build, "build_base"), (vapo_lab.launch.launchers, "submit_grid"),
-                         (vapo_lab.eval.harness, "load_generator"), (vapo_lab.eval.harness, "grade_records")):
+    for module, name in ((vapo_lab.trainer.setup, "load_policy"), (vapo_lab.trainer.setup, "build_base_for"),
+                         (vapo_lab.basemodel.build, "build_base"), (vapo_lab.launch.submit, "submit_grid"),
+                         (vapo_lab.eval.harness, "load_generator"), (vapo_lab.eval.harness, "grade_records"),
+                         (vapo_lab.eval.responses, "grade_records")):
         monkeypatch.setattr(module, name, _boom)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     work = tmp_path / "work"

@@ -1,6 +1,6 @@
-"""The base-model build: caching by config hash, determinism, clear errors, and (slow) the default
-recipe's measured targets from issue 3: 10-40% held-out at temperature 1, at most 80% greedily,
-response lengths spanning >= 8x."""
+"""The base-model build: caching by config hash, determinism, clear errors, progress left to the
+caller, and (slow) the default recipe's measured targets: 10-40% held-out at temperature 1, at
+most 80% greedily, response lengths spanning >= 8x."""
 
 import pytest
 import torch
@@ -19,28 +19,28 @@ def _weights(path):
 
 
 def test_second_call_reads_the_cache_and_force_rebuilds(tmp_path):
-    first = build_base(tmp_path, progress=False, **SMALL)
+    first = build_base(tmp_path, **SMALL)
     assert not first.cached and (first.path / "base.json").is_file()
     assert first.path.name == config_hash(base_config(**SMALL))
-    again = build_base(tmp_path, progress=False, **SMALL)
+    again = build_base(tmp_path, **SMALL)
     assert again.cached and again.path == first.path and again.metrics == first.metrics
-    rebuilt = build_base(tmp_path, progress=False, force=True, **SMALL)
+    rebuilt = build_base(tmp_path, force=True, **SMALL)
     assert not rebuilt.cached and rebuilt.path == first.path
 
 
 def test_same_config_same_weights_and_another_config_another_entry(tmp_path):
-    a = build_base(tmp_path / "a", progress=False, **SMALL)
-    b = build_base(tmp_path / "b", progress=False, **SMALL)
+    a = build_base(tmp_path / "a", **SMALL)
+    b = build_base(tmp_path / "b", **SMALL)
     wa, wb = _weights(a.path), _weights(b.path)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
-    other = build_base(tmp_path / "a", progress=False, **{**SMALL, "seed": 1})
+    other = build_base(tmp_path / "a", **{**SMALL, "seed": 1})
     assert other.path != a.path and not other.cached
     wo = _weights(other.path)
     assert any(not torch.equal(wa[k], wo[k]) for k in wa)
 
 
 def test_metrics_report_accuracy_by_bucket_and_lengths(tmp_path):
-    m = build_base(tmp_path, progress=False, **SMALL).metrics
+    m = build_base(tmp_path, **SMALL).metrics
     for mode in ("greedy", "t1"):
         assert set(m["accuracy"][mode]) == {"all", "1-5"}  # max_digits=3: one bucket
         assert 0.0 <= m["accuracy"][mode]["all"] <= 1.0
@@ -52,7 +52,7 @@ def test_metrics_report_accuracy_by_bucket_and_lengths(tmp_path):
 
 def test_unknown_option_is_a_config_error_naming_the_valid_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown base-model options \['stepz'\].*'steps'"):
-        build_base(tmp_path, progress=False, stepz=3)
+        build_base(tmp_path, stepz=3)
     assert not any(tmp_path.iterdir())  # nothing built
 
 
@@ -60,13 +60,13 @@ def test_an_incomplete_cache_entry_is_rebuilt(tmp_path):
     path = tmp_path / config_hash(base_config(**SMALL))
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")  # a crash before base.json was written
-    built = build_base(tmp_path, progress=False, **SMALL)
+    built = build_base(tmp_path, **SMALL)
     assert not built.cached and (built.path / "base.json").is_file()
 
 
 @pytest.mark.slow
 def test_default_recipe_meets_its_targets(tmp_path):
-    base = build_base(tmp_path, progress=False)
+    base = build_base(tmp_path)
     acc, lengths = base.metrics["accuracy"], base.metrics["response_tokens"]
     assert 0.10 <= acc["t1"]["all"] <= 0.40, acc
     assert acc["greedy"]["all"] <= 0.80, acc
@@ -76,11 +76,11 @@ def test_default_recipe_meets_its_targets(tmp_path):
 
 # Run in a fresh interpreter: the gradients of one training batch of the default-sized tiny model,
 # hashed before and after a base build. torch.set_num_threads, even with the current count, makes
-# later kernels round differently (measured), so a build that called it left every run that built
+# later kernels round differently (measured), so a build that called it would leave a run that built
 # its base in-process different from the same run with the base cached.
 _BUILD_LEAVES_NUMERICS = """
 import hashlib, sys
-from vapo_lab.basemodel import build as B
+from vapo_lab.basemodel import build as B, recipe as R
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
@@ -88,16 +88,16 @@ from vapo_lab.tasks.arith import ArithTask
 task = ArithTask(0, 64, 0)
 tok = build_tokenizer(task.vocabulary())
 model = build_tiny_model(tok, seed=0)
-ids, labels = B._collate([tok(p.prompt).input_ids for p in task.train],
+ids, labels = R._collate([tok(p.prompt).input_ids for p in task.train],
                          tok([task.trace(p) for p in task.train]).input_ids, tok)
 
 def grad_hash():
     model.zero_grad()
-    B._response_loss(model, ids, labels, tok.pad_token_id).backward()
+    R._response_loss(model, ids, labels, tok.pad_token_id).backward()
     return hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest()
 
 before = grad_hash()
-B.build_base(sys.argv[1], progress=False, **SMALL)
+B.build_base(sys.argv[1], **SMALL)
 print(before == grad_hash())
 """
 
@@ -115,9 +115,11 @@ def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
 # pipe at the 10th of 20 training steps; progress lines must come before it, not all at the end.
 _BUILD_INTO_A_PIPE = """
 import sys
-from vapo_lab.basemodel import build as B
+from rich.progress import TextColumn
+from vapo_lab.basemodel import build as B, recipe as R
+from vapo_lab.progress import default_columns, progress_bar
 
-loss, calls = B._response_loss, [0]
+loss, calls = R._response_loss, [0]
 
 def marked(*args):
     calls[0] += 1
@@ -125,8 +127,9 @@ def marked(*args):
         print("MARKER: training step 10", file=sys.stderr, flush=True)
     return loss(*args)
 
-B._response_loss = marked
-B.build_base(sys.argv[1], progress=True, **SMALL)
+R._response_loss = marked
+B.build_base(sys.argv[1], progress=lambda: progress_bar(True, None, *default_columns(), TextColumn("{task.fields[info]}")),
+             **SMALL)
 print("MARKER: built", file=sys.stderr, flush=True)
 """
 
@@ -149,3 +152,27 @@ def test_a_build_into_a_pipe_prints_plain_progress_lines_as_it_goes(tmp_path):
     assert any(line.startswith("pre-training base: done, 20 steps in ") for line in lines[step10:built]), out
     assert any(line.startswith("measuring accuracy: done, 2 batches in ") for line in lines[step10:built]), out
     assert "━" not in out and "\x1b" not in out  # no bar, no escape codes
+
+
+def test_the_progress_factory_is_called_only_when_a_build_runs(tmp_path):
+    from contextlib import nullcontext
+
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return nullcontext(None)
+
+    build_base(tmp_path, progress=factory, **SMALL)
+    build_base(tmp_path, progress=factory, **SMALL)  # cached: no bar
+    assert calls == [1]
+
+
+def test_the_base_model_library_draws_no_progress_bars_itself():
+    import subprocess
+    import sys
+
+    code = ("import sys, vapo_lab.basemodel; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'vapo_lab.progress'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,20 +1,23 @@
-"""The component registry: exactly seven, one name each, on/off values read from conf/."""
+"""The registries: exactly seven components, one name each, on/off values read from conf/; the
+presets and Table 1 derived from them."""
 
 from pathlib import Path
 
 import pytest
 import yaml
 
-from vapo_lab.components import (
+from vapo_lab.conf import conf_dir, options
+from vapo_lab.registry import Registry
+from vapo_lab.registry import table1
+from vapo_lab.registry.components import (
     COMPONENTS,
-    PAPER_TABLE1,
     Component,
-    Registry,
+    _check_stage,
     _flatten,
     option_values,
     settings,
 )
-from vapo_lab.conf import conf_dir
+from vapo_lab.registry.presets import PRESETS
 from vapo_lab.errors import UnknownComponentError
 
 SEVEN = [
@@ -39,14 +42,14 @@ def test_exactly_the_seven_in_paper_order():
 
 
 def test_double_registration_raises():
-    reg = Registry()
+    reg = Registry("component", UnknownComponentError, _check_stage)
     reg.register(_component("a"))
     with pytest.raises(ValueError, match="already registered"):
         reg.register(_component("a"))
 
 
 def test_unknown_stage_raises():
-    reg = Registry()
+    reg = Registry("component", UnknownComponentError, _check_stage)
     bad = Component(name="a", title="", summary="", paper_section="", origin="", stage="nowhere",
                     keys=(), table1_without=0)
     with pytest.raises(ValueError, match="stage"):
@@ -64,7 +67,7 @@ def test_unknown_name_lists_valid_and_suggests_closest():
 
 
 def test_own_registry_is_independent():
-    reg = Registry()
+    reg = Registry("component", UnknownComponentError, _check_stage)
     reg.register(_component("a"))
     assert reg.names() == ["a"] and "a" not in COMPONENTS and "clip_higher" not in reg
 
@@ -75,8 +78,33 @@ def test_table1_values_from_the_paper():
         "value_pretraining": 11, "decoupled_gae": 33, "length_adaptive_gae": 45, "clip_higher": 46,
         "token_level_loss": 53, "positive_lm_loss": 54, "group_sampling": 55,
     }
-    assert PAPER_TABLE1["Vanilla PPO"] == 5 and PAPER_TABLE1["DAPO"] == 50 and PAPER_TABLE1["VAPO"] == 60
-    assert len(PAPER_TABLE1) == 10
+    paper = table1.paper_scores()
+    assert paper["Vanilla PPO"] == 5 and paper["DAPO"] == 50 and paper["VAPO"] == 60
+    # VAPO.md's Table 1, rows in the paper's order
+    assert list(paper.items()) == [
+        ("Vanilla PPO", 5), ("DAPO", 50), ("w/o value_pretraining", 11), ("w/o decoupled_gae", 33),
+        ("w/o length_adaptive_gae", 45), ("w/o clip_higher", 46), ("w/o token_level_loss", 53),
+        ("w/o positive_lm_loss", 54), ("w/o group_sampling", 55), ("VAPO", 60)]
+
+
+def test_table1_grid_cells_come_from_the_registries():
+    cells = [(r.cell, r.algo, r.drop) for r in table1.cells()]
+    assert cells == [("ppo", "ppo", ()), ("dapo", "dapo", ()), ("vapo", "vapo", ())] + [
+        (f"vapo-no-{name}", "vapo", (name,)) for name in SEVEN]
+
+
+def test_presets_are_the_conf_algo_files_and_name_real_components():
+    assert sorted(PRESETS.names()) == options("algo")
+    assert PRESETS.get("vapo").on() == SEVEN and PRESETS.get("ppo").on() == []
+    assert PRESETS.get("dapo").on() == ["clip_higher", "token_level_loss", "group_sampling"]
+    assert PRESETS.get("grpo").on() == ["group_sampling"]
+    with pytest.raises(ValueError, match="not a registered component"):
+        Registry("algorithm preset", check=PRESETS._check).register(
+            type(PRESETS.get("ppo"))(name="x", label="X", components=("clip_hihger",)))
+
+
+def test_only_the_critic_stages_need_a_critic():
+    assert [c.name for c in COMPONENTS if c.needs_critic] == SEVEN[:3]
 
 
 @pytest.mark.parametrize("name", SEVEN)

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from vapo_lab.components import COMPONENTS
+from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.conf import conf_dir
-from vapo_lab.config.compose import compose_config, options
+from vapo_lab.conf import options
+from vapo_lab.config.compose import compose_config
 from vapo_lab.errors import ConfigError, UnknownComponentError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -106,14 +106,17 @@ def components() -> None:
 
     Example: vapo-lab components
     """
-    from vapo_lab.components import COMPONENTS, settings
+    from vapo_lab.registry.components import COMPONENTS, settings
+    from vapo_lab.registry.presets import PRESETS
+    from vapo_lab.registry.table1 import paper_scores
 
     cols = (_Col("name", typed=True, style="bold"), _Col("keys: on -> off", typed=True), _Col("what it does (paper)"),
             _Col("Table 1 without it", justify="right"))
     rows = [(c.name, "\n".join(f"{k}: {_show(on)} -> {_show(off)}" for k, (on, off) in settings(c).items()),
              f"{c.summary} ({c.paper_section}, {c.origin})", f"{c.table1_without:g}") for c in COMPONENTS]
-    _print_table("The seven VAPO components (Table 1: VAPO = 60, vanilla PPO = 5, DAPO = 50)", cols, rows,
-                 lines=True)
+    paper = ", ".join(f"{row} = {score:g}" for row, score in paper_scores().items()
+                      if row in {p.table1_row for p in PRESETS})
+    _print_table(f"The {len(COMPONENTS)} VAPO components (Table 1: {paper})", cols, rows, lines=True)
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,9 @@ def _train(algo: str | None, drop: list[str], overrides: list[str], quiet: bool)
     check_run(cfg, CACHE_DIR)  # folders and tracking store, before the base build
     command = "vapo-lab " + " ".join(sys.argv[1:])
     _sigterm_interrupts()
-    run = Run(cfg, choices, progress=not quiet, log=lambda msg: _err.print(msg, highlight=False),
+    run = Run(cfg, choices, progress=None if quiet else lambda: progress_bar(
+                  True, None, *default_columns(), TextColumn("{task.fields[info]}")),
+              log=lambda msg: _err.print(msg, highlight=False),
               command=command)
     _err.print(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')})",
                highlight=False)
@@ -433,15 +438,19 @@ def base_build(
 
     Example: vapo-lab base build task.options.max_digits=20 +model.base.steps=400
     """
+    from rich.progress import TextColumn
+
     from vapo_lab.config.compose import compose_config
     from vapo_lab.config.preflight import require_writable
     from vapo_lab.basemodel import build_base_for
     from vapo_lab.integrity import CACHE_DIR
+    from vapo_lab.progress import default_columns, progress_bar
 
     cfg = compose_config(overrides=overrides or ()).cfg
     require_writable(CACHE_DIR / "base", f"the base-model cache {CACHE_DIR / 'base'}",
                      "run vapo-lab from a writable folder")
-    base = build_base_for(cfg, progress=not quiet, force=force)
+    base = build_base_for(cfg, progress=None if quiet else lambda: progress_bar(
+        True, None, *default_columns(), TextColumn("{task.fields[info]}")), force=force)
     m = base.metrics
     buckets = list(m["accuracy"]["t1"])
     cols = [_Col("held-out accuracy")] + [_Col("all digits" if b == "all" else f"{b} digits", justify="right")
@@ -531,7 +540,9 @@ def eval_(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from vapo_lab.eval.harness import MATH_TEMPLATE, EvalSettings, evaluate_model, grade_responses
+    from vapo_lab.eval.harness import evaluate_model
+    from vapo_lab.eval.responses import grade_responses
+    from vapo_lab.eval.settings import MATH_TEMPLATE, EvalSettings
     from vapo_lab.progress import progress_bar
 
     settings = EvalSettings(samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,

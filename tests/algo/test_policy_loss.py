@@ -1,4 +1,4 @@
-"""Tests for vapo_lab.algo.policy: aggregate_loss, ppo_policy_loss, LOSS_AGG_MODES.
+"""Tests for vapo_lab.algo.policy: aggregate_loss, loss_denominator, ppo_policy_loss, LOSS_AGG_MODES.
 
 Hand cases carry their derivation in comments; random batches are checked against a slow
 per-token reference written in plain Python below (loss, analytic gradient, metrics).
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, ppo_policy_loss
+from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, loss_denominator, ppo_policy_loss
 
 F64 = torch.float64
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
@@ -160,6 +160,22 @@ def test_aggregate_loss_normalizer_replaces_denominator():
     close(aggregate_loss(AGG_L, AGG_M, "seq-mean-token-sum", normalizer=torch.tensor(5.0)), 2.0)
 
 
+def test_loss_denominator_by_hand_and_as_the_default():
+    # AGG_M: rows of 1, 3 and 0 valid tokens: 4 tokens, 2 non-empty rows
+    expected = {"token-mean": 4, "seq-mean-token-mean": 2, "seq-mean-token-sum": 2}
+    for mode, n in expected.items():
+        assert loss_denominator(mode, AGG_M).item() == n
+        assert loss_denominator(mode, AGG_M.to(F64)).item() == n
+        # passed as the normalizer it gives the default loss bit for bit, gradient included
+        a, b = AGG_L.clone().requires_grad_(True), AGG_L.clone().requires_grad_(True)
+        la, lb = aggregate_loss(a, AGG_M, mode), aggregate_loss(b, AGG_M, mode, float(loss_denominator(mode, AGG_M)))
+        la.backward()
+        lb.backward()
+        assert torch.equal(la, lb) and torch.equal(a.grad, b.grad)
+    with pytest.raises(ValueError, match="is not a loss aggregation mode"):
+        loss_denominator("mean", AGG_M)
+
+
 def test_aggregate_loss_fully_masked():
     torch.manual_seed(5)
     ell = (torch.randn(3, 4, dtype=F64) * 5).requires_grad_(True)
@@ -186,13 +202,6 @@ def micro_slices():
     return [slice(0, 1), slice(1, 5), slice(5, 7)]
 
 
-def mini_normalizer(mask, mode):
-    lengths = mask.sum(1)
-    if mode == "token-mean":
-        return float(lengths.sum())  # total valid tokens of the mini-batch
-    return float((lengths > 0).sum())  # non-empty rows of the mini-batch
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_aggregate_loss_micro_batch_property(mode):
     torch.manual_seed(7)
@@ -201,7 +210,7 @@ def test_aggregate_loss_micro_batch_property(mode):
     ell = torch.randn(B, T, dtype=F64, requires_grad=True)
     full = aggregate_loss(ell, mask, mode)
     (g_full,) = torch.autograd.grad(full, ell)
-    N = mini_normalizer(mask, mode)
+    N = float(loss_denominator(mode, mask))  # the whole mini-batch's, as the trainer passes it
     split = sum(aggregate_loss(ell[s], mask[s], mode, normalizer=N) for s in micro_slices())
     (g_split,) = torch.autograd.grad(split, ell)
     close(split, full, atol=1e-12)
@@ -436,7 +445,7 @@ def test_ppo_micro_batch_property(mode, dual_clip):
     kw = dict(eps_low=0.2, eps_high=0.28, dual_clip=dual_clip, loss_agg=mode)
     full, _ = ppo_policy_loss(lp, old, adv, mask, **kw)
     (g_full,) = torch.autograd.grad(full, lp)
-    N = mini_normalizer(mask, mode)
+    N = float(loss_denominator(mode, mask))  # the whole mini-batch's, as the trainer passes it
     split = sum(
         ppo_policy_loss(lp[s], old[s], adv[s], mask[s], normalizer=torch.tensor(N, dtype=F64), **kw)[0]
         for s in micro_slices()

@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
     from vapo_lab.runs.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("eval")
-    base = build_base(root / "base", progress=False, **TINY_BASE)
+    base = build_base(root / "base", **TINY_BASE)
     cfg = compose_config(overrides=TINY_RUN, check=False).cfg
     model, _ = load_model_and_tokenizer(base.path)
     run = root / "runs" / "tiny"

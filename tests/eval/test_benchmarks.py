@@ -9,7 +9,7 @@ import pytest
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.eval import load_benchmark
-from vapo_lab.eval.data import BENCHMARKS, data_dir
+from vapo_lab.eval.benchmarks import BENCHMARKS, data_dir
 
 REPO = Path(__file__).resolve().parents[2]
 

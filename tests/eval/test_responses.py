@@ -8,12 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from vapo_lab.cli import app
-from vapo_lab.eval.harness import EvalError, EvalSettings, grade_responses
+from vapo_lab.eval.responses import grade_responses
+from vapo_lab.eval.settings import EvalError, EvalSettings
 
 
 def _table():
-    """Returns test_grader.CASES: (response, reference, integer set?, extracted answer, correct)."""
-    spec = importlib.util.spec_from_file_location("_grader_table", Path(__file__).parents[1] / "grading" / "test_grader.py")
+    """Returns test_match.CASES: (response, reference, integer set?, extracted answer, correct)."""
+    spec = importlib.util.spec_from_file_location("_grader_table", Path(__file__).parents[1] / "grading" / "test_match.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.CASES

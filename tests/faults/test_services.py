@@ -11,9 +11,9 @@ import time
 import pytest
 
 from tests.launch.conftest import slurm  # noqa: F401 - the fixture
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.commands import run_grid
 from vapo_lab.launch.grid import load_grid
-from vapo_lab.launch.launchers import LaunchError
 from vapo_lab.track.server import MlflowServer
 
 from .conftest import RUN, assert_like_reference, records, store

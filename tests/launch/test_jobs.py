@@ -9,8 +9,9 @@ import time
 from typer.testing import CliRunner
 
 from vapo_lab.cli import app
-from vapo_lab.launch.cell import read_status, write_status
-from vapo_lab.launch.launchers import cancel_grid, find_grid, grid_table, write_record
+from vapo_lab.launch.jobs import cancel_grid, grid_table
+from vapo_lab.launch.record import find_grid, write_record
+from vapo_lab.launch.status import write_status
 
 
 def _grid(tmp_path, keys):
@@ -34,15 +35,6 @@ def test_states_read_from_status_files(tmp_path):
     assert rows["c"]["state"].startswith("stopped at step 3 (its process is gone")
     assert rows["d"]["state"] == "failed: ValueError: loss is NaN at step 12"
     assert rows["e"]["state"] == "pending" and rows["e"]["job_id"] == ""
-
-
-def test_status_updates_merge_and_are_atomic(tmp_path):
-    grid_dir = _grid(tmp_path, ["a"])
-    write_status(grid_dir, "a", state="running", step=1, attempts=1)
-    write_status(grid_dir, "a", step=2)
-    st = read_status(grid_dir, "a")
-    assert (st["state"], st["step"], st["attempts"]) == ("running", 2, 1)
-    assert not list((grid_dir / "status").glob(".*tmp"))
 
 
 def test_cancel_stops_a_local_cell_process_and_jobs_cli_lists_it(tmp_path):

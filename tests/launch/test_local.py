@@ -7,9 +7,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from vapo_lab.cli import app
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.commands import run_grid
 from vapo_lab.launch.grid import load_grid
-from vapo_lab.launch.launchers import LaunchError, find_grid, grid_table
+from vapo_lab.launch.jobs import grid_table
+from vapo_lab.launch.record import find_grid
 
 from .conftest import SMALL
 
@@ -113,7 +115,7 @@ def test_tracking_server_down_fails_before_anything_runs(in_tmp):
 def test_unknown_launcher_and_missing_grid(in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:1]
-    with pytest.raises(LaunchError, match="--launcher kube: unknown; choose one of local, ray, slurm"):
+    with pytest.raises(LaunchError, match="unknown launcher 'kube': valid names are local, ray, slurm"):
         run_grid(grid, SMALL, "kube", False, True, log=print, out=print)
     with pytest.raises(LaunchError, match="no grid under runs"):
         find_grid("runs", None)

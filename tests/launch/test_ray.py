@@ -2,9 +2,10 @@
 
 import pytest
 
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.commands import run_grid
 from vapo_lab.launch.grid import load_grid
-from vapo_lab.launch.launchers import LaunchError, grid_table
+from vapo_lab.launch.jobs import grid_table
 
 from .conftest import SMALL
 
@@ -38,12 +39,12 @@ def test_a_failed_ray_launch_marks_its_cells_and_parent_failed(in_tmp, monkeypat
 
     from mlflow.tracking import MlflowClient
 
-    from vapo_lab.launch import launchers
+    from vapo_lab.launch import ray as ray_launcher
 
     def no_ray(settings):
         raise LaunchError("Ray could not start (test)")
 
-    monkeypatch.setattr(launchers, "_ray_init", no_ray)
+    monkeypatch.setattr(ray_launcher, "ray_init", no_ray)
     grid = load_grid("table1")
     grid.cells = grid.cells[:2]
     with pytest.raises(LaunchError, match="Ray could not start"):

@@ -10,9 +10,9 @@ import pytest
 # descendant of this process (Ray's GCS, raylet, workers), read from `ss` and /proc.
 PROBE = textwrap.dedent("""
     import os, re, subprocess, sys
-    from vapo_lab.launch.launchers import _ray_init
+    from vapo_lab.launch.ray import ray_init
     import ray
-    _ray_init({"cluster_cpus": 1, "expose": sys.argv[1] == "expose"})
+    ray_init({"cluster_cpus": 1, "expose": sys.argv[1] == "expose"})
     ray.get(ray.remote(lambda: 1).remote())  # a worker is up too
 
     def ancestors(pid):

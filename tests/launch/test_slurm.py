@@ -12,9 +12,11 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.commands import run_grid
 from vapo_lab.launch.grid import load_grid
-from vapo_lab.launch.launchers import LaunchError, find_grid, grid_table
+from vapo_lab.launch.jobs import grid_table
+from vapo_lab.launch.record import find_grid
 from vapo_lab.track.server import MlflowServer
 
 from tests.trainer.conftest import last_metrics

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.models import build_tiny_model, build_tokenizer, load_model_and_tokenizer
+from vapo_lab.models.load import load_model_and_tokenizer
+from vapo_lab.models.tiny import build_tiny_model
+from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
 
 

@@ -3,8 +3,9 @@
 import torch
 
 from vapo_lab.config.compose import compose_config
+from vapo_lab.trainer.advantages import compute_advantages
+from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows
-from vapo_lab.trainer.loop import Batch, compute_advantages
 
 
 def test_whitening_uses_the_population_std_not_verls_unbiased_one():

@@ -45,8 +45,9 @@ def test_monte_carlo_returns_are_the_final_score_at_gamma_one(decoupled):
     """With γ = 1 and the reward at the last token, G_t is the response's score at every token,
     whichever λ the critic's targets use."""
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.trainer.advantages import compute_advantages
+    from vapo_lab.trainer.collect import Batch
     from vapo_lab.trainer.forward import Rows
-    from vapo_lab.trainer.loop import Batch, compute_advantages
 
     drop = [] if decoupled else ["decoupled_gae=off"]
     cfg = compose_config(overrides=drop, check=False).cfg

@@ -74,3 +74,66 @@ def test_the_shared_path_runs_only_where_prompts_repeat(monkeypatch):
                                                             rows.response_mask)))
     uniq, inverse = F._shared(model.model, four)  # 8 rows of one prompt
     assert len(uniq) == 1 and inverse.tolist() == [0] * 8
+
+
+def _mlp_calls(decoder):
+    """Returns a list that grows by one whenever the first layer's MLP starts a forward pass (a pre-hook:
+    a recompute may stop inside the MLP once it has every tensor the backward pass needs)."""
+    calls = []
+    decoder.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt path", "HF forward"])
+def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkeypatch, shared):
+    import copy
+
+    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 1 if shared else 100)
+    rows = _rows()
+    mask = rows.response_mask
+    plain = _model()
+    checkpointed = copy.deepcopy(plain)
+    F.enable_checkpointing(checkpointed)
+    grads, recomputed = [], []
+    for model in (plain, checkpointed):
+        assert (F._shared(model.model, rows) is not None) == shared
+        calls = _mlp_calls(model.model)
+        logprobs, _ = F.policy_forward(model, rows)
+        forward_calls = len(calls)
+        (logprobs * mask).sum().backward()
+        recomputed.append(len(calls) - forward_calls)
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert recomputed[0] == 0 and recomputed[1] > 0  # checkpointing ran the layer again in backward
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, rtol=1e-5, atol=1e-7, msg=n)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt path", "HF forward"])
+def test_a_checkpointed_critic_gets_the_same_gradients(monkeypatch, shared):
+    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 1 if shared else 100)
+    rows = _rows()
+    plain = ValueModel.from_causal_lm(_model())
+    torch.nn.init.normal_(plain.head.weight, std=0.1)
+    checkpointed = ValueModel.from_causal_lm(_model())
+    checkpointed.load_state_dict(plain.state_dict())
+    F.enable_checkpointing(checkpointed.backbone)
+    grads, recomputed = [], []
+    for critic in (plain.train(), checkpointed.train()):
+        calls = _mlp_calls(critic.backbone)
+        values = F.value_forward(critic, rows)
+        forward_calls = len(calls)
+        (values * rows.response_mask).square().sum().backward()
+        recomputed.append(len(calls) - forward_calls)
+        grads.append({n: p.grad for n, p in critic.named_parameters()})
+    assert recomputed[0] == 0 and recomputed[1] > 0
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_checkpointing_is_off_outside_training_and_without_gradients():
+    model = _model()
+    F.enable_checkpointing(model)
+    assert F.checkpointing(model.model)
+    with torch.no_grad():
+        assert not F.checkpointing(model.model)
+    assert not F.checkpointing(model.eval().model)

@@ -29,6 +29,13 @@ from torch import Tensor
 #                    K = 64: 20–29 / 113–117   K = 128: 25–32 / 112–130
 # K = 16 was fastest or tied in every run for both kinds of λ; larger K loses to the extra
 # matmul work (and, per response, to the B·K² matrices), smaller K to the extra levels.
+# λ_policy: length-adaptive 1 − 1/(α·l) per response (VAPO) or the fixed gae.lam_policy;
+# λ_critic: its own gae.lam_critic (decoupled, VC-PPO) or the same λ as the policy (shared)
+LAMBDA_POLICY_MODES = ("length_adaptive", "fixed")
+LAMBDA_CRITIC_MODES = ("decoupled", "shared")
+# advantage estimators: GAE over a value model, or group-relative (DAPO, GRPO: no critic)
+ADVANTAGE_ESTIMATORS = ("gae", "group")
+
 _CHUNK = 16
 
 # On CPU the batch is processed in blocks of about this many (B·T) elements (8 MiB of float32),

@@ -6,6 +6,8 @@ import torch
 from torch import Tensor
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+# where a KL term to the reference policy goes: the loss (GRPO) or the per-token reward
+KL_TARGETS = ("loss", "reward")
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:

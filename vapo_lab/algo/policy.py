@@ -31,6 +31,37 @@ def _as_normalizer(normalizer: float | Tensor, like: Tensor) -> Tensor:
     return torch.as_tensor(normalizer, dtype=like.dtype, device=like.device).detach()
 
 
+def _check_mode(mode: str) -> None:
+    """Raises ValueError when ``mode`` is not one of LOSS_AGG_MODES."""
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(
+            f"loss_agg={mode!r} is not a loss aggregation mode. Choose one of "
+            f"{', '.join(LOSS_AGG_MODES)} (token-mean is VAPO's token-level loss)."
+        )
+
+
+def loss_denominator(mode: str, response_mask: Tensor) -> Tensor:
+    """The denominator N of `aggregate_loss` in `mode` over `response_mask`, a 0-dim integer tensor.
+
+    With L_b = Σ_t m_{b,t}: "token-mean" divides by N = Σ_{b,t} m (every valid token); the
+    sequence modes by N = #{b : L_b > 0} (every non-empty row). To split a mini-batch into
+    micro-batches, compute N once over the mini-batch's mask and pass it to every micro-batch's
+    loss as its `normalizer`.
+
+    Args:
+        mode: one of LOSS_AGG_MODES.
+        response_mask: (B, T) bool or float {0, 1} mask of valid tokens.
+
+    Raises:
+        ValueError: if mode is not one of LOSS_AGG_MODES.
+    """
+    _check_mode(mode)
+    mask = response_mask.bool()
+    if mode == "token-mean":
+        return mask.sum()
+    return (mask.sum(dim=-1) > 0).sum()
+
+
 def aggregate_loss(
     loss_mat: Tensor,
     response_mask: Tensor,
@@ -39,7 +70,7 @@ def aggregate_loss(
 ) -> Tensor:
     """Scalar loss reduced from per-token losses over valid tokens, in one of LOSS_AGG_MODES.
 
-    With m the mask, L_b = Σ_t m_{b,t} and N the denominator:
+    With m the mask, L_b = Σ_t m_{b,t} and N the denominator (`loss_denominator`):
         "token-mean":          Σ_{b,t} ℓ·m / N,            N = Σ_{b,t} m (VAPO token-level loss)
         "seq-mean-token-mean": Σ_b (Σ_t ℓ·m / L_b) / N,    N = #{b : L_b > 0} (PPO sample-level)
         "seq-mean-token-sum":  Σ_b Σ_t ℓ·m / N,            N = #{b : L_b > 0}
@@ -61,23 +92,20 @@ def aggregate_loss(
     Raises:
         ValueError: if mode is not one of LOSS_AGG_MODES.
     """
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(
-            f"loss_agg={mode!r} is not a loss aggregation mode. Choose one of "
-            f"{', '.join(LOSS_AGG_MODES)} (token-mean is VAPO's token-level loss)."
-        )
+    _check_mode(mode)
     mask = response_mask.bool()
     if mode == "token-mean":
         total = masked_sum(loss_mat, mask)  # Σ_{b,t} ℓ·m
-        count = mask.sum().to(loss_mat.dtype)  # Σ_{b,t} m
     else:
         row_sums = masked_sum(loss_mat, mask, dim=-1)  # Σ_t ℓ·m per row, (B,)
-        lengths = mask.sum(dim=-1).to(loss_mat.dtype)  # L_b, (B,)
         if mode == "seq-mean-token-mean":
+            lengths = mask.sum(dim=-1).to(loss_mat.dtype)  # L_b, (B,)
             row_sums = _safe_divide(row_sums, lengths)  # Σ_t ℓ·m / L_b; 0 for empty rows
         total = row_sums.sum()
-        count = (lengths > 0).sum().to(loss_mat.dtype)  # #{b : L_b > 0}
-    denominator = count if normalizer is None else _as_normalizer(normalizer, loss_mat)
+    if normalizer is None:
+        denominator = loss_denominator(mode, mask).to(loss_mat.dtype)
+    else:
+        denominator = _as_normalizer(normalizer, loss_mat)
     return _safe_divide(total, denominator)
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from vapo_lab.algo.gae import gae, length_adaptive_lambda
+from vapo_lab.errors import ConfigError
 
 # Largest |difference| accepted between the two implementations (float32, |A| of order 1).
 TOLERANCE = 1e-5
@@ -155,8 +156,6 @@ def run_gae_benchmark(
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     """Returns [(B, T), ...] from text like ``"512x4096,8192x1024"``; raises ConfigError if malformed."""
-    from vapo_lab.errors import ConfigError
-
     shapes = []
     for part in text.split(","):
         b, sep, t = part.strip().lower().partition("x")

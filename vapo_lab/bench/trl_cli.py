@@ -35,7 +35,9 @@ def bench_trl(
 
     Example: vapo-lab bench trl --steps 4 --part grpo
     """
-    from vapo_lab.bench.trl import BenchSpec, format_trl_benchmark, run_trl_benchmark, setup_trl_envs
+    from vapo_lab.bench.trl.envs import setup_trl_envs
+    from vapo_lab.bench.trl.run import format_trl_benchmark, run_trl_benchmark
+    from vapo_lab.bench.trl.spec import BenchSpec
 
     def progress(text: str) -> None:
         typer.echo(text, err=True)

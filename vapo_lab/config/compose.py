@@ -19,11 +19,13 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from vapo_lab.components import COMPONENTS, Registry, unknown_name_message
-from vapo_lab.conf import conf_dir
+from vapo_lab.conf import conf_dir, default_choice, options
 from vapo_lab.config.schema import VapoConfig
 from vapo_lab.config.validate import validate
 from vapo_lab.errors import ConfigError
+from vapo_lab.registry import Registry, unknown_name_message
+from vapo_lab.registry.components import COMPONENTS, Component
+from vapo_lab.registry.presets import PRESETS
 
 ConfigStore.instance().store(name="base_schema", node=VapoConfig)
 
@@ -42,22 +44,21 @@ class Composed:
         return OmegaConf.to_yaml(self.cfg, resolve=True)
 
 
-def options(group: str) -> list[str]:
-    """Returns the options of a config group (file stems under conf/<group>/), sorted."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
-
-
 def compose_config(
     algo: str | None = None,
     drop: Sequence[str] = (),
     overrides: Sequence[str] = (),
-    registry: Registry = COMPONENTS,
+    registry: Registry[Component] = COMPONENTS,
     check: bool = True,
 ) -> Composed:
     """Returns the composed, resolved and validated config of one run.
 
+    The preset (``algo``, else an ``algo=`` override, else conf/config.yaml's default) chooses
+    each component's ``on`` or ``off`` group (``vapo_lab.registry.presets``); a ``<component>=on|off``
+    override or ``drop`` changes that choice; Hydra composes the rest.
+
     Args:
-        algo: a preset under conf/algo/ (vapo, ppo, dapo, grpo); None keeps the default (vapo).
+        algo: a preset (vapo, ppo, dapo, grpo); None keeps the default (vapo).
         drop: components to turn off, each one the preset has on ("VAPO without X").
         overrides: Hydra overrides, e.g. ``loss.eps_low=0.1`` or ``scale=paper``.
         registry: the component registry (tests pass their own).
@@ -68,12 +69,9 @@ def compose_config(
             a malformed or unknown override, or an invalid value.
     """
     overrides = list(overrides)
-    base = list(overrides)
-    if algo is not None:
-        valid = options("algo")
-        if algo not in valid:
-            raise ConfigError(unknown_name_message("algorithm preset", algo, valid))
-        base = [f"algo={algo}", *base]
+    given = algo or _choice_in(overrides, "algo")
+    preset = PRESETS.get(given or default_choice("algo"))  # raises with the valid names
+    base = [f"algo={algo}", *overrides] if algo is not None else overrides
 
     dropped: list[str] = []
     for name in drop:
@@ -85,23 +83,40 @@ def compose_config(
             if re.match(rf"^[~+]*{re.escape(name)}=", ov):
                 raise ConfigError(
                     f"--drop {name} conflicts with the override {ov!r}: use one or the other")
-
-    cfg, choices = _compose(base)
-    chosen_algo = choices.get("algo", "vapo")
-    for name in dropped:
-        if choices.get(name) != "on":
-            on = [c for c in registry.names() if choices.get(c) == "on"]
+        if name not in preset.on():
             raise ConfigError(
-                f"cannot drop {name}: it is already off in preset {chosen_algo!r} "
-                f"(components on there: {', '.join(on) or 'none'})")
-    if dropped:
-        cfg, choices = _compose(base + [f"{name}=off" for name in dropped])
+                f"cannot drop {name}: it is already off in preset {preset.name!r} "
+                f"(components on there: {', '.join(preset.on()) or 'none'})")
 
+    cfg, choices = _compose(base + _component_groups(registry, preset.on(), dropped, overrides))
     if check:
         problems = validate(cfg)
         if problems:
             raise ConfigError("\n".join(problems))
-    return Composed(cfg=cfg, algo=chosen_algo, dropped=dropped, choices=choices)
+    return Composed(cfg=cfg, algo=preset.name, dropped=dropped, choices=choices)
+
+
+def _choice_in(overrides: list[str], group: str) -> str | None:
+    """Returns the option an override ``group=option`` chooses, None when none does."""
+    for ov in reversed(overrides):
+        key, eq, value = ov.partition("=")
+        if eq and key.lstrip("+") == group:
+            return value
+    return None
+
+
+def _component_groups(registry: Registry[Component], on: list[str], dropped: list[str],
+                      overrides: list[str]) -> list[str]:
+    """Returns the overrides that add each component's group: the preset's choice, ``off`` when
+    dropped; a component the command line chooses (``clip_higher=off``) is moved here from
+    ``overrides`` (Hydra adds a group that config.yaml does not list only with a leading +)."""
+    added = []
+    for c in registry:
+        given = _choice_in(overrides, c.name)
+        overrides[:] = [ov for ov in overrides if ov.partition("=")[0].lstrip("+") != c.name]
+        choice = given or ("off" if c.name in dropped or c.name not in on else "on")
+        added.append(f"+{c.name}={choice}")
+    return added
 
 
 def _compose(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:

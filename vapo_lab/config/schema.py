@@ -5,7 +5,7 @@ defaults list, so a typo (``loss.eps_hgh=0.3``) or a wrong type (``loss.eps_high
 at compose time, before any compute. Defaults here are neutral; the YAML files under ``conf/``
 set the real values, each with its paper source beside it.
 
-Component ownership (the registry in ``vapo_lab.components`` is the one list):
+Component ownership (the registry in ``vapo_lab.registry.components`` is the one list):
 
 ==========================  ===================================
 component                   keys it owns
@@ -49,7 +49,7 @@ class ModelConfig:
     tokenizer_path: Optional[str] = None  # defaults to `path`
     arch: ArchConfig = field(default_factory=ArchConfig)
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute layer activations in the backward pass (less memory)
     trust_remote_code: bool = False
     chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
     # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size, lr,

@@ -10,25 +10,34 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from vapo_lab.algo.kl import KL_ESTIMATORS
+from vapo_lab.algo.gae import ADVANTAGE_ESTIMATORS, LAMBDA_CRITIC_MODES, LAMBDA_POLICY_MODES
+from vapo_lab.algo.kl import KL_ESTIMATORS, KL_TARGETS
 from vapo_lab.algo.policy import LOSS_AGG_MODES
+from vapo_lab.conf import options
+from vapo_lab.models.dtypes import DTYPES
+from vapo_lab.registry.components import COMPONENTS, settings
+from vapo_lab.tasks import task_names
 
-MODES: dict[str, tuple[str, ...]] = {
-    "model.name": ("tiny", "hf"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arith", "math"),
-    "rollout.backend": ("builtin", "vllm"),
-    "algo.advantage": ("gae", "group"),
-    "gae.lam_policy_mode": ("length_adaptive", "fixed"),
-    "gae.lam_critic_mode": ("decoupled", "shared"),
-    "loss.agg": LOSS_AGG_MODES,
-    "critic.loss_agg": LOSS_AGG_MODES,
-    "critic.init": ("reward_model", "policy", "random"),
-    "kl.estimator": KL_ESTIMATORS,
-    "kl.target": ("loss", "reward"),
-    "tracking.backend": ("mlflow", "none"),
-    "launcher.name": ("local", "ray", "slurm"),
-}
+
+def modes() -> dict[str, tuple[str, ...]]:
+    """Returns {key: its valid values}, each list read from where it is kept: the maths in
+    ``vapo_lab.algo``, the task registry, or the options of a config group under conf/ (a key
+    that names its group's option: ``model.name``, ``rollout.backend``, ``tracking.backend``)."""
+    return {
+        "model.name": tuple(options("model")),
+        "model.dtype": tuple(DTYPES),
+        "task.name": tuple(task_names()),
+        "rollout.backend": tuple(options("rollout")),
+        "algo.advantage": ADVANTAGE_ESTIMATORS,
+        "gae.lam_policy_mode": LAMBDA_POLICY_MODES,
+        "gae.lam_critic_mode": LAMBDA_CRITIC_MODES,
+        "loss.agg": LOSS_AGG_MODES,
+        "critic.loss_agg": LOSS_AGG_MODES,
+        "critic.init": ("reward_model", "policy", "random"),
+        "kl.estimator": KL_ESTIMATORS,
+        "kl.target": KL_TARGETS,
+        "tracking.backend": tuple(options("tracking")),
+    }
 
 # (key, lower, upper, lower inclusive, upper inclusive); None = unbounded
 RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
@@ -83,7 +92,7 @@ def validate(cfg: DictConfig) -> list[str]:
         return node
 
     problems: list[str] = []
-    for key, valid in MODES.items():
+    for key, valid in modes().items():
         if get(key) not in valid:
             problems.append(f"{key}={get(key)} is not a valid choice: set {key} to one of {', '.join(valid)}")
     for key, lo, hi, lo_in, hi_in in RANGES:
@@ -129,16 +138,11 @@ def _relations(get: Any) -> list[str]:
             problems.append(
                 "algo.advantage=group needs groups but rollout.n_samples=1: choose group_sampling=on "
                 "(or a preset with a critic: --algo vapo / ppo)")
-        critic_keys = {
-            "value_pretraining": get("critic.pretrain.enabled"),
-            "decoupled_gae": get("gae.lam_critic_mode") == "decoupled",
-            "length_adaptive_gae": get("gae.lam_policy_mode") == "length_adaptive",
-        }
-        for name, on in critic_keys.items():
-            if on:
+        for c in COMPONENTS:
+            if c.needs_critic and all(get(key) == on for key, (on, _) in settings(c).items()):
                 problems.append(
-                    f"{name}=on needs a critic but algo.advantage=group has none: "
-                    f"choose {name}=off, or algo.advantage=gae")
+                    f"{c.name}=on needs a critic but algo.advantage=group has none: "
+                    f"choose {c.name}=off, or algo.advantage=gae")
     overlong = get("reward.overlong")
     if overlong["enabled"] and not 0 < overlong["l_cache"] <= overlong["l_max"]:
         problems.append(

@@ -1,11 +1,15 @@
 """Evaluation: benchmarks, avg@k / pass@k / maj@k, and the harness that samples and grades a model.
 
-The answer grader itself is ``vapo_lab.grading`` (shared with the training reward).
+``settings`` (how samples are drawn), ``model_ref`` (what ``--model`` names), ``benchmarks``
+(what is evaluated), ``loading`` (tokenizer, policy, sampler), ``scoring`` (grading and metrics),
+``files`` (the resumable output folder), ``tracking`` (MLflow), ``harness`` (``evaluate_model``)
+and ``responses`` (``grade_responses``). The answer grader itself is ``vapo_lab.grading``
+(shared with the training reward).
 """
 
 from __future__ import annotations
 
-from vapo_lab.eval.data import BENCHMARKS, Benchmark, load_benchmark
+from vapo_lab.eval.benchmarks import BENCHMARKS, Benchmark, load_benchmark
 from vapo_lab.eval.metrics import (
     avg_at_k,
     avg_at_k_se,

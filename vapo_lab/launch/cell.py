@@ -10,10 +10,11 @@ Whatever the launcher (a local worker process, a Ray task, a Slurm array task), 
 * otherwise it starts the run, tagged with the grid id, cell name and config hash, as a child
   of the grid's parent MLflow run.
 
-The status file (``<grid>/status/<key>.json``) records pending / running step k / finished /
-failed with the last error line, the host, pid and Slurm job id: ``vapo-lab jobs`` reads it.
-``CellJob`` wraps ``run_cell`` as a ``submitit`` checkpointable: on preemption or time limit
-Slurm signals the job, submitit requeues it, and the new attempt resumes from the last checkpoint.
+Every cell's config was composed once, when the grid was expanded (``CellSpec.config``); a job
+only sets where its run is written and logged. Its status file (``vapo_lab.launch.status``)
+records how it goes: ``vapo-lab jobs`` reads it. ``CellJobRunner`` wraps ``run_cell`` as a
+``submitit`` checkpointable: on preemption or time limit Slurm signals the job, submitit requeues
+it, and the new attempt resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vapo_lab.launch.grid import CellSpec
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-PENDING, RUNNING, FINISHED, FAILED = "pending", "running", "finished", "failed"
+from vapo_lab.launch.grid import CellSpec
+from vapo_lab.launch.liveness import slurm_job_id
+from vapo_lab.launch.status import FAILED, FINISHED, RUNNING, read_status, write_status
+
+# the config sections the caches a cell prepares are built from (``_prepare_one``): cells equal in
+# these share their base model, reward model and pretrained critic
+CACHE_SECTIONS = ("model", "task", "critic", "rollout", "reward", "trainer", "algo", "gae")
 
 
 @dataclass
@@ -44,57 +51,20 @@ class CellJob:
     cwd: str  # the submission's working directory (caches under .vapo_cache/ are relative to it)
     experiment: str
     parent_run_id: str | None = None
-    tracking: list[str] = field(default_factory=list)  # tracking.* overrides of the submission
 
     @property
     def run_dir(self) -> Path:
         return Path(self.grid_dir) / "runs" / self.spec.key
 
-    @property
-    def status_file(self) -> Path:
-        return status_path(Path(self.grid_dir), self.spec.key)
 
-
-def status_path(grid_dir: Path, key: str) -> Path:
-    return grid_dir / "status" / f"{key}.json"
-
-
-def read_status(grid_dir: Path, key: str) -> dict[str, Any]:
-    """Returns a cell's status record ({"state": "pending"} when it never started)."""
-    path = status_path(grid_dir, key)
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"state": PENDING}
-
-
-def write_status(grid_dir: Path, key: str, **fields: Any) -> dict[str, Any]:
-    """Updates a cell's status record atomically; returns it."""
-    record = {**read_status(grid_dir, key), **fields, "updated": time.time()}
-    path = status_path(grid_dir, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
-    return record
-
-
-def slurm_job_id() -> str | None:
-    """Returns this process's Slurm job id (array jobs: <array id>_<task>), None outside Slurm."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array and task:
-        return f"{array}_{task}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def compose_cell(job: CellJob) -> Any:
-    """Returns the composed config of a cell (its own overrides + where it runs and logs)."""
-    from vapo_lab.config.compose import compose_config
-
-    s = job.spec
-    where = [f"output_dir={Path(job.grid_dir) / 'runs'}", f"run_name={s.key}",
-             f"tracking.experiment={job.experiment}", *job.tracking]
-    return compose_config(algo=s.algo, drop=s.drop, overrides=[*s.overrides, *where])
+def cell_config(job: CellJob) -> tuple[DictConfig, dict[str, str]]:
+    """Returns (a fresh copy of the cell's composed config set to run in its grid's folder and log
+    to its grid's experiment, the Hydra group choices it was composed with)."""
+    cfg = OmegaConf.create(job.spec.config)
+    cfg.output_dir = str(Path(job.grid_dir) / "runs")
+    cfg.run_name = job.spec.key
+    cfg.tracking.experiment = job.experiment
+    return cfg, dict(job.spec.choices)
 
 
 def cell_tags(job: CellJob) -> dict[str, str]:
@@ -109,7 +79,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
 
     Raises whatever the run raised, after recording it as ``failed`` with the last error line.
     """
-    from vapo_lab.runs.folder import resume_config
+    from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.trainer.run import Run
 
     os.chdir(job.cwd)
@@ -121,22 +91,18 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     write_status(grid_dir, key, state=RUNNING, step=status.get("step", 0), attempts=attempts,
                  host=socket.gethostname(), pid=os.getpid(), job_id=slurm_job_id() or status.get("job_id"),
                  error=None)
-    log_lines: list[str] = []
-
     def log(text: str) -> None:
-        log_lines.append(text)
         print(f"[{key}] {text}", file=sys.stderr, flush=True)
 
     try:
-        if job.run_dir.is_dir() and not (job.run_dir / "run.json").is_file():
-            shutil.rmtree(job.run_dir)  # a start that died before its run existed: nothing to keep
-        if (job.run_dir / "run.json").is_file():
+        if is_run_dir(job.run_dir):
             cfg, choices = resume_config(job.run_dir)
         else:
-            composed = compose_cell(job)
-            cfg, choices = composed.cfg, composed.choices
+            if job.run_dir.is_dir():
+                shutil.rmtree(job.run_dir)  # a start that died before its run existed: nothing to keep
+            cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
-        run = Run(cfg, choices, progress=False, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
+        run = Run(cfg, choices, progress=None, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
                   command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})")
         write_status(grid_dir, key, run_id=run.run_id, run_dir=str(run.run_dir), step=run.step, total=total)
 
@@ -179,26 +145,21 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 
 
 def _prepare_one(job: CellJob, done: set[str]) -> str:
-    from omegaconf import open_dict
-
     from vapo_lab.trainer.run import Run
 
-    composed = compose_cell(job)
-    cfg = composed.cfg
-    with open_dict(cfg):
-        cfg.seed = 0
-    sig = json.dumps({k: str(cfg.get(k)) for k in ("model", "task", "critic", "rollout", "reward", "trainer",
-                                                   "algo", "value_pretraining", "gae")}, sort_keys=True)
+    sig = json.dumps({k: job.spec.config[k] for k in CACHE_SECTIONS}, sort_keys=True)
     if sig in done:
         return ""
     done.add(sig)
+    cfg, choices = cell_config(job)
     with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
         with open_dict(cfg):
+            cfg.seed = 0
             cfg.tracking.backend = "none"
             cfg.output_dir = tmp
             cfg.run_name = "prepare"
         t0 = time.perf_counter()
-        Run(cfg, composed.choices, progress=False, log=lambda text: print(text, file=sys.stderr))
+        Run(cfg, choices, progress=None, log=lambda text: print(text, file=sys.stderr))
     return f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s"
 
 

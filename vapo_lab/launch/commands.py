@@ -6,35 +6,34 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vapo_lab.launch.launchers import LaunchError
+from vapo_lab.launch.base import LaunchError, Submission
 from vapo_lab.launch.grid import Grid
 
 
 def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run: bool, wait: bool,
-             log: Callable[[str], None], out: Callable[[str], None]) -> Any:
+             log: Callable[[str], None], out: Callable[[str], None]) -> Submission:
     """Expands ``grid`` with the command line's overrides and submits it; returns the Submission.
 
     ``--launcher X`` is the ``launcher=X`` override; ``launcher.*`` and ``tracking.*`` overrides set
     the submission's launcher and tracking (they do not change the runs' config hashes).
     """
-    from vapo_lab.config.compose import compose_config
-    from vapo_lab.launch.launchers import LAUNCHERS, submit_grid
+    from omegaconf import OmegaConf
 
+    from vapo_lab.launch.registry import resolve_launcher
+    from vapo_lab.launch.submit import submit_grid
+
+    backend = resolve_launcher(launcher, [*grid.overrides, *overrides])
     overrides = list(overrides)
     if launcher is not None:
-        if launcher not in LAUNCHERS:
-            raise LaunchError(f"--launcher {launcher}: unknown; choose one of {', '.join(LAUNCHERS)}")
         overrides = [o for o in overrides if not o.startswith("launcher=")] + [f"launcher={launcher}"]
     specs = grid.expand(overrides)
-    first = specs[0]
-    cfg = compose_config(algo=first.algo, drop=first.drop, overrides=first.overrides).cfg
-    name = str(cfg.launcher.name)
+    cfg = OmegaConf.create(specs[0].config)
     if not dry_run:  # the grid's folder, the caches and the tracking store, before any cell starts
         from vapo_lab.config.preflight import check_run
         from vapo_lab.integrity import CACHE_DIR
 
         check_run(cfg, CACHE_DIR)
-    sub = submit_grid(grid, specs, cfg, name, dry_run=dry_run, wait=wait, log=log)
+    sub = submit_grid(grid, specs, cfg, backend, dry_run=dry_run, wait=wait, log=log)
     if dry_run:
         out(sub.dry_run_text)
         return sub
@@ -49,14 +48,20 @@ def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run
 
 
 def jobs_table(output_dir: str | Path, grid: str | None) -> tuple[Path, list[dict[str, Any]]]:
-    from vapo_lab.launch.launchers import find_grid, grid_table
+    """Returns (the grid's folder, one row per cell: key, state, job id, run id) of grid id ``grid``
+    (or a unique prefix of it) under ``output_dir``, the latest grid when None."""
+    from vapo_lab.launch.jobs import grid_table
+    from vapo_lab.launch.record import find_grid
 
     path = find_grid(output_dir, grid)
     return path, grid_table(path)
 
 
 def cancel(output_dir: str | Path, grid: str | None) -> tuple[Path, list[str]]:
-    from vapo_lab.launch.launchers import cancel_grid, find_grid
+    """Cancels the queued and running cells of a grid (as ``jobs_table`` finds it); returns (its
+    folder, one line per action taken)."""
+    from vapo_lab.launch.jobs import cancel_grid
+    from vapo_lab.launch.record import find_grid
 
     path = find_grid(output_dir, grid)
     return path, cancel_grid(path)

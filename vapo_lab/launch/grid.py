@@ -39,7 +39,8 @@ VOLATILE_KEYS = ("output_dir", "run_name", "resume", "tracking", "launcher")
 
 @dataclass
 class CellSpec:
-    """One run of a grid: everything a launcher needs to start (or resume) it, JSON-serialisable."""
+    """One run of a grid: everything a launcher needs to start (or resume) it, JSON-serialisable
+    (it crosses into worker processes, Ray tasks and Slurm jobs)."""
 
     grid_id: str
     name: str  # the grid file's cell name, e.g. vapo-no-clip_higher
@@ -50,13 +51,15 @@ class CellSpec:
     config_hash: str
     key: str  # <name>-s<seed>[-<sweep>]-<hash8>: the run's folder name
     sweep: dict[str, str] = field(default_factory=dict)
+    # the composed config, resolved (its hash is config_hash), and the Hydra group choices it was
+    # composed with: the cell's job runs this, with only where it writes and logs set
+    config: dict[str, Any] = field(default_factory=dict, repr=False)
+    choices: dict[str, str] = field(default_factory=dict, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> CellSpec:
-        return cls(**d)
+    def to_record(self) -> dict[str, Any]:
+        """Returns the cell as the grid's record lists it: how it was made, not its whole config
+        (its run folder's config.yaml holds that)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("config", "choices")}
 
 
 @dataclass
@@ -72,7 +75,8 @@ class Grid:
     source: str  # the file it came from
 
     def expand(self, extra_overrides: Sequence[str] = ()) -> list[CellSpec]:
-        """Returns every run of the grid (cells x sweep points x seeds), composed and validated.
+        """Returns every run of the grid (cells x sweep points x seeds), each composed (once: its
+        ``config`` is what its job runs) and validated.
 
         Raises:
             ConfigError: a cell whose config does not compose (named, with the reason).
@@ -91,14 +95,15 @@ class Grid:
                         composed = compose_config(algo=cell["algo"], drop=cell.get("drop", []), overrides=ov)
                     except ConfigError as e:
                         raise ConfigError(f"grid {self.name}, cell {cell['name']} (seed {seed}): {e}") from e
-                    resolved = OmegaConf.to_container(composed.cfg, resolve=True)
+                    resolved: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
+                        composed.cfg, resolve=True)
                     h = config_hash(resolved)
                     cell_hashes.add(config_hash({k: v for k, v in resolved.items() if k != "seed"}))
                     label = "".join(f"-{_slug(k.split('.')[-1])}{_slug(v)}" for k, v in point.items())
                     specs.append(CellSpec(grid_id="", name=cell["name"], algo=cell["algo"],
                                           drop=list(cell.get("drop", [])), overrides=ov, seed=seed,
                                           config_hash=h, key=f"{cell['name']}{label}-s{seed}-{h[:8]}",
-                                          sweep=dict(point)))
+                                          sweep=dict(point), config=resolved, choices=dict(composed.choices)))
         seen: dict[str, str] = {}
         for s in specs:
             if s.config_hash in seen:

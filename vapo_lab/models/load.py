@@ -1,8 +1,11 @@
 """Loading a policy and its tokenizer from a local directory: the embedded model or a real one.
 
-The embedded base model is saved with ``save_pretrained`` (see :mod:`vapo_lab.basemodel`), so the one
-function below loads it and a real Hugging Face checkpoint alike (``model.path=/models/Qwen2.5-0.5B``).
-Nothing is ever downloaded: ``local_files_only=True``.
+The embedded base model is saved with ``save_pretrained`` (see :mod:`vapo_lab.basemodel`), so
+``load_model_and_tokenizer`` loads it and a real Hugging Face checkpoint alike
+(``model.path=/models/Qwen2.5-0.5B``). The trainer and evaluation share it and its two halves,
+``load_tokenizer`` and ``load_causal_lm`` (evaluation loads a tokenizer alone for vLLM, and a
+checkpoint's policy beside a tokenizer rebuilt from the task), and ``pick_device``. Nothing is
+ever downloaded: ``local_files_only=True``.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from vapo_lab.errors import ConfigError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from vapo_lab.models.dtypes import DTYPES
 
 
 def pick_device(name: str, option: str = "trainer.device") -> torch.device:
@@ -64,13 +66,25 @@ def load_model_and_tokenizer(
         )
     if not tokenizer_path.is_dir():
         raise ConfigError(f"model.tokenizer_path={str(tokenizer_path)!r} does not exist. Set it to a local directory.")
-    tokenizer = AutoTokenizer.from_pretrained(
-        tokenizer_path, local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
+    return load_causal_lm(path, dtype, trust_remote_code), tokenizer
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Returns the tokenizer saved in directory ``path``; one without a pad token gets its eos token
+    as pad (base checkpoints often have none, and batching needs one). Checks nothing first:
+    ``load_model_and_tokenizer`` names a missing directory with the config key to fix."""
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+    """Returns the causal LM saved in directory ``path`` (``dtype`` a key of ``DTYPES``), in eval mode.
+    Checks nothing first, as ``load_tokenizer``."""
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=DTYPES[dtype], local_files_only=True, trust_remote_code=trust_remote_code
     )
     model.eval()
-    return model, tokenizer
+    return model

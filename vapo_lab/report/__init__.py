@@ -15,6 +15,7 @@ from vapo_lab.report import diagnostics as diag
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
 from vapo_lab.report.figures import figure1, figure2
 from vapo_lab.report.table import build_table, rank_agreement, table_records, to_csv, to_latex, to_markdown
+from vapo_lab.registry.table1 import row_name
 
 __all__ = ["Report", "ReportError", "make_report", "report_from_export"]
 
@@ -63,12 +64,12 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     runs = load_runs(tracking_uri, experiment, CURVE_METRICS + CLIP_KEYS)
     groups = group(runs)
     if not variants:  # the paper's pair, or whatever of it the experiment holds
-        variants = [v for v in ("VAPO", "DAPO") if v in groups] or sorted(groups)[:2]
+        variants = [v for v in (row_name("vapo"), row_name("dapo")) if v in groups] or sorted(groups)[:2]
     unknown = [v for v in variants if v not in groups]
     if unknown:
         raise ReportError(f"--variants {', '.join(unknown)}: not in experiment {experiment!r} "
                           f"(it has: {', '.join(sorted(groups))})")
-    fig1_variants = fig1_variants or [v for v in ("VAPO", "DAPO", "GRPO", "Vanilla PPO") if v in groups]
+    fig1_variants = fig1_variants or [v for v in (row_name("vapo"), row_name("dapo"), row_name("grpo"), row_name("ppo")) if v in groups]
     key = score_key(runs)
     out = Path(out or Path("reports") / experiment)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,11 +8,12 @@ one component off is "w/o <component>", PPO with every component off is "Vanilla
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from vapo_lab.components import COMPONENTS
+from vapo_lab.registry.components import COMPONENTS
+from vapo_lab.registry.presets import PRESETS
+from vapo_lab.registry.table1 import ABLATED
 from vapo_lab.errors import VapoLabError
 from vapo_lab.track.export import SOURCE_TAG
 
@@ -37,20 +38,6 @@ class RunData:
         return max((s for h in self.history.values() for s, _ in h), default=0)
 
 
-# the rows of Table 1 in the paper's order, with the paper's AIME 2024 avg@32 (VAPO.md)
-PAPER_TABLE1: list[tuple[str, float]] = [
-    ("Vanilla PPO", 5.0),
-    ("DAPO", 50.0),
-    ("w/o value_pretraining", 11.0),
-    ("w/o decoupled_gae", 33.0),
-    ("w/o length_adaptive_gae", 45.0),
-    ("w/o clip_higher", 46.0),
-    ("w/o token_level_loss", 53.0),
-    ("w/o positive_lm_loss", 54.0),
-    ("w/o group_sampling", 55.0),
-    ("VAPO", 60.0),
-]
-
 CURVE_METRICS = ("rollout/response_length", "rollout/reward", "actor/entropy", "rollout/accuracy")
 # metric families read whole: held-out scores, the trainer's diagnostics (value bias by position,
 # length profile) and λ_policy statistics
@@ -63,31 +50,20 @@ def variant_of(tags: dict[str, str]) -> str:
     combinations read like "VAPO w/o a, b" or "DAPO w/o x"."""
     algo = tags.get("algo", "?")
     off = sorted(x for x in tags.get("components_off", "none").split(",") if x and x != "none")
-    names = {"vapo": "VAPO", "ppo": "PPO", "dapo": "DAPO", "grpo": "GRPO"}
-    preset = _preset_off(algo)
-    if algo == "ppo" and set(off) == preset:
-        return "Vanilla PPO"
-    extra = sorted(set(off) - preset)
-    back_on = sorted(preset - set(off))
-    name = names.get(algo, algo.upper())
-    if not extra and not back_on:
-        return name
-    if algo == "vapo" and len(extra) == 1 and not back_on:
-        return f"w/o {extra[0]}"
+    preset = PRESETS.get(algo) if algo in PRESETS else None
+    preset_off = set(preset.off()) if preset else set()
+    extra = sorted(set(off) - preset_off)
+    back_on = sorted(preset_off - set(off))
+    if preset is None:
+        name = algo.upper()
+    elif not extra and not back_on:
+        return preset.table1_row
+    else:
+        name = preset.label
+    if algo == ABLATED and len(extra) == 1 and not back_on:
+        return COMPONENTS.get(extra[0]).row
     parts = [name] + ([f"w/o {', '.join(extra)}"] if extra else []) + ([f"with {', '.join(back_on)}"] if back_on else [])
     return " ".join(parts)
-
-
-@functools.lru_cache(maxsize=None)
-def _preset_off(algo: str) -> frozenset[str]:
-    """The components a preset has off (from conf/algo/<algo>.yaml); composed once per preset."""
-    from vapo_lab.config.compose import compose_config
-
-    try:
-        choices = compose_config(algo=algo, check=False).choices
-    except VapoLabError:
-        return frozenset()
-    return frozenset(c.name for c in COMPONENTS if choices.get(c.name) == "off")
 
 
 def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()) -> list[RunData]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from vapo_lab.report.collect import RunData
 from vapo_lab.report.figures import _save, mean_band
+from vapo_lab.registry.table1 import row_name
 
 BIAS = "diag/value_bias/"
 LENGTH = "diag/length/"
@@ -153,7 +154,7 @@ def _write(plt: Any, fig: Any, out: Path, stem: str, suptitle: str) -> list[Path
 def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_value_bias: V(s_t) − G_t by position bucket, (a) early, (b) late; one line per
     critic-based variant. Returns (paths, {variant: profile}); no file when no run logged it."""
-    names = _present(groups, ("VAPO", "w/o value_pretraining", "Vanilla PPO", "w/o decoupled_gae"), BIAS)
+    names = _present(groups, (row_name("vapo"), row_name("value_pretraining"), row_name("ppo"), row_name("decoupled_gae")), BIAS)
     if not names:
         return [], {}
     plt = _plt()
@@ -178,7 +179,7 @@ def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list
 def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_lambda: (a) λ_policy(l) with our α over the lengths our policy produced (bars:
     share of responses per length bucket), (b) the paper's α = 0.05 over its lengths."""
-    names = _present(groups, ("VAPO", "DAPO"), LENGTH + "count_")
+    names = _present(groups, (row_name("vapo"), row_name("dapo")), LENGTH + "count_")
     if not names:
         return [], {}
     runs = groups[names[0]]
@@ -232,7 +233,7 @@ def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Pat
 def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_length: (a) accuracy per length bucket, early vs late, per variant; (b) mean
     length of correct and of wrong responses against step."""
-    names = _present(groups, ("VAPO", "DAPO"), LENGTH + "count_")[:2]
+    names = _present(groups, (row_name("vapo"), row_name("dapo")), LENGTH + "count_")[:2]
     if not names:
         return [], {}
     plt = _plt()
@@ -266,7 +267,7 @@ def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Pat
 def figure_clip(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_clip: clip fractions (a) low and (b) high against step, with and without
     clip-higher (and DAPO, which has it)."""
-    names = [n for n in ("VAPO", "w/o clip_higher", "DAPO", "Vanilla PPO") if n in groups
+    names = [n for n in (row_name("vapo"), row_name("clip_higher"), row_name("dapo"), row_name("ppo")) if n in groups
              and any("actor/clipfrac_low" in r.history for r in groups[n])]
     if not names:
         return [], {}

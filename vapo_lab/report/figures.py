@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.report.collect import RunData
+from vapo_lab.registry.table1 import row_name
 
 FIG2_PANELS = [("rollout/response_length", "(a) mean response length (tokens)"),
                ("rollout/reward", "(b) reward score"),
@@ -105,7 +106,7 @@ def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     curves = {name: mean_band(groups.get(name, []), key, 1.0, band) for name in variants}
-    vapo = curves.get("VAPO")
+    vapo = curves.get(row_name("vapo"))
     target = 0.9 * vapo[1][-1] if vapo and vapo[1] else None
     info: dict[str, Any] = {}
     for name, (steps, mean, low, high) in curves.items():

@@ -14,7 +14,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from vapo_lab.report.collect import PAPER_TABLE1, RunData
+from vapo_lab.registry.table1 import ABLATED, paper_scores
+from vapo_lab.registry.presets import PRESETS
+from vapo_lab.report.collect import RunData
 
 
 @dataclass
@@ -61,8 +63,8 @@ def run_score(run: RunData, key: str, which: str = "final") -> float | None:
 
 def build_table(groups: dict[str, list[RunData]], key: str, which: str = "final") -> list[Row]:
     """Returns Table 1's rows in the paper's order, then any other variant the grid holds."""
-    paper = dict(PAPER_TABLE1)
-    order = [name for name, _ in PAPER_TABLE1] + sorted(set(groups) - set(paper))
+    paper = paper_scores()
+    order = list(paper) + sorted(set(groups) - set(paper))
     rows = []
     for name in order:
         runs = groups.get(name, [])
@@ -144,9 +146,10 @@ def _fmt(v: float | None, signed: bool = False) -> str:
 
 def table_records(rows: list[Row]) -> list[dict[str, Any]]:
     """Returns one dict per row: variant, ours (mean, std, n), delta vs our VAPO, paper, paper delta."""
-    vapo = next((r for r in rows if r.variant == "VAPO"), None)
+    reference = PRESETS.get(ABLATED).table1_row  # deltas are against VAPO, ours and the paper's
+    vapo = next((r for r in rows if r.variant == reference), None)
     ours_ref = vapo.mean if vapo else None
-    paper_ref = dict(PAPER_TABLE1)["VAPO"]
+    paper_ref = paper_scores()[reference]
     out = []
     for r in rows:
         out.append({

@@ -23,9 +23,13 @@ from vapo_lab.algo import explained_variance, gae
 from vapo_lab.integrity import manifest_problem, write_manifest
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
-from vapo_lab.trainer.forward import Rows, value_forward
+from vapo_lab.trainer.advantages import token_rewards
+from vapo_lab.trainer.collect import Batch
+from vapo_lab.trainer.forward import Rows, batched_values, value_forward
 
-CACHE_VERSION = 4  # 2: inverse-CDF sampler; 3: top-p by rejection (different draws when top_p < 1); 4: fused AdamW
+# part of every cache key: bumped whenever the code would build a different reward model or critic
+# from the same settings (the sampler's draws, the optimiser's kernel), so old entries are not reused
+CACHE_VERSION = 4
 
 
 def cache_key(*parts: Any) -> str:
@@ -131,23 +135,21 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
                     draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
                     encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
                     log_metrics: Callable[[dict[str, float], int], None],
-                    log: Callable[[str], None] = print) -> tuple[ValueModel, dict[str, Any]]:
-    """Returns the critic after value pretraining (VAPO §4.1) and the pretraining history.
+                    log: Callable[[str], None] = print) -> ValueModel:
+    """Returns the critic after value pretraining (VAPO §4.1); the history goes to ``log_metrics``.
 
     The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
     (GAE with λ = critic.pretrain.lam, 1.0: the return itself) and takes the critic's usual
     mini-batch steps on them. Stops after ``critic.pretrain.steps`` or once explained variance
     reaches ``critic.pretrain.min_explained_variance``. Cached: a grid pretrains once.
     """
-    from vapo_lab.trainer.loop import Batch, token_rewards
-
     pre = cfg.critic.pretrain
     path = cache_dir / "pretrained_critic" / pretrained_critic_key(critic_key, cfg)
     if _usable(path, "pretrained critic", log):
         meta = json.loads((path / "meta.json").read_text())
         for i, m in enumerate(meta["history"]):
             log_metrics(m, i)
-        return ValueModel.load(path), {**meta, "cached": True, "path": str(path)}
+        return ValueModel.load(path)
     gen = torch.Generator().manual_seed(int(cfg.task.seed) + 1)
     updater = updater_factory(critic)
     n = int(cfg.rollout.n_samples)
@@ -172,12 +174,5 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
             break
     meta = {"kind": "pretrained_critic", "history": history, "steps": len(history)}
     _atomic_save(critic, path, meta)
-    return critic, {**meta, "cached": False, "path": str(path)}
+    return critic
 
-
-@torch.no_grad()
-def batched_values(critic: nn.Module, rows: Rows, micro: int) -> torch.Tensor:
-    """Returns V(s_t) for all rows, (B, T), computed ``micro`` rows at a time."""
-    width = rows.response_ids.shape[1]
-    parts = [value_forward(critic, rows.take(idx)) for idx in torch.arange(len(rows.response_ids)).split(micro)]
-    return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in parts])

@@ -12,6 +12,11 @@ as a forward pass over each prompt ++ response, so the same gradients: a shared 
 is the sum of its responses'). It runs where prompts repeat at least ``MIN_ROWS_PER_PROMPT``
 times, as in the full-batch value and reference passes of group sampling; elsewhere, and for
 other models, HF's forward runs.
+
+Gradient checkpointing (``model.gradient_checkpointing``): ``enable_checkpointing`` turns on
+Hugging Face's, which recomputes each decoder layer in the backward pass instead of keeping its
+activations, for a model in training mode. ``response_states`` calls the layers' submodules
+itself, past HF's wrapper, so it reads the same switch and checkpoints its own per-layer step.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
 from vapo_lab.rollout.decoder import _rotate_half, rope_theta
@@ -57,6 +63,21 @@ def shares_prompts(decoder: nn.Module) -> bool:
             and rope_theta(cfg) is not None and not getattr(cfg, "use_sliding_window", False)
             and not getattr(cfg, "attention_dropout", 0.0)
             and all(hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm")))
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Turns on Hugging Face's gradient checkpointing of ``model`` (a causal LM or a bare
+    transformer): active while the model is in training mode, i.e. during updates, not sampling.
+    Non-reentrant, as ``response_states`` checkpoints, so inputs need not require grad."""
+    # transformers 5 renames it activation_checkpointing_enable (the old name warns)
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+
+
+def checkpointing(decoder: nn.Module) -> bool:
+    """Returns True when ``decoder``'s forward pass should recompute its layers in the backward pass:
+    HF's checkpointing is on, the model is training and gradients are being recorded."""
+    return bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training and torch.is_grad_enabled()
 
 
 # share prompts only when each is repeated >= this many times on average: with distinct prompts
@@ -131,9 +152,8 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
         v = attn.v_proj(x).view(n, s, n_kv, head_dim).transpose(1, 2)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
 
-    h = decoder.embed_tokens(p_ids)  # (U, P, H)
-    g = decoder.embed_tokens(rows.response_ids)  # (B, T, H)
-    for layer in decoder.layers:
+    def block(layer: nn.Module, h: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        """One decoder layer over the prompts' states ``h`` and the responses' states ``g``."""
         attn = layer.self_attn
         q, k, v = qkv(attn, layer.input_layernorm(h), p_cos, p_sin)
         qr, kr, vr = qkv(attn, layer.input_layernorm(g), r_cos, r_sin)
@@ -142,6 +162,15 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
         g = g + attn.o_proj(attend(qr, keys, values, r_allow))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         g = g + layer.mlp(layer.post_attention_layernorm(g))
+        return h, g
+
+    # HF's checkpointing wraps each layer's own forward, which this path does not call: the same
+    # per-layer recompute is applied here, so that the setting holds on every training forward
+    recompute = checkpointing(decoder)
+    h = decoder.embed_tokens(p_ids)  # (U, P, H)
+    g = decoder.embed_tokens(rows.response_ids)  # (B, T, H)
+    for layer in decoder.layers:
+        h, g = checkpoint(block, layer, h, g, use_reentrant=False) if recompute else block(layer, h, g)
     last_prompt = h[:, -1][inverse][:, None]  # (B, 1, H): the state before response token 0
     return decoder.norm(torch.cat([last_prompt, g[:, :t - 1]], 1))
 
@@ -181,3 +210,20 @@ def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     ids, mask = rows.sequence()
     p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
     return critic(ids, mask.long())[:, p - 1:p - 1 + t]
+
+
+@torch.no_grad()
+def batched_logprobs(model: nn.Module, rows: Rows, micro: int, temperature: float) -> Tensor:
+    """Returns the response log-probs of ``model`` for all rows, (B, T), ``micro`` rows at a time."""
+    t = rows.response_ids.shape[1]
+    parts = [policy_forward(model, rows.take(i), temperature)[0]
+             for i in torch.arange(len(rows.response_ids)).split(micro)]
+    return torch.cat([torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts])
+
+
+@torch.no_grad()
+def batched_values(critic: nn.Module, rows: Rows, micro: int) -> Tensor:
+    """Returns V(s_t) for all rows, (B, T), computed ``micro`` rows at a time."""
+    width = rows.response_ids.shape[1]
+    parts = [value_forward(critic, rows.take(idx)) for idx in torch.arange(len(rows.response_ids)).split(micro)]
+    return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in parts])

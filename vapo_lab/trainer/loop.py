@@ -1,9 +1,12 @@
-"""The built-in PPO trainer: VAPO, vanilla PPO, DAPO and GRPO from one loop.
+"""The training loop: VAPO, vanilla PPO, DAPO and GRPO from one loop.
 
-Each step: sample prompts -> roll out n responses each -> grade -> (critic) values -> advantages
--> critic update -> actor update -> log; every ``eval_every`` steps held-out avg@k, every
-``save_every`` steps an atomic checkpoint. Every VAPO component is a config key read here
-through the maths in ``vapo_lab.algo``; no component logic is written in this file.
+``train_loop`` runs steps until ``trainer.total_steps``: held-out avg@k before the first step and
+every ``eval_every`` steps, an atomic checkpoint every ``save_every`` steps. ``train_step`` is one
+step's phases in order: rollout collection and scoring (:mod:`~vapo_lab.trainer.collect`,
+:mod:`~vapo_lab.trainer.scoring`) -> critic values and reference log-probs -> advantages
+(:mod:`~vapo_lab.trainer.advantages`) -> critic update -> actor update
+(:mod:`~vapo_lab.trainer.update`) -> metrics. Every VAPO component is a config key read through
+the maths in ``vapo_lab.algo``; no component logic is written here.
 
 Departures from textbook PPO (Schulman et al. 2017), each a config key:
   1. Advantages and critic targets may use different λ (decoupled GAE, ``gae.lam_critic_mode``).
@@ -17,245 +20,170 @@ Departures from textbook PPO (Schulman et al. 2017), each a config key:
   7. The critic may be pretrained alone on Monte-Carlo returns of the initial policy before RL
      (``critic.pretrain.enabled``), and starts from a reward model (``critic.init``).
   8. Rewards come only at the last token (γ = 1), from a rule-based verifier; GAE advantages are
-     whitened over the batch's valid tokens (``gae.whiten``): (A − mean)/(σ + 1e-8) with σ the
-     population std (÷N). verl's ``masked_whiten`` divides by sqrt(Bessel-corrected variance
-     (÷(N−1)) + 1e-8), so verl's advantages are ours × sqrt((N−1)/N): a difference of
-     sqrt(N/(N−1)) in scale, under 0.1% for N over 500 valid tokens.
+     whitened over the batch's valid tokens with the population std (``gae.whiten``; how that
+     differs from verl: :mod:`vapo_lab.trainer.advantages`).
 """
 
 from __future__ import annotations
 
+import resource
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-from omegaconf import DictConfig
-from torch import Tensor, nn
+from vapo_lab import faults
+from vapo_lab.algo import explained_variance, masked_mean
+from vapo_lab.runs.checkpoint import latest_checkpoint
+from vapo_lab.runs.folder import CHECKPOINTS
+from vapo_lab.trainer.advantages import compute_advantages
+from vapo_lab.trainer.checkpoints import save_run
+from vapo_lab.trainer.collect import Batch, collect
+from vapo_lab.trainer.diagnostics import length_profile, value_bias_by_position
+from vapo_lab.trainer.evaluation import evaluate
+from vapo_lab.trainer.forward import batched_logprobs, batched_values
 
-from vapo_lab.algo import (
-    aggregate_loss,
-    decoupled_gae,
-    gae,
-    group_advantages,
-    kl_estimate,
-    length_adaptive_lambda,
-    masked_mean,
-    overlong_penalty,
-    positive_nll_loss,
-    ppo_policy_loss,
-    value_loss,
-)
-from vapo_lab.errors import VapoLabError
-from vapo_lab.rollout.sampler import Samples
-from vapo_lab.trainer.forward import Rows, policy_forward, value_forward
-
-
-class TrainingDiverged(VapoLabError):
-    """A loss became NaN/inf; the run stops and its last good checkpoint is kept."""
+if TYPE_CHECKING:
+    from vapo_lab.trainer.run import Run
 
 
 @dataclass
-class Batch:
-    """One step's experience. B responses, T response tokens."""
+class TrainResult:
+    """What a finished run reports."""
 
-    rows: Rows
-    problems: list[Any]  # per row
-    scores: Tensor  # (B,) verifier reward (plus overlong shaping)
-    correct: Tensor  # (B,) bool
-    lengths: Tensor  # (B,)
-    truncated: Tensor  # (B,) bool
-    old_logprobs: Tensor  # (B, T)
-    values: Tensor | None = None  # (B, T)
-    ref_logprobs: Tensor | None = None  # (B, T)
-    advantages: Tensor | None = None  # (B, T)
-    returns: Tensor | None = None  # (B, T) the critic's targets
-    mc_returns: Tensor | None = None  # (B, T) realised Monte-Carlo returns G_t (diagnostics)
-    lam_policy: Tensor | None = None  # (B,)
-    extra: dict[str, float] = field(default_factory=dict)
+    run_dir: Path
+    run_id: str
+    steps: int
+    final_eval: float | None
+    best_eval: float | None
+    base_eval: float | None
+    checkpoint: Path | None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
-def token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
-    """Returns (B, T) rewards: each response's score at its last valid token, 0 elsewhere."""
-    lengths = response_mask.sum(-1)
-    rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    rows = (lengths > 0).nonzero().squeeze(-1)
-    rewards[rows, lengths[rows] - 1] = scores[rows].float()
-    return rewards
+def train_loop(run: Run, on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Returns the result of training ``run`` from its current step to ``trainer.total_steps``,
+    calling ``on_step(step, metrics)`` after each step; the tracking run ends FINISHED, or FAILED /
+    KILLED (with failure.txt) when a step raises."""
+    cfg = run.cfg
+    total = int(cfg.trainer.total_steps)
+    key = f"eval/avg_at_{int(cfg.rollout.eval_samples)}"
+    history: list[dict[str, Any]] = []
+    base_eval = None
+    checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
+    try:
+        if run.step == 0:
+            e = _evaluate(run)
+            base_eval = e[key]
+            run.record.log_metrics(e, 0)
+        while run.step < total:
+            metrics = run.train_step()
+            run.step += 1
+            if run.step % int(cfg.trainer.eval_every) == 0 or run.step == total:
+                e = _evaluate(run)
+                metrics.update(e)
+                run.best_eval = e[key] if run.best_eval is None else max(run.best_eval, e[key])
+            run.record.log_metrics(metrics, run.step)
+            history.append({"step": run.step, **metrics})
+            if run.step % int(cfg.trainer.save_every) == 0 or run.step == total:
+                checkpoint = save_run(run)
+            if on_step:
+                on_step(run.step, metrics)
+    except BaseException as e:
+        run.record.close_on_error(e, run.step)
+        raise
+    run.record.close("FINISHED", run.step)
+    final = history[-1].get(key) if history else None
+    return TrainResult(run.run_dir, run.run_id, run.step, final, run.best_eval, base_eval,
+                       checkpoint or latest_checkpoint(run.run_dir / CHECKPOINTS), history)
 
 
-def policy_lambda(cfg: DictConfig, lengths: Tensor) -> Tensor:
-    """Returns λ_policy per response: length-adaptive 1 − 1/(α·l) or the fixed gae.lam_policy."""
-    if cfg.gae.lam_policy_mode == "length_adaptive":
-        return length_adaptive_lambda(lengths, cfg.gae.alpha)
-    return torch.full((len(lengths),), float(cfg.gae.lam_policy))
+def train_step(run: Run) -> dict[str, float]:
+    """Returns the metrics of one step of ``run``: collect and score rollouts, value them, compute
+    advantages, update the critic, then the actor (``run.step`` is the number of steps done)."""
+    cfg, upcoming = run.cfg, run.step + 1
+    t0 = time.perf_counter()
+    batch, m = collect(cfg, run.sampling, run.data, run.scorer, run.gen_rollout)
+    t_rollout = time.perf_counter() - t0
+    faults.point("rollout", upcoming)
+    if len(batch.problems) == 0:
+        return {**m, "rollout/empty_batch": 1.0}
+    _model_outputs(run, batch)
+    compute_advantages(cfg, batch)
+    t1 = time.perf_counter()
+    if run.critic is not None:
+        mask = batch.rows.response_mask
+        m["critic/explained_variance"] = float(explained_variance(batch.values, batch.returns, mask))
+        m["critic/value_mean"] = float(masked_mean(batch.values, mask))
+        m.update(run.updater.critic_update(batch, run.step))
+        run.critic_sched.step()
+        m["critic/lr"] = run.critic_sched.get_last_lr()[0]
+    t2 = time.perf_counter()
+    faults.point("update", upcoming)
+    m.update(run.updater.actor_update(batch, run.step))
+    run.actor_sched.step()
+    if run.sampling.engine is not None:
+        run.sampling.engine.push_weights(run.policy)
+    t3 = time.perf_counter()
+    m.update(_batch_metrics(batch, run.actor_sched.get_last_lr()[0], t0, t_rollout, t1, t2, t3))
+    _warn_about_lambda(run, m)
+    return m
 
 
-def compute_advantages(cfg: DictConfig, batch: Batch) -> None:
-    """Fills batch.advantages / returns / lam_policy from the config's advantage estimator."""
+def _evaluate(run: Run) -> dict[str, float]:
+    """The held-out evaluation after ``run.step`` steps (its sampling seed: seed·7919 + step)."""
+    return evaluate(run.sampling.generate, run.tokenizer, run.task, run.scorer, run.cfg,
+                    int(run.cfg.seed) * 7919 + run.step)
+
+
+def _model_outputs(run: Run, batch: Batch) -> None:
+    """Fills in the batch what the models say of its rows before any update: the policy's
+    log-probs (vLLM's differ numerically from ours: recomputed), the critic's values, the
+    reference policy's log-probs."""
+    micro, temperature = int(run.cfg.trainer.micro_batch_size), float(run.cfg.rollout.temperature)
+    if run.sampling.engine is not None:
+        batch.old_logprobs = batched_logprobs(run.policy, batch.rows, micro, temperature)
+    if run.critic is not None:
+        batch.values = batched_values(run.critic, batch.rows, micro)
+    if run.ref is not None:
+        batch.ref_logprobs = batched_logprobs(run.ref, batch.rows, micro, temperature)
+
+
+def _batch_metrics(batch: Batch, actor_lr: float, t0: float, t_rollout: float, t1: float, t2: float,
+                   t3: float) -> dict[str, float]:
+    """Returns the step's rollout, advantage, timing and diagnostic metrics (times: perf_counter
+    at the step's start, after the critic's update and after the actor's; rollout seconds)."""
     mask = batch.rows.response_mask
-    if cfg.algo.advantage == "group":
-        adv = group_advantages(batch.scores.float(), int(cfg.rollout.n_samples), norm_std=cfg.algo.group_norm_std)
-        batch.advantages = adv[:, None] * mask
-        return
-    rewards = token_rewards(batch.scores, mask)
-    if batch.ref_logprobs is not None and cfg.kl.target == "reward" and cfg.kl.coef > 0:
-        rewards = rewards - cfg.kl.coef * kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.kl.estimator) * mask
-    lam_p = policy_lambda(cfg, batch.lengths)
-    # decoupled: the critic's own λ (1.0: Monte-Carlo targets); shared: the policy's λ per response
-    lam_c = float(cfg.gae.lam_critic) if cfg.gae.lam_critic_mode == "decoupled" else lam_p
-    adv, ret = decoupled_gae(rewards, batch.values, mask, lam_p, lam_c, gamma=float(cfg.gae.gamma))
-    batch.mc_returns = ret if isinstance(lam_c, float) and lam_c == 1.0 else gae(rewards, batch.values, mask, 1.0, float(cfg.gae.gamma))[1]
-    if cfg.gae.whiten:
-        # population std (unbiased=False), not verl's Bessel-corrected one: see departure 8 above
-        valid = mask.bool()
-        mean = adv[valid].mean()
-        std = adv[valid].std(unbiased=False) if valid.sum() > 1 else torch.tensor(1.0)
-        adv = torch.where(valid, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))
-    batch.advantages, batch.returns, batch.lam_policy = adv, ret, lam_p
+    lengths = batch.lengths.float()
+    n_tokens = float(mask.sum())
+    m = {
+        "rollout/reward": float(batch.scores.mean()), "rollout/accuracy": float(batch.correct.float().mean()),
+        "rollout/response_length": float(lengths.mean()), "rollout/response_length_max": float(lengths.max()),
+        "rollout/truncated_frac": float(batch.truncated.float().mean()),
+        "rollout/responses": float(len(batch.problems)),
+        "adv/mean": float(masked_mean(batch.advantages, mask)),
+        "adv/std": float(batch.advantages[mask.bool()].std()) if n_tokens > 1 else 0.0,
+        "actor/lr": actor_lr,
+        "time/rollout_s": t_rollout, "time/critic_s": t2 - t1, "time/actor_s": t3 - t2,
+        "time/step_s": t3 - t0, "perf/tokens_per_s": n_tokens / max(t_rollout, 1e-9),
+        "perf/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
+    }
+    m.update({f"diag/length/{k}": v for k, v in length_profile(batch.lengths, batch.correct).items()})
+    if batch.mc_returns is not None:
+        bias = value_bias_by_position(batch.values, batch.mc_returns, mask)
+        m.update({f"diag/value_bias/{k}": v for k, v in bias.items()})
+    if batch.lam_policy is not None:
+        m["gae/lam_policy_mean"] = float(batch.lam_policy.mean())
+        m["gae/lam_policy_zero_frac"] = float((batch.lam_policy == 0).float().mean())
+    return m
 
 
-def minibatches(n_rows: int, size: int, generator: torch.Generator) -> list[Tensor]:
-    """Returns a random partition of range(n_rows) into chunks of ``size`` (last may be smaller)."""
-    order = torch.randperm(n_rows, generator=generator)
-    return [order[i:i + size] for i in range(0, n_rows, size)]
-
-
-def _check_finite(name: str, value: Tensor, step: int) -> None:
-    if not torch.isfinite(value).all():
-        raise TrainingDiverged(
-            f"{name} is {value.item() if value.numel() == 1 else 'non-finite'} at step {step}: the run "
-            "stopped and its last good checkpoint is kept. Lower trainer.actor_lr/critic_lr or "
-            "trainer.grad_clip and resume with resume=<run dir>")
-
-
-class Updater:
-    """Mini-batch / micro-batch gradient steps of the actor and the critic."""
-
-    def __init__(self, cfg: DictConfig, policy: nn.Module, critic: nn.Module | None,
-                 ref: nn.Module | None, actor_opt: torch.optim.Optimizer,
-                 critic_opt: torch.optim.Optimizer | None, generator: torch.Generator) -> None:
-        self.cfg, self.policy, self.critic, self.ref = cfg, policy, critic, ref
-        self.actor_opt, self.critic_opt, self.generator = actor_opt, critic_opt, generator
-
-    def micro(self, index: Tensor, lengths: Tensor) -> list[Tensor]:
-        """Returns the micro-batches of mini-batch ``index``: its rows sorted by response length,
-        in chunks of ``trainer.micro_batch_size``, so that short responses are not padded to the
-        longest of the mini-batch (each micro-batch is trimmed to its own longest row). The
-        gradient is the mini-batch's whatever the split: every loss uses the mini-batch's normaliser."""
-        size = int(self.cfg.trainer.micro_batch_size)
-        if size < len(index):
-            index = index[torch.sort(lengths[index], stable=True).indices]
-        return [index[i:i + size] for i in range(0, len(index), size)]
-
-    def critic_update(self, batch: Batch, step: int) -> dict[str, float]:
-        """Returns critic metrics after ppo_epochs passes of clipped value-loss descent."""
-        cfg, critic = self.cfg, self.critic
-        assert critic is not None and self.critic_opt is not None
-        critic.train()
-        totals: dict[str, list[float]] = {"critic/value_loss": [], "critic/clipfrac": [], "critic/grad_norm": []}
-        for _ in range(int(cfg.trainer.ppo_epochs)):
-            for mb in minibatches(len(batch.problems), int(cfg.trainer.mini_batch_size), self.generator):
-                norm = _normalizer(cfg.critic.loss_agg, batch.rows.response_mask[mb])
-                self.critic_opt.zero_grad(set_to_none=True)
-                loss_sum, clip_sum = 0.0, 0.0
-                for idx in self.micro(mb, batch.lengths):
-                    rows = batch.rows.take(idx)
-                    t = rows.response_ids.shape[1]
-                    values = value_forward(critic, rows)
-                    loss, m = value_loss(values, batch.values[idx, :t], batch.returns[idx, :t],
-                                         rows.response_mask, clip_range=cfg.critic.value_clip,
-                                         loss_agg=cfg.critic.loss_agg, normalizer=norm)
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                    clip_sum += float(m["clipfrac"]) * len(idx) / len(mb)
-                _check_finite("critic/value_loss", torch.tensor(loss_sum), step)
-                gn = torch.nn.utils.clip_grad_norm_(critic.parameters(), float(cfg.trainer.grad_clip))
-                self.critic_opt.step()
-                totals["critic/value_loss"].append(loss_sum)
-                totals["critic/clipfrac"].append(clip_sum)
-                totals["critic/grad_norm"].append(float(gn))
-        critic.eval()
-        return {k: sum(v) / len(v) for k, v in totals.items() if v}
-
-    def actor_update(self, batch: Batch, step: int) -> dict[str, float]:
-        """Returns actor metrics after ppo_epochs passes of PPO-clip descent (+ μ·NLL, + β·KL)."""
-        cfg, policy = self.cfg, self.policy
-        policy.train()
-        temperature = float(cfg.rollout.temperature)
-        keys = ["actor/pg_loss", "actor/nll_loss", "actor/kl_loss", "actor/entropy", "actor/clipfrac_low",
-                "actor/clipfrac_high", "actor/clipfrac_dual", "actor/approx_kl", "actor/grad_norm"]
-        totals: dict[str, list[float]] = {k: [] for k in keys}
-        for _ in range(int(cfg.trainer.ppo_epochs)):
-            for mb in minibatches(len(batch.problems), int(cfg.trainer.mini_batch_size), self.generator):
-                mask_mb = batch.rows.response_mask[mb]
-                norm = _normalizer(cfg.loss.agg, mask_mb)
-                # the NLL is normalised by the correct tokens of the whole mini-batch (VAPO §4.3)
-                nll_norm = float((mask_mb.sum(-1) * batch.correct[mb]).sum())
-                self.actor_opt.zero_grad(set_to_none=True)
-                acc = {k: 0.0 for k in keys}
-                n_tok = float(mask_mb.sum())
-                for idx in self.micro(mb, batch.lengths):
-                    rows = batch.rows.take(idx)
-                    t = rows.response_ids.shape[1]
-                    mask = rows.response_mask
-                    logprobs, entropy = policy_forward(policy, rows, temperature, with_entropy=True,
-                                                       entropy_grad=cfg.loss.entropy_coef > 0)
-                    pg, m = ppo_policy_loss(logprobs, batch.old_logprobs[idx, :t], batch.advantages[idx, :t], mask,
-                                            eps_low=float(cfg.loss.eps_low), eps_high=float(cfg.loss.eps_high),
-                                            dual_clip=cfg.loss.dual_clip, loss_agg=cfg.loss.agg, normalizer=norm)
-                    loss = pg
-                    if cfg.loss.mu > 0 and nll_norm > 0:
-                        nll = positive_nll_loss(logprobs, mask, batch.correct[idx], normalizer=nll_norm)
-                        loss = loss + float(cfg.loss.mu) * nll
-                        acc["actor/nll_loss"] += float(nll.detach())
-                    if self.ref is not None and cfg.kl.coef > 0 and cfg.kl.target == "loss":
-                        kl = aggregate_loss(kl_estimate(logprobs, batch.ref_logprobs[idx, :t], cfg.kl.estimator),
-                                            mask, cfg.loss.agg, normalizer=norm)
-                        loss = loss + float(cfg.kl.coef) * kl
-                        acc["actor/kl_loss"] += float(kl.detach())
-                    if cfg.loss.entropy_coef > 0:
-                        loss = loss - float(cfg.loss.entropy_coef) * aggregate_loss(entropy, mask, "token-mean",
-                                                                                     normalizer=n_tok)
-                    loss.backward()
-                    w = float(mask.sum()) / max(n_tok, 1.0)  # token-weighted metric averages
-                    acc["actor/pg_loss"] += float(pg.detach())
-                    acc["actor/entropy"] += float(masked_mean(entropy.detach(), mask)) * w
-                    for k in ("clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl"):
-                        acc[f"actor/{k}"] += float(m[k]) * w
-                _check_finite("actor/pg_loss", torch.tensor(acc["actor/pg_loss"]), step)
-                gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(cfg.trainer.grad_clip))
-                self.actor_opt.step()
-                acc["actor/grad_norm"] = float(gn)
-                for k in keys:
-                    totals[k].append(acc[k])
-        policy.eval()
-        return {k: sum(v) / len(v) for k, v in totals.items() if v}
-
-
-def _normalizer(mode: str, mask: Tensor) -> float:
-    """Returns the mini-batch denominator of ``aggregate_loss`` for ``mode`` (see algo.policy)."""
-    if mode == "token-mean":
-        return float(mask.sum())
-    return float((mask.sum(-1) > 0).sum())
-
-
-@dataclass
-class Grader:
-    """Turns samples into scores with the task's verifier and the reward config."""
-
-    task: Any
-    tokenizer: Any
-    correct_reward: float
-    wrong_reward: float
-    overlong: DictConfig | None = None
-
-    def __call__(self, samples: Samples, problems: list[Any]) -> tuple[Tensor, Tensor, list[str]]:
-        texts = [self.tokenizer.decode(ids[:n].tolist(), skip_special_tokens=True)
-                 for ids, n in zip(samples.response_ids, samples.lengths.tolist())]
-        correct = torch.tensor([bool(self.task.verify(t, p)) and not trunc
-                                for t, p, trunc in zip(texts, problems, samples.truncated.tolist())])
-        scores = torch.where(correct, torch.tensor(self.correct_reward), torch.tensor(self.wrong_reward))
-        if self.overlong is not None and self.overlong.enabled:
-            scores = scores + overlong_penalty(samples.lengths, int(self.overlong.l_max),
-                                               int(self.overlong.l_cache), float(self.overlong.penalty))
-        return scores.float(), correct, texts
+def _warn_about_lambda(run: Run, m: dict[str, float]) -> None:
+    """Warns once a run when most responses get λ_policy = 0 (length-adaptive GAE with too small an α)."""
+    zero = m.get("gae/lam_policy_zero_frac", 0.0)
+    if zero > 0.5 and not run.warned_lambda:
+        run.warned_lambda = True
+        alpha = run.cfg.gae.alpha
+        run.log(f"warning: {100 * zero:.0f}% of responses get lambda_policy = 0 (one-step TD) at gae.alpha={alpha}: "
+                f"responses shorter than 1/alpha = {1 / alpha:.0f} tokens. Raise gae.alpha to scale it to these lengths.")

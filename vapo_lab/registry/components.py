@@ -1,16 +1,15 @@
 """The one registry of the seven VAPO components.
 
 One name per component is the registry key, the Hydra config group (``conf/<name>/{on,off}.yaml``),
-the ``--drop`` value, the MLflow tag and the Table 1 row. An entry records where the paper
-introduces it, the config keys it owns and the trainer stage it changes; the on/off *values* of
-those keys are read from the config group's two files, so conf/ stays the single source of truth
-and ``vapo-lab components`` can never show values the trainer does not use.
+the ``--drop`` value, the MLflow tag and the Table 1 row ("w/o <name>"). An entry records where
+the paper introduces it, the config keys it owns, the trainer stage it changes and the paper's
+Table 1 score without it; the on/off *values* of those keys are read from the config group's two
+files, so conf/ stays the single source of truth and ``vapo-lab components`` can never show
+values the trainer does not use.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -19,9 +18,12 @@ import yaml
 
 from vapo_lab.conf import conf_dir
 from vapo_lab.errors import UnknownComponentError
+from vapo_lab.registry import Registry
 
-# Trainer stages a component may change (the trainer looks components up by stage, not by name).
+# Trainer stages a component may change; the first two act through the value model, so a
+# component there needs a critic (algo.advantage=gae).
 STAGES = ("critic_init", "advantages", "policy_loss", "rollout")
+CRITIC_STAGES = ("critic_init", "advantages")
 
 
 @dataclass(frozen=True)
@@ -37,52 +39,20 @@ class Component:
     keys: tuple[str, ...]
     table1_without: float  # the paper's AIME24 avg@32 for "VAPO without it" (VAPO.md Table 1)
 
+    @property
+    def row(self) -> str:
+        """Its Table 1 row: VAPO without it."""
+        return f"w/o {self.name}"
 
-class Registry:
-    """Components by name; double registration raises, an unknown name lists the valid ones."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, Component] = {}
-
-    def register(self, component: Component) -> Component:
-        """Returns the component after adding it; raises ValueError if its name is taken."""
-        if component.name in self._items:
-            raise ValueError(f"component {component.name!r} is already registered")
-        if component.stage not in STAGES:
-            raise ValueError(f"component {component.name!r}: stage {component.stage!r} not in {STAGES}")
-        self._items[component.name] = component
-        return component
-
-    def get(self, name: str) -> Component:
-        """Returns the component called ``name``; raises UnknownComponentError naming the valid ones."""
-        try:
-            return self._items[name]
-        except KeyError:
-            raise UnknownComponentError(unknown_name_message("component", name, self.names())) from None
-
-    def names(self) -> list[str]:
-        """Returns the registered names in registration (paper) order."""
-        return list(self._items)
-
-    def by_stage(self, stage: str) -> list[Component]:
-        """Returns the components that change trainer stage ``stage``."""
-        return [c for c in self._items.values() if c.stage == stage]
-
-    def __iter__(self) -> Iterator[Component]:
-        return iter(self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._items
+    @property
+    def needs_critic(self) -> bool:
+        """True when it changes the value model or what is computed from it (GAE)."""
+        return self.stage in CRITIC_STAGES
 
 
-def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
-    """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    return f"unknown {kind} {name!r}: valid names are {', '.join(valid)}{hint}"
+def _check_stage(component: Component) -> None:
+    if component.stage not in STAGES:
+        raise ValueError(f"component {component.name!r}: stage {component.stage!r} not in {STAGES}")
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -109,7 +79,7 @@ def settings(component: Component) -> dict[str, tuple[Any, Any]]:
     return {key: (on.get(key), off.get(key)) for key in component.keys}
 
 
-COMPONENTS = Registry()
+COMPONENTS: Registry[Component] = Registry("component", UnknownComponentError, _check_stage)
 
 COMPONENTS.register(Component(
     name="value_pretraining",
@@ -160,11 +130,3 @@ COMPONENTS.register(Component(
     paper_section="§4.3", origin="GRPO", stage="rollout",
     keys=("rollout.n_samples",), table1_without=55,
 ))
-
-# The other rows of the paper's Table 1 (AIME 2024 avg@32), VAPO.md.
-PAPER_TABLE1: dict[str, float] = {
-    "Vanilla PPO": 5,
-    "DAPO": 50,
-    **{f"VAPO − {c.name}": c.table1_without for c in COMPONENTS},
-    "VAPO": 60,
-}

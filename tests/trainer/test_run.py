@@ -7,17 +7,14 @@ import pytest
 from tests.trainer.conftest import SMALL, last_metrics
 from vapo_lab.config.compose import compose_config
 from vapo_lab.errors import ConfigError
-from vapo_lab.trainer import loop
-from vapo_lab.trainer.loop import TrainingDiverged
+from vapo_lab.trainer import update
 from vapo_lab.trainer.run import train
-
+from vapo_lab.trainer.update import TrainingDiverged
 
 
 def _train(workdir, name, algo=None, extra=(), **kw):
     composed = compose_config(algo=algo, overrides=[*SMALL, f"run_name={name}", *extra])
-    return train(composed.cfg, composed.choices, progress=False, log=lambda m: None, **kw)
-
-
+    return train(composed.cfg, composed.choices, log=lambda m: None, **kw)
 
 
 def test_same_seed_gives_identical_metrics(workdir):
@@ -68,7 +65,7 @@ def test_presets_run_to_the_end(workdir, algo):
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(workdir, monkeypatch):
-    real = loop.ppo_policy_loss
+    real = update.ppo_policy_loss
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -77,7 +74,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(workdir, monkeypatch)
         # 16 responses / mini-batch 8 = 2 optimiser steps per training step: poison step 3
         return (loss * float("nan") if calls["n"] > 4 else loss), metrics
 
-    monkeypatch.setattr(loop, "ppo_policy_loss", poisoned)
+    monkeypatch.setattr(update, "ppo_policy_loss", poisoned)
     with pytest.raises(TrainingDiverged, match="at step 2.*last good checkpoint"):
         _train(workdir, "nan")
     ckpts = sorted(p.name for p in (workdir / "runs" / "nan" / "checkpoints").glob("step_*"))
@@ -100,7 +97,7 @@ def test_malformed_data_line_is_reported_with_its_number(workdir, tmp_path):
     composed = compose_config(overrides=["task=math", f"task.train_path={data}", "task.n_eval=1", "model=hf",
                                          "model.path=/nonexistent", "tracking=none"])
     with pytest.raises(ConfigError, match=r"d.jsonl:2: not valid JSON"):
-        train(composed.cfg, composed.choices, progress=False, log=lambda m: None)
+        train(composed.cfg, composed.choices, log=lambda m: None)
 
 
 def test_vllm_backend_without_vllm_or_gpu_fails_in_one_line(workdir):
@@ -111,12 +108,12 @@ def test_vllm_backend_without_vllm_or_gpu_fails_in_one_line(workdir):
 
 
 def test_prompt_plus_max_new_tokens_beyond_the_context_fails_before_compute(workdir, monkeypatch):
-    import vapo_lab.trainer.run as run_module
+    import vapo_lab.trainer.setup as setup_module
 
     def no_build(*a, **k):
         raise AssertionError("the base model was built before the length check")
 
-    monkeypatch.setattr(run_module, "load_policy", no_build)
+    monkeypatch.setattr(setup_module, "load_policy", no_build)
     # 3-digit problems: prompts of 9 tokens ("123+456=" and bos); 16 + 9 > 20
     with pytest.raises(ConfigError, match=r"longest prompt \(\d+ tokens, problem .*max_new_tokens=16 exceeds "
                                           r"the model's context of 20 tokens.*max_position_embeddings"):
@@ -152,6 +149,26 @@ def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error,
     monkeypatch.setattr(Run, "train_step", real)  # resumed, it finishes and the note goes
     from vapo_lab.runs.folder import resume_config
 
-    train(*resume_config(run_dir), progress=False, log=lambda m: None)
+    train(*resume_config(run_dir), log=lambda m: None)
     assert MlflowClient(store).get_run(run_id).info.status == "FINISHED"
     assert not (run_dir / "failure.txt").exists()
+
+
+def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(workdir, monkeypatch):
+    import vapo_lab.trainer.setup as setup_module
+
+    real, enabled = setup_module.enable_checkpointing, []
+
+    def spy(model):
+        enabled.append(type(model).__name__)
+        real(model)
+
+    monkeypatch.setattr(setup_module, "enable_checkpointing", spy)
+    plain = _train(workdir, "ckpt-off", extra=["trainer.total_steps=1"])
+    assert enabled == []  # off by default
+    checkpointed = _train(workdir, "ckpt-on", extra=["trainer.total_steps=1", "model.gradient_checkpointing=true"])
+    assert {"Qwen2ForCausalLM", "Qwen2Model"} <= set(enabled)  # the policy and the critic's backbone
+    a, b = last_metrics(plain.run_dir), last_metrics(checkpointed.run_dir)
+    assert sorted(a) == sorted(b) == [0, 1]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-9), step

@@ -12,9 +12,6 @@ import pytest
 from tests.trainer.conftest import SMALL, last_metrics
 
 
-
-
-
 def _cli(*args):
     return [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args]
 

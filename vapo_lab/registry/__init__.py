@@ -1,0 +1,68 @@
+"""The registries: the one list of each kind of thing vapo-lab knows by name.
+
+``components`` holds the seven VAPO components (with the paper's Table 1 score without each),
+``presets`` the algorithm presets (VAPO, vanilla PPO, DAPO, GRPO: which components each turns on,
+and the paper's score), ``table1`` derives the rows of the paper's Table 1 and the cells of its
+grid from those two. Composition, validation, the grid and the report read these lists; nothing
+restates them. Tasks, benchmarks and launchers keep their registries beside their code
+(``vapo_lab.tasks``, ``vapo_lab.eval.benchmarks``, ``vapo_lab.launch``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+
+class Named(Protocol):
+    name: str
+
+
+T = TypeVar("T", bound=Named)
+
+
+def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
+    """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown {kind} {name!r}: valid names are {', '.join(valid)}{hint}"
+
+
+class Registry(Generic[T]):
+    """Entries by name, in registration order; a taken name raises, an unknown one is named with
+    the valid ones and the closest (raised as ``error``)."""
+
+    def __init__(self, kind: str, error: Callable[[str], Exception] = KeyError,
+                 check: Callable[[T], None] | None = None) -> None:
+        self.kind, self._error, self._check = kind, error, check
+        self._items: dict[str, T] = {}
+
+    def register(self, item: T) -> T:
+        """Returns ``item`` after adding it; raises ValueError if its name is taken or it is malformed."""
+        if item.name in self._items:
+            raise ValueError(f"{self.kind} {item.name!r} is already registered")
+        if self._check is not None:
+            self._check(item)
+        self._items[item.name] = item
+        return item
+
+    def get(self, name: str) -> T:
+        """Returns the entry called ``name``; raises ``error`` naming the valid ones."""
+        try:
+            return self._items[name]
+        except KeyError:
+            raise self._error(unknown_name_message(self.kind, name, self.names())) from None
+
+    def names(self) -> list[str]:
+        """Returns the registered names in registration order."""
+        return list(self._items)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items

@@ -1,0 +1,157 @@
+"""Rollout collection: a step's prompts in a seeded order, sampled and scored, kept as one batch.
+
+With DAPO's dynamic sampling (``algo.dynamic_sampling``) only groups whose rewards differ are
+kept, and prompts are drawn again, up to ``rollout.max_resample_rounds`` more rounds, until the
+step has ``rollout.responses_per_step`` responses; the batch is then cut to whole groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from vapo_lab.algo import dynamic_sampling_keep
+from vapo_lab.rollout import Generate
+from vapo_lab.trainer.forward import Rows
+from vapo_lab.trainer.scoring import RewardScorer
+
+
+class DataStream:
+    """Training problems in a seeded order, epoch after epoch; its position is checkpointed."""
+
+    def __init__(self, problems: list[Any], seed: int) -> None:
+        self.problems, self.seed = problems, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(len(self.problems), generator=g).tolist()
+
+    def take(self, n: int) -> list[Any]:
+        """Returns the next ``n`` problems."""
+        out = []
+        while len(out) < n:
+            if self.index == len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self.problems[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        """Returns the position to checkpoint."""
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load(self, state: dict[str, int]) -> None:
+        """Continues from a position that ``state()`` returned."""
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._order = self._permutation()
+
+
+@dataclass
+class Batch:
+    """One step's experience. B responses, T response tokens."""
+
+    rows: Rows
+    problems: list[Any]  # per row
+    scores: Tensor  # (B,) verifier reward (plus overlong shaping)
+    correct: Tensor  # (B,) bool
+    lengths: Tensor  # (B,)
+    truncated: Tensor  # (B,) bool
+    old_logprobs: Tensor  # (B, T)
+    values: Tensor | None = None  # (B, T)
+    ref_logprobs: Tensor | None = None  # (B, T)
+    advantages: Tensor | None = None  # (B, T)
+    returns: Tensor | None = None  # (B, T) the critic's targets
+    mc_returns: Tensor | None = None  # (B, T) realised Monte-Carlo returns G_t (diagnostics)
+    lam_policy: Tensor | None = None  # (B,)
+
+
+@dataclass
+class Sampling:
+    """How the trainer samples its policy: the generate function, prompt encoding and padding id.
+
+    Attributes:
+        generate: the rollout backend's sampler (builtin, or vLLM through ``engine``).
+        encode: problems -> prompt token ids (chat template applied as configured).
+        pad_id: the padding token of the rows.
+        engine: the vLLM engine whose weights follow the policy after each update; None for builtin.
+    """
+
+    generate: Generate
+    encode: Callable[[list[Any]], list[list[int]]]
+    pad_id: int
+    engine: Any = None
+
+
+def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: RewardScorer,
+            generator: torch.Generator) -> tuple[Batch, dict[str, float]]:
+    """Returns one step's scored experience (DAPO: only groups with mixed rewards) and its
+    ``rollout/*`` counters; ``generator`` is the rollout RNG, ``data`` where prompts come from."""
+    n = int(cfg.rollout.n_samples)
+    want = int(cfg.rollout.responses_per_step) // n
+    kept_rows: list[Rows] = []
+    kept: list[tuple[Any, ...]] = []
+    have, rounds, generated = 0, 0, 0
+    info: dict[str, float] = {}
+    while True:
+        problems = data.take(want if rounds == 0 else want - have)
+        s = sampling.generate(sampling.encode(problems), n, float(cfg.rollout.temperature),
+                              float(cfg.rollout.top_p), generator)
+        rep = [p for p in problems for _ in range(n)]
+        scores, correct, _ = score(s, rep)
+        generated += len(rep)
+        if rounds == 0:
+            info["rollout/accuracy_all"] = float(correct.float().mean())
+        keep = torch.ones(len(rep), dtype=torch.bool)
+        if cfg.algo.dynamic_sampling:
+            keep = dynamic_sampling_keep(scores, n)
+        idx = keep.nonzero().squeeze(-1)
+        kept_rows.append(Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask).take(idx))
+        kept.append(([rep[i] for i in idx.tolist()], scores[idx], correct[idx], s.lengths[idx],
+                     s.truncated[idx], s.logprobs[idx]))
+        have += len(idx) // n
+        rounds += 1
+        if have >= want or rounds > int(cfg.rollout.max_resample_rounds) or not cfg.algo.dynamic_sampling:
+            break
+    rows = _cat_rows(kept_rows, sampling.pad_id)
+    t = rows.response_ids.shape[1]
+    batch = Batch(rows=rows, problems=[p for k in kept for p in k[0]],
+                  scores=torch.cat([k[1] for k in kept]), correct=torch.cat([k[2] for k in kept]),
+                  lengths=torch.cat([k[3] for k in kept]), truncated=torch.cat([k[4] for k in kept]),
+                  old_logprobs=torch.cat([torch.nn.functional.pad(k[5], (0, t - k[5].shape[1])) for k in kept]))
+    if len(batch.problems) > want * n:  # keep whole groups, at most the step's size
+        batch = _slice_batch(batch, want * n)
+    info["rollout/generated"] = float(generated)
+    info["rollout/resample_rounds"] = float(rounds)
+    return batch, info
+
+
+def _cat_rows(parts: list[Rows], pad_id: int) -> Rows:
+    """Returns the rows of ``parts`` in one layout: prompts left-padded, responses right-padded to
+    the widest part."""
+    if len(parts) == 1:
+        return parts[0]
+    p = max(r.prompt_ids.shape[1] for r in parts)
+    t = max(r.response_ids.shape[1] for r in parts)
+    F = torch.nn.functional
+    return Rows(
+        torch.cat([F.pad(r.prompt_ids, (p - r.prompt_ids.shape[1], 0), value=pad_id) for r in parts]),
+        torch.cat([F.pad(r.prompt_mask, (p - r.prompt_mask.shape[1], 0)) for r in parts]),
+        torch.cat([F.pad(r.response_ids, (0, t - r.response_ids.shape[1]), value=pad_id) for r in parts]),
+        torch.cat([F.pad(r.response_mask, (0, t - r.response_mask.shape[1])) for r in parts]),
+    )
+
+
+def _slice_batch(batch: Batch, n: int) -> Batch:
+    """Returns the first ``n`` rows of a freshly collected ``batch``."""
+    idx = torch.arange(n)
+    return Batch(rows=batch.rows.take(idx), problems=batch.problems[:n], scores=batch.scores[:n],
+                 correct=batch.correct[:n], lengths=batch.lengths[:n], truncated=batch.truncated[:n],
+                 old_logprobs=batch.old_logprobs[:n, :int(batch.rows.take(idx).response_ids.shape[1])])

@@ -1,0 +1,139 @@
+"""A training run's record: its folder and its tracking run.
+
+The folder ``<output_dir>/<run name>/`` holds ``run.json`` (the tracking run's id, the command and
+the component choices), ``config.yaml`` (resolved), ``metrics.jsonl`` (every logged metric, the
+local record that never depends on a server) and, for a run that did not finish, ``failure.txt``
+(why, and how to continue it). ``resume=<run dir>`` reopens the same folder and tracking run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from vapo_lab.registry.components import COMPONENTS
+from vapo_lab.errors import ConfigError
+from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir
+from vapo_lab.runs.metrics_log import MetricsLog
+from vapo_lab.track import flatten, make_tracker
+
+
+def git_commit() -> str:
+    """Returns the current git commit of the working directory, or 'unknown'."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def component_tags(choices: dict[str, str]) -> dict[str, str]:
+    """Returns MLflow tags for the components: each one's state and the dropped list."""
+    off = [c.name for c in COMPONENTS if choices.get(c.name) == "off"]
+    return {**{f"component.{c.name}": choices.get(c.name, "?") for c in COMPONENTS},
+            "components_off": ",".join(off) or "none"}
+
+
+def folder_to_resume(cfg: DictConfig) -> Path | None:
+    """Returns the run folder that ``resume=`` names (None: a new run).
+
+    Raises:
+        ConfigError: the folder is not a run's (no run.json).
+    """
+    resume_dir = Path(cfg.resume) if cfg.resume else None
+    if resume_dir is not None and not is_run_dir(resume_dir):
+        raise ConfigError(f"resume={cfg.resume} is not a vapo-lab run directory (no {RUN_FILE}): "
+                          "give the folder a run printed at its start, e.g. runs/vapo-seed0-...")
+    return resume_dir
+
+
+def new_run_dir(cfg: DictConfig) -> Path:
+    """Returns a folder for a new run: ``run_name`` or ``<algo>-seed<seed>-<time>``, numbered when taken."""
+    name = cfg.run_name or f"{cfg.algo.name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path = Path(cfg.output_dir) / name
+    i = 1
+    while path.exists():
+        i += 1
+        path = Path(cfg.output_dir) / f"{name}-{i}"
+    return path
+
+
+class RunRecord:
+    """The folder and tracking run of one training run.
+
+    Creating it makes the folder and starts (or, resuming, reopens) the tracking run; ``open()``
+    then writes the run's files. Between the two a failure is recorded with ``close``.
+    """
+
+    def __init__(self, cfg: DictConfig, choices: dict[str, str], resume_dir: Path | None, command: str,
+                 tags: dict[str, str] | None, parent_run_id: str | None, log: Callable[[str], None]) -> None:
+        self.cfg, self.choices, self.resume_dir, self.log = cfg, choices, resume_dir, log
+        self.run_dir = resume_dir or new_run_dir(cfg)
+        created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tracker = make_tracker(cfg.tracking.backend, cfg.tracking.uri, cfg.tracking.experiment,
+                                    cfg.tracking.spool_dir, log=log)
+        previous = json.loads((self.run_dir / RUN_FILE).read_text()) if resume_dir else {}
+        tags = {"algo": cfg.algo.name, "seed": str(cfg.seed), "experiment": cfg.tracking.experiment,
+                "scale": cfg.scale.name, "git_commit": git_commit(), "run_dir": str(self.run_dir),
+                **component_tags(choices), **(tags or {})}
+        params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
+        params["command"] = self.command = command or " ".join(sys.argv)
+        try:
+            self.run_id = self.tracker.start(self.run_dir.name, tags, params,
+                                             resume_run_id=previous.get("run_id"), parent_run_id=parent_run_id)
+        except BaseException:
+            if created:  # nothing of this run exists anywhere: leave no empty folder behind
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def open(self) -> None:
+        """Writes run.json and config.yaml (a new run) and opens metrics.jsonl; resuming, sends the
+        tracker the steps a killed process wrote locally but never got to send."""
+        if not self.resume_dir:
+            (self.run_dir / RUN_FILE).write_text(json.dumps(
+                {"run_id": self.run_id, "tracking_uri": getattr(self.tracker, "uri", "none"),
+                 "command": self.command, "choices": self.choices}, indent=2))
+            (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+            self.tracker.log_text(OmegaConf.to_yaml(self.cfg, resolve=True), CONFIG_FILE)
+        self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, warn=self.log)
+        if self.resume_dir:
+            self.tracker.backfill(self.metrics_log.records())
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Records ``metrics`` at ``step`` in metrics.jsonl, then the tracker; a step already
+        recorded before an interruption is not recorded again (see ``MetricsLog``)."""
+        now = int(time.time() * 1000)
+        if self.metrics_log.add(step, metrics, now):
+            self.tracker.log_metrics(metrics, step, now)
+
+    def close(self, status: str, step: int, error: BaseException | None = None) -> None:
+        """Ends the tracking run as ``status`` (FINISHED, FAILED, KILLED); a run that did not finish
+        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it)."""
+        failure = self.run_dir / "failure.txt"
+        if error is not None:
+            import traceback
+
+            what = "interrupted" if status == "KILLED" else "failed"
+            failure.write_text(
+                f"{what} at step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{type(error).__name__}: {error}\ncontinue it with: vapo-lab train resume={self.run_dir}\n\n"
+                + "".join(traceback.format_exception(error)), encoding="utf-8")
+        elif failure.exists():
+            failure.unlink()
+        spool = self.tracker.finish(status)
+        if spool is not None:
+            self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")
+
+    def close_on_error(self, error: BaseException, step: int) -> None:
+        """Ends the tracking run as KILLED (an interrupt) or FAILED, saying why in failure.txt."""
+        self.close("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED", step, error)

@@ -1,0 +1,173 @@
+"""The named pieces a training run is set up from, in the order ``Run`` calls them.
+
+Process settings (threads, device, deterministic kernels, the rollout backend's requirements),
+seeds, the task, the policy (the embedded base model built on first use, or a local checkpoint)
+with a check that prompts plus responses fit its context, how it is sampled, and where the
+critic starts (reward model, the policy, or random; then value pretraining).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch.utils import deterministic as torch_deterministic
+
+from vapo_lab.basemodel.build import ProgressFactory, build_base_for
+from vapo_lab.errors import ConfigError
+from vapo_lab.integrity import CACHE_DIR
+from vapo_lab.models.load import pick_device
+from vapo_lab.models.value import ValueModel
+from vapo_lab.rollout import make_engine, make_generator
+from vapo_lab.rollout.prompts import encode_prompts
+from vapo_lab.tasks import build_task
+from vapo_lab.trainer.collect import DataStream, Sampling
+from vapo_lab.trainer.critic_init import build_reward_model, pretrain_critic
+from vapo_lab.trainer.forward import enable_checkpointing
+from vapo_lab.trainer.scoring import RewardScorer
+from vapo_lab.trainer.update import Updater, adamw
+
+def prepare_process(cfg: DictConfig) -> torch.device:
+    """Applies the process-wide settings of ``cfg`` and returns the training device.
+
+    Raises:
+        ConfigError: the device is not available.
+        BackendUnavailable: rollout.backend=vllm without vLLM or a GPU (before any compute).
+    """
+    if cfg.trainer.threads:
+        torch.set_num_threads(int(cfg.trainer.threads))
+    device = pick_device(cfg.trainer.device)
+    if device.type == "cpu":
+        # some CPU backward kernels accumulate in an order that varies run to run; this picks
+        # their deterministic versions (conf/trainer/default.yaml: deterministic)
+        torch.use_deterministic_algorithms(bool(cfg.trainer.deterministic), warn_only=True)
+        # the mode also fills every new tensor with NaN by default (to expose reads of
+        # uninitialised memory): a memory pass per op output that buys no determinism here
+        torch_deterministic.fill_uninitialized_memory = False
+    if cfg.rollout.backend == "vllm":
+        from vapo_lab.rollout.vllm_backend import require_vllm
+
+        require_vllm()
+    return device
+
+
+def seed_everything(cfg: DictConfig) -> None:
+    """Seeds Python's and torch's global RNGs with ``seed``."""
+    random.seed(int(cfg.seed))
+    torch.manual_seed(int(cfg.seed))
+
+
+def task_for(cfg: DictConfig) -> Any:
+    """Returns the task ``cfg.task`` describes (its splits drawn with ``task.seed``)."""
+    c = cfg.task
+    kw: dict[str, Any] = {"seed": int(c.seed), "n_train": int(c.n_train), "n_eval": int(c.n_eval), **dict(c.options)}
+    if c.name != "arith":
+        kw.update(train_path=c.train_path, eval_path=c.eval_path, problem_key=c.problem_key,
+                  answer_key=c.answer_key, prompt_template=c.prompt_template)
+    return build_task(c.name, **kw)
+
+
+def check_context(cfg: DictConfig, task: Any, tokenizer: Any, context: int | None) -> None:
+    """Raises ConfigError when the longest prompt plus ``rollout.max_new_tokens`` exceeds the model's
+    context of ``context`` tokens (None: unknown, not checked), naming the problem and both fixes."""
+    new = int(cfg.rollout.max_new_tokens)  # >= 1: checked at compose time
+    if context is None:
+        return
+    problems = list(task.train) + list(task.eval)
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, problems, cfg.model.chat_template)]
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    if lengths[longest] + new > context:
+        raise ConfigError(
+            f"the longest prompt ({lengths[longest]} tokens, problem {problems[longest].id}) plus "
+            f"rollout.max_new_tokens={new} exceeds the model's context of {context} tokens: lower "
+            "rollout.max_new_tokens, drop long problems, or use a model with a longer context"
+            + (" (model.arch.max_position_embeddings)" if cfg.model.name == "tiny" else ""))
+
+
+def load_policy(cfg: DictConfig, log: Callable[[str], None],
+                progress: ProgressFactory | None) -> tuple[Any, Any, str, Path]:
+    """Returns (policy, tokenizer, a cache key of the initial weights, its directory); model=tiny
+    builds the base model first if it is not cached (``progress``: its progress bar)."""
+    from vapo_lab.models.load import load_model_and_tokenizer
+
+    if cfg.model.name == "tiny":
+        base = build_base_for(cfg, progress, log=log)
+        if not base.cached:
+            log(f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}")
+        path, key = base.path, base.path.name
+    else:
+        path = Path(cfg.model.path)
+        key = str(path.resolve())
+    policy, tokenizer = load_model_and_tokenizer(path, dtype=cfg.model.dtype, tokenizer_path=cfg.model.tokenizer_path,
+                                                 trust_remote_code=cfg.model.trust_remote_code)
+    return policy, tokenizer, key, path
+
+
+def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callable[[str], None],
+                   progress: ProgressFactory | None) -> tuple[Any, Any, str, Path]:
+    """Returns ``load_policy``'s (policy, tokenizer, key, path), the policy on ``device`` in eval mode
+    (checkpointed in training as ``model.gradient_checkpointing`` says), after checking that the
+    task's prompts fit its context: for model=tiny before the base build (the tokenizer is the
+    task's vocabulary), for a checkpoint once it is loaded."""
+    if cfg.model.name == "tiny":
+        from vapo_lab.models.tokenizer import build_tokenizer
+
+        check_context(cfg, task, build_tokenizer(task.vocabulary()), int(cfg.model.arch.max_position_embeddings))
+    policy, tokenizer, key, path = load_policy(cfg, log, progress)
+    if cfg.model.name != "tiny":
+        check_context(cfg, task, tokenizer, getattr(policy.config, "max_position_embeddings", None))
+    if cfg.model.gradient_checkpointing:
+        enable_checkpointing(policy)
+    policy.to(device).eval()
+    return policy, tokenizer, key, path
+
+
+def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Path) -> Sampling:
+    """Returns how the run samples ``policy``: the backend's generate function and its engine (vLLM
+    loads its own copy from ``policy_path``), the prompt encoding and the padding id."""
+    eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
+    engine = make_engine(cfg.rollout.backend, policy_path, cfg)
+    generate = make_generator(cfg.rollout.backend, policy, int(cfg.rollout.max_new_tokens), eos_ids, pad_id, engine)
+    return Sampling(generate, lambda problems: encode_prompts(tokenizer, problems, cfg.model.chat_template),
+                    pad_id, engine)
+
+
+def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampling: Sampling, score: RewardScorer,
+                device: torch.device, log_metrics: Callable[[dict[str, float], int], None],
+                log: Callable[[str], None]) -> ValueModel:
+    """Returns the critic on ``device`` in eval mode: from the reward model (built and cached on first
+    use), the policy or random weights (``critic.init``), then value-pretrained when
+    ``critic.pretrain.enabled`` (cached too; its metrics go to ``log_metrics``)."""
+    init = cfg.critic.init
+    draw_rng = DataStream(task.train, int(cfg.task.seed) + 99)
+    if init == "reward_model":
+        rm_path = build_reward_model(policy, sampling.generate, policy_key, cfg, draw_rng.take, score,
+                                     sampling.encode, CACHE_DIR, log=log)
+        critic, critic_key = ValueModel.load(rm_path), f"rm:{rm_path.name}"
+    elif init == "policy":
+        critic, critic_key = ValueModel.from_causal_lm(policy), f"policy:{policy_key}"
+    else:
+        critic, critic_key = ValueModel.random_like(policy, seed=int(cfg.seed)), f"random:{policy_key}"
+    critic = _ready(critic, cfg, device)
+    if cfg.critic.pretrain.enabled:
+        def updater_factory(c: ValueModel) -> Updater:
+            opt = adamw(c.parameters(), float(cfg.trainer.critic_lr), cfg.trainer)
+            return Updater(cfg, policy, c, None, None, opt, torch.Generator().manual_seed(3))
+
+        critic = _ready(pretrain_critic(
+            critic, critic_key, sampling.generate, cfg, DataStream(task.train, int(cfg.task.seed) + 5).take,
+            score, sampling.encode, updater_factory, CACHE_DIR, log_metrics, log=log), cfg, device)
+    return critic
+
+
+def _ready(critic: ValueModel, cfg: DictConfig, device: torch.device) -> ValueModel:
+    """Returns ``critic`` on ``device`` in eval mode, its backbone checkpointed in training as
+    ``model.gradient_checkpointing`` says (a critic loaded from a cache comes without the setting)."""
+    if cfg.model.gradient_checkpointing:
+        enable_checkpointing(critic.backbone)
+    return critic.to(device).eval()
