@@ -117,7 +117,7 @@ _BUILD_INTO_A_PIPE = """
 import sys
 from rich.progress import TextColumn
 from vapo_lab.basemodel import build as B, recipe as R
-from vapo_lab.progress import default_columns, progress_bar
+from vapo_lab.commands.progress import default_columns, progress_bar
 
 loss, calls = R._response_loss, [0]
 
@@ -173,6 +173,6 @@ def test_the_base_model_library_draws_no_progress_bars_itself():
     import sys
 
     code = ("import sys, vapo_lab.basemodel; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'vapo_lab.progress'))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'vapo_lab.commands.progress'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

@@ -13,7 +13,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from typer.testing import CliRunner
 
-from vapo_lab import cli
+from vapo_lab.commands.eval import print_eval
 from vapo_lab.cli import app
 
 runner = CliRunner()
@@ -198,7 +198,7 @@ def test_eval_per_problem_table_keeps_problem_ids_whole(capsys):
                          "accuracy": 0.5, "majority_answer": None, "majority_correct": False}],
         "tracking": None, "files": {"samples": "evals/math/samples.jsonl"}, "timing": {"grade_s": 0.1},
     }
-    cli._print_eval(summary, per_problem=True)
+    print_eval(summary, per_problem=True)
     out = capsys.readouterr().out
     assert _rows(out)[pid] == [pid, "\\frac{1}{2}", "1/2", "50.0%", "-"]
 

@@ -32,7 +32,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from vapo_lab.errors import ConfigError
+from vapo_lab.registry import table1
 
+# `cells: table1` in a grid file: the cells are Table 1's rows (vapo_lab.registry.table1)
+TABLE1_CELLS = "table1"
 # config keys that say where a run is written or logged, not what it computes
 VOLATILE_KEYS = ("output_dir", "run_name", "resume", "tracking", "launcher")
 
@@ -178,8 +181,11 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
             raise ConfigError(f"grid file {path_or_name} not found: give a YAML file or one of "
                               f"{', '.join(shipped) or '(none shipped)'}")
     raw = yaml_file(path, "grid file")
+    if isinstance(raw, dict) and raw.get("cells") == TABLE1_CELLS:
+        raw = {**raw, "cells": table1_cells()}
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not raw["cells"]:
-        raise ConfigError(f"grid file {path}: needs a non-empty list `cells:` of {{name, algo, drop, overrides}}")
+        raise ConfigError(f"grid file {path}: needs a non-empty list `cells:` of {{name, algo, drop, overrides}}, "
+                          f"or `cells: {TABLE1_CELLS}` for the paper's Table 1")
     unknown = set(raw) - {"name", "experiment", "description", "seeds", "overrides", "sweep", "cells"}
     if unknown:
         raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)} (allowed: name, experiment, "
@@ -218,6 +224,11 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
     return Grid(name=name, experiment=str(raw.get("experiment") or name), seeds=list(file_seeds),
                 overrides=[str(o) for o in overrides], sweep={str(k): str(v) for k, v in sweep.items()},
                 cells=cells, source=str(path))
+
+
+def table1_cells() -> list[dict[str, Any]]:
+    """Returns the cells of the paper's Table 1 grid, one per row of the registries' Table 1."""
+    return [{"name": r.cell, "algo": r.algo, **({"drop": list(r.drop)} if r.drop else {})} for r in table1.cells()]
 
 
 def check_seeds(seeds: int) -> None:

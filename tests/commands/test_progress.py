@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.progress import INTERVAL_ENV, PlainProgress, interval_from_env, progress_bar
+from vapo_lab.commands.progress import INTERVAL_ENV, PlainProgress, interval_from_env, progress_bar
 
 
 class Clock:

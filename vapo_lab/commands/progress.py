@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
@@ -207,3 +207,11 @@ def progress_bar(enabled: bool = True, console: Console | None = None,
     else:
         with PlainProgress(console.file) as plain:
             yield plain
+
+
+def build_progress(quiet: bool) -> Callable[[], AbstractContextManager[Any]] | None:
+    """Returns the progress factory a base-model build (or any long library step) draws its bar
+    with: on stderr, step, ETA and an info field; None with ``--quiet``."""
+    if quiet:
+        return None
+    return lambda: progress_bar(True, None, *default_columns(), TextColumn("{task.fields[info]}"))

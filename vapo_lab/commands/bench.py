@@ -1,0 +1,90 @@
+"""`vapo-lab bench`: speed benchmarks that print ratios against a reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from vapo_lab.commands.output import cli_errors
+
+
+@cli_errors
+def bench_gae(
+    shapes: Annotated[str, typer.Option(help="Comma-separated BxT shapes.")] = "512x4096,8192x1024",
+    repeats: Annotated[int, typer.Option(help="Timed repeats per shape (median reported).")] = 5,
+    threads: Annotated[int, typer.Option(
+        help="torch CPU threads for both implementations. 1 by default: the loop cannot use a second "
+             "core, and multi-threaded ops stall when another process holds a core.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the random batch.")] = 0,
+) -> None:
+    """Time the vectorised GAE against a reverse-time loop over steps; print both and the ratio.
+
+    Example: vapo-lab bench gae --shapes 512x4096 --repeats 3
+    """
+    from vapo_lab.bench.gae import format_gae_benchmark, parse_shapes, run_gae_benchmark
+
+    rows = run_gae_benchmark(shapes=parse_shapes(shapes), repeats=repeats, seed=seed, threads=threads)
+    typer.echo(format_gae_benchmark(rows))
+
+
+@cli_errors
+def bench_generate(
+    prompts: Annotated[int, typer.Option(help="Prompts in the batch (the arith eval split's first).")] = 8,
+    samples: Annotated[int, typer.Option(help="Samples per prompt; rows = prompts x samples.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="New tokens per row, exactly (eos disabled in both).")] = 128,
+    repeats: Annotated[int, typer.Option(help="Timed runs per engine (median reported).")] = 3,
+    threads: Annotated[int, typer.Option(help="torch CPU threads for both engines.")] = 1,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Time the built-in sampler against Hugging Face generate on the same tiny model; print the ratio.
+
+    Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128
+    """
+    from vapo_lab.bench.generate import format_generate_benchmark, run_generate_benchmark
+
+    result = run_generate_benchmark(prompts=prompts, samples=samples, max_new_tokens=max_new_tokens,
+                                    repeats=repeats, threads=threads, seed=seed)
+    typer.echo(format_generate_benchmark(result))
+
+
+@cli_errors
+def bench_trl(
+    steps: Annotated[int, typer.Option(help="Timed steps per side, interleaved step by step.")] = 8,
+    warmup: Annotated[int, typer.Option(help="Untimed steps per side before timing.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch CPU threads of every side.")] = 2,
+    part: Annotated[Optional[list[str]], typer.Option(
+        help="ppo (vapo-lab PPO and VAPO vs TRL PPOTrainer) or grpo (vapo-lab GRPO vs TRL GRPOTrainer); "
+             "repeat for both, the default.", show_default=False)] = None,
+    trl_python: Annotated[Optional[Path], typer.Option(
+        help="Python of the trl==1.12.0 env (PPOTrainer). Default: .bench-venv/trl112/bin/python.",
+        show_default=False)] = None,
+    trl_grpo_python: Annotated[Optional[Path], typer.Option(
+        help="Python of the latest-TRL env (GRPOTrainer). Default: .bench-venv/trl-latest/bin/python.",
+        show_default=False)] = None,
+    setup: Annotated[bool, typer.Option(
+        "--setup", help="Create the TRL envs under .bench-venv/ (torch 2.13.0, then trl) and stop.")] = False,
+) -> None:
+    """Time one RL step of vapo-lab and of TRL on CPU, interleaved; print s/step, tokens/s and ratios.
+
+    Tiny Qwen2 policy (~1.1M parameters), fp32, 2 threads, 64 completions of <= 32 new tokens per
+    step, one PPO epoch. Needs the TRL envs: create them once with --setup.
+
+    Example: vapo-lab bench trl --steps 4 --part grpo
+    """
+    from vapo_lab.bench.trl.envs import setup_trl_envs
+    from vapo_lab.bench.trl.run import format_trl_benchmark, run_trl_benchmark
+    from vapo_lab.bench.trl.spec import BenchSpec
+
+    def progress(text: str) -> None:
+        typer.echo(text, err=True)
+
+    parts = part or ["ppo", "grpo"]
+    if setup:
+        for python in setup_trl_envs(parts, log=progress):
+            typer.echo(f"ready: {python}")
+        return
+    result = run_trl_benchmark(steps=steps, warmup=warmup, parts=parts, trl_python=trl_python,
+                               trl_grpo_python=trl_grpo_python, spec=BenchSpec(threads=threads), log=progress)
+    typer.echo(format_trl_benchmark(result))

@@ -1,0 +1,37 @@
+"""`vapo-lab jobs` and `vapo-lab cancel`: a grid's cells, and stopping them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from vapo_lab.commands.output import Col, cli_errors, out, print_table
+
+
+@cli_errors
+def jobs(
+    grid: Annotated[Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
+) -> None:
+    """List a grid's cells: state (pending, running step k, finished, failed with the error), job and run ids."""
+    from vapo_lab.launch.commands import jobs_table
+
+    path, rows = jobs_table(output_dir, grid)
+    cols = (Col("cell", typed=True), Col("state"), Col("job id", typed=True), Col("tracking run id", typed=True))
+    print_table(f"grid {path.name} ({path})", cols, [(r["cell"], r["state"], r["job_id"], r["run_id"]) for r in rows])
+
+
+@cli_errors
+def cancel(
+    grid: Annotated[Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")] = None,
+    output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
+) -> None:
+    """Cancel a grid's queued and running cells (scancel; SIGTERM for local / Ray cells on this host).
+
+    Finished cells and checkpoints are kept: submitting the grid again resumes the rest.
+    """
+    from vapo_lab.launch.commands import cancel as cancel_grid
+
+    path, done = cancel_grid(output_dir, grid)
+    out.print("\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False)

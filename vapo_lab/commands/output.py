@@ -1,0 +1,115 @@
+"""Everything a command shows: the two consoles, one-line errors, tables, values as typed.
+
+Only the command layer prints or exits. Library code raises ``VapoLabError`` subclasses; a
+command prints their message (one line per problem) and exits 1, or shows the traceback with
+``--debug``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional, TypeVar
+
+import typer
+from rich.cells import cell_len
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from vapo_lab.errors import VapoLabError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+state = {"debug": False}
+out = Console()
+err = Console(stderr=True)
+
+OverridesArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(help="Hydra overrides, e.g. loss.eps_low=0.1 scale=paper clip_higher=off.",
+                   show_default=False),
+]
+
+
+def cli_errors(fn: F) -> F:
+    """Wraps a command so a VapoLabError prints as one line per problem and exits 1."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except VapoLabError as e:
+            if state["debug"]:
+                raise
+            for line in str(e).splitlines() or [type(e).__name__]:
+                err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of :func:`print_table`; ``typed``: its cells hold names, keys, ids or paths a user
+    types, never cut and never broken inside a word."""
+
+    header: str
+    typed: bool = False
+    justify: str = "left"
+    style: str = ""
+
+
+def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[str]], lines: bool = False) -> None:
+    """Prints a title line and a table that keeps every typed cell whole.
+
+    On a terminal: a rich table whose typed columns (and those of one word a cell) are as wide as
+    their longest line, or else their longest word (a cell then wraps between words). Where even
+    that does not fit, and whenever stdout is not a terminal (a pipe, a file): plain tab-separated
+    lines, the header first, a cell's lines joined by '; ', for grep and cut.
+    """
+    if title:
+        out.print(title, markup=False, highlight=False, soft_wrap=True)
+    if out.is_terminal:
+        cells = [[c.header for c in cols], *rows]
+        longest = lambda i, split: max(cell_len(w) for r in cells for w in split(r[i]) or [""])  # noqa: E731
+        words = [longest(i, str.split) for i in range(len(cols))]
+        # fixed width: typed columns, and those of one word a cell (numbers): never squeezed by rich
+        fixed = [col.typed or all(len(r[i].split()) <= 1 for r in rows) for i, col in enumerate(cols)]
+        for split in (str.splitlines, str.split):  # fixed columns: whole lines, else whole words
+            widths = [longest(i, split) if f else None for i, f in enumerate(fixed)]
+            # narrowest table: each column its width or longest word, 1 space either side, a border between
+            if sum((w or m) + 3 for w, m in zip(widths, words)) + 1 > out.width:
+                continue
+            table = Table(show_lines=lines)
+            for col, width in zip(cols, widths):
+                table.add_column(col.header, justify=col.justify,  # type: ignore[arg-type]
+                                 style=col.style, overflow="fold", width=width)
+            for r in rows:
+                table.add_row(*(Text(cell) for cell in r))
+            out.print(table)
+            return
+    plain = lambda cell: cell.replace("\t", " ").replace("\n", "; ")  # noqa: E731
+    for r in [[c.header for c in cols], *rows]:
+        out.file.write("\t".join(plain(cell) for cell in r) + "\n")
+    out.file.flush()
+
+
+def show(value: Any) -> str:
+    """Returns a config value as the user would type it (interpolations shown as '= key')."""
+    if isinstance(value, str) and value.startswith("${") and value.endswith("}"):
+        return f"= {value[2:-1]}"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def peak_rss_mib() -> float:
+    """Returns this process's peak resident memory in MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,45 @@
+"""`vapo-lab report`: Table 1, Figures 1-2 and diagnostics from tracked runs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from vapo_lab.commands.output import cli_errors, out
+
+
+@cli_errors
+def report(
+    experiment: Annotated[str, typer.Option(help="MLflow experiment of the grid (the grid file's name).")] = "table1",
+    out: Annotated[Optional[str], typer.Option(help="Output folder (default reports/<experiment>).")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow store or server (default: MLFLOW_TRACKING_URI, else ./mlflow.db).")] = None,
+    variants: Annotated[Optional[list[str]], typer.Option(help="Figure 2's variants (repeatable), default VAPO and DAPO.")] = None,
+    score: Annotated[str, typer.Option(help="final (last evaluation, default) or best (highest evaluation).")] = "final",
+    ema: Annotated[float, typer.Option(help="EMA smoothing of Figure 2 in (0, 1]; 1 = none.")] = 1.0,
+    band: Annotated[str, typer.Option(help="Band around the mean over seeds: minmax or std.")] = "minmax",
+    runs: Annotated[Optional[str], typer.Option(help="Report from a runs export (.json.gz) instead of a store.")] = None,
+    save_runs: Annotated[Optional[str], typer.Option(help="Also export the experiment's runs to this .json.gz.")] = None,
+) -> None:
+    """Table 1 (Markdown, LaTeX, CSV), Figure 1, Figure 2 and diagnostics from a grid's tracked runs,
+    beside the paper.
+
+    Examples: vapo-lab report --experiment table1 --variants VAPO --variants DAPO --variants GRPO;
+    vapo-lab report --runs reports/table1-20steps/runs.json.gz --out reports/table1-20steps
+    """
+    from vapo_lab.report import ReportError, make_report, report_from_export
+
+    if runs and save_runs:
+        raise ReportError("--runs and --save-runs together: a runs export is already saved; give one of them")
+    if runs:
+        rep = report_from_export(runs, out, variants=variants, score=score, smooth=ema, band=band)
+    else:
+        rep = make_report(experiment, out, tracking_uri, variants, score=score, smooth=ema, band=band)
+    if save_runs:
+        from vapo_lab.track import resolve_tracking_uri
+        from vapo_lab.track.export import export_runs
+
+        n = export_runs(resolve_tracking_uri(tracking_uri), experiment, save_runs)
+        out.print(f"exported {n} runs to {save_runs}", highlight=False)
+    out.print((rep.out / "table1.md").read_text(), highlight=False, markup=False)
+    out.print(f"wrote {len(rep.files)} files to {rep.out} (start with {rep.out / 'index.md'})", highlight=False)
