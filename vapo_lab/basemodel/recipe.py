@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from vapo_lab.models.arch import TINY_ARCH
 from vapo_lab.tasks import Problem
 from vapo_lab.tasks.arith import ArithTask, TraceNoise
 
@@ -73,13 +74,8 @@ DEFAULTS: dict[str, Any] = {
     # the bug's family: with a carry in, the writer forgets it whenever x + y >= 9 (the column
     # overflows), about 25% of columns: wide enough to leave RL room (see the module docstring)
     "bug_sums": list(range(9, 19)),
-    # the tiny model (vapo_lab.models.tiny; model.arch.* in conf/model/tiny.yaml)
-    "hidden_size": 128,
-    "num_layers": 4,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "intermediate_size": 352,
-    "max_position_embeddings": 512,
+    # the tiny model (vapo_lab.models.tiny; model.arch.* in the config)
+    **TINY_ARCH,
     "rope_theta": 1e6,
     "init_std": 0.1,
     # pre-training: 130-142 s on 2 cores, inside a 3-minute budget. Batch 16 x 1000 beat 32 x 500

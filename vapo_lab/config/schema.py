@@ -27,17 +27,20 @@ from typing import Any, Optional
 
 from omegaconf import MISSING
 
+from vapo_lab.models.arch import TINY_ARCH
+
 
 @dataclass
 class ArchConfig:
-    """Shape of the embedded tiny causal LM (Qwen2 architecture, random init)."""
+    """Shape of the embedded tiny causal LM (Qwen2 architecture, random init); the defaults are
+    ``vapo_lab.models.arch.TINY_ARCH``."""
 
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 512
+    hidden_size: int = TINY_ARCH["hidden_size"]
+    num_layers: int = TINY_ARCH["num_layers"]
+    num_heads: int = TINY_ARCH["num_heads"]
+    num_kv_heads: int = TINY_ARCH["num_kv_heads"]
+    intermediate_size: int = TINY_ARCH["intermediate_size"]
+    max_position_embeddings: int = TINY_ARCH["max_position_embeddings"]
 
 
 @dataclass

@@ -30,18 +30,20 @@ import re
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
+from vapo_lab.models.arch import TINY_ARCH
+
 # A position-labelled task word, bare or with its leading space: type, position, digit.
 _WORD = re.compile(r"^ ?([a-z])(\d+)_(\d)$")
 
 
 def build_tiny_model(
     tokenizer: PreTrainedTokenizerBase,
-    hidden_size: int = 128,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 352,
-    max_position_embeddings: int = 512,
+    hidden_size: int = TINY_ARCH["hidden_size"],
+    num_layers: int = TINY_ARCH["num_layers"],
+    num_heads: int = TINY_ARCH["num_heads"],
+    num_kv_heads: int = TINY_ARCH["num_kv_heads"],
+    intermediate_size: int = TINY_ARCH["intermediate_size"],
+    max_position_embeddings: int = TINY_ARCH["max_position_embeddings"],
     seed: int = 0,
     tie_word_embeddings: bool = True,
     structured_init: bool = True,

@@ -14,12 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.grading import extract_answer, grade, match_answer
+from vapo_lab.grading import grade
 from vapo_lab.tasks import Problem, jsonl_objects
-
-# the reward's comparison is evaluation's (vapo_lab.grading); old names kept for callers
-verify_answer = match_answer
-
 
 def _field(record: dict[str, Any], key: str) -> Any:
     """Returns record[key], following dotted keys and DAPO's chat/ground-truth layout."""
@@ -94,4 +90,4 @@ class MathTask:
         return grade(response_text, problem.answer)
 
 
-__all__ = ["MathTask", "extract_answer", "load_jsonl", "verify_answer"]
+__all__ = ["MathTask", "load_jsonl"]
