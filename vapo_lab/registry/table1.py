@@ -20,7 +20,7 @@ class Row:
     """One row of Table 1 and the grid cell that reproduces it."""
 
     label: str  # e.g. "Vanilla PPO", "w/o clip_higher", "VAPO"
-    paper: float  # the paper's AIME 2024 avg@32
+    paper: float | None  # the paper's AIME 2024 avg@32 (None: not a row of the paper's)
     cell: str  # the grid cell's name, e.g. "ppo", "vapo-no-clip_higher"
     algo: str
     drop: tuple[str, ...] = ()
@@ -31,7 +31,8 @@ def _preset_rows() -> list[Row]:
 
 
 def _ablation_rows() -> list[Row]:
-    return [Row(c.row, float(c.table1_without), f"{ABLATED}-no-{c.name}", ABLATED, (c.name,)) for c in COMPONENTS]
+    return [Row(c.row, None if c.table1_without is None else float(c.table1_without), f"{ABLATED}-no-{c.name}",
+                ABLATED, (c.name,)) for c in COMPONENTS]
 
 
 def rows() -> list[Row]:
@@ -48,7 +49,7 @@ def cells() -> list[Row]:
 
 def paper_scores() -> dict[str, float]:
     """Returns {row label: the paper's score}, in the paper's order."""
-    return {r.label: r.paper for r in rows()}
+    return {r.label: r.paper for r in rows() if r.paper is not None}
 
 
 def row_name(name: str) -> str:
