@@ -13,6 +13,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from typer.testing import CliRunner
 
+from vapo_lab.commands import output
 from vapo_lab.commands.eval import print_eval
 from vapo_lab.cli import app
 
@@ -106,7 +107,7 @@ NO_TTY = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None, "TTY_INTERACTIVE": None} 
 def _terminal(monkeypatch, width):
     """Makes stdout a terminal of ``width`` columns for the CLI; returns what it receives."""
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "_out", Console(file=buf, force_terminal=True, width=width, color_system=None))
+    monkeypatch.setattr(output, "stdout", Console(file=buf, force_terminal=True, width=width, color_system=None))
     return buf
 
 

@@ -2,14 +2,14 @@
 
 import time
 
-from vapo_lab.grading import extract_answer, last_boxed, normalize_answer
+from vapo_lab.grading import extract_answer, grade, last_boxed, normalize_answer
 
 
 def test_one_extractor_is_shared_with_the_tasks():
     from vapo_lab import tasks
     from vapo_lab.tasks import math as math_task
 
-    assert tasks.last_boxed is last_boxed and math_task.extract_answer is extract_answer
+    assert tasks.last_boxed is last_boxed and math_task.grade is grade
     assert last_boxed(r"a \boxed{\frac{1}{2}} b") == r"\frac{1}{2}"
     assert last_boxed(r"\boxedx{1} \boxed{2} \boxedy{3}") == "2"  # look-alike commands are skipped
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vapo_lab.commands.output import Col, OverridesArg, cli_errors, out, print_table
+from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, stdout
 
 
 @cli_errors
@@ -37,6 +37,6 @@ def base_build(
     rows = [(label, *(f"{100 * m['accuracy'][mode][b]:.1f}%" for b in buckets))
             for mode, label in (("t1", "temperature 1"), ("greedy", "greedy"))]
     print_table(f"base model {'(cached) ' if base.cached else ''}{base.path}", cols, rows)
-    out.print(f"{m['n_params']:,} parameters; responses {m['response_tokens']['min']}-"
+    stdout.print(f"{m['n_params']:,} parameters; responses {m['response_tokens']['min']}-"
                f"{m['response_tokens']['max']} tokens; final loss {m['final_loss']}; "
                f"built in {m.get('build_seconds', m['train_seconds'] + m['eval_seconds'])} s", highlight=False)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from vapo_lab.commands.output import Col, cli_errors, err, out, print_table
+from vapo_lab.commands.output import Col, cli_errors, print_table, stderr, stdout
 
 
 @cli_errors
@@ -79,7 +79,7 @@ def eval_(
 
     def log(message: str) -> None:
         shown.add(message)
-        err.print(message, highlight=False, soft_wrap=True, markup=False)
+        stderr.print(message, highlight=False, soft_wrap=True, markup=False)
 
     if responses is not None:
         result = grade_responses(bench, responses, data=data, problem_key=problem_key, answer_key=answer_key,
@@ -88,7 +88,7 @@ def eval_(
     else:
         columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
                    TimeElapsedColumn(), TimeRemainingColumn()]
-        with progress_bar(not quiet, err, *columns) as bar:
+        with progress_bar(not quiet, stderr, *columns) as bar:
             tasks: list[Any] = []  # added at the first report, after every check: a refusal prints alone
 
             def on_progress(done: int, total: int) -> None:
@@ -103,7 +103,7 @@ def eval_(
                                     on_progress=on_progress, log=log)
     for warning in result.warnings:
         if f"warning: {warning}" not in shown:
-            err.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
+            stderr.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
     print_eval(result.summary, per_problem)
 
 
@@ -132,9 +132,9 @@ def print_eval(s: dict[str, Any], per_problem: bool) -> None:
         f"maj@{n:<7} {pct(m[f'maj_at_{n}'])}",
         f"responses   mean length {length} tokens, truncated {pct(m['truncated_frac'])}",
     ]
-    out.print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+    stdout.print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
     if mod.get("name") == "tiny" and b["name"] != "arith":
-        out.print(f"note        the embedded tiny model (~1M parameters, taught only addition) cannot do "
+        stdout.print(f"note        the embedded tiny model (~1M parameters, taught only addition) cannot do "
                    f"{b['name']} problems: a score near zero is the expected, honest result", highlight=False,
                    soft_wrap=True, markup=False)
     if per_problem:
@@ -149,6 +149,6 @@ def print_eval(s: dict[str, Any], per_problem: bool) -> None:
     t = s.get("tracking")
     track = "not logged" if not t else (f"{'new run' if t['new_run'] else 'training run'} {t['run_id']} at step "
                                         f"{t['step']} ({t['uri']})")
-    out.print(f"samples     {s['files']['samples']}\nsummary     {Path(s['files']['samples']).parent / 'summary.json'}\n"
+    stdout.print(f"samples     {s['files']['samples']}\nsummary     {Path(s['files']['samples']).parent / 'summary.json'}\n"
                f"MLflow      {track}\ntime        {s['timing'].get('wall_s', s['timing'].get('grade_s', 0)):.1f} s",
                highlight=False, soft_wrap=True, markup=False)

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import Col, cli_errors, out, print_table
+from vapo_lab.commands.output import Col, cli_errors, print_table, stdout
 
 
 @cli_errors
@@ -34,4 +34,4 @@ def cancel(
     from vapo_lab.launch.commands import cancel as cancel_grid
 
     path, done = cancel_grid(output_dir, grid)
-    out.print("\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False)
+    stdout.print("\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False)

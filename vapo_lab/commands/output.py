@@ -24,8 +24,8 @@ from vapo_lab.errors import VapoLabError
 F = TypeVar("F", bound=Callable[..., Any])
 
 state = {"debug": False}
-out = Console()
-err = Console(stderr=True)
+stdout = Console()
+stderr = Console(stderr=True)
 
 OverridesArg = Annotated[
     Optional[list[str]],
@@ -45,7 +45,7 @@ def cli_errors(fn: F) -> F:
             if state["debug"]:
                 raise
             for line in str(e).splitlines() or [type(e).__name__]:
-                err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True)
+                stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -71,8 +71,8 @@ def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
     lines, the header first, a cell's lines joined by '; ', for grep and cut.
     """
     if title:
-        out.print(title, markup=False, highlight=False, soft_wrap=True)
-    if out.is_terminal:
+        stdout.print(title, markup=False, highlight=False, soft_wrap=True)
+    if stdout.is_terminal:
         cells = [[c.header for c in cols], *rows]
         longest = lambda i, split: max(cell_len(w) for r in cells for w in split(r[i]) or [""])  # noqa: E731
         words = [longest(i, str.split) for i in range(len(cols))]
@@ -81,7 +81,7 @@ def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
         for split in (str.splitlines, str.split):  # fixed columns: whole lines, else whole words
             widths = [longest(i, split) if f else None for i, f in enumerate(fixed)]
             # narrowest table: each column its width or longest word, 1 space either side, a border between
-            if sum((w or m) + 3 for w, m in zip(widths, words)) + 1 > out.width:
+            if sum((w or m) + 3 for w, m in zip(widths, words)) + 1 > stdout.width:
                 continue
             table = Table(show_lines=lines)
             for col, width in zip(cols, widths):
@@ -89,12 +89,12 @@ def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
                                  style=col.style, overflow="fold", width=width)
             for r in rows:
                 table.add_row(*(Text(cell) for cell in r))
-            out.print(table)
+            stdout.print(table)
             return
     plain = lambda cell: cell.replace("\t", " ").replace("\n", "; ")  # noqa: E731
     for r in [[c.header for c in cols], *rows]:
-        out.file.write("\t".join(plain(cell) for cell in r) + "\n")
-    out.file.flush()
+        stdout.file.write("\t".join(plain(cell) for cell in r) + "\n")
+    stdout.file.flush()
 
 
 def show(value: Any) -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import cli_errors, out
+from vapo_lab.commands.output import cli_errors, stdout
 
 
 @cli_errors
@@ -40,6 +40,6 @@ def report(
         from vapo_lab.track.export import export_runs
 
         n = export_runs(resolve_tracking_uri(tracking_uri), experiment, save_runs)
-        out.print(f"exported {n} runs to {save_runs}", highlight=False)
-    out.print((rep.out / "table1.md").read_text(), highlight=False, markup=False)
-    out.print(f"wrote {len(rep.files)} files to {rep.out} (start with {rep.out / 'index.md'})", highlight=False)
+        stdout.print(f"exported {n} runs to {save_runs}", highlight=False)
+    stdout.print((rep.out / "table1.md").read_text(), highlight=False, markup=False)
+    stdout.print(f"wrote {len(rep.files)} files to {rep.out} (start with {rep.out / 'index.md'})", highlight=False)

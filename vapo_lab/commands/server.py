@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from vapo_lab.commands.output import cli_errors, err
+from vapo_lab.commands.output import cli_errors, stderr
 
 
 @cli_errors
@@ -19,4 +19,4 @@ def server(
     """Run an MLflow tracking server for grids on Slurm / Ray (runs log with tracking.uri=http://HOST:PORT)."""
     from vapo_lab.track.server import serve_forever
 
-    serve_forever(host, port, store, log=lambda m: err.print(m, highlight=False))
+    serve_forever(host, port, store, log=lambda m: stderr.print(m, highlight=False))

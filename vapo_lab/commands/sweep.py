@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from vapo_lab.commands.output import OverridesArg, cli_errors, err, out
+from vapo_lab.commands.output import OverridesArg, cli_errors, stderr, stdout
 
 LauncherOpt = Annotated[Optional[str], typer.Option(
     help="Where the runs go: local (this machine's processes), ray, or slurm (a job array via submitit). "
@@ -18,8 +18,8 @@ WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Slurm: wait unt
 def run_grid_command(grid: Any, overrides: list[str], launcher: str | None, dry_run: bool, wait: bool) -> None:
     from vapo_lab.launch.commands import run_grid
 
-    run_grid(grid, overrides, launcher, dry_run, wait, log=lambda m: err.print(m, highlight=False),
-             out=lambda m: out.print(m, highlight=False, markup=False, soft_wrap=True))
+    run_grid(grid, overrides, launcher, dry_run, wait, log=lambda m: stderr.print(m, highlight=False),
+             out=lambda m: stdout.print(m, highlight=False, markup=False, soft_wrap=True))
 
 
 @cli_errors

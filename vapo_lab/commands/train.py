@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import OverridesArg, cli_errors, err, out, peak_rss_mib
+from vapo_lab.commands.output import OverridesArg, cli_errors, peak_rss_mib, stderr, stdout
 from vapo_lab.errors import ConfigError
 
 
@@ -32,12 +32,12 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
     check_run(cfg, CACHE_DIR)  # folders and tracking store, before the base build
     command = "vapo-lab " + " ".join(sys.argv[1:])
     sigterm_interrupts()
-    run = Run(cfg, choices, progress=build_progress(quiet), log=lambda msg: err.print(msg, highlight=False),
+    run = Run(cfg, choices, progress=build_progress(quiet), log=lambda msg: stderr.print(msg, highlight=False),
               command=command)
-    err.print(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')})",
+    stderr.print(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')})",
               highlight=False)
     total = int(cfg.trainer.total_steps)
-    with progress_bar(not quiet, err, *default_columns(), TextColumn("{task.fields[stats]}")) as bar:
+    with progress_bar(not quiet, stderr, *default_columns(), TextColumn("{task.fields[stats]}")) as bar:
         task = bar.add_task(f"{cfg.algo.name}", total=total, completed=run.step, stats="") if bar else None
 
         def on_step(step: int, m: dict[str, float]) -> None:
@@ -51,7 +51,7 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
         result = run.run(on_step)
     k = int(cfg.rollout.eval_samples)
     fmt = lambda v: "n/a" if v is None else f"{100 * v:.1f}"  # noqa: E731
-    out.print(f"run id      {result.run_id}\n"
+    stdout.print(f"run id      {result.run_id}\n"
               f"run dir     {result.run_dir}\n"
               f"eval avg@{k}  base {fmt(result.base_eval)}  final {fmt(result.final_eval)}  "
               f"best {fmt(result.best_eval)}  (held-out, x100)\n"

@@ -43,7 +43,7 @@ def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run
             f"{len(sub.skipped_finished)} were already finished. `vapo-lab jobs {sub.grid_id}` for details")
     if failed:
         raise LaunchError(f"{len(failed)} cell(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
-                          + f". Fix and resubmit the same command: finished cells are skipped")
+                          + ". Fix and resubmit the same command: finished cells are skipped")
     return sub
 
 

@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
