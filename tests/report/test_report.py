@@ -217,3 +217,22 @@ def test_a_report_from_a_runs_export_is_the_same_report(store, tmp_path):
     (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
     with pytest.raises(ExportError, match="cannot read runs file .*--save-runs"):
         report_from_export(tmp_path / "bad.json.gz", tmp_path / "x")
+
+
+def test_variant_reads_a_run_by_the_components_it_had():
+    from vapo_lab.report.collect import variant_of
+
+    # DAPO as logged with the seven components tagged: its preset's off list, so plain DAPO
+    tagged = {f"component.{c}": "off" for c in ("value_pretraining", "decoupled_gae", "length_adaptive_gae",
+                                                 "positive_lm_loss")}
+    tagged.update({f"component.{c}": "on" for c in ("clip_higher", "token_level_loss", "group_sampling")})
+    off = "value_pretraining,decoupled_gae,length_adaptive_gae,positive_lm_loss"
+    assert variant_of({"algo": "dapo", "components_off": off, **tagged}) == "DAPO"
+    # a run that lacks a tag for a registered component (logged before it existed) is not read as
+    # having turned it back on
+    del tagged["component.positive_lm_loss"]
+    assert variant_of({"algo": "dapo", "components_off": off.replace(",positive_lm_loss", ""), **tagged}) == "DAPO"
+    assert variant_of({"algo": "vapo", "components_off": "clip_higher"}) == "w/o clip_higher"
+    assert variant_of({"algo": "ppo", "components_off": off + ",clip_higher,token_level_loss,group_sampling"}) \
+        == "Vanilla PPO"
+    assert variant_of({"algo": "dapo", "components_off": off + ",clip_higher"}) == "DAPO w/o clip_higher"

@@ -51,7 +51,10 @@ def variant_of(tags: dict[str, str]) -> str:
     algo = tags.get("algo", "?")
     off = sorted(x for x in tags.get("components_off", "none").split(",") if x and x != "none")
     preset = PRESETS.get(algo) if algo in PRESETS else None
-    preset_off = set(preset.off()) if preset else set()
+    # the components the run had (the trainer tags each one's state): a component registered
+    # after the run was logged is not one it lacks
+    known = {k.split(".", 1)[1] for k in tags if k.startswith("component.")} or set(COMPONENTS.names())
+    preset_off = set(preset.off()) & known if preset else set()
     extra = sorted(set(off) - preset_off)
     back_on = sorted(preset_off - set(off))
     if preset is None:
