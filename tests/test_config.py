@@ -210,3 +210,13 @@ def test_group_advantage_refuses_critic_components():
 def test_option_listing():
     assert options("algo") == ["dapo", "grpo", "ppo", "vapo"]
     assert options("launcher") == ["local", "ray", "slurm"]
+
+
+def test_a_component_override_with_a_preset_is_given_once_to_hydra():
+    # the same choice whether the preset comes from --algo or from an algo= override, and the
+    # command line's component override reaches Hydra only as that component's group
+    via_option = compose_config(algo="ppo", overrides=["clip_higher=on"])
+    via_override = compose_config(overrides=["algo=ppo", "clip_higher=on"])
+    assert via_option.choices == via_override.choices and via_option.choices["clip_higher"] == "on"
+    assert OmegaConf.to_yaml(via_option.cfg) == OmegaConf.to_yaml(via_override.cfg)
+    assert via_option.cfg.loss.eps_high == 0.28 and via_option.cfg.loss.agg == "seq-mean-token-mean"

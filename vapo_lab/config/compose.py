@@ -88,7 +88,9 @@ def compose_config(
                 f"cannot drop {name}: it is already off in preset {preset.name!r} "
                 f"(components on there: {', '.join(preset.on()) or 'none'})")
 
-    cfg, choices = _compose(base + _component_groups(registry, preset.on(), dropped, overrides))
+    # a component's choice goes in as its group (below), not as the command line's override
+    rest = [ov for ov in base if ov.partition("=")[0].lstrip("+") not in registry]
+    cfg, choices = _compose(rest + _component_groups(registry, preset.on(), dropped, overrides))
     if check:
         problems = validate(cfg)
         if problems:
@@ -107,14 +109,12 @@ def _choice_in(overrides: list[str], group: str) -> str | None:
 
 def _component_groups(registry: Registry[Component], on: list[str], dropped: list[str],
                       overrides: list[str]) -> list[str]:
-    """Returns the overrides that add each component's group: the preset's choice, ``off`` when
-    dropped; a component the command line chooses (``clip_higher=off``) is moved here from
-    ``overrides`` (Hydra adds a group that config.yaml does not list only with a leading +)."""
+    """Returns the overrides that add each component's group: the command line's choice
+    (``clip_higher=off``), else ``off`` when dropped, else the preset's. Hydra adds a group that
+    config.yaml does not list only with a leading +."""
     added = []
     for c in registry:
-        given = _choice_in(overrides, c.name)
-        overrides[:] = [ov for ov in overrides if ov.partition("=")[0].lstrip("+") != c.name]
-        choice = given or ("off" if c.name in dropped or c.name not in on else "on")
+        choice = _choice_in(overrides, c.name) or ("off" if c.name in dropped or c.name not in on else "on")
         added.append(f"+{c.name}={choice}")
     return added
 
