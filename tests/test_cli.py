@@ -214,8 +214,9 @@ class _FakeRun:
         for step in (1, 2, 3):
             on_step(step, {"rollout/reward": 0.25, "rollout/accuracy": 0.25, "rollout/response_length": 12.0})
             print(f"MARKER after step {step}", file=sys.stderr)
-        return SimpleNamespace(run_id="r1", run_dir=self.run_dir, base_eval=None, final_eval=None, best_eval=None,
-                               checkpoint=None)
+        from vapo_lab.trainer.loop import TrainResult
+
+        return TrainResult(self.run_dir, "r1", 3, None, None, None, None)
 
 
 def test_train_into_a_log_prints_step_lines_as_it_goes(monkeypatch):

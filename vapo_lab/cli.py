@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from vapo_lab import __version__
-from vapo_lab.commands import ablate, base, bench, eval, inspect, jobs, report, server, sweep, train
+from vapo_lab.commands import ablate, base, bench, eval, inspect, jobs, plan, report, server, sweep, train
 from vapo_lab.commands.output import state
 
 app = typer.Typer(
@@ -64,6 +64,7 @@ def _quiet_libraries() -> None:
 # in the order `vapo-lab --help` lists them
 app.command()(inspect.components)
 app.command()(inspect.config)
+app.command()(plan.plan)
 app.command()(train.train)
 app.command()(ablate.ablate)
 app.command()(sweep.sweep)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from vapo_lab.commands.output import OverridesArg, cli_errors, peak_rss_mib, stderr, stdout
-from vapo_lab.errors import ConfigError
 
 
 def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet: bool) -> None:
@@ -16,21 +15,22 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
     from rich.progress import TextColumn
 
     from vapo_lab.commands.progress import build_progress, default_columns, progress_bar
-    from vapo_lab.config.compose import compose_config
     from vapo_lab.config.preflight import check_run
+    from vapo_lab.config.train import train_config
+    from vapo_lab.dist.world import env_world, world_size
     from vapo_lab.integrity import CACHE_DIR
-    from vapo_lab.runs.folder import resume_config
+    from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.trainer.run import Run
 
-    composed = compose_config(algo=algo, drop=drop, overrides=overrides)
-    cfg, choices = composed.cfg, composed.choices
-    if cfg.resume:
-        others = [o for o in overrides if not o.startswith("resume=")]
-        if others or algo or drop:
-            raise ConfigError(f"resume={cfg.resume} continues a run with its saved config: drop {others or '--algo/--drop'}")
-        cfg, choices = resume_config(cfg.resume)
+    cfg, choices = train_config(algo, drop, overrides)
     check_run(cfg, CACHE_DIR)  # folders and tracking store, before the base build
     command = "vapo-lab " + " ".join(sys.argv[1:])
+    if world_size(cfg) > 1 and env_world() is None:  # its ranks, through torchrun
+        from vapo_lab.launch.ranks import run_ranks
+
+        args = [*([f"--algo={algo}"] if algo else []), *[f"--drop={d}" for d in drop], *overrides]
+        print_result(cfg, run_ranks(cfg, args, command, quiet))
+        return
     sigterm_interrupts()
     run = Run(cfg, choices, progress=build_progress(quiet), log=lambda msg: stderr.print(msg, highlight=False),
               command=command)
@@ -49,27 +49,19 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
             bar.update(task, completed=step, stats=stats)
 
         result = run.run(on_step)
+    print_result(cfg, result.summary())
+
+
+def print_result(cfg: Any, r: dict[str, Any]) -> None:
+    """Prints the closing summary of a run (``TrainResult.summary()``)."""
     k = int(cfg.rollout.eval_samples)
     fmt = lambda v: "n/a" if v is None else f"{100 * v:.1f}"  # noqa: E731
-    stdout.print(f"run id      {result.run_id}\n"
-              f"run dir     {result.run_dir}\n"
-              f"eval avg@{k}  base {fmt(result.base_eval)}  final {fmt(result.final_eval)}  "
-              f"best {fmt(result.best_eval)}  (held-out, x100)\n"
-              f"checkpoint  {result.checkpoint}\n"
-              f"peak RSS    {peak_rss_mib():.0f} MiB", highlight=False)
-
-
-def sigterm_interrupts() -> None:
-    """Makes SIGTERM (``kill``, a container stop, Slurm's scancel) end the run as Ctrl-C does: the
-    run is marked KILLED in MLflow and says so in its folder, instead of staying RUNNING."""
-    import signal
-    import threading
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
+    stdout.print(f"run id      {r['run_id']}\n"
+              f"run dir     {r['run_dir']}\n"
+              f"eval avg@{k}  base {fmt(r['base_eval'])}  final {fmt(r['final_eval'])}  "
+              f"best {fmt(r['best_eval'])}  (held-out, x100)\n"
+              f"checkpoint  {r['checkpoint']}\n"
+              f"peak RSS    {r.get('peak_rss_mib') or peak_rss_mib():.0f} MiB", highlight=False)
 
 
 @cli_errors

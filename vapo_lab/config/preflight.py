@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from vapo_lab.errors import ConfigError, VapoLabError
+from vapo_lab.models.footprint import GB, Footprint, Setup, estimate, smallest_world
+from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 
 
 @dataclass(frozen=True)
@@ -172,12 +174,215 @@ def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]
 
 
 def check_run(cfg: Any, cache_dir: str | Path) -> None:
-    """Raises ConfigError naming every place the run ``cfg`` cannot write (see ``run_problems``), or
-    TrackingError when the only problem is a tracking server that does not answer."""
+    """Raises ConfigError naming every place the run ``cfg`` cannot write (see ``run_problems``) and,
+    when it runs on this machine (launcher=local: ``train`` and local grids), a model and batch its
+    devices cannot hold (``fit_problems``); TrackingError when the only problem is a tracking
+    server that does not answer. Ray and Slurm cells run on other machines, whose devices this one
+    cannot see."""
     from vapo_lab.track.mlflow_tracker import TrackingError
 
     folders, tracking = _run_problems(cfg, cache_dir)
+    if cfg.launcher.name == "local":
+        folders += fit_problems(cfg)
     require(folders + tracking, ConfigError if folders else TrackingError)
+
+
+# -- the devices: does the run fit them -----------------------------------------------------------
+# a plan's estimate of the longest prompt (tokens): a maths problem with its instructions (DAPO's
+# math prompts run ~100-300 tokens); `vapo-lab plan --prompt-tokens` sets another
+PROMPT_TOKENS = 512
+# the built-in sampler decodes at most this many rows at once (vapo_lab.rollout.sampler.sample's max_batch)
+BUILTIN_ROWS = 256
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's model shape, its sizes and what one rank of it needs (``vapo_lab.models.footprint``)."""
+
+    model: str  # where the shape came from, e.g. "Qwen2.5-32B (model.arch_name)"
+    shape: Shape
+    setup: Setup
+    footprint: Footprint
+    memory: float  # bytes a GPU (or a CPU rank's share of the host) the plan is made for
+    prompts_per_step: int  # they divide among the ranks
+
+
+def model_shape(cfg: Any) -> tuple[Shape, str]:
+    """Returns (the shape of the run's policy, where it came from): model=tiny's ``model.arch`` with
+    the task's vocabulary, a checkpoint's config.json (``model.path``, read locally), or a known
+    public architecture (``model.arch_name``).
+
+    Raises:
+        ConfigError: model=hf with neither, an unknown arch_name, or an unreadable config.json.
+    """
+    m = cfg.model
+    if m.name == "tiny":
+        a = m.arch
+        # build_tiny_model: Qwen2 with q/k/v biases and tied embeddings, head size h / a
+        shape = Shape(hidden_size=int(a.hidden_size), num_layers=int(a.num_layers), num_heads=int(a.num_heads),
+                      num_kv_heads=int(a.num_kv_heads), head_dim=int(a.hidden_size) // int(a.num_heads),
+                      intermediate_size=int(a.intermediate_size), vocab_size=_tiny_vocab(cfg),
+                      tie_word_embeddings=True, max_position_embeddings=int(a.max_position_embeddings))
+        return shape, "the embedded tiny model (model.arch)"
+    if m.path:
+        return read_shape(m.path), f"{m.path}/config.json"
+    if m.get("arch_name"):
+        return known_arch(m.arch_name), f"{m.arch_name} (model.arch_name)"
+    raise ConfigError(f"model={m.name} has no shape to plan with: set model.path to a local checkpoint, or "
+                      f"model.arch_name to one of {', '.join(KNOWN_ARCHS)}")
+
+
+def _tiny_vocab(cfg: Any) -> int:
+    """Returns the embedded tokenizer's size for the run's task: bytes and specials, plus each task
+    word of task=arith bare and with a leading space (vapo_lab.models.tokenizer)."""
+    from vapo_lab.models.tokenizer import build_tokenizer
+    from vapo_lab.tasks import build_task
+
+    words: list[str] = []
+    if cfg.task.name == "arith":  # its words depend on the digit options only: no problems needed
+        words = build_task("arith", seed=int(cfg.task.seed), n_train=0, n_eval=0, **dict(cfg.task.options)).vocabulary()
+    return len(build_tokenizer(words))
+
+
+def plan_run(cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device: str = "cuda") -> RunPlan:
+    """Returns the plan of run ``cfg`` for ``device`` (cuda or cpu) ranks of ``memory`` bytes each.
+
+    The world is trainer.nodes x trainer.nproc_per_node; vLLM takes
+    rollout.vllm.gpu_memory_utilization of ``memory`` and sleeps in the update when
+    enable_sleep_mode is on; the critic is trained when algo.advantage=gae, the reference policy
+    kept when kl.coef > 0. Under fsdp on CPU the layers compute in the fp32 of their shards
+    (``vapo_lab.dist.fsdp``: bf16 compute is for GPUs).
+    """
+    shape, model = model_shape(cfg)
+    t, r = cfg.trainer, cfg.rollout
+    vllm = r.backend == "vllm"
+    v = r.get("vllm") or {}
+    # .get: a run saved before these keys existed resumes with its own config.yaml
+    strategy = str(t.get("strategy", "single"))
+    dtype = "float32" if strategy == "fsdp" and device == "cpu" else str(cfg.model.dtype)
+    setup = Setup(world=int(t.get("nodes", 1)) * int(t.get("nproc_per_node", 1)), strategy=strategy, dtype=dtype,
+                  micro_batch_size=int(t.micro_batch_size), responses_per_step=int(r.responses_per_step),
+                  prompt_tokens=int(prompt_tokens), max_new_tokens=int(r.max_new_tokens),
+                  gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
+                  mini_batch_size=int(t.mini_batch_size), critic=cfg.algo.advantage == "gae",
+                  reference=float(cfg.kl.coef) > 0, engine="vllm" if vllm else "builtin", builtin_rows=BUILTIN_ROWS,
+                  tensor_parallel_size=int(v.get("tensor_parallel_size", 1)),
+                  engine_memory=float(v.get("gpu_memory_utilization", 0.0)) * memory if vllm else 0.0,
+                  engine_sleeps=bool(v.get("enable_sleep_mode", True)))
+    prompts = max(1, int(r.responses_per_step) // int(r.n_samples))
+    return RunPlan(model, shape, setup, estimate(shape, setup), memory, prompts)
+
+
+def fewest_ranks(plan: RunPlan, engine_at_minimum: bool = False) -> int | None:
+    """Returns the fewest fsdp ranks (GPUs) on which ``plan``'s run fits its memory, a divisor of the
+    prompts per step (each rank samples an equal share of whole groups); None when no count does.
+    ``engine_at_minimum``: with vLLM's share at the least it needs, not as configured."""
+    return smallest_world(plan.shape, plan.setup, plan.memory, divides=plan.prompts_per_step,
+                          engine_at_minimum=engine_at_minimum)
+
+
+def device_memory(cfg: Any) -> tuple[float, str, str] | None:
+    """Returns (bytes one rank of run ``cfg`` has, what they are, cuda or cpu) on this machine, or
+    None where it cannot tell (trainer.device=cuda with no GPU visible: the run fails on that with its own message).
+
+    On CUDA: the smallest visible GPU's total memory (``torch.cuda.get_device_properties``; each rank
+    takes one GPU). On CPU: the host's RAM (/proc/meminfo MemTotal), shared by the
+    trainer.nproc_per_node ranks of the node.
+    """
+    import torch
+
+    name = str(cfg.trainer.device)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None
+        ids = [int(name.split(":")[1])] if ":" in name else list(range(torch.cuda.device_count()))
+        smallest = min(ids, key=lambda i: torch.cuda.get_device_properties(i).total_memory)
+        props = torch.cuda.get_device_properties(smallest)
+        return float(props.total_memory), f"cuda:{smallest}, {props.name}", "cuda"
+    total = _host_memory()
+    if total is None:
+        return None
+    ranks = int(cfg.trainer.get("nproc_per_node", 1))
+    shared = f" of {total / GB:.1f} GB, shared by {ranks} ranks" if ranks > 1 else ""
+    return total / ranks, f"this host's RAM{shared}", "cpu"
+
+
+def _host_memory() -> float | None:
+    """Returns MemTotal of /proc/meminfo in bytes, None where there is no such file."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return float(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def fit_problems(cfg: Any) -> list[str]:
+    """Returns one line when run ``cfg`` cannot fit the devices this machine gives each rank (see
+    ``device_memory``), with the plan's numbers and the fixes; [] when it fits, or where the
+    devices or the model's shape cannot be known here (the run then fails on those, clearly)."""
+    have = device_memory(cfg)
+    if have is None:
+        return []
+    memory, what, device = have
+    try:
+        plan = plan_run(cfg, memory, device=device)
+    except ConfigError:
+        return []  # no config.json (yet): loading the model names the problem
+    fp = plan.footprint
+    if fp.fits(memory):
+        return []
+    return [f"{_need_text(plan)} but each rank has {memory / GB:.1f} GB ({what}): {fixes(plan)}; "
+            f"`vapo-lab plan` shows the numbers"]
+
+
+def _need_text(plan: RunPlan) -> str:
+    """Returns 'the run needs X GB a rank (...)' with the phase that sets it."""
+    fp, s = plan.footprint, plan.setup
+    acts = max(fp.actor_activations, fp.critic_activations)
+    update = (f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations {acts / GB:.1f} "
+              f"for {fp.micro_batch} x {fp.sequence} tokens" + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else ""))
+    if fp.vllm:
+        rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: state + vLLM's {s.engine_memory / GB:.1f}, which must hold "
+                   f"{fp.engine_minimum / GB:.1f} (weights + one sequence's KV cache)")
+    else:
+        rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: state + KV cache of {fp.sequences_at_once} x "
+                   f"{fp.sequence} tokens")
+    return f"the run needs {fp.need / GB:.1f} GB a rank ({update}; {rollout})"
+
+
+def fixes(plan: RunPlan) -> str:
+    """Returns the fixes that apply to ``plan``, most effective first, as one clause."""
+    fp, s = plan.footprint, plan.setup
+    fixes = []
+    share = fp.engine_minimum / plan.memory
+    fewest = fewest_ranks(plan)
+    ranks = "more ranks with trainer.strategy=fsdp (trainer.nproc_per_node x trainer.nodes)"
+    if fewest is not None and fewest > s.world:
+        fixes.append(f"{ranks}: at least {fewest}")
+    elif fewest is None and fp.vllm and fewest_ranks(plan, engine_at_minimum=True) is not None:
+        fixes.append(f"{ranks}: at least {fewest_ranks(plan, engine_at_minimum=True)} with "
+                     f"rollout.vllm.gpu_memory_utilization={share:.2f}")
+    if not s.gradient_checkpointing:
+        fixes.append(f"model.gradient_checkpointing=true (actor activations {fp.actor_activations_full / GB:.1f} -> "
+                     f"{fp.actor_activations_ckpt / GB:.1f} GB)")
+    smaller = [b for b in range(fp.micro_batch - 1, 0, -1)
+               if estimate(plan.shape, replace(s, micro_batch_size=b)).train_peak <= plan.memory]
+    if smaller:
+        fixes.append(f"trainer.micro_batch_size={smaller[0]} (the update then fits; {fp.micro_batch} a rank now)")
+    if fp.vllm and fp.engine_memory < fp.engine_minimum:
+        fixes.append(f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger rollout.vllm.tensor_parallel_size")
+    elif not fp.vllm and fp.rollout_peak > plan.memory:
+        fixes.append("fewer rollout.responses_per_step or rollout.max_new_tokens")
+    return "fix with one or more of: " + "; ".join(fixes) if fixes else "use a device with more memory"
+
+
+def check_fits(cfg: Any) -> None:
+    """Raises ConfigError (one line: need, have, fixes) when run ``cfg`` cannot fit this machine's devices."""
+    require(fit_problems(cfg))
 
 
 def require_writable(path: str | Path, what: str, fix: str, error: type[VapoLabError] = ConfigError) -> None:
@@ -185,5 +390,6 @@ def require_writable(path: str | Path, what: str, fix: str, error: type[VapoLabE
     require(writable_problems([Need(Path(path), what, fix)]), error)
 
 
-__all__ = ["Need", "check_run", "require", "require_writable", "run_problems", "store_path",
-           "tracking_problems", "unwritable", "writable_problems"]
+__all__ = ["BUILTIN_ROWS", "PROMPT_TOKENS", "Need", "RunPlan", "check_fits", "check_run", "device_memory",
+           "fewest_ranks", "fit_problems", "fixes", "model_shape", "plan_run", "require", "require_writable", "run_problems",
+           "store_path", "tracking_problems", "unwritable", "writable_problems"]

@@ -51,6 +51,9 @@ class ModelConfig:
     path: Optional[str] = None  # local HF checkpoint directory; None builds the embedded model
     tokenizer_path: Optional[str] = None  # defaults to `path`
     arch: ArchConfig = field(default_factory=ArchConfig)
+    # a known public architecture (vapo_lab/models/shapes.py KNOWN_ARCHS, e.g. Qwen2.5-32B): the shape
+    # `vapo-lab plan` uses while model.path is unset; a checkpoint's own config.json wins
+    arch_name: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
     gradient_checkpointing: bool = False  # recompute layer activations in the backward pass (less memory)
     trust_remote_code: bool = False
@@ -97,11 +100,14 @@ class RewardConfig:
 
 @dataclass
 class VllmConfig:
-    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra)."""
+    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, README: GPU / vLLM)."""
 
-    gpu_memory_utilization: float = 0.5
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.5  # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
+    tensor_parallel_size: int = 1  # ranks per engine (consecutive trainer ranks); must divide the world size
+    enforce_eager: bool = False  # True: no CUDA graphs (slower decoding, less memory, faster start)
+    enable_sleep_mode: bool = True  # free vLLM's GPU memory during the update phase (engine.sleep / wake)
+    sleep_level: int = 2  # 2: drop weights + KV cache (pushed again after the update); 1: keep weights in CPU RAM
+    weight_bucket_mb: int = 512  # push_weights gathers and loads at most this many MiB of weights at a time
 
 
 @dataclass
@@ -209,6 +215,9 @@ class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch CPU threads; None keeps torch's default
     deterministic: bool = True  # torch.use_deterministic_algorithms on CPU (same seed, same metrics)
+    strategy: str = "single"  # single (one process) | fsdp (FSDP2 over nodes x nproc_per_node ranks)
+    nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
+    nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from vapo_lab.algo.gae import ADVANTAGE_ESTIMATORS, LAMBDA_CRITIC_MODES, LAMBDA_
 from vapo_lab.algo.kl import KL_ESTIMATORS, KL_TARGETS
 from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.conf import options
+from vapo_lab.dist.world import STRATEGIES
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.registry.components import COMPONENTS, settings
 from vapo_lab.tasks import task_names
@@ -37,6 +38,7 @@ def modes() -> dict[str, tuple[str, ...]]:
         "kl.estimator": KL_ESTIMATORS,
         "kl.target": KL_TARGETS,
         "tracking.backend": tuple(options("tracking")),
+        "trainer.strategy": STRATEGIES,
     }
 
 # (key, lower, upper, lower inclusive, upper inclusive); None = unbounded
@@ -72,6 +74,8 @@ RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("trainer.grad_clip", 0.0, None, False, False),
     ("trainer.eval_every", 1, None, True, False),
     ("trainer.save_every", 1, None, True, False),
+    ("trainer.nproc_per_node", 1, None, True, False),
+    ("trainer.nodes", 1, None, True, False),
 ]
 
 
@@ -159,9 +163,27 @@ def _relations(get: Any) -> list[str]:
     device = get("trainer.device")
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
         problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")
+    problems += _ranks(get)
     if get("task.name") == "arith":
         problems += _arith_answer_fits(int(get("rollout.max_new_tokens")), get("task.options"))
     return problems
+
+
+def _ranks(get: Any) -> list[str]:
+    """Returns problems of a many-rank run: each rank samples whole groups of an equal share of the
+    step's prompts, so the prompts per step must divide among the ranks."""
+    ranks = get("trainer.nodes") * get("trainer.nproc_per_node")
+    if ranks == 1:
+        return []
+    if get("trainer.strategy") != "fsdp":
+        return [f"trainer.nodes x trainer.nproc_per_node = {ranks} ranks needs trainer.strategy=fsdp "
+                "(strategy single is one process)"]
+    prompts = get("rollout.responses_per_step") // get("rollout.n_samples")
+    if prompts % ranks:
+        return [f"{prompts} prompts per step (rollout.responses_per_step / rollout.n_samples) do not divide among "
+                f"{ranks} ranks: choose rollout.responses_per_step as a multiple of {ranks * get('rollout.n_samples')}, "
+                "or another rank count"]
+    return []
 
 
 def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str]:

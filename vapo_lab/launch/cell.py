@@ -79,6 +79,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
 
     Raises whatever the run raised, after recording it as ``failed`` with the last error line.
     """
+    from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.trainer.run import Run
 
@@ -91,6 +92,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     write_status(grid_dir, key, state=RUNNING, step=status.get("step", 0), attempts=attempts,
                  host=socket.gethostname(), pid=os.getpid(), job_id=slurm_job_id() or status.get("job_id"),
                  error=None)
+    sigterm_interrupts()  # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
+
     def log(text: str) -> None:
         print(f"[{key}] {text}", file=sys.stderr, flush=True)
 

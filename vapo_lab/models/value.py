@@ -50,7 +50,8 @@ class ValueModel(nn.Module):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=positions).last_hidden_state
-        return self.head(hidden).squeeze(-1).float()
+        # a new tensor, not a view of the head's output: FSDP2 hooks its backward on the output
+        return self.head(hidden).squeeze(-1).float().clone()
 
     def save(self, path: str | Path) -> None:
         """Writes the backbone (save_pretrained) and the head to ``path``."""

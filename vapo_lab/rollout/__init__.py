@@ -36,13 +36,22 @@ def make_generator(backend: str, policy: nn.Module, max_new_tokens: int, eos_ids
 
 
 def make_engine(backend: str, model_path: str | Path, cfg: Any) -> Any:
-    """Returns the vLLM engine for rollout.backend=vllm (None for builtin); fails early and clearly."""
+    """Returns this rank's vLLM engine for rollout.backend=vllm (None for builtin); fails early and clearly.
+
+    Under torch.distributed (trainer.strategy=fsdp) every rank builds its own engine at this call,
+    colocated with its trainer process (vapo_lab.rollout.vllm_backend, item 1).
+    """
     if backend != "vllm":
         return None
     from vapo_lab.rollout.vllm_backend import VllmEngine
 
-    v = cfg.rollout.vllm
-    max_len = int(cfg.model.arch.max_position_embeddings) if cfg.model.name == "tiny" else None
-    return VllmEngine(model_path, dtype=cfg.model.dtype, seed=int(cfg.seed), max_model_len=max_len,
+    v, m = cfg.rollout.vllm, cfg.model
+    max_len = int(m.arch.max_position_embeddings) if m.name == "tiny" else None
+    dist = torch.distributed
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+    return VllmEngine(model_path, dtype=m.dtype, seed=int(cfg.seed), max_model_len=max_len,
                       gpu_memory_utilization=float(v.gpu_memory_utilization),
-                      tensor_parallel_size=int(v.tensor_parallel_size), enforce_eager=bool(v.enforce_eager))
+                      tensor_parallel_size=int(v.tensor_parallel_size), enforce_eager=bool(v.enforce_eager),
+                      enable_sleep_mode=bool(v.enable_sleep_mode), sleep_level=int(v.sleep_level),
+                      weight_bucket_mb=int(v.weight_bucket_mb), rank=rank, world_size=world,
+                      trust_remote_code=bool(m.trust_remote_code))

@@ -1,94 +1,305 @@
-"""vLLM rollouts on GPUs (``rollout.backend=vllm``; ``pip install 'vapo-lab[gpu]'``).
+"""vLLM rollouts on GPUs (``rollout=vllm``), colocated with the trainer: one engine per trainer rank.
 
-vLLM is imported only here and only when this backend is chosen; without it, or without a CUDA
-GPU, the run stops before any compute with one line naming the fix. The engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that the trainer can push the policy's weights into it
-after every update with the model's own ``load_weights``. Log-probs returned by vLLM are not used
-for the PPO ratio: the trainer recomputes them with the training forward pass, since the two
-engines' numerics differ.
+Written against vLLM 0.33.0's public API (the ``gpu`` extra pins it; it brings torch 2.14, so it
+lives in its own environment: README, "GPU / vLLM"). Not run here (no GPU); the GPU test is
+``pytest -m gpu tests/rollout/test_vllm_gpu.py``. The choices, and why:
 
-Not exercised by CI (no GPU there); the error paths are tested.
+1. **One in-process engine per trainer process.** Every rank builds ``vllm.LLM`` on its own GPU
+   and samples its own share of the prompts. With more than one rank it passes
+   ``distributed_executor_backend="external_launcher"``: vLLM then reuses the trainer's
+   torch.distributed world (RANK and LOCAL_RANK from torchrun or the Slurm launcher), makes
+   tensor-parallel groups of consecutive ranks, and runs in the calling process. The other
+   colocated design, a vLLM server fed weights over CUDA IPC (verl), adds a server process per
+   GPU, a control channel and a weight-transfer handshake; it pays off for asynchronous or
+   multi-turn rollouts. vapo-lab's loop is synchronous (sample, then update), so the engine
+   stays a library call, with the fewest parts a GPU user must get right and nothing to set up.
+2. **Weights pushed by name through ``LLM.collective_rpc`` to a worker extension**
+   (``worker_extension_cls``, :class:`WeightLoader`), which hands each bucket of (HF name,
+   tensor) pairs to the model's own ``load_weights``. vLLM maps HF names and fuses q/k/v and
+   gate/up itself, and slices each tensor for its tensor-parallel rank. A method named by a
+   string works whether V1 multiprocessing is on or off. ``LLM.apply_model`` with a closure
+   would need ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` once the engine core is a separate
+   process. The tensors themselves pass by reference only in-process: across processes,
+   ``collective_rpc`` carries control messages, and its generic decoder does not rebuild
+   tensors. So the engine is always in-process. ``external_launcher`` forces
+   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and this module sets it for one rank too. The old
+   backend's attribute chain into the engine (``llm_engine.model_executor.driver_worker...``)
+   is gone. ``load_weights`` copies into the existing storage, which is exact for bf16/fp16
+   rollouts on CUDA (unquantized layers have no post-load processing there). A quantized
+   rollout model would need vLLM's ``reload_weights``, which wants every weight in one call.
+3. **Pushed from the shards, one bucket at a time.** :func:`weight_buckets` walks
+   ``named_parameters()`` in the same order on every rank, casts each parameter to the engine's
+   dtype and gathers it with ``DTensor.full_tensor()`` (a collective) when FSDP2 sharded it.
+   It flushes a bucket before it would exceed ``rollout.vllm.weight_bucket_mb``, so a rank
+   never holds the full model, only one bucket or one parameter larger than a bucket. Tied
+   embeddings come out once, as ``model.embed_tokens.weight`` (``named_parameters`` drops the
+   alias; vLLM refuses a lone ``lm_head.weight`` of a tied model). After the push, every vLLM
+   parameter must have been written, or :class:`WeightPushError` is raised instead of sampling
+   from stale or discarded weights.
+4. **Sleep mode around the update** (``rollout.vllm.enable_sleep_mode``). Level 2 by default:
+   it drops the weights and the KV cache and keeps no CPU copy. Level 1 would copy the weights
+   to CPU RAM (the model's size per GPU, 8x that per 8-GPU node) and back, only for the next
+   push to overwrite them: vapo-lab pushes every weight after every update. The price of
+   level 2: wake the weights, push every weight, only then wake the KV cache (vLLM #29341: a
+   level-2 wake without a push samples garbage). This engine enforces that order whichever way
+   the trainer calls it: :meth:`VllmEngine.push_weights` wakes the weights first, the KV cache
+   wakes in :meth:`VllmEngine.wake` or :meth:`VllmEngine.sample` only once the weights are
+   current, and sampling after a level-2 sleep without a push raises. It never calls
+   ``reload_weights()``, which would reload the base model from disk (TRL #5312).
+5. **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob after
+   temperature (and, for top_p < 1, top-p renormalisation), the built-in sampler's quantity at
+   top_p = 1. The trainer still recomputes the PPO ratio's log-probs with its own forward pass
+   (``recompute_logprobs``), since the two engines' numerics differ.
+
+Contracts for the caller (the trainer): build the engine on every rank at the same point (vLLM
+all-reduces its memory budget over the world), and call ``push_weights`` on every rank (the
+gathers are collectives). With ``tensor_parallel_size`` > 1, every rank of a tensor-parallel
+group must also call ``sample`` equally often (the group samples in lockstep). vLLM re-seeds the
+process's global RNGs when it starts (Python, NumPy, torch), so the trainer draws only from its
+own generators afterwards. Requests are seeded per call. The engine's own seed is ``seed`` plus
+the tensor-parallel group's index, so that the ranks of a group share it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from vapo_lab.errors import VapoLabError
+from vapo_lab.errors import ConfigError, VapoLabError
 from vapo_lab.rollout.sampler import Samples
+
+# The release whose API this module was written against (the `gpu` extra pins it).
+SUPPORTED_VLLM = "0.33.0"
+# Wrappers that insert a part into parameter names: torch's activation-checkpoint wrapper and
+# torch.compile. FSDP2's fully_shard and HF gradient checkpointing keep the HF names.
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+_INSTALL = ("pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; README: "
+            "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin")
 
 
 class BackendUnavailable(VapoLabError):
     """The chosen rollout backend cannot run here."""
 
 
+class WeightPushError(VapoLabError):
+    """The engine's weights do not match the policy (a push missed a weight, or none followed a sleep)."""
+
+
 def require_vllm() -> Any:
-    """Returns the vllm module; raises BackendUnavailable when it or a CUDA GPU is missing."""
+    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is missing."""
     try:
         import vllm
     except ImportError:
+        raise BackendUnavailable(f"rollout.backend=vllm needs vLLM, which is not installed: {_INSTALL}") from None
+    version = str(getattr(vllm, "__version__", "0"))
+    if _release(version) < _release(SUPPORTED_VLLM):
         raise BackendUnavailable(
-            "rollout.backend=vllm needs vLLM, which is not installed: `pip install 'vapo-lab[gpu]'` on a "
-            "machine with a CUDA GPU, or use rollout.backend=builtin") from None
+            f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
+            f"pip install 'vllm=={SUPPORTED_VLLM}' (README: GPU / vLLM), or use rollout.backend=builtin")
     if not torch.cuda.is_available():
         raise BackendUnavailable("rollout.backend=vllm needs a CUDA GPU and none is visible: "
                                  "use rollout.backend=builtin")
     return vllm
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """Returns the numeric release of a version string: (0, 33, 0) for '0.33.0', '0.33.0rc1' or '0.33.0+cu130'."""
+    found = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in found.group().split(".")) if found else (0,)
+
+
+def hf_name(name: str) -> str:
+    """Returns a parameter's HF name: ``name`` without the parts wrappers insert (``_WRAPPER_PARTS``)."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
+def weight_buckets(policy: nn.Module, bucket_bytes: int,
+                   dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, Tensor]]]:
+    """Yields the policy's weights as buckets of (HF name, full tensor), in ``named_parameters()`` order.
+
+    A parameter sharded by FSDP2 (a DTensor) is cast to ``dtype`` on its shard, then gathered
+    with ``full_tensor()``: a collective, so every rank must iterate to the end, in the same
+    order. A bucket is flushed before the next parameter would take it past ``bucket_bytes``, so
+    at most one bucket, or one parameter larger than a bucket, is gathered at a time.
+
+    Args:
+        policy: the policy, plain or FSDP2-sharded; tied weights come out once, under their
+            first name (``named_parameters`` drops aliases).
+        bucket_bytes: the most bytes of gathered tensors in one bucket (>= 1).
+        dtype: the engine's dtype; None keeps each parameter's own.
+    """
+    bucket: list[tuple[str, Tensor]] = []
+    size = 0
+    for name, param in policy.named_parameters():
+        full_bytes = param.numel() * (dtype or param.dtype).itemsize  # a DTensor's numel is the full one
+        if bucket and size + full_bytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        tensor = param.detach() if dtype is None else param.detach().to(dtype)
+        gather = getattr(tensor, "full_tensor", None)  # DTensor (FSDP2): all-gather the shards
+        bucket.append((hf_name(name), gather() if gather is not None else tensor))
+        size += full_bytes
+    if bucket:
+        yield bucket
+
+
+class WeightLoader:
+    """vLLM worker extension (``worker_extension_cls``): the methods ``push_weights`` calls by name.
+
+    vLLM mixes this class into its worker, so ``self`` is the worker and ``get_model()`` its model.
+    """
+
+    def vapo_load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
+        """Returns the vLLM names of the parameters written from ``weights`` (HF names)."""
+        return set(self.get_model().load_weights(weights))  # type: ignore[attr-defined]
+
+    def vapo_unloaded(self, loaded: set[str]) -> list[str]:
+        """Returns the model's parameter names missing from ``loaded``."""
+        return sorted({name for name, _ in self.get_model().named_parameters()} - loaded)  # type: ignore[attr-defined]
+
+
 class VllmEngine:
-    """A vLLM engine holding a copy of the policy, refreshed with ``push_weights``."""
+    """A vLLM engine holding a copy of the policy, refreshed by ``push_weights``; see the module docstring."""
+
+    recompute_logprobs = True  # the trainer recomputes the PPO ratio's log-probs (item 5)
 
     def __init__(self, model_path: str | Path, dtype: str, seed: int, max_model_len: int | None,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1,
-                 enforce_eager: bool = False) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        vllm = require_vllm()
-        self.llm = vllm.LLM(model=str(model_path), dtype=dtype, seed=seed, max_model_len=max_model_len,
-                            gpu_memory_utilization=gpu_memory_utilization,
-                            tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager)
-        self.version = getattr(vllm, "__version__", "unknown")
+                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, enforce_eager: bool = False,
+                 enable_sleep_mode: bool = False, sleep_level: int = 2, weight_bucket_mb: int = 512,
+                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False) -> None:
+        """Builds the engine on this rank's GPU (every rank at once when ``world_size`` > 1).
 
-    def _model(self) -> nn.Module:
-        """Returns the engine's torch model (its location differs across vLLM releases)."""
-        executor = self.llm.llm_engine.model_executor
-        worker = getattr(executor, "driver_worker", None)
-        for path in ("model_runner.model", "worker.model_runner.model"):
-            obj: Any = worker
-            for part in path.split("."):
-                obj = getattr(obj, part, None)
-            if obj is not None:
-                return obj
-        raise BackendUnavailable(
-            f"cannot reach the model inside vLLM {self.version} to update its weights: use a vLLM release "
-            "with an in-process engine (0.6 to 0.10), or rollout.backend=builtin")
+        Raises:
+            ConfigError: bad sleep level, bucket size or tensor-parallel size.
+            BackendUnavailable: no vLLM, too old a vLLM, no GPU, or LOCAL_RANK unset with several ranks.
+        """
+        tp = int(tensor_parallel_size)
+        if enable_sleep_mode and sleep_level not in (1, 2):
+            raise ConfigError(f"rollout.vllm.sleep_level={sleep_level}: use 2 (drop the weights, vapo-lab "
+                              "pushes them after each update) or 1 (keep a CPU copy)")
+        if weight_bucket_mb < 1:
+            raise ConfigError(f"rollout.vllm.weight_bucket_mb={weight_bucket_mb} must be >= 1")
+        if tp < 1 or world_size % tp:
+            raise ConfigError(f"rollout.vllm.tensor_parallel_size={tp} must divide the {world_size} trainer "
+                              "ranks (each group of consecutive ranks shares one engine)")
+        vllm = require_vllm()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: tensors pass by reference (item 2)
+        extra: dict[str, Any] = {}
+        if world_size > 1:
+            if "LOCAL_RANK" not in os.environ:
+                raise BackendUnavailable("rollout.backend=vllm with several ranks needs LOCAL_RANK: start the run "
+                                         "with trainer.nproc_per_node (torchrun) or the Slurm launcher")
+            os.environ.setdefault("RANK", str(rank))  # external_launcher reads these (torchrun sets them)
+            os.environ.setdefault("WORLD_SIZE", str(world_size))
+            extra["distributed_executor_backend"] = "external_launcher"
+        self.tp_group, self.tp_rank = _tensor_parallel_group(rank, world_size, tp)
+        self.tp = tp
+        self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
+        self.bucket_bytes = int(weight_bucket_mb) * 2**20
+        self.llm = vllm.LLM(
+            model=str(model_path), dtype=dtype, seed=int(seed) + rank // tp, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tp, enforce_eager=enforce_eager,
+            enable_sleep_mode=bool(enable_sleep_mode), trust_remote_code=trust_remote_code,
+            worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
+            logprobs_mode="processed_logprobs", **extra)
+        self.dtype: torch.dtype = self.llm.model_config.dtype
+        self.version = str(vllm.__version__)
+        self._asleep: set[str] = set()  # memory vLLM has released: "weights", "kv_cache"
+        self._stale = False  # a level-2 sleep discarded the weights and no push has followed yet
+
+    def sleep(self) -> None:
+        """Frees the engine's GPU memory for the update phase (level ``sleep_level``); a no-op without sleep mode."""
+        if not self.sleep_level or self._asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self._asleep = {"weights", "kv_cache"}
+        self._stale = self.sleep_level == 2
+
+    def wake(self) -> None:
+        """Maps the weights back; the KV cache too, unless a level-2 sleep's weights still await a push."""
+        self._wake("weights")
+        if not self._stale:
+            self._wake("kv_cache")
 
     def push_weights(self, policy: nn.Module) -> None:
-        """Copies the policy's current weights into the engine."""
-        self._model().load_weights(weights=((name, p.detach()) for name, p in policy.state_dict().items()))
-        reset = getattr(self.llm, "reset_prefix_cache", None)
-        if reset is not None:
-            reset()
+        """Copies the policy's current weights into the engine, bucket by bucket; call it on every rank.
+
+        Raises:
+            WeightPushError: some engine parameter got no weight from the policy.
+        """
+        self._wake("weights")  # level 2: the push writes into the re-mapped (uninitialised) weights
+        loaded: set[str] = set()
+        for bucket in weight_buckets(policy, self.bucket_bytes, self.dtype):
+            for names in self.llm.collective_rpc("vapo_load_weights", args=(bucket,)):
+                loaded |= names
+            del bucket  # before the next gather: one bucket at a time
+        missing = [name for names in self.llm.collective_rpc("vapo_unloaded", args=(loaded,)) for name in names]
+        if missing:
+            raise WeightPushError(
+                f"the policy has no weight for {len(missing)} vLLM parameter(s), e.g. {missing[:3]}: the policy's "
+                "parameter names must be the HF names of the checkpoint the engine was built from")
+        self._stale = False
+        if not self._asleep:  # a sleep already cleared it
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
     def sample(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int, temperature: float,
                top_p: float, eos_id: int | Sequence[int], pad_id: int, seed: int) -> Samples:
-        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM)."""
+        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item 5).
+
+        Raises:
+            WeightPushError: after a level-2 sleep, before any push.
+        """
         from vllm import SamplingParams
 
+        if self._stale:
+            raise WeightPushError("the vLLM engine slept at level 2 and its weights were not pushed since: "
+                                  "call push_weights(policy) before sampling")
+        self.wake()
+        requests = [(list(p), int(seed)) for p in prompts]
+        mine = slice(0, len(requests))
+        if self.tp_group is not None:  # a tensor-parallel group runs the same requests in lockstep
+            shares: list[Any] = [None] * self.tp
+            torch.distributed.all_gather_object(shares, requests, group=self.tp_group)
+            start = sum(len(share) for share in shares[:self.tp_rank])
+            mine = slice(start, start + len(requests))
+            requests = [r for share in shares for r in share]
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                stop_token_ids=eos, logprobs=0, seed=seed)
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
-        return _to_samples(prompts, outputs, n, max_new_tokens, pad_id)
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                                 stop_token_ids=eos, logprobs=0, seed=s) for _, s in requests]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
+        return _to_samples(prompts, outputs[mine], n, pad_id)
+
+    def _wake(self, tag: str) -> None:
+        """Maps one kind of released memory back ("weights" or "kv_cache")."""
+        if tag in self._asleep:
+            torch.cuda.empty_cache()  # vLLM maps its memory outside torch's cache: return the trainer's free blocks
+            self.llm.wake_up(tags=[tag])
+            self._asleep.discard(tag)
 
 
-def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, max_new: int, pad_id: int) -> Samples:
+def _tensor_parallel_group(rank: int, world_size: int, tp: int) -> tuple[Any, int]:
+    """Returns (this rank's tensor-parallel process group, its rank in it); (None, 0) when tp = 1.
+
+    Groups of consecutive ranks, as vLLM's external launcher lays them out; a collective: every
+    rank creates every group.
+    """
+    if tp == 1:
+        return None, 0
+    group, _ = torch.distributed.new_subgroups_by_enumeration(
+        [list(range(start, start + tp)) for start in range(0, world_size, tp)])
+    return group, rank % tp
+
+
+def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: int) -> Samples:
+    """Returns vLLM's outputs (one per prompt, n completions each) as Samples (B = prompts x n)."""
     rows = len(prompts) * n
     width = max(len(p) for p in prompts)
     responses = [c for out in outputs for c in out.outputs]

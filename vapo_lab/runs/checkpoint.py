@@ -68,7 +68,8 @@ def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
-                    keep: int = 2, before_commit: Callable[[], None] | None = None) -> Path:
+                    keep: int = 2, before_commit: Callable[[], None] | None = None,
+                    tmp: Path | None = None) -> Path:
     """Returns the path of a new complete checkpoint ``folder/step_<step>``.
 
     Args:
@@ -80,13 +81,16 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
         keep: how many most recent checkpoints to keep (older ones are removed after this one is
             complete, so a damaged newest one always has a predecessor to fall back to).
         before_commit: called once every file is written, before the rename (fault tests).
+        tmp: a temporary folder already holding part of the checkpoint (a sharded one's
+            ``tmp_folder``, filled by every rank); None: a fresh one.
     """
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"step_{step:06d}"
-    tmp = folder / f".tmp_step_{step:06d}_{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    if tmp is None:
+        tmp = folder / f".tmp_step_{step:06d}_{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
     for name, module in modules.items():
         if hasattr(module, "save_pretrained"):
             module.save_pretrained(tmp / name)  # safetensors
@@ -109,6 +113,11 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def tmp_folder(folder: Path, step: int) -> Path:
+    """Returns the temporary folder of a checkpoint that many ranks write together (one name for all)."""
+    return folder / f".tmp_step_{step:06d}_ranks"
 
 
 def latest_checkpoint(folder: Path, warn: Callable[[str], None] | None = None) -> Path | None:

@@ -8,6 +8,9 @@ variance (÷(N−1)) + 1e-8), so verl's advantages are ours × sqrt((N−1)/N): 
 sqrt(N/(N−1)) in scale, under 0.1% for N over 500 valid tokens.
 
 ``algo.advantage=group`` (DAPO, GRPO): each response's reward against its group's, no critic.
+
+On many ranks a group is never split, so group advantages are each rank's own; the whitening mean
+and std are taken over the valid tokens of all ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import decoupled_gae, gae, group_advantages, kl_estimate, length_adaptive_lambda
+from vapo_lab.dist.world import World, single
 from vapo_lab.trainer.collect import Batch
 
 
@@ -36,8 +40,27 @@ def policy_lambda(cfg: DictConfig, lengths: Tensor) -> Tensor:
     return torch.full((len(lengths),), float(cfg.gae.lam_policy))
 
 
-def compute_advantages(cfg: DictConfig, batch: Batch) -> None:
-    """Fills batch.advantages / returns / mc_returns / lam_policy from the config's advantage estimator."""
+def whiten(adv: Tensor, mask: Tensor, world: World | None = None) -> Tensor:
+    """Returns (A − mean)/(σ + 1e-8) over the valid tokens of all ranks (σ: population std), 0 at
+    padding; one process: the batch's own valid tokens."""
+    valid = mask.bool()
+    world = world or single()
+    if world.size == 1:
+        mean = adv[valid].mean()
+        std = adv[valid].std(unbiased=False) if valid.sum() > 1 else torch.tensor(1.0)
+    else:
+        x = adv[valid].double()
+        count = world.sum(float(x.numel()))
+        mean = world.sum(x.sum()) / count.clamp(min=1)
+        var = world.sum(((x - mean) ** 2).sum()) / count.clamp(min=1)
+        std = var.sqrt() if count > 1 else torch.tensor(1.0, dtype=torch.float64)
+        mean, std = mean.to(adv.dtype), std.to(adv.dtype)
+    return torch.where(valid, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))
+
+
+def compute_advantages(cfg: DictConfig, batch: Batch, world: World | None = None) -> None:
+    """Fills batch.advantages / returns / mc_returns / lam_policy from the config's advantage
+    estimator (whitening over the valid tokens of all ranks of ``world``)."""
     mask = batch.rows.response_mask
     if cfg.algo.advantage == "group":
         adv = group_advantages(batch.scores.float(), int(cfg.rollout.n_samples), norm_std=cfg.algo.group_norm_std)
@@ -53,8 +76,5 @@ def compute_advantages(cfg: DictConfig, batch: Batch) -> None:
     batch.mc_returns = ret if isinstance(lam_c, float) and lam_c == 1.0 else gae(rewards, batch.values, mask, 1.0, float(cfg.gae.gamma))[1]
     if cfg.gae.whiten:
         # population std (unbiased=False), not verl's Bessel-corrected one: see the module docstring
-        valid = mask.bool()
-        mean = adv[valid].mean()
-        std = adv[valid].std(unbiased=False) if valid.sum() > 1 else torch.tensor(1.0)
-        adv = torch.where(valid, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))
+        adv = whiten(adv, mask, world)
     batch.advantages, batch.returns, batch.lam_policy = adv, ret, lam_p

@@ -3,6 +3,11 @@
 With DAPO's dynamic sampling (``algo.dynamic_sampling``) only groups whose rewards differ are
 kept, and prompts are drawn again, up to ``rollout.max_resample_rounds`` more rounds, until the
 step has ``rollout.responses_per_step`` responses; the batch is then cut to whole groups.
+
+On many ranks (``trainer.strategy=fsdp``) every rank draws the same prompts from its copy of the
+data stream and samples its own share of them (whole groups of ``n_samples`` stay on one rank);
+the resampling rounds, and where the batch is cut, are decided on global counts, so every rank
+stops together and the ranks' batches together are the step's batch.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import dynamic_sampling_keep
+from vapo_lab.dist.world import World, single
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.forward import Rows
 from vapo_lab.trainer.scoring import RewardScorer
@@ -91,9 +97,11 @@ class Sampling:
 
 
 def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: RewardScorer,
-            generator: torch.Generator) -> tuple[Batch, dict[str, float]]:
+            generator: torch.Generator, world: World | None = None) -> tuple[Batch, dict[str, float]]:
     """Returns one step's scored experience (DAPO: only groups with mixed rewards) and its
-    ``rollout/*`` counters; ``generator`` is the rollout RNG, ``data`` where prompts come from."""
+    ``rollout/*`` counters; ``generator`` is the rollout RNG, ``data`` where prompts come from,
+    ``world`` the ranks that share the step (this rank's part of the batch is returned)."""
+    world = world or single()
     n = int(cfg.rollout.n_samples)
     want = int(cfg.rollout.responses_per_step) // n
     kept_rows: list[Rows] = []
@@ -101,14 +109,16 @@ def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: Reward
     have, rounds, generated = 0, 0, 0
     info: dict[str, float] = {}
     while True:
-        problems = data.take(want if rounds == 0 else want - have)
+        need = want if rounds == 0 else want - have
+        share = -(-need // world.size)  # whole equal shares: every rank draws the same prompts
+        problems = data.take(share * world.size)[world.rank * share:(world.rank + 1) * share]
         s = sampling.generate(sampling.encode(problems), n, float(cfg.rollout.temperature),
                               float(cfg.rollout.top_p), generator)
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(s, rep)
         generated += len(rep)
         if rounds == 0:
-            info["rollout/accuracy_all"] = float(correct.float().mean())
+            info["rollout/accuracy_all"] = world.mean(correct.float())
         keep = torch.ones(len(rep), dtype=torch.bool)
         if cfg.algo.dynamic_sampling:
             keep = dynamic_sampling_keep(scores, n)
@@ -116,7 +126,7 @@ def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: Reward
         kept_rows.append(Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask).take(idx))
         kept.append(([rep[i] for i in idx.tolist()], scores[idx], correct[idx], s.lengths[idx],
                      s.truncated[idx], s.logprobs[idx]))
-        have += len(idx) // n
+        have += int(world.sum(len(idx) // n))
         rounds += 1
         if have >= want or rounds > int(cfg.rollout.max_resample_rounds) or not cfg.algo.dynamic_sampling:
             break
@@ -126,9 +136,12 @@ def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: Reward
                   scores=torch.cat([k[1] for k in kept]), correct=torch.cat([k[2] for k in kept]),
                   lengths=torch.cat([k[3] for k in kept]), truncated=torch.cat([k[4] for k in kept]),
                   old_logprobs=torch.cat([torch.nn.functional.pad(k[5], (0, t - k[5].shape[1])) for k in kept]))
-    if len(batch.problems) > want * n:  # keep whole groups, at most the step's size
-        batch = _slice_batch(batch, want * n)
-    info["rollout/generated"] = float(generated)
+    # keep whole groups, at most the step's size: the first want·n rows in rank order
+    before = sum(world.gather(len(batch.problems))[:world.rank]) if world.size > 1 else 0
+    quota = max(0, min(len(batch.problems), want * n - before))
+    if len(batch.problems) > quota:
+        batch = _slice_batch(batch, quota)
+    info["rollout/generated"] = float(world.sum(generated))
     info["rollout/resample_rounds"] = float(rounds)
     return batch, info
 

@@ -56,6 +56,32 @@ def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
     return out
 
 
+def value_bias_sums(values: Tensor, mc_returns: Tensor, mask: Tensor,
+                    edges: tuple[int, ...] = EDGES) -> tuple[Tensor, Tensor]:
+    """Returns (Σ V(s_t) − G_t, token count) per position bucket and, last, over every valid token
+    (float64): the parts of ``value_bias_by_position`` that add up over ranks."""
+    valid = mask.bool()
+    err = values.double() - mc_returns.double()
+    which = bucket_of(torch.arange(values.shape[1]).expand_as(values), edges)
+    n = len(edges)
+    sums = torch.zeros(n + 1, dtype=torch.float64)
+    counts = torch.zeros(n + 1, dtype=torch.float64)
+    for i in range(n):
+        sel = valid & (which == i)
+        sums[i], counts[i] = err[sel].sum(), sel.sum()
+    sums[n], counts[n] = err[valid].sum(), valid.sum()
+    return sums, counts
+
+
+def value_bias_from_sums(sums: Tensor, counts: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+    """Returns ``value_bias_by_position``'s dict from the (summed) parts ``value_bias_sums`` returned."""
+    if counts[-1] == 0:
+        return {}
+    out = {label: float(sums[i] / counts[i]) for i, label in enumerate(bucket_labels(edges)) if counts[i] > 0}
+    out["all"] = float(sums[-1] / counts[-1])
+    return out
+
+
 def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
     """Returns per length bucket "count_<label>" (responses) and "acc_<label>" (fraction correct,
     only for non-empty buckets), and "correct_mean" / "wrong_mean" (mean length of the correct /

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
+from vapo_lab.dist.fsdp import is_sharded
 from vapo_lab.rollout.decoder import _rotate_half, rope_theta
 
 
@@ -48,6 +49,14 @@ class Rows:
         width = self.prompt_ids.shape[1]
         return Rows(self.prompt_ids[index][:, width - p:], pm[:, width - p:],
                     self.response_ids[index][:, :t], rm[:, :t])
+
+    @staticmethod
+    def dummy(device: torch.device | str = "cpu") -> Rows:
+        """Returns one row of a one-token prompt and a one-token response (token 0): the input of
+        the zero-loss passes that keep a rank's FSDP collectives in step with the others'."""
+        one = torch.zeros(1, 1, dtype=torch.long, device=device)
+        flag = torch.ones_like(one, dtype=torch.bool)
+        return Rows(one, flag, one, flag)
 
     def sequence(self) -> tuple[Tensor, Tensor]:
         """Returns (input_ids, attention_mask) of prompt ++ response, (B, P+T)."""
@@ -184,9 +193,22 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
     entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
     computed from detached logits, so the backward pass does not go through it.
     """
-    groups = _shared(model.model, rows)
+    groups = None if is_sharded(model) else _shared(model.model, rows)
     if groups is not None:
         hidden = response_states(model.model, rows, groups)
+    elif is_sharded(model):
+        # FSDP2 gathers the root's parameters (embeddings, tied LM head) in the root's forward:
+        # call it, keeping logits only for the positions before each response token
+        ids, mask = rows.sequence()
+        t = rows.response_ids.shape[1]
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
+                       logits_to_keep=t + 1).logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        if with_entropy:
+            return token_logprobs_and_entropy(logits, rows.response_ids, entropy_grad)
+        return token_logprobs(logits, rows.response_ids), None
     else:
         ids, mask = rows.sequence()
         p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
@@ -204,7 +226,8 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
 def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     """Returns V(s_t) for each response token, (B, T)."""
     backbone = getattr(critic, "backbone", None)
-    groups = _shared(backbone, rows) if backbone is not None and hasattr(critic, "head") else None
+    groups = (_shared(backbone, rows) if backbone is not None and hasattr(critic, "head") and not is_sharded(critic)
+              else None)
     if groups is not None:
         return critic.head(response_states(backbone, rows, groups)).squeeze(-1).float()
     ids, mask = rows.sequence()
@@ -212,18 +235,43 @@ def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     return critic(ids, mask.long())[:, p - 1:p - 1 + t]
 
 
+def _reshard(model: nn.Module) -> None:
+    """Frees a sharded model's gathered parameters after passes without a backward: FSDP2 keeps the
+    root's gathered until its backward, and while gathered, ``parameters()`` are the whole
+    temporary tensors, not the shards an optimiser or a checkpoint must see."""
+    if is_sharded(model):
+        model.reshard()
+
+
+def passes(n_rows: int, micro: int) -> int:
+    """Returns how many forward passes ``batched_*`` makes over ``n_rows`` rows, ``micro`` at a time."""
+    return -(-n_rows // micro)
+
+
 @torch.no_grad()
-def batched_logprobs(model: nn.Module, rows: Rows, micro: int, temperature: float) -> Tensor:
-    """Returns the response log-probs of ``model`` for all rows, (B, T), ``micro`` rows at a time."""
+def batched_logprobs(model: nn.Module, rows: Rows, micro: int, temperature: float, extra: int = 0) -> Tensor:
+    """Returns the response log-probs of ``model`` for all rows, (B, T), ``micro`` rows at a time,
+    after ``extra`` discarded passes on a dummy row (a sharded model's ranks make equal passes)."""
     t = rows.response_ids.shape[1]
+    for _ in range(extra):
+        policy_forward(model, Rows.dummy(rows.prompt_ids.device), temperature)
     parts = [policy_forward(model, rows.take(i), temperature)[0]
              for i in torch.arange(len(rows.response_ids)).split(micro)]
+    _reshard(model)
+    if not parts:
+        return torch.zeros(0, t)
     return torch.cat([torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts])
 
 
 @torch.no_grad()
-def batched_values(critic: nn.Module, rows: Rows, micro: int) -> Tensor:
-    """Returns V(s_t) for all rows, (B, T), computed ``micro`` rows at a time."""
+def batched_values(critic: nn.Module, rows: Rows, micro: int, extra: int = 0) -> Tensor:
+    """Returns V(s_t) for all rows, (B, T), computed ``micro`` rows at a time (``extra``: as
+    ``batched_logprobs``)."""
     width = rows.response_ids.shape[1]
+    for _ in range(extra):
+        value_forward(critic, Rows.dummy(rows.prompt_ids.device))
     parts = [value_forward(critic, rows.take(idx)) for idx in torch.arange(len(rows.response_ids)).split(micro)]
+    _reshard(critic)
+    if not parts:
+        return torch.zeros(0, width)
     return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in parts])

@@ -22,12 +22,19 @@ Departures from textbook PPO (Schulman et al. 2017), each a config key:
   8. Rewards come only at the last token (γ = 1), from a rule-based verifier; GAE advantages are
      whitened over the batch's valid tokens with the population std (``gae.whiten``; how that
      differs from verl: :mod:`vapo_lab.trainer.advantages`).
+
+On many ranks (``trainer.strategy=fsdp``) every rank runs this loop on its share of the step's
+prompts; metrics are reduced over ranks so that rank 0, which alone logs and tracks, records the
+step's; the held-out evaluation runs on rank 0 with the sampler's full copy of the policy and is
+sent to the others.
 """
 
 from __future__ import annotations
 
 import resource
 import time
+
+import torch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +47,14 @@ from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.checkpoints import save_run
 from vapo_lab.trainer.collect import Batch, collect
-from vapo_lab.trainer.diagnostics import length_profile, value_bias_by_position
+from vapo_lab.trainer.diagnostics import (
+    length_profile,
+    value_bias_by_position,
+    value_bias_from_sums,
+    value_bias_sums,
+)
 from vapo_lab.trainer.evaluation import evaluate
-from vapo_lab.trainer.forward import batched_logprobs, batched_values
+from vapo_lab.trainer.forward import batched_logprobs, batched_values, passes
 
 if TYPE_CHECKING:
     from vapo_lab.trainer.run import Run
@@ -60,6 +72,12 @@ class TrainResult:
     base_eval: float | None
     checkpoint: Path | None
     metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Returns the closing figures as JSON-able values (what ``vapo-lab train`` prints)."""
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "steps": self.steps,
+                "base_eval": self.base_eval, "final_eval": self.final_eval, "best_eval": self.best_eval,
+                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
 
 
 def train_loop(run: Run, on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
@@ -88,7 +106,7 @@ def train_loop(run: Run, on_step: Callable[[int, dict[str, float]], None] | None
             history.append({"step": run.step, **metrics})
             if run.step % int(cfg.trainer.save_every) == 0 or run.step == total:
                 checkpoint = save_run(run)
-            if on_step:
+            if on_step and run.world.main:
                 on_step(run.step, metrics)
     except BaseException as e:
         run.record.close_on_error(e, run.step)
@@ -104,18 +122,17 @@ def train_step(run: Run) -> dict[str, float]:
     advantages, update the critic, then the actor (``run.step`` is the number of steps done)."""
     cfg, upcoming = run.cfg, run.step + 1
     t0 = time.perf_counter()
-    batch, m = collect(cfg, run.sampling, run.data, run.scorer, run.gen_rollout)
+    world = run.world
+    batch, m = collect(cfg, run.sampling, run.data, run.scorer, run.gen_rollout, world)
     t_rollout = time.perf_counter() - t0
     faults.point("rollout", upcoming)
-    if len(batch.problems) == 0:
+    if int(world.sum(len(batch.problems))) == 0:
         return {**m, "rollout/empty_batch": 1.0}
     _model_outputs(run, batch)
-    compute_advantages(cfg, batch)
+    compute_advantages(cfg, batch, world)
     t1 = time.perf_counter()
     if run.critic is not None:
-        mask = batch.rows.response_mask
-        m["critic/explained_variance"] = float(explained_variance(batch.values, batch.returns, mask))
-        m["critic/value_mean"] = float(masked_mean(batch.values, mask))
+        m.update(_critic_metrics(run, batch))
         m.update(run.updater.critic_update(batch, run.step))
         run.critic_sched.step()
         m["critic/lr"] = run.critic_sched.get_last_lr()[0]
@@ -126,28 +143,89 @@ def train_step(run: Run) -> dict[str, float]:
     if run.sampling.engine is not None:
         run.sampling.engine.push_weights(run.policy)
     t3 = time.perf_counter()
-    m.update(_batch_metrics(batch, run.actor_sched.get_last_lr()[0], t0, t_rollout, t1, t2, t3))
+    m.update(_batch_metrics(batch, run.actor_sched.get_last_lr()[0], t0, t_rollout, t1, t2, t3)
+             if world.size == 1 else _global_batch_metrics(run, batch, t0, t_rollout, t1, t2, t3))
     _warn_about_lambda(run, m)
     return m
 
 
 def _evaluate(run: Run) -> dict[str, float]:
-    """The held-out evaluation after ``run.step`` steps (its sampling seed: seed·7919 + step)."""
-    return evaluate(run.sampling.generate, run.tokenizer, run.task, run.scorer, run.cfg,
-                    int(run.cfg.seed) * 7919 + run.step)
+    """The held-out evaluation after ``run.step`` steps (its sampling seed: seed·7919 + step); on
+    many ranks rank 0 evaluates and sends the result to the others."""
+    world = run.world
+    result = None
+    if world.main:
+        result = evaluate(run.sampling.generate, run.tokenizer, run.task, run.scorer, run.cfg,
+                          int(run.cfg.seed) * 7919 + run.step)
+    return world.broadcast(result) if world.size > 1 else result
 
 
 def _model_outputs(run: Run, batch: Batch) -> None:
     """Fills in the batch what the models say of its rows before any update: the policy's
-    log-probs (vLLM's differ numerically from ours: recomputed), the critic's values, the
-    reference policy's log-probs."""
+    log-probs (recomputed where the sampler's engine computes them differently: vLLM), the
+    critic's values, the reference policy's log-probs."""
     micro, temperature = int(run.cfg.trainer.micro_batch_size), float(run.cfg.rollout.temperature)
-    if run.sampling.engine is not None:
-        batch.old_logprobs = batched_logprobs(run.policy, batch.rows, micro, temperature)
+    n = passes(len(batch.problems), micro)
+    extra = int(run.world.max(n)) - n if run.world.size > 1 else 0
+    engine = run.sampling.engine
+    if engine is not None and getattr(engine, "recompute_logprobs", True):
+        batch.old_logprobs = batched_logprobs(run.policy, batch.rows, micro, temperature, extra)
     if run.critic is not None:
-        batch.values = batched_values(run.critic, batch.rows, micro)
+        batch.values = batched_values(run.critic, batch.rows, micro, extra)
     if run.ref is not None:
-        batch.ref_logprobs = batched_logprobs(run.ref, batch.rows, micro, temperature)
+        batch.ref_logprobs = batched_logprobs(run.ref, batch.rows, micro, temperature, extra)
+
+
+def _critic_metrics(run: Run, batch: Batch) -> dict[str, float]:
+    """Returns the critic's explained variance of the returns and its mean value, over the valid
+    tokens of all ranks."""
+    mask, world = batch.rows.response_mask, run.world
+    if world.size == 1:
+        return {"critic/explained_variance": float(explained_variance(batch.values, batch.returns, mask)),
+                "critic/value_mean": float(masked_mean(batch.values, mask))}
+    valid = mask.bool()
+    v, r = batch.values[valid].double(), batch.returns[valid].double()
+    n = world.sum(float(v.numel())).clamp(min=1)
+    sums = world.sum(torch.stack([v.sum(), r.sum(), (r * r).sum(), (r - v).sum(), ((r - v) ** 2).sum()]))
+    var_r = sums[2] / n - (sums[1] / n) ** 2
+    var_res = sums[4] / n - (sums[3] / n) ** 2
+    ev = float(1 - var_res / var_r) if var_r > 0 else float("nan")
+    return {"critic/explained_variance": ev, "critic/value_mean": float(sums[0] / n)}
+
+
+def _global_batch_metrics(run: Run, batch: Batch, t0: float, t_rollout: float, t1: float, t2: float,
+                          t3: float) -> dict[str, float]:
+    """``_batch_metrics`` over the batches of all ranks: the per-response tensors (lengths, scores,
+    correctness) gathered, token-level ones reduced as sums."""
+    world = run.world
+    mask = batch.rows.response_mask
+    valid = mask.bool()
+    gathered = world.gather((batch.scores.float(), batch.correct, batch.lengths, batch.truncated))
+    scores, correct, lengths, truncated = (torch.cat([g[i] for g in gathered]) for i in range(4))
+    adv = batch.advantages[valid].double()
+    n_tok, a1, a2 = world.sum(torch.stack([torch.tensor(float(adv.numel()), dtype=torch.float64),
+                                           adv.sum(), (adv * adv).sum()]))
+    adv_std = float(((a2 - a1 * a1 / n_tok) / (n_tok - 1)).clamp(min=0).sqrt()) if n_tok > 1 else 0.0
+    m = {
+        "rollout/reward": float(scores.mean()), "rollout/accuracy": float(correct.float().mean()),
+        "rollout/response_length": float(lengths.float().mean()),
+        "rollout/response_length_max": float(lengths.float().max()),
+        "rollout/truncated_frac": float(truncated.float().mean()), "rollout/responses": float(len(scores)),
+        "adv/mean": float(a1 / n_tok.clamp(min=1)), "adv/std": adv_std,
+        "actor/lr": run.actor_sched.get_last_lr()[0],
+        "time/rollout_s": t_rollout, "time/critic_s": t2 - t1, "time/actor_s": t3 - t2,
+        "time/step_s": t3 - t0, "perf/tokens_per_s": float(n_tok) / max(t_rollout, 1e-9),
+        "perf/peak_rss_mb": float(world.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),
+    }
+    m.update({f"diag/length/{k}": v for k, v in length_profile(lengths, correct).items()})
+    if batch.mc_returns is not None:
+        sums, counts = value_bias_sums(batch.values, batch.mc_returns, mask)
+        m.update({f"diag/value_bias/{k}": v
+                  for k, v in value_bias_from_sums(world.sum(sums), world.sum(counts)).items()})
+    if batch.lam_policy is not None:
+        m["gae/lam_policy_mean"] = world.mean(batch.lam_policy.double())
+        m["gae/lam_policy_zero_frac"] = world.mean((batch.lam_policy == 0).double())
+    return m
 
 
 def _batch_metrics(batch: Batch, actor_lr: float, t0: float, t_rollout: float, t1: float, t2: float,

@@ -136,3 +136,25 @@ class RunRecord:
     def close_on_error(self, error: BaseException, step: int) -> None:
         """Ends the tracking run as KILLED (an interrupt) or FAILED, saying why in failure.txt."""
         self.close("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED", step, error)
+
+
+class RankRecord:
+    """The record of a rank other than 0 of a many-rank run: rank 0's folder and tracking run id,
+    and nothing written (rank 0 alone logs, tracks and writes the run's files)."""
+
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        from vapo_lab.track import NullTracker
+
+        self.run_dir, self.run_id, self.tracker = run_dir, run_id, NullTracker()
+
+    def open(self) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def close(self, status: str, step: int, error: BaseException | None = None) -> None:
+        pass
+
+    def close_on_error(self, error: BaseException, step: int) -> None:
+        pass

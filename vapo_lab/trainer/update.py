@@ -3,6 +3,13 @@
 Each mini-batch is one optimiser step; it is split into micro-batches of at most
 ``trainer.micro_batch_size`` rows whose gradients add up to the mini-batch's, because every
 micro-batch's loss is divided by the *mini-batch's* denominator (``algo.policy.loss_denominator``).
+
+On many ranks the mini-batches are drawn from the step's global batch, one permutation shared by
+every rank, and each rank computes the gradient of its rows of each mini-batch; denominators (tokens,
+responses, correct tokens) are counted over all ranks, so the ranks' gradients sum (FSDP's
+reduce-scatter, :mod:`vapo_lab.dist.fsdp`) to the one-rank gradient of the same mini-batch. Every
+rank runs as many forward/backward passes as the rank with most micro-batches (zero-loss passes on
+a one-token row make up the difference): FSDP's collectives must meet on every rank.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from vapo_lab.algo import (
     value_loss,
 )
 from vapo_lab.algo.policy import loss_denominator
+from vapo_lab.dist.fsdp import full
+from vapo_lab.dist.world import World, single
 from vapo_lab.errors import VapoLabError
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import policy_forward, value_forward
+from vapo_lab.trainer.forward import Rows, policy_forward, value_forward
 
 
 class TrainingDiverged(VapoLabError):
@@ -72,9 +81,28 @@ class Updater:
 
     def __init__(self, cfg: DictConfig, policy: nn.Module, critic: nn.Module | None,
                  ref: nn.Module | None, actor_opt: torch.optim.Optimizer | None,
-                 critic_opt: torch.optim.Optimizer | None, generator: torch.Generator) -> None:
+                 critic_opt: torch.optim.Optimizer | None, generator: torch.Generator,
+                 world: World | None = None) -> None:
         self.cfg, self.policy, self.critic, self.ref = cfg, policy, critic, ref
         self.actor_opt, self.critic_opt, self.generator = actor_opt, critic_opt, generator
+        self.world = world or single()
+
+    def minibatches(self, n_rows: int) -> list[tuple[Tensor, int]]:
+        """Returns (this rank's rows of each mini-batch, the mini-batch's size over all ranks): a
+        random partition of the step's global batch (rank r holds its rows after those of ranks
+        < r), drawn from the update RNG that every rank advances alike."""
+        size, w = int(self.cfg.trainer.mini_batch_size), self.world
+        if w.size == 1:
+            return [(mb, len(mb)) for mb in minibatches(n_rows, size, self.generator)]
+        counts = w.gather(n_rows)
+        offset = sum(counts[:w.rank])
+        return [(mb[(mb >= offset) & (mb < offset + n_rows)] - offset, len(mb))
+                for mb in minibatches(sum(counts), size, self.generator)]
+
+    def padding(self, passes: int) -> int:
+        """Returns how many zero-loss passes this rank adds to its ``passes`` so that every rank
+        runs the same number."""
+        return int(self.world.max(passes)) - passes if self.world.size > 1 else 0
 
     def micro(self, index: Tensor, lengths: Tensor) -> list[Tensor]:
         """Returns the micro-batches of mini-batch ``index``: its rows sorted by response length,
@@ -92,12 +120,17 @@ class Updater:
         assert critic is not None and self.critic_opt is not None
         critic.train()
         totals: dict[str, list[float]] = {"critic/value_loss": [], "critic/clipfrac": [], "critic/grad_norm": []}
+        w = self.world
         for _ in range(int(cfg.trainer.ppo_epochs)):
-            for mb in minibatches(len(batch.problems), int(cfg.trainer.mini_batch_size), self.generator):
-                norm = float(loss_denominator(cfg.critic.loss_agg, batch.rows.response_mask[mb]))
+            for mb, _ in self.minibatches(len(batch.problems)):
+                norm = float(w.sum(loss_denominator(cfg.critic.loss_agg, batch.rows.response_mask[mb])))
+                # the clip fraction is over the mini-batch's tokens (as the actor's), whatever the split
+                n_tok = float(w.sum(batch.rows.response_mask[mb].sum()))
                 self.critic_opt.zero_grad(set_to_none=True)
                 loss_sum, clip_sum = 0.0, 0.0
-                for idx in self.micro(mb, batch.lengths):
+                micros = self.micro(mb, batch.lengths)
+                extra = self.padding(len(micros))  # agreed before any pass: it is a collective too
+                for idx in micros:
                     rows = batch.rows.take(idx)
                     t = rows.response_ids.shape[1]
                     values = value_forward(critic, rows)
@@ -106,13 +139,16 @@ class Updater:
                                          loss_agg=cfg.critic.loss_agg, normalizer=norm)
                     loss.backward()
                     loss_sum += float(loss.detach())
-                    clip_sum += float(m["clipfrac"]) * len(idx) / len(mb)
+                    clip_sum += float(m["clipfrac"]) * float(rows.response_mask.sum()) / max(n_tok, 1.0)
+                for _ in range(extra):
+                    (value_forward(critic, Rows.dummy(batch.rows.prompt_ids.device)).sum() * 0.0).backward()
+                loss_sum, clip_sum = float(w.sum(loss_sum)), float(w.sum(clip_sum))
                 _check_finite("critic/value_loss", torch.tensor(loss_sum), step)
                 gn = torch.nn.utils.clip_grad_norm_(critic.parameters(), float(cfg.trainer.grad_clip))
                 self.critic_opt.step()
                 totals["critic/value_loss"].append(loss_sum)
                 totals["critic/clipfrac"].append(clip_sum)
-                totals["critic/grad_norm"].append(float(gn))
+                totals["critic/grad_norm"].append(float(full(gn)))
         critic.eval()
         return {k: sum(v) / len(v) for k, v in totals.items() if v}
 
@@ -125,16 +161,19 @@ class Updater:
         keys = ["actor/pg_loss", "actor/nll_loss", "actor/kl_loss", "actor/entropy", "actor/clipfrac_low",
                 "actor/clipfrac_high", "actor/clipfrac_dual", "actor/approx_kl", "actor/grad_norm"]
         totals: dict[str, list[float]] = {k: [] for k in keys}
+        w = self.world
         for _ in range(int(cfg.trainer.ppo_epochs)):
-            for mb in minibatches(len(batch.problems), int(cfg.trainer.mini_batch_size), self.generator):
+            for mb, _ in self.minibatches(len(batch.problems)):
                 mask_mb = batch.rows.response_mask[mb]
-                norm = float(loss_denominator(cfg.loss.agg, mask_mb))
+                norm = float(w.sum(loss_denominator(cfg.loss.agg, mask_mb)))
                 # the NLL is normalised by the correct tokens of the whole mini-batch (VAPO §4.3)
-                nll_norm = float((mask_mb.sum(-1) * batch.correct[mb]).sum())
+                nll_norm = float(w.sum((mask_mb.sum(-1) * batch.correct[mb]).sum()))
                 self.actor_opt.zero_grad(set_to_none=True)
                 acc = {k: 0.0 for k in keys}
-                n_tok = float(mask_mb.sum())
-                for idx in self.micro(mb, batch.lengths):
+                n_tok = float(w.sum(mask_mb.sum()))
+                micros = self.micro(mb, batch.lengths)
+                extra = self.padding(len(micros))
+                for idx in micros:
                     rows = batch.rows.take(idx)
                     t = rows.response_ids.shape[1]
                     mask = rows.response_mask
@@ -157,15 +196,20 @@ class Updater:
                         loss = loss - float(cfg.loss.entropy_coef) * aggregate_loss(entropy, mask, "token-mean",
                                                                                      normalizer=n_tok)
                     loss.backward()
-                    w = float(mask.sum()) / max(n_tok, 1.0)  # token-weighted metric averages
+                    share = float(mask.sum()) / max(n_tok, 1.0)  # token-weighted metric averages
                     acc["actor/pg_loss"] += float(pg.detach())
-                    acc["actor/entropy"] += float(masked_mean(entropy.detach(), mask)) * w
+                    acc["actor/entropy"] += float(masked_mean(entropy.detach(), mask)) * share
                     for k in ("clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl"):
-                        acc[f"actor/{k}"] += float(m[k]) * w
+                        acc[f"actor/{k}"] += float(m[k]) * share
+                for _ in range(extra):
+                    dummy = policy_forward(policy, Rows.dummy(batch.rows.prompt_ids.device), temperature)[0]
+                    (dummy.sum() * 0.0).backward()
+                if w.size > 1:
+                    acc = {k: float(w.sum(v)) for k, v in acc.items()}
                 _check_finite("actor/pg_loss", torch.tensor(acc["actor/pg_loss"]), step)
                 gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(cfg.trainer.grad_clip))
                 self.actor_opt.step()
-                acc["actor/grad_norm"] = float(gn)
+                acc["actor/grad_norm"] = float(full(gn))
                 for k in keys:
                     totals[k].append(acc[k])
         policy.eval()

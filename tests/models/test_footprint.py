@@ -1,0 +1,226 @@
+"""Tests for vapo_lab.models.footprint and .shapes: counts worked by hand and counted on real HF
+modules, the published figures (ZeRO, Qwen2.5, Korthikanti), and how a run's phases add up."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
+
+from vapo_lab.errors import ConfigError
+from vapo_lab.models.footprint import (
+    GB,
+    Setup,
+    activation_bytes,
+    actor_params,
+    critic_params,
+    estimate,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    layer_activation_bytes,
+    layer_params,
+    logits_bytes,
+    non_embedding_params,
+    sharded,
+    smallest_world,
+    state_bytes_per_param,
+)
+from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
+from vapo_lab.models.value import ValueModel
+
+# h 8, L 2, 2 query heads and 1 kv head of d 4, SwiGLU width 16, 10 tokens
+SMALL = Shape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+              vocab_size=10, tie_word_embeddings=True, max_position_embeddings=64)
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())  # a tied weight counts once
+
+
+# -- parameters ----------------------------------------------------------------------------------
+def test_parameter_counts_of_a_small_shape_by_hand():
+    # q 8x8 + 8 bias = 72; k = v = 8x4 + 4 = 36; o 8x8 = 64 (no bias); MLP 3 x 8x16 = 384; norms 2x8 = 16
+    assert layer_params(SMALL) == 72 + 36 + 36 + 64 + 384 + 16 == 608
+    # embeddings 10x8 = 80, 2 layers, final norm 8; tied: no lm_head
+    assert actor_params(SMALL) == 80 + 2 * 608 + 8 == 1304
+    assert actor_params(replace(SMALL, tie_word_embeddings=False)) == 1304 + 80
+    # the critic: the backbone + Linear(8, 1) = 9
+    assert critic_params(SMALL) == 80 + 2 * 608 + 8 + 9 == 1313
+    assert non_embedding_params(SMALL) == 2 * 608 + 8
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("head_dim", [None, 6])
+def test_counts_equal_a_real_qwen2_built_from_its_config(tied, head_dim):
+    extra = {"head_dim": head_dim} if head_dim else {}
+    config = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied, **extra)
+    shape = Shape.from_hf_config(config.to_dict())
+    assert shape.head_dim == (head_dim or 4) and shape.qkv_bias
+    torch.manual_seed(0)
+    assert _count(Qwen2ForCausalLM(config)) == actor_params(shape)
+    # the critic vapo-lab trains: ValueModel over the decoder, a scalar head
+    assert _count(ValueModel(Qwen2Model(config), config.hidden_size)) == critic_params(shape)
+
+
+def test_the_embedded_model_has_the_count_the_plan_gives():
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.preflight import model_shape
+    from vapo_lab.models.tiny import build_tiny_model
+    from vapo_lab.models.tokenizer import build_tokenizer
+    from vapo_lab.tasks.arith import ArithTask
+
+    shape, _ = model_shape(compose_config().cfg)
+    model = build_tiny_model(build_tokenizer(ArithTask(seed=0, n_train=4, n_eval=4).vocabulary()))
+    assert _count(model) == actor_params(shape) == 1_101_312  # "1.10M in all" (vapo_lab/models/tiny.py)
+    assert shape.vocab_size == model.config.vocab_size == 2827
+
+
+def test_qwen25_counts_match_the_published_figures():
+    # model cards (huggingface.co/Qwen/Qwen2.5-*): total and non-embedding parameters, in billions, to
+    # their last digit (the cards round some and cut others: 7B's 7.6156 is "7.61", 0.5B's 0.3579 "0.36")
+    cards = {"Qwen2.5-0.5B": (0.49, 0.36), "Qwen2.5-1.5B": (1.54, 1.31), "Qwen2.5-7B": (7.61, 6.53)}
+    for name, (total, non_embedding) in cards.items():
+        shape = KNOWN_ARCHS[name]
+        assert abs(actor_params(shape) / 1e9 - total) < 0.01, name
+        assert abs(non_embedding_params(shape) / 1e9 - non_embedding) < 0.01, name
+    assert actor_params(KNOWN_ARCHS["Qwen2.5-7B"]) == 7_615_616_512
+    q32 = known_arch("Qwen2.5-32B")
+    # the bf16 checkpoint's model.safetensors.index.json: total_size 65,527,752,704 bytes = 2 x parameters
+    assert actor_params(q32) * 2 == 65_527_752_704
+    assert actor_params(q32) == 32_763_876_352
+    # its card says 32.5B total, 31.0B non-embedding: rounded down; ours are within 1% of both
+    assert abs(actor_params(q32) / 32.5e9 - 1) < 0.01
+    assert abs(non_embedding_params(q32) / 31.0e9 - 1) < 0.01
+
+
+def test_read_shape_reads_a_local_config_json(tmp_path):
+    config = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40,
+              "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
+              "max_position_embeddings": 131072, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert read_shape(tmp_path) == KNOWN_ARCHS["Qwen2.5-32B"]
+    with pytest.raises(ConfigError, match="no config.json"):
+        read_shape(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="did you mean Qwen2.5-32B"):
+        known_arch("Qwen2.5-32b")
+
+
+# -- training state: ZeRO ------------------------------------------------------------------------
+def test_zero_paper_figures():
+    # Rajbhandari et al. 2020, §3.1: mixed-precision Adam holds 2 + 2 + 12 = 16 bytes per parameter,
+    # "a 1.5B model ... at least 24 GB"; Figure 1: Psi = 7.5B needs 120 GB, and fully sharded
+    # (P_os+g+p) over N_d = 64 GPUs 1.9 GB each
+    per_param = sum(state_bytes_per_param("fsdp", "bfloat16"))
+    assert per_param == 16
+    assert per_param * 1.5e9 / GB == 24
+    assert per_param * 7.5e9 / GB == 120
+    assert sharded(per_param * 7.5e9, 64) / GB == pytest.approx(1.875)
+    assert round(sharded(per_param * 7.5e9, 64) / GB, 1) == 1.9
+
+
+def test_single_trains_in_the_model_dtype():
+    # torch's AdamW keeps m and v in the parameters' dtype
+    assert state_bytes_per_param("single", "float32") == (4, 4, 8)
+    assert state_bytes_per_param("single", "bfloat16") == (2, 2, 4)
+
+
+# -- activations: Korthikanti et al. 2022 ---------------------------------------------------------
+def test_korthikanti_per_layer_activations_by_hand():
+    # GPT-3 175B's layer: s 2048, b 1, h 12288, a 96. s·b·h = 25,165,824; 5·a·s/h = 5·96·2048/12288 = 80
+    sbh = 2048 * 12288
+    assert sbh == 25_165_824
+    # Eq. 1: sbh(34 + 80) = 114 sbh = 2,868,903,936 bytes
+    assert layer_activation_bytes(2048, 1, 12288, 96, scores_stored=True) == 114 * sbh == 2_868_903_936
+    # flash / SDPA: the 5as²b scores are not stored, 34 sbh = 855,638,016
+    assert layer_activation_bytes(2048, 1, 12288, 96) == 34 * sbh == 855_638_016
+    # fp32 activations: twice
+    assert layer_activation_bytes(2048, 1, 12288, 96, bytes_per_value=4) == 68 * sbh
+
+
+def test_full_checkpointing_keeps_the_layer_inputs_and_one_layer():
+    gpt3 = Shape(hidden_size=12288, num_layers=96, num_heads=96, num_kv_heads=96, head_dim=128,
+                 intermediate_size=4 * 12288, vocab_size=50257, tie_word_embeddings=True,
+                 max_position_embeddings=2048)
+    sbh = 2048 * 12288
+    # no checkpointing: 96 layers x 34 sbh
+    assert activation_bytes(gpt3, 2048, 1, checkpointing=False) == 96 * 34 * sbh
+    # full activation recomputation: 2sbh a layer (2sbhL), plus the layer being recomputed (34 sbh)
+    assert activation_bytes(gpt3, 2048, 1, checkpointing=True) == 96 * 2 * sbh + 34 * sbh == 5_687_476_224
+
+
+def test_logits_and_kv_cache_by_hand():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    # fp32 logits of 20480 response tokens over V = 152064: 4 x 3,114,270,720 = 12.46 GB
+    assert logits_bytes(20480, 1, 152064) == 4 * 3_114_270_720 == 12_457_082_880
+    # K and V, 64 layers, 8 kv heads of 128, bf16: 2 x 64 x 8 x 128 x 2 = 256 KiB a token
+    assert kv_bytes_per_token(q32) == 262_144
+    assert kv_bytes_per_sequence(q32, 20992) == 262_144 * 20992
+
+
+# -- a run ---------------------------------------------------------------------------------------
+PAPER = Setup(world=128, strategy="fsdp", dtype="bfloat16", micro_batch_size=8, responses_per_step=8192,
+              prompt_tokens=512, max_new_tokens=20480, gradient_checkpointing=True, mini_batch_size=512,
+              engine="vllm", tensor_parallel_size=1, engine_memory=0.5 * 80e9)
+
+
+def test_paper_setup_adds_up():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    fp = estimate(q32, PAPER)
+    trained = 32_763_876_352 + 31_985_313_793
+    assert fp.critic_params == 31_985_313_793
+    assert fp.sequence == 20992 and fp.responses_per_rank == 64
+    # a mini-batch is a random draw of 512 of the 8192 responses: a rank's share averages 4 but can
+    # reach all its 64, so a micro-batch can be the full micro_batch_size 8
+    assert fp.micro_batch == 8
+    assert (fp.weights, fp.gradients, fp.optimizer) == (4 * trained / 128, 4 * trained / 128, 8 * trained / 128)
+    assert fp.state == 16 * trained / 128
+    sbh = 20992 * 8 * 5120
+    assert fp.actor_activations == 64 * 2 * sbh + 34 * sbh + 4 * 20480 * 8 * 152064
+    assert fp.critic_activations == 64 * 2 * sbh + 34 * sbh
+    layer = layer_params(q32)
+    assert fp.gathered == (32_763_876_352 - 64 * layer + 2 * layer) * 2
+    assert fp.train_peak == fp.state + fp.gathered + fp.actor_activations
+    # vLLM: its weights (bf16) and one sequence must fit its share of 40 GB: they do not
+    assert fp.engine_weights == 2 * 32_763_876_352 and fp.sequences_at_once == 0
+    assert fp.rollout_peak == fp.state + 40e9
+    assert not fp.fits(80e9)
+    assert tokens_per_step(fp) == (8192 * 20480, 8192 * 20992)
+
+
+def tokens_per_step(fp):
+    return fp.generated_tokens, fp.step_tokens
+
+
+def test_smallest_world_is_the_first_divisor_that_fits():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    one = replace(PAPER, micro_batch_size=1, engine_memory=0.9 * 80e9)
+    fp = estimate(q32, one)
+    # rollout: 16 B x 64.75B params / N + vLLM's 72 GB <= 80 GB  =>  N >= 129.5; the first divisor of
+    # the 512 prompts at or above it: 256
+    n_min = 16 * (fp.actor_params + fp.critic_params) / (80e9 - 72e9)
+    assert 129 < n_min < 130
+    assert smallest_world(q32, one, 80e9) == 130
+    assert smallest_world(q32, one, 80e9, divides=512) == 256
+    # with vLLM at its least (weights + one sequence, 71.0 GB): N >= 115.5, so 128 of 512
+    assert smallest_world(q32, one, 80e9, divides=512, engine_at_minimum=True) == 128
+    # 8 sequences of 21k tokens a rank never fit 80 GB: their activations alone exceed it. Only
+    # where a rank holds 2 responses or fewer (N >= 4096) is its micro-batch small enough
+    assert smallest_world(q32, PAPER, 80e9, divides=512, engine_at_minimum=True) is None
+    assert smallest_world(q32, PAPER, 80e9, engine_at_minimum=True) == 4096
+
+
+def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
+    tiny = replace(SMALL, max_position_embeddings=4096)
+    setup = Setup(world=2, strategy="fsdp", dtype="float32", micro_batch_size=4, responses_per_step=600,
+                  prompt_tokens=100, max_new_tokens=400, gradient_checkpointing=False)
+    fp = estimate(tiny, setup)
+    assert fp.replica == 4 * actor_params(tiny)
+    # 300 responses a rank; the sampler decodes at most 256 rows at once
+    assert fp.responses_per_rank == 300 and fp.sequences_at_once == 256
+    assert fp.rollout_peak == fp.state + 256 * kv_bytes_per_sequence(tiny, 500, 4)
+    # single: the policy samples itself, unsharded state, one process
+    single = estimate(tiny, replace(setup, strategy="single"))
+    assert single.replica == 0 and single.state == 16 * (actor_params(tiny) + critic_params(tiny))
+    assert single.responses_per_rank == 600

@@ -1,0 +1,148 @@
+"""`vapo-lab plan` and the refusal of `train` for a run its devices cannot hold (vapo_lab.config.preflight)."""
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from vapo_lab.cli import app
+from vapo_lab.config.compose import compose_config
+from vapo_lab.config.preflight import device_memory, fit_problems, plan_run
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "300"}
+PAPER_8X16 = ["scale=paper", "trainer.strategy=fsdp", "trainer.nproc_per_node=8", "trainer.nodes=16"]
+QWEN25_32B = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40,
+              "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
+              "max_position_embeddings": 131072, "tie_word_embeddings": False}
+
+
+def _rows(output: str) -> dict[str, list[str]]:
+    """Returns the plan table's rows (not a terminal: tab-separated) by quantity."""
+    return {cells[0]: cells[1:] for line in output.splitlines() if len(cells := line.split("\t")) == 3}
+
+
+def test_plan_of_the_paper_setup_on_128_gpus():
+    result = runner.invoke(app, ["plan", *PAPER_8X16], env=WIDE)
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.output)
+    assert rows["parameters: actor"][0] == "32.76B (32,763,876,352)"
+    assert rows["parameters: critic"][0] == "31.99B (31,985,313,793)"
+    assert rows["tokens per sequence s"][0] == "20,992"
+    assert rows["micro-batch per rank b"][0] == "8"
+    # 16 B x (32.76B + 31.99B) / 128 = 8.09 GB: 4 + 4 + 8
+    assert [rows[k][0] for k in ("weights", "gradients", "optimizer state")] == ["2.02 GB", "2.02 GB", "4.05 GB"]
+    assert rows["KV cache per sequence"][0] == "5.50 GB"
+    assert rows["need a GPU"][0] == "252.11 GB"
+    assert "fits 80 GB GPUs at N = 128: no" in result.output
+    assert "fewest GPUs that fit: none" in result.output
+    assert ("to fit, fix with one or more of: trainer.micro_batch_size=2 (the update then fits; 8 a rank now); "
+            "rollout.vllm.gpu_memory_utilization >= 0.89") in result.output
+
+
+def test_plan_of_the_embedded_default_fits():
+    result = runner.invoke(app, ["plan"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    rows = _rows(result.output)
+    assert rows["parameters: actor"][0] == "1.10M (1,101,312)"
+    assert "fits 80 GB GPUs at N = 1: yes" in result.output
+    assert "fewest GPUs that fit: 1" in result.output
+
+
+def test_plan_reads_a_local_config_json_and_the_gpu_size(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_32B))
+    result = runner.invoke(app, ["plan", "--gpu-memory-gb", "141", "--prompt-tokens", "256", *PAPER_8X16,
+                                 f"model.path={tmp_path}", "trainer.micro_batch_size=1"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert f"Resource plan: {tmp_path}/config.json, fsdp over N = 128 ranks, bfloat16, 141 GB a GPU" in result.output
+    assert _rows(result.output)["tokens per sequence s"][0] == "20,736"
+
+
+def test_plan_of_hf_without_a_shape_says_where_to_get_one():
+    result = runner.invoke(app, ["plan", "model=hf", "model.dtype=bfloat16"], env=WIDE)
+    assert result.exit_code == 1
+    assert "model.arch_name to one of Qwen2.5-0.5B, Qwen2.5-1.5B, Qwen2.5-7B, Qwen2.5-32B" in result.output
+
+
+def test_plan_still_refuses_invalid_configs():
+    result = runner.invoke(app, ["plan", "trainer.nproc_per_node=2"], env=WIDE)
+    assert result.exit_code == 1 and "needs trainer.strategy=fsdp" in result.output
+
+
+# -- train refuses a run its devices cannot hold ---------------------------------------------------
+def _boom(*args, **kwargs):
+    raise AssertionError("compute started before the run was refused")
+
+
+@pytest.fixture
+def no_compute(monkeypatch, tmp_path):
+    """An empty working directory in which building or loading a model fails the test."""
+    import vapo_lab.basemodel.build
+    import vapo_lab.trainer.setup
+
+    for module, name in ((vapo_lab.trainer.setup, "load_policy"), (vapo_lab.trainer.setup, "build_base_for"),
+                         (vapo_lab.basemodel.build, "build_base")):
+        monkeypatch.setattr(module, name, _boom)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _one_line(result) -> str:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the run needs "), result.output
+    return lines[0]
+
+
+def test_train_refuses_a_model_larger_than_the_host(no_compute, monkeypatch):
+    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 64e9)
+    # h 16384 over 48 layers: ~39.6B parameters, 16 B each for the actor and as much for the critic
+    result = runner.invoke(app, ["train", "tracking=none", "trainer.device=cpu", "model.arch.hidden_size=16384",
+                                 "model.arch.num_layers=48"], env=WIDE)
+    line = _one_line(result)
+    assert "this host's RAM" in line and "model.gradient_checkpointing=true" in line
+    assert "fix with one or more of: " in line and "`vapo-lab plan` shows the numbers" in line
+    assert os.listdir(no_compute) == []
+
+
+def test_train_refuses_when_the_host_is_small(no_compute, monkeypatch):
+    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 1e8)  # 0.1 GB
+    result = runner.invoke(app, ["train", "tracking=none", "trainer.device=cpu"], env=WIDE)
+    line = _one_line(result)
+    # the embedded default needs 0.19 GB (fp32 state 35 MB + activations of 8 x 512 tokens)
+    assert "the run needs 0.2 GB a rank" in line and "each rank has 0.1 GB (this host's RAM)" in line
+    assert "trainer.micro_batch_size=" in line
+    assert os.listdir(no_compute) == []
+
+
+def test_the_embedded_default_fits_this_host():
+    assert fit_problems(compose_config(overrides=["trainer.device=cpu"]).cfg) == []
+
+
+def test_cpu_ranks_share_the_host(monkeypatch):
+    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 8e9)
+    cfg = compose_config(overrides=["trainer.device=cpu", "trainer.strategy=fsdp", "trainer.nproc_per_node=2"]).cfg
+    assert device_memory(cfg) == (4e9, "this host's RAM of 8.0 GB, shared by 2 ranks", "cpu")
+
+
+def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(total_memory=80e9, name="a GPU"))
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_32B))
+    base = [*PAPER_8X16, f"model.path={tmp_path}", "task.train_path=train.jsonl"]
+    [line] = fit_problems(compose_config(overrides=base).cfg)
+    assert line.startswith("the run needs 252.1 GB a rank (update 252.1 GB: state 8.1 + activations 238.9 for "
+                           "8 x 20992 tokens + gathered 5.1; rollout 48.1 GB")
+    assert "each rank has 80.0 GB (cuda:0, a GPU)" in line
+    assert "trainer.micro_batch_size=2" in line and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
+    # one sequence a rank and vLLM given what it needs: it fits 128 GPUs
+    fixed = [*base, "trainer.micro_batch_size=1", "rollout.vllm.gpu_memory_utilization=0.89"]
+    assert fit_problems(compose_config(overrides=fixed).cfg) == []
+    assert plan_run(compose_config(overrides=fixed).cfg, 80e9).footprint.need / 1e9 == pytest.approx(79.3, abs=0.05)

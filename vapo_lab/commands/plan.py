@@ -1,0 +1,178 @@
+"""`vapo-lab plan`: what a run needs (parameters, memory per GPU, KV cache, tokens, GPUs), before it runs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, stdout
+
+if TYPE_CHECKING:
+    from vapo_lab.config.preflight import RunPlan
+
+
+@cli_errors
+def plan(
+    overrides: OverridesArg = None,
+    algo: Annotated[Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")] = None,
+    drop: Annotated[Optional[list[str]], typer.Option(
+        help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher.")] = None,
+    gpu_memory_gb: Annotated[float, typer.Option(
+        "--gpu-memory-gb", help="Memory of one GPU in GB (10^9 bytes); 80 for an A100/H100 80GB.")] = 80.0,
+    prompt_tokens: Annotated[Optional[int], typer.Option(
+        help="Estimate of the longest prompt in tokens (default 512).")] = None,
+) -> None:
+    """Print the resources a config needs: parameter counts, memory per GPU (weights, gradients,
+    optimizer state, activations with and without checkpointing), KV cache, tokens per step, and
+    the fewest GPUs that hold it. Reads no weights; model=hf takes the shape from model.path's
+    config.json or model.arch_name.
+
+    Example: vapo-lab plan scale=paper trainer.strategy=fsdp trainer.nproc_per_node=8 trainer.nodes=16
+    """
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.preflight import PROMPT_TOKENS, plan_run
+    from vapo_lab.errors import ConfigError
+
+    if gpu_memory_gb <= 0:
+        raise ConfigError(f"--gpu-memory-gb {gpu_memory_gb:g} is not a memory size: give the GB of one GPU, e.g. 80")
+    if prompt_tokens is not None and prompt_tokens < 1:
+        raise ConfigError(f"--prompt-tokens {prompt_tokens} is not a length: give at least 1")
+    cfg = compose_config(algo=algo, drop=drop or (), overrides=overrides or (), check=False).cfg
+    _validate_without_files(cfg)
+    result = plan_run(cfg, gpu_memory_gb * 1e9, PROMPT_TOKENS if prompt_tokens is None else prompt_tokens)
+    title, rows = plan_rows(result)
+    print_table(title, (Col("quantity"), Col("value", justify="right"), Col("how")), rows)
+    stdout.print(_verdict(result), highlight=False, soft_wrap=True)
+
+
+def _validate_without_files(cfg: object) -> None:
+    """Raises ConfigError for ``validate``'s problems of ``cfg``, less the checkpoint and data files a
+    plan does not read (model.path, task.train_path are only required to train)."""
+    from omegaconf import OmegaConf, open_dict
+
+    from vapo_lab.config.validate import validate
+    from vapo_lab.errors import ConfigError
+
+    probe = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    with open_dict(probe):
+        probe.model.path = probe.model.path or "(not read by a plan)"
+        probe.task.train_path = probe.task.train_path or "(not read by a plan)"
+    problems = validate(probe)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
+    """Returns (title, rows of quantity / value / how) of plan ``p``."""
+    from vapo_lab.models.footprint import GB, non_embedding_params, state_bytes_per_param
+
+    fp, s, shape = p.footprint, p.setup, p.shape
+    world = s.world if s.strategy == "fsdp" else 1
+    big = lambda n: f"{n / 1e9:.2f}B ({n:,})" if n >= 1e8 else f"{n / 1e6:.2f}M ({n:,})"  # noqa: E731
+    per = "/ N" if world > 1 else "unsharded"
+    w, g, o = state_bytes_per_param(s.strategy, s.dtype)
+    title = (f"Resource plan: {p.model}, {s.strategy} over N = {world} rank{'s' if world > 1 else ''}, "
+             f"{s.dtype}, {p.memory / GB:g} GB a GPU")
+    shape_text = (f"h {shape.hidden_size}, L {shape.num_layers}, heads {shape.num_heads}/{shape.num_kv_heads} kv, "
+                  f"d {shape.head_dim}, i {shape.intermediate_size}, V {shape.vocab_size}, "
+                  f"{'tied' if shape.tie_word_embeddings else 'untied'}")
+    rows = [
+        ("model shape", shape_text, p.model),
+        ("parameters: actor", big(fp.actor_params),
+         "V·h + L·layer + h" + ("" if shape.tie_word_embeddings else " + V·h (lm_head)")),
+        ("  non-embedding", big(non_embedding_params(shape)), "L·layer + h"),
+        ("parameters: critic", big(fp.critic_params) if fp.critic_params else "none",
+         "backbone + value head (h + 1)" if fp.critic_params else "algo.advantage=group: no critic"),
+        ("parameters: reference", big(fp.reference_params) if fp.reference_params else "none",
+         "a frozen copy of the actor (kl.coef > 0)" if fp.reference_params else "kl.coef = 0"),
+        ("tokens per sequence s", f"{fp.sequence:,}", f"prompt ~{s.prompt_tokens} + rollout.max_new_tokens "
+         f"{s.max_new_tokens}, at most the context {shape.max_position_embeddings:,}"),
+        ("tokens per step", f"{fp.generated_tokens:,} generated; {fp.step_tokens:,} in all",
+         f"{s.responses_per_step:,} responses x max_new_tokens; x s"),
+        ("responses per rank", f"{fp.responses_per_rank:,}", "ceil(B / N)"),
+        ("micro-batch per rank b", f"{fp.micro_batch}", "min(micro_batch_size, mini_batch_size, responses a rank)"),
+        ("weights", _size(fp.weights), f"{w} B/param x (actor + critic) {per}"),
+        ("gradients", _size(fp.gradients), f"{g} B/param {per}"),
+        ("optimizer state", _size(fp.optimizer), f"{o} B/param (AdamW m, v) {per}"),
+    ]
+    if fp.reference_params:
+        rows.append(("reference weights", _size(fp.reference), f"{w} B/param {per}"))
+    if fp.gathered:
+        rows.append(("gathered units (transient)", _size(fp.gathered), "FSDP root + 2 layers in the compute dtype"))
+    if fp.replica:
+        rows.append(("sampling replica", _size(fp.replica), "builtin under fsdp: the actor, unsharded"))
+    ckpt = "on" if s.gradient_checkpointing else "off"
+    rows += [
+        ("activations: actor, checkpointing off", _size(fp.actor_activations_full),
+         "L·s·b·h·34 (Korthikanti Eq. 1, SDPA) + fp32 logits"),
+        ("activations: actor, checkpointing on", _size(fp.actor_activations_ckpt), "L·2·s·b·h + 1 layer + fp32 logits"),
+        ("  of which fp32 logits", _size(fp.logits), "4·t·b·V over the response tokens"),
+    ]
+    if fp.critic_params:
+        rows += [("activations: critic, checkpointing off", _size(fp.critic_activations_full), "L·s·b·h·34"),
+                 ("activations: critic, checkpointing on", _size(fp.critic_activations_ckpt), "L·2·s·b·h + 1 layer")]
+    rows += [
+        ("KV cache per sequence", _size(fp.kv_per_sequence),
+         "2·L·kv·d·bytes·s" + (f" / tp {s.tensor_parallel_size}" if fp.vllm and s.tensor_parallel_size > 1 else "")),
+        ("KV cache, a rank's responses at once", _size(fp.kv_cache), f"x {fp.responses_per_rank:,}"),
+    ]
+    if fp.vllm:
+        rows += [
+            ("vLLM weights a GPU", _size(fp.engine_weights), "actor in the compute dtype / tp"),
+            ("vLLM share a GPU", _size(fp.engine_memory),
+             f"rollout.vllm.gpu_memory_utilization {fp.engine_memory / p.memory:g}"
+             f" ({'asleep' if fp.engine_sleeps else 'kept'} in the update)"),
+            ("  sequences decoded at once", f"{fp.sequences_at_once:,} of {fp.responses_per_rank:,}",
+             "(share - weights) / KV per sequence; vLLM queues the rest"),
+        ]
+    else:
+        rows.append(("  sequences decoded at once", f"{fp.sequences_at_once:,}", "the built-in sampler's batch (<= 256)"))
+    rows += [
+        (f"update phase (checkpointing {ckpt})", _size(fp.train_peak), "state + gathered + max(actor, critic) activations"),
+        ("rollout phase", _size(fp.rollout_peak), "state + vLLM share" if fp.vllm else "state + KV cache decoded at once"),
+        ("need a GPU", _size(fp.need), "max of the two phases"),
+    ]
+    return title, rows
+
+
+def _size(n: float) -> str:
+    """Returns ``n`` bytes in GB (10^9), or MB below 1 GB, so that small runs do not read 0.00 GB."""
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.2f} MB"
+
+
+def _verdict(p: RunPlan) -> str:
+    """Returns the closing lines: fits or not at the requested ranks, the fewest GPUs that fit, and
+    the vLLM share that works."""
+    from vapo_lab.config.preflight import fewest_ranks, fixes
+    from vapo_lab.models.footprint import GB
+
+    fp, s = p.footprint, p.setup
+    world = s.world if s.strategy == "fsdp" else 1
+    memory = p.memory
+    lines = [f"fits {memory / GB:g} GB GPUs at N = {world}: {'yes' if fp.fits(memory) else 'no'} "
+             f"(needs {fp.need / GB:.2f} GB a GPU)"]
+    fewest = fewest_ranks(p)
+    where = f"trainer.strategy=fsdp; N divides the {p.prompts_per_step} prompts per step"
+    if fewest is not None:
+        lines.append(f"fewest GPUs that fit: {fewest} ({where})")
+    elif fp.vllm and fewest_ranks(p, engine_at_minimum=True) is not None:
+        lines.append(f"fewest GPUs that fit: {fewest_ranks(p, engine_at_minimum=True)} with "
+                     f"rollout.vllm.gpu_memory_utilization={fp.engine_minimum / memory:.2f}, vLLM's least; none at "
+                     f"{fp.engine_memory / memory:g} ({where})")
+    else:
+        lines.append(f"fewest GPUs that fit: none ({where}): what does not shrink with N is too large (the "
+                     "activations of a micro-batch, the gathered units, the sampling engine)")
+    if fp.vllm:
+        # the rest of the GPU holds the training state, and the update too when vLLM stays awake
+        rest = fp.state if fp.engine_sleeps else fp.train_peak - fp.engine_memory
+        low, high = fp.engine_minimum / memory, (memory - rest) / memory
+        verdict = "works" if low <= fp.engine_memory / memory <= high else "does not work"
+        lines.append(f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] at N = {world} "
+                     f"(weights + one sequence's KV cache; the rest of the GPU for training): "
+                     f"{fp.engine_memory / memory:g} {verdict}")
+    if not fp.fits(memory):
+        lines.append(f"to fit, {fixes(p)}")
+    lines.append("estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), Korthikanti et al. 2022 Eq. 1 "
+                 "(activations); no allowance for the CUDA context, NCCL buffers or fragmentation")
+    return "\n".join(lines)

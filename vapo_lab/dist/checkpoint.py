@@ -1,0 +1,92 @@
+"""Torch distributed checkpoints (DCP) that load without running code from the files.
+
+Each rank writes its shards of the models and optimiser states into one folder
+(``torch.distributed.checkpoint.save``); loading re-shards them for whatever world size loads
+them, so a run saved on N ranks resumes on N ranks exactly and loads on any other count.
+
+DCP reads its ``.metadata`` with ``pickle.load`` and its non-tensor entries with
+``torch.load(weights_only=False)``; both could run code from a file someone hands over. Here the
+metadata is read with an unpickler that admits only DCP's own metadata classes and torch's sizes
+and dtypes, and non-tensor entries with ``torch.load(weights_only=True)``; anything else is
+refused with one line (:class:`~vapo_lab.errors.CheckpointError`).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vapo_lab.errors import CheckpointError
+
+# the modules whose classes a DCP .metadata file may name (and torch.Size, torch dtypes)
+_SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                 "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
+_SAFE_BUILTINS = {("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "set"),
+                  ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "getattr")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _SAFE_MODULES or (module, name) in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module.startswith("torch._utils") and name == "_rebuild_tensor_v2":
+            raise pickle.UnpicklingError(f"a tensor in checkpoint metadata ({module}.{name})")
+        raise pickle.UnpicklingError(f"{module}.{name} is not a checkpoint metadata class")
+
+
+def _reader(path: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            file = Path(self.path) / ".metadata"
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
+            except (pickle.UnpicklingError, AttributeError, EOFError, OSError) as e:
+                raise CheckpointError(f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
+                                      "use a checkpoint written by vapo-lab") from e
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def _planner() -> Any:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as e:
+                raise CheckpointError(f"refusing a checkpoint entry {read_item.dest_index.fqn}: it holds Python "
+                                      "objects beyond tensors and plain containers") from e
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafePlanner()
+
+
+def save_sharded(path: Path, state: dict[str, Any]) -> None:
+    """Writes ``state`` (model / optimiser state dicts of sharded modules, tensors, numbers) to
+    the folder ``path``, each rank its shards; a collective."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(path))
+
+
+def load_sharded(path: Path, state: dict[str, Any]) -> None:
+    """Loads the folder ``path`` into ``state`` in place (its tensors, re-sharded as they are
+    now); a collective."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state, storage_reader=_reader(path), planner=_planner())

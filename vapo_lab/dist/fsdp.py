@@ -1,0 +1,76 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the actor, the critic and the reference.
+
+Each decoder layer is one FSDP group and the root module the last, holding the embeddings, the
+final norm and the heads: tied input and output embeddings must share a group (torch refuses them
+apart), and calling the root's forward is what gathers them. Parameters stay sharded in fp32 (the
+master weights, and so the optimiser state); on CUDA with ``model.dtype=bfloat16`` the layers
+compute in bf16 and gradients are reduced in fp32 (``MixedPrecisionPolicy``).
+
+Gradients are *summed* over ranks, not averaged (FSDP2's default): every loss term is divided by
+its global denominator (tokens or responses of the whole mini-batch on all ranks), so the sum of
+the ranks' gradients is the one-rank gradient. gloo rejects the PREMUL_SUM a divide factor of 1
+would use, hence the forced plain sum (NOTES-scale.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from vapo_lab.dist.world import World
+
+
+def transformer_layers(model: nn.Module) -> list[nn.Module]:
+    """Returns the decoder layers of a causal LM (``model.model.layers``), of a bare transformer
+    (``model.layers``) or of a value model (``model.backbone.layers``)."""
+    for path in ("model.layers", "backbone.layers", "layers"):
+        obj: Any = model
+        for attr in path.split("."):
+            obj = getattr(obj, attr, None)
+        if isinstance(obj, nn.ModuleList):
+            return list(obj)
+    raise TypeError(f"cannot find the decoder layers of {type(model).__name__} to shard (no .model.layers, "
+                    ".backbone.layers or .layers)")
+
+
+def shard(model: nn.Module, world: World, device: torch.device, compute_dtype: torch.dtype | None) -> nn.Module:
+    """Shards ``model`` in place over ``world`` (one group per decoder layer, then the root) and
+    returns it; ``compute_dtype``: the layers' compute dtype on GPUs (None: the parameters')."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    # an explicit mesh: the default one picks CUDA whenever it exists (pytorch#132471)
+    mesh = init_device_mesh(device.type, (world.size,))
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
+    for layer in transformer_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model: nn.Module | None) -> bool:
+    """True for a module ``shard`` has wrapped."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full(t: Tensor) -> Tensor:
+    """Returns the whole tensor of a DTensor (a collective: call it in the same order on every
+    rank), or ``t`` itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_parameters(model: nn.Module) -> Any:
+    """Yields (name, whole tensor) for each parameter of ``model``, one at a time: a sharded
+    model is gathered parameter by parameter, never whole on one rank."""
+    for name, p in model.named_parameters():
+        yield name, full(p.detach())

@@ -1,0 +1,153 @@
+"""The ranks of one run and the reductions the trainer makes over them.
+
+:class:`World` says who this process is; its methods are the only collectives the trainer calls
+(sums, maxima, gathers, a broadcast, a barrier). With one process and no process group they are
+identities, so the single-process path runs the same code without a single collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from vapo_lab.errors import ConfigError
+
+STRATEGIES = ("single", "fsdp")
+# how long a rank waits in a collective for the others (a rank building a cache, a slow eval)
+TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the run: ``rank`` of ``size`` ranks, ``local_rank`` on its node."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    initialized: bool = False  # a torch.distributed process group is up
+
+    @property
+    def main(self) -> bool:
+        """True on the rank that logs, tracks and writes the run's files (rank 0)."""
+        return self.rank == 0
+
+    def sum(self, x: Tensor | float) -> Tensor:
+        """Returns the sum of ``x`` over ranks (a float64 tensor for a Python number)."""
+        t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
+        if self.initialized:
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        return t
+
+    def mean(self, x: Tensor) -> float:
+        """Returns the mean of the entries of ``x`` over all ranks (one process: ``x.mean()``, as is)."""
+        if not self.initialized:
+            return float(x.mean())
+        return float(self.sum(x.double().sum()) / self.sum(float(x.numel())).clamp(min=1))
+
+    def max(self, x: Tensor | float) -> Tensor:
+        """Returns the maximum of ``x`` over ranks."""
+        t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
+        if self.initialized:
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return t
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Returns every rank's ``obj``, in rank order (picklable objects; small ones)."""
+        if not self.initialized:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Returns rank 0's ``obj`` on every rank."""
+        if not self.initialized:
+            return obj
+        box = [obj if self.main else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.initialized:
+            torch.distributed.barrier()
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Runs the body on rank 0, then on the other ranks: rank 0 builds a shared cache (base
+        model, reward model, pretrained critic) that the others then find and load."""
+        if not self.main:
+            self.barrier()
+        yield
+        if self.main:
+            self.barrier()
+
+
+def single() -> World:
+    """The world of a one-process run."""
+    return World()
+
+
+def env_world() -> tuple[int, int, int] | None:
+    """Returns (rank, world size, local rank) from the variables torchrun (or
+    ``submitit.helpers.TorchDistributedEnvironment``) set; None outside such a launch."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+            int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+
+
+def world_size(cfg: Any) -> int:
+    """Returns the number of ranks a config asks for: trainer.nodes x trainer.nproc_per_node."""
+    return int(cfg.trainer.nodes) * int(cfg.trainer.nproc_per_node)
+
+
+def init_world(cfg: Any, device: torch.device) -> World:
+    """Returns this process's world: ``single`` for trainer.strategy=single; for fsdp, joins (or
+    finds) the process group that torchrun / Slurm set up, gloo on CPU and nccl on CUDA.
+
+    Raises:
+        ConfigError: fsdp asked for N ranks but this process was started as one of M != N, or
+            outside a launcher with N > 1.
+    """
+    if cfg.trainer.strategy == "single":
+        return single()
+    want = world_size(cfg)
+    found = env_world()
+    if found is None:
+        if want > 1:
+            raise ConfigError(f"trainer.strategy=fsdp with {want} ranks needs a launcher: run `vapo-lab train` "
+                              "(it starts torchrun), or torchrun / a Slurm multi-task job, not this process alone")
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        found = (0, 1, 0)
+    rank, size, local = found
+    if size != want:
+        raise ConfigError(f"this process is one of {size} ranks but trainer.nodes x trainer.nproc_per_node = {want}: "
+                          "start the run with `vapo-lab train` or set the two to match the launch")
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(local)
+        torch.distributed.init_process_group(backend, rank=rank, world_size=size, timeout=TIMEOUT)
+    return World(rank, size, local, initialized=True)
+
+
+def close_world(world: World) -> None:
+    """Leaves the process group (once the run is over)."""
+    if world.initialized and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

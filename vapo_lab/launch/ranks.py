@@ -1,0 +1,132 @@
+"""One training run on many ranks of this node: torchrun starts them, each runs :func:`main`.
+
+``vapo-lab train trainer.strategy=fsdp trainer.nproc_per_node=N`` calls :func:`run_ranks`, which runs
+``python -m torch.distributed.run --standalone --nproc-per-node N -m vapo_lab.launch.ranks <the
+same arguments>`` and waits. torchrun sets each rank's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_*
+(and OMP_NUM_THREADS=1), and stops every rank when one fails. Each rank composes the same config
+from the same arguments; rank 0 alone opens the run folder and tracking run (a time-stamped run
+name is decided once, there) and writes the result. A rank that fails writes its error line
+where the parent finds it, so the run fails with that rank's message.
+
+On many nodes, run the module under torchrun on each node yourself (the README has the command),
+or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from vapo_lab.errors import ConfigError, VapoLabError
+
+LAUNCH_DIR = "VAPO_LAUNCH_DIR"  # the parent's folder for the ranks' result and error files
+RESULT_FILE = "result.json"
+
+
+class RankFailed(VapoLabError):
+    """A rank of a many-rank run failed; the message is that rank's."""
+
+
+def torchrun_command(nproc: int, args: list[str]) -> list[str]:
+    """Returns the torchrun command that starts ``nproc`` ranks of ``vapo-lab train <args>`` here."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), "-m", "vapo_lab.launch.ranks", *args]
+
+
+def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str, Any]:
+    """Runs the ranks of ``cfg`` on this node with torchrun; returns rank 0's result summary.
+
+    Raises:
+        ConfigError: trainer.nodes > 1 (torchrun here starts this node's ranks only).
+        RankFailed: a rank failed (its message), or torchrun did (its exit status).
+    """
+    nodes = int(cfg.trainer.nodes)
+    if nodes > 1:
+        raise ConfigError(
+            f"trainer.nodes={nodes}: `vapo-lab train` starts the ranks of this node only. Submit the run to "
+            "Slurm (`vapo-lab sweep ... --launcher slurm`), or run on each node `torchrun --nnodes "
+            f"{nodes} --nproc-per-node {cfg.trainer.nproc_per_node} --rdzv-backend c10d --rdzv-endpoint "
+            "<first node>:29500 -m vapo_lab.launch.ranks <the same arguments>`")
+    with tempfile.TemporaryDirectory(prefix="vapo-ranks-") as folder:
+        env = {**os.environ, LAUNCH_DIR: folder, "VAPO_COMMAND": command, "VAPO_QUIET": "1" if quiet else ""}
+        done = subprocess.run(torchrun_command(int(cfg.trainer.nproc_per_node), args), env=env)
+        result = Path(folder) / RESULT_FILE
+        if done.returncode == 0 and result.is_file():
+            return json.loads(result.read_text())
+        raise RankFailed(first_failure(Path(folder)) or f"torchrun exited with status {done.returncode}")
+
+
+def first_failure(folder: Path) -> str | None:
+    """Returns the error line of the rank that failed first (its file written first), or None."""
+    files = sorted(folder.glob("rank*.error"), key=lambda p: p.stat().st_mtime)
+    return files[0].read_text().splitlines()[0] if files else None
+
+
+def _split_args(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
+    algo, drop, overrides = None, [], []
+    for a in argv:
+        if a.startswith("--algo="):
+            algo = a.split("=", 1)[1]
+        elif a.startswith("--drop="):
+            drop.append(a.split("=", 1)[1])
+        else:
+            overrides.append(a)
+    return algo, drop, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and trains."""
+    from vapo_lab.config.train import train_config
+    from vapo_lab.dist.world import close_world
+    from vapo_lab.launch.signals import sigterm_interrupts
+    from vapo_lab.trainer.run import Run
+
+    rank = int(os.environ.get("RANK", "0"))
+    folder = Path(os.environ[LAUNCH_DIR]) if os.environ.get(LAUNCH_DIR) else None
+    quiet = bool(os.environ.get("VAPO_QUIET"))
+
+    def log(text: str) -> None:
+        if rank == 0:
+            print(text, file=sys.stderr, flush=True)
+
+    run = None
+    try:
+        sigterm_interrupts()
+        cfg, choices = train_config(*_split_args(list(sys.argv[1:] if argv is None else argv)))
+        run = Run(cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", ""))
+        log(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')}) on "
+            f"{run.world.size} ranks")
+        total = int(cfg.trainer.total_steps)
+
+        def on_step(step: int, m: dict[str, float]) -> None:
+            if not quiet:
+                log(f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
+                    f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
+                    f"len {m.get('rollout/response_length', float('nan')):.0f}  {m.get('time/step_s', 0):.1f}s")
+
+        result = run.run(on_step)
+        if rank == 0 and folder is not None:
+            import resource
+
+            summary = {**result.summary(), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            (folder / RESULT_FILE).write_text(json.dumps(summary))
+        return 0
+    except BaseException as e:
+        if folder is not None:
+            last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+            (folder / f"rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {last}\n\n"
+                                                     + traceback.format_exc())
+        raise
+    finally:
+        if run is not None:
+            close_world(run.world)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

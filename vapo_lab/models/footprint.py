@@ -1,0 +1,356 @@
+"""What a run needs before it runs: parameter counts, memory per GPU, KV cache, tokens per step.
+
+Pure functions of a model's ``Shape`` (:mod:`vapo_lab.models.shapes`) and the run's sizes
+(``Setup``); nothing here reads a config, touches a device or imports torch. ``vapo-lab plan``
+prints ``estimate``'s numbers and ``train`` refuses a run that does not fit its devices
+(``Footprint.fits``, called by ``vapo_lab.config.preflight.check_fits``). Bytes throughout; GB = 10^9 bytes (as the
+ZeRO paper counts).
+
+Sources:
+
+* parameters: transformers' ``modeling_qwen2`` (q/k/v projections with biases, o_proj and the
+  SwiGLU MLP without, two RMSNorms a layer, a final norm, lm_head unless tied) and
+  ``vapo_lab.models.value.ValueModel`` (the critic: the backbone without lm_head + Linear(h, 1)).
+* training state: ZeRO (Rajbhandari et al. 2020, §3.1): mixed-precision Adam holds 16 bytes per
+  parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. Under
+  ``trainer.strategy=fsdp`` vapo-lab's FSDP2 keeps fp32 shards: 4 (weights) + 4 (gradients) + 8
+  (Adam m, v), the same 16 (``vapo_lab.dist.fsdp``). ``single`` trains the model in ``model.dtype``
+  and torch's AdamW keeps m and v in that dtype: 4 x its bytes, unsharded.
+* activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models", Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations (s tokens, b
+  sequences, h hidden, a heads); "full activation recomputation" keeps only each layer's input,
+  2·s·b·h a layer (2·s·b·h·L in all, as the paper puts it), plus one layer's activations while it
+  is recomputed.
+* KV cache: 2 (K and V) x L x kv heads x d x bytes per token, as vLLM and the built-in sampler
+  allocate it (``vapo_lab.rollout.decoder.FastDecoder``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from vapo_lab.models.shapes import Shape
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# -- parameters ----------------------------------------------------------------------------------
+def layer_params(s: Shape) -> int:
+    """Returns the parameters of one decoder layer (Qwen2):
+
+    attention: q = h·(a·d) + a·d, k = v = h·(kv·d) + kv·d (biases when ``qkv_bias``), o = (a·d)·h;
+    MLP: gate = up = h·i, down = i·h; norms: 2·h.
+    """
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    bias = (q + 2 * kv) if s.qkv_bias else 0
+    attention = s.hidden_size * (q + 2 * kv) + bias + q * s.hidden_size
+    mlp = 3 * s.hidden_size * s.intermediate_size
+    return attention + mlp + 2 * s.hidden_size
+
+
+def embedding_params(s: Shape) -> int:
+    """Returns V·h: the input embedding (and as much again for an untied lm_head)."""
+    return s.vocab_size * s.hidden_size
+
+
+def backbone_params(s: Shape) -> int:
+    """Returns the transformer without an output head: V·h + L·layer + h (the final norm)."""
+    return embedding_params(s) + s.num_layers * layer_params(s) + s.hidden_size
+
+
+def actor_params(s: Shape) -> int:
+    """Returns the causal LM's parameters: the backbone + lm_head (V·h) unless tied."""
+    return backbone_params(s) + (0 if s.tie_word_embeddings else embedding_params(s))
+
+
+def critic_params(s: Shape) -> int:
+    """Returns the value model's parameters: the backbone + the scalar head Linear(h, 1), h + 1."""
+    return backbone_params(s) + s.hidden_size + 1
+
+
+def non_embedding_params(s: Shape) -> int:
+    """Returns the actor's parameters less its embeddings (input and output): L·layer + h, the
+    count model cards quote as "non-embedding"."""
+    return s.num_layers * layer_params(s) + s.hidden_size
+
+
+# -- training state ------------------------------------------------------------------------------
+def state_bytes_per_param(strategy: str, dtype: str) -> tuple[int, int, int]:
+    """Returns (weights, gradients, optimizer) bytes per parameter, before sharding.
+
+    fsdp: (4, 4, 8): fp32 master shards, fp32 gradients, Adam's m and v in fp32: 16 in all, ZeRO's
+    figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ). single: the model's dtype p for the
+    weights and gradients and 2p for m and v (torch's AdamW keeps them in the parameters' dtype).
+    """
+    if strategy == "fsdp":
+        return 4, 4, 8
+    p = DTYPE_BYTES[dtype]
+    return p, p, 2 * p
+
+
+def sharded(total: float, world: int) -> float:
+    """Returns a rank's share of ``total`` bytes sharded over ``world`` ranks: total / N (ZeRO-3)."""
+    return total / world
+
+
+# -- activations ---------------------------------------------------------------------------------
+def layer_activation_bytes(s: int, b: int, h: int, a: int, scores_stored: bool = False,
+                           bytes_per_value: int = 2) -> float:
+    """Returns the activations one transformer layer keeps for its backward pass (Korthikanti Eq. 1).
+
+    s·b·h·(34 + 5·a·s/h) bytes for 16-bit activations: 34·s·b·h for the layer's linear inputs,
+    norms, GeLU/dropout tensors, and 5·a·s²·b for the attention scores, softmax and its dropout
+    mask. With flash / SDPA attention (what HF models use here) the scores are recomputed in the
+    backward pass and never stored: ``scores_stored=False`` drops the 5·a·s/h term. The formula is
+    written for GPT's 4h MLP; it is the published reference kept here as is (Qwen2's SwiGLU with
+    i ≈ 5.4h stores more, so without checkpointing it is a lower bound). 32-bit activations
+    (``bytes_per_value=4``) double every term.
+
+    Args:
+        s: tokens per sequence; b: sequences (the micro-batch); h: hidden size; a: attention heads.
+    """
+    per_token = 34 + (5 * a * s / h if scores_stored else 0)
+    return s * b * h * per_token * bytes_per_value / 2
+
+
+def activation_bytes(shape: Shape, s: int, b: int, checkpointing: bool, scores_stored: bool = False,
+                     bytes_per_value: int = 2) -> float:
+    """Returns the activations of the whole layer stack for one micro-batch of b sequences of s tokens.
+
+    Without checkpointing: L · ``layer_activation_bytes``. With full checkpointing (Korthikanti et
+    al.'s "full activation recomputation", 2·s·b·h·L): each layer keeps only its input, 2·s·b·h bytes (16-bit), and
+    the layer being recomputed holds its full activations: L·2·s·b·h + one layer.
+    """
+    one = layer_activation_bytes(s, b, shape.hidden_size, shape.num_heads, scores_stored, bytes_per_value)
+    if not checkpointing:
+        return shape.num_layers * one
+    return shape.num_layers * 2 * s * b * shape.hidden_size * bytes_per_value / 2 + one
+
+
+def logits_bytes(t: int, b: int, vocab: int) -> float:
+    """Returns 4·t·b·V: the actor's fp32 logits over the t response tokens of b sequences, from which
+    its log-probs are taken (``vapo_lab.trainer.forward.policy_forward`` casts them to fp32)."""
+    return 4 * t * b * vocab
+
+
+# -- KV cache ------------------------------------------------------------------------------------
+def kv_bytes_per_token(s: Shape, bytes_per_value: int = 2) -> int:
+    """Returns 2·L·kv_heads·d·bytes: one token's keys and values in every layer."""
+    return 2 * s.num_layers * s.num_kv_heads * s.head_dim * bytes_per_value
+
+
+def kv_bytes_per_sequence(s: Shape, tokens: int, bytes_per_value: int = 2) -> int:
+    """Returns the KV cache of one sequence of ``tokens`` (prompt + max_new_tokens)."""
+    return kv_bytes_per_token(s, bytes_per_value) * tokens
+
+
+# -- a run ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    """The sizes of a run that the footprint depends on (from the config; see ``estimate``)."""
+
+    world: int  # N = trainer.nodes x trainer.nproc_per_node
+    strategy: str  # single | fsdp
+    dtype: str  # the compute dtype of activations, the KV cache and sampling weights (model.dtype)
+    micro_batch_size: int  # sequences per forward/backward on a rank
+    responses_per_step: int  # B
+    prompt_tokens: int  # an estimate of the longest prompt
+    max_new_tokens: int
+    gradient_checkpointing: bool
+    mini_batch_size: int | None = None  # responses per optimiser step, over all ranks (None: no limit)
+    critic: bool = True  # a value model is trained (GAE advantages)
+    reference: bool = False  # a frozen reference policy (a KL term)
+    engine: str = "builtin"  # builtin | vllm
+    builtin_rows: int = 256  # the built-in sampler decodes at most this many rows at once
+    tensor_parallel_size: int = 1  # vLLM: its weights and KV cache split over t GPUs
+    engine_memory: float = 0.0  # vLLM: bytes it takes of each GPU (gpu_memory_utilization x memory)
+    engine_sleeps: bool = True  # vLLM: frees its memory during the update (sleep mode)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one rank of a run holds, in bytes (see ``estimate`` for each formula)."""
+
+    actor_params: int
+    critic_params: int  # 0 without a critic
+    reference_params: int  # 0 without a reference policy
+    sequence: int  # s: tokens per sequence, prompt + response (capped by the context)
+    micro_batch: int  # b: sequences per forward/backward on a rank
+    weights: float  # the actor's and critic's (sharded) weights
+    gradients: float
+    optimizer: float
+    reference: float  # the reference policy's (sharded) weights
+    gathered: float  # fsdp: the unsharded units in flight (root + 2 layers), transient
+    replica: float  # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
+    actor_activations: float  # with checkpointing as configured, logits included
+    critic_activations: float
+    actor_activations_full: float  # without checkpointing, logits included
+    actor_activations_ckpt: float  # with full checkpointing, logits included
+    critic_activations_full: float
+    critic_activations_ckpt: float
+    logits: float
+    kv_per_sequence: float  # one max-length sequence, on one GPU (/ t under vLLM)
+    responses_per_rank: int
+    sequences_at_once: int  # sequences the rollout decodes at once on a rank
+    vllm: bool
+    engine_weights: float  # vLLM: its weights on one GPU (the actor in the compute dtype / t)
+    engine_memory: float  # vLLM: what it takes of each GPU during rollouts
+    engine_sleeps: bool
+    generated_tokens: int  # per step, every response at max_new_tokens
+    step_tokens: int  # per step, prompt + response of every response
+
+    @property
+    def state(self) -> float:
+        """Returns the training state a rank keeps through the step: weights, gradients (freed only
+        at the next zero_grad), optimizer, reference, a resident sampling replica."""
+        return self.weights + self.gradients + self.optimizer + self.reference + self.replica
+
+    @property
+    def kv_cache(self) -> float:
+        """Returns the KV cache of all of a rank's responses at once."""
+        return self.responses_per_rank * self.kv_per_sequence
+
+    @property
+    def train_peak(self) -> float:
+        """Returns the update phase: state + gathered units + the larger of the actor's and the
+        critic's activations (they are updated one after the other) + vLLM's share if it stays awake."""
+        awake = self.engine_memory if self.vllm and not self.engine_sleeps else 0.0
+        return self.state + self.gathered + max(self.actor_activations, self.critic_activations) + awake
+
+    @property
+    def rollout_peak(self) -> float:
+        """Returns the rollout phase: state + vLLM's share, or the built-in sampler's KV cache."""
+        if self.vllm:
+            return self.state + self.engine_memory
+        return self.state + self.sequences_at_once * self.kv_per_sequence
+
+    @property
+    def need(self) -> float:
+        """Returns the memory a rank needs: the larger of the update and rollout phases."""
+        return max(self.train_peak, self.rollout_peak)
+
+    @property
+    def engine_minimum(self) -> float:
+        """Returns what vLLM needs of a GPU to start: its weights + one max-length sequence's KV
+        cache (it refuses a max_model_len its cache cannot hold); 0 for the built-in sampler."""
+        return self.engine_weights + self.kv_per_sequence if self.vllm else 0.0
+
+    def fits(self, memory: float) -> bool:
+        """Returns True when a rank fits in ``memory`` bytes: ``need`` <= memory and vLLM's share
+        holds its weights and one sequence."""
+        return self.need <= memory and self.engine_memory >= self.engine_minimum
+
+
+def estimate(shape: Shape, setup: Setup) -> Footprint:
+    """Returns the per-rank footprint of ``setup`` on a model of ``shape``.
+
+    * s = prompt_tokens + max_new_tokens, capped at the model's context.
+    * Training state: ``state_bytes_per_param`` x (actor + critic parameters), / N under fsdp;
+      the reference policy: weight bytes x its parameters, / N under fsdp.
+    * fsdp gathers each FSDP unit (a decoder layer; the root: embeddings, final norm and heads)
+      in the compute dtype while it computes; the root stays gathered through forward and backward
+      (FSDP2 does not reshard the root after forward) and one layer is prefetched: root + 2 layers.
+    * Activations: ``activation_bytes`` at b = min(micro_batch_size, mini_batch_size, ceil(B / N)):
+      a mini-batch is a random draw from the whole batch, so a rank's share of one is on average
+      mini_batch_size / N but can reach all its responses. SDPA/flash attention (no stored
+      scores), plus the actor's fp32 logits over the response tokens (the critic's scalar values
+      are negligible), in the compute dtype (fp32 doubles Korthikanti's 16-bit figures).
+    * Sampling, builtin: under single the sampler runs the policy itself; under fsdp each rank
+      keeps an unsharded replica of the actor in the compute dtype. Its static KV cache holds up to
+      ``builtin_rows`` of the rank's ceil(B / N) responses at once.
+    * Sampling, vLLM: one engine per t ranks takes ``engine_memory`` of each GPU during rollouts
+      (and the update too unless it sleeps); in it, the actor's weights / t, and a paged KV cache
+      (/ t) that runs as many sequences at once as fit and queues the rest.
+    """
+    world = setup.world if setup.strategy == "fsdp" else 1
+    p = DTYPE_BYTES[setup.dtype]
+    s = setup.prompt_tokens + setup.max_new_tokens
+    if shape.max_position_embeddings:
+        s = min(s, shape.max_position_embeddings)
+    t = min(setup.max_new_tokens, s)
+    actor = actor_params(shape)
+    critic = critic_params(shape) if setup.critic else 0
+    ref = actor if setup.reference else 0
+    w, g, o = state_bytes_per_param(setup.strategy, setup.dtype)
+    trained = actor + critic
+    responses = math.ceil(setup.responses_per_step / world)
+    # a rank's rows of a mini-batch are a random draw from its responses: up to all of them
+    b = max(1, min(setup.micro_batch_size, responses, setup.mini_batch_size or responses))
+
+    def acts(ckpt: bool) -> float:
+        return activation_bytes(shape, s, b, ckpt, scores_stored=False, bytes_per_value=p)
+
+    logits = logits_bytes(t, b, shape.vocab_size)
+    gathered = 0.0
+    if setup.strategy == "fsdp":
+        root = actor - shape.num_layers * layer_params(shape)  # embeddings, final norm, lm_head (> the critic's)
+        gathered = (root + 2 * layer_params(shape)) * p
+    vllm = setup.engine == "vllm"
+    tp = setup.tensor_parallel_size if vllm else 1
+    kv_seq = kv_bytes_per_sequence(shape, s, p) / tp
+    engine_weights = actor * p / tp if vllm else 0.0
+    if vllm:
+        at_once = min(responses, max(0, int((setup.engine_memory - engine_weights) // kv_seq)))
+    else:
+        at_once = min(responses, setup.builtin_rows)
+    ckpt = setup.gradient_checkpointing
+    return Footprint(
+        actor_params=actor, critic_params=critic, reference_params=ref, sequence=s, micro_batch=b,
+        weights=sharded(w * trained, world), gradients=sharded(g * trained, world),
+        optimizer=sharded(o * trained, world), reference=sharded(w * ref, world), gathered=gathered,
+        replica=actor * p if not vllm and setup.strategy == "fsdp" else 0.0,
+        actor_activations=acts(ckpt) + logits, critic_activations=acts(ckpt) if critic else 0.0,
+        actor_activations_full=acts(False) + logits, actor_activations_ckpt=acts(True) + logits,
+        critic_activations_full=acts(False) if critic else 0.0,
+        critic_activations_ckpt=acts(True) if critic else 0.0,
+        logits=logits, kv_per_sequence=kv_seq, responses_per_rank=responses, sequences_at_once=at_once,
+        vllm=vllm, engine_weights=engine_weights, engine_memory=setup.engine_memory if vllm else 0.0,
+        engine_sleeps=setup.engine_sleeps, generated_tokens=setup.responses_per_step * t,
+        step_tokens=setup.responses_per_step * s)
+
+
+def smallest_world(shape: Shape, setup: Setup, memory: float, divides: int | None = None,
+                   engine_at_minimum: bool = False, limit: int = 1 << 20) -> int | None:
+    """Returns the fewest fsdp ranks N at which ``estimate(...)`` fits in ``memory`` bytes a GPU.
+
+    ``need`` never grows with N (state / N, ceil(B / N) responses and micro-batches no larger),
+    so a binary search finds the memory minimum; with ``divides`` (the prompts per step, which must
+    divide among the ranks) the answer is the smallest divisor of it at or above that minimum.
+    ``engine_at_minimum``: vLLM's share is set to the least it needs (``Footprint.engine_minimum``),
+    which leaves the most room for training. Returns None when no N up to ``limit`` (or
+    ``divides``) fits: the parts that do not shrink with N (activations of a micro-batch, gathered
+    units, a sampling replica, the engine's share) exceed ``memory`` alone.
+    """
+    top = divides if divides else limit
+
+    def fits(n: int) -> bool:
+        at_n = _with_world(setup, n)
+        fp = estimate(shape, at_n)
+        if engine_at_minimum and fp.vllm:
+            fp = estimate(shape, replace(at_n, engine_memory=fp.engine_minimum))
+        return fp.fits(memory)
+
+    if top < 1 or not fits(top):
+        return None
+    lo, hi = 1, top
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    if divides:
+        return next(n for n in range(lo, divides + 1) if divides % n == 0)
+    return lo
+
+
+def _with_world(setup: Setup, world: int) -> Setup:
+    return replace(setup, world=world, strategy="fsdp")
+
+
+__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Setup", "activation_bytes", "actor_params", "backbone_params",
+           "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence", "kv_bytes_per_token",
+           "layer_activation_bytes", "layer_params", "logits_bytes", "non_embedding_params",
+           "sharded", "smallest_world", "state_bytes_per_param"]
