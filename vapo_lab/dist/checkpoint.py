@@ -25,8 +25,9 @@ from vapo_lab.errors import CheckpointError
 # the modules whose classes a DCP .metadata file may name (and torch.Size, torch dtypes)
 _SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
                  "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-_SAFE_BUILTINS = {("torch", "Size"), ("collections", "OrderedDict"), ("builtins", "set"),
-                  ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "getattr")}
+_SAFE_BUILTINS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                  ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("builtins", "set"),
+                  ("builtins", "frozenset"), ("builtins", "slice")}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -49,8 +50,9 @@ def _reader(path: Path) -> Any:
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
             except (pickle.UnpicklingError, AttributeError, EOFError, OSError) as e:
-                raise CheckpointError(f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
-                                      "use a checkpoint written by vapo-lab") from e
+                self.refusal = (f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
+                                "use a checkpoint written by vapo-lab")
+                raise CheckpointError(self.refusal) from e
             from torch.distributed.checkpoint.metadata import StorageMeta
 
             if getattr(metadata, "storage_meta", None) is None:
@@ -58,7 +60,9 @@ def _reader(path: Path) -> Any:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    return SafeReader(str(path))
+    reader = SafeReader(str(path))
+    reader.refusal = None
+    return reader
 
 
 def _planner() -> Any:
@@ -66,12 +70,18 @@ def _planner() -> Any:
 
     class SafePlanner(DefaultLoadPlanner):
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
             try:
                 obj = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as e:
-                raise CheckpointError(f"refusing a checkpoint entry {read_item.dest_index.fqn}: it holds Python "
-                                      "objects beyond tensors and plain containers") from e
-            self.state_dict[read_item.dest_index.fqn] = obj
+                raise CheckpointError(f"refusing a checkpoint entry {fqn}: it holds Python objects beyond "
+                                      "tensors and plain containers") from e
+            if self.flatten_state_dict:  # as DefaultLoadPlanner: into the nested dict the caller holds
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[fqn], obj)
+            else:
+                self.state_dict[fqn] = obj
 
     return SafePlanner()
 
@@ -89,4 +99,10 @@ def load_sharded(path: Path, state: dict[str, Any]) -> None:
     now); a collective."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(state, storage_reader=_reader(path), planner=_planner())
+    reader = _reader(path)
+    try:
+        dcp.load(state, storage_reader=reader, planner=_planner())
+    except BaseException as e:  # DCP wraps a rank's error in its CheckpointException (a BaseException)
+        if reader.refusal:
+            raise CheckpointError(reader.refusal) from e
+        raise

@@ -129,6 +129,9 @@ def train_step(run: Run) -> dict[str, float]:
     if int(world.sum(len(batch.problems))) == 0:
         return {**m, "rollout/empty_batch": 1.0}
     _model_outputs(run, batch)
+    engine = run.sampling.engine
+    if hasattr(engine, "sleep"):  # vLLM: free its KV cache (and weights) for the update
+        engine.sleep()
     compute_advantages(cfg, batch, world)
     t1 = time.perf_counter()
     if run.critic is not None:
