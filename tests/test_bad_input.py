@@ -325,3 +325,18 @@ def test_base_build_in_a_readonly_folder_is_refused_before_building(no_compute, 
     monkeypatch.chdir(readonly_dir)
     result = _invoke("base", "build", "--quiet")
     _refused(result, ".vapo_cache/base", str(readonly_dir), "not writable", "writable folder")
+
+
+# -- many ranks ----------------------------------------------------------------------------------
+def test_train_on_many_nodes_names_slurm_and_torchrun(no_compute):
+    result = _invoke("train", "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2",
+                     "tracking=none")
+    _refused(result, "trainer.nodes=2", "starts the ranks of this node only", "--launcher slurm",
+             "torchrun --nnodes 2 --nproc-per-node 2")
+    assert os.listdir(no_compute) == []
+
+
+def test_resume_may_change_only_the_rank_counts(no_compute):
+    result = _invoke("train", "resume=runs/nowhere", "trainer.nproc_per_node=2", "trainer.actor_lr=1")
+    _refused(result, "resume=runs/nowhere continues a run with its saved config", "trainer.actor_lr=1")
+    assert "trainer.nproc_per_node" not in result.output

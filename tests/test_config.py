@@ -200,6 +200,27 @@ def test_validation_ranges_and_required_values():
         compose_config(overrides=["loss.agg=mean"])
 
 
+@pytest.mark.parametrize("overrides, expect", [
+    (["trainer.strategy=ddp"], r"trainer.strategy=ddp is not a valid choice: set trainer.strategy to one of single, fsdp"),
+    (["trainer.nproc_per_node=2"], r"= 2 ranks needs trainer.strategy=fsdp"),
+    (["trainer.strategy=fsdp", "trainer.nproc_per_node=3"],
+     r"8 prompts per step \(rollout.responses_per_step / rollout.n_samples\) do not divide among 3 ranks: "
+     r"choose rollout.responses_per_step as a multiple of 24"),
+    (["trainer.nodes=0"], r"trainer.nodes=0 is out of range: it must be >= 1"),
+    (["rollout=vllm", "rollout.vllm.sleep_level=3"], r"rollout.vllm.sleep_level=3 is out of range: it must be \[1, 2\]"),
+    (["rollout=vllm", "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "rollout.vllm.tensor_parallel_size=4"],
+     r"rollout.vllm.tensor_parallel_size=4 does not divide the 2 ranks"),
+])
+def test_rank_settings_are_checked_before_anything_runs(overrides, expect):
+    with pytest.raises(ConfigError, match=expect):
+        compose_config(overrides=overrides)
+
+
+def test_a_valid_many_rank_config_composes():
+    cfg = compose_config(overrides=["trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2"]).cfg
+    assert (cfg.trainer.strategy, cfg.trainer.nproc_per_node, cfg.trainer.nodes) == ("fsdp", 2, 2)
+
+
 def test_group_advantage_refuses_critic_components():
     with pytest.raises(ConfigError, match="value_pretraining=on needs a critic"):
         compose_config(algo="dapo", overrides=["value_pretraining=on"])

@@ -14,7 +14,9 @@ from vapo_lab.config.preflight import device_memory, fit_problems, plan_run
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "300"}
-PAPER_8X16 = ["scale=paper", "trainer.strategy=fsdp", "trainer.nproc_per_node=8", "trainer.nodes=16"]
+# the paper's scale before it was planned: 8 sequences a micro-batch, a 32B vLLM engine on one GPU
+PAPER_8X16 = ["scale=paper", "trainer.strategy=fsdp", "trainer.nproc_per_node=8", "trainer.nodes=16",
+              "trainer.micro_batch_size=8", "rollout.vllm.tensor_parallel_size=1"]
 QWEN25_32B = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40,
               "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
               "max_position_embeddings": 131072, "tie_word_embeddings": False}
@@ -144,5 +146,7 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
     assert "trainer.micro_batch_size=2" in line and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
     # one sequence a rank and vLLM given what it needs: it fits 128 GPUs
     fixed = [*base, "trainer.micro_batch_size=1", "rollout.vllm.gpu_memory_utilization=0.89"]
+    assert fit_problems(compose_config(overrides=[f"model.path={tmp_path}", "scale=paper",
+                                                  "task.train_path=train.jsonl"]).cfg) == []  # as shipped
     assert fit_problems(compose_config(overrides=fixed).cfg) == []
     assert plan_run(compose_config(overrides=fixed).cfg, 80e9).footprint.need / 1e9 == pytest.approx(79.3, abs=0.05)

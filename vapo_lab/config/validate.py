@@ -76,6 +76,9 @@ RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("trainer.save_every", 1, None, True, False),
     ("trainer.nproc_per_node", 1, None, True, False),
     ("trainer.nodes", 1, None, True, False),
+    ("rollout.vllm.tensor_parallel_size", 1, None, True, False),
+    ("rollout.vllm.sleep_level", 1, 2, True, True),
+    ("rollout.vllm.weight_bucket_mb", 1, None, True, False),
 ]
 
 
@@ -173,6 +176,10 @@ def _ranks(get: Any) -> list[str]:
     """Returns problems of a many-rank run: each rank samples whole groups of an equal share of the
     step's prompts, so the prompts per step must divide among the ranks."""
     ranks = get("trainer.nodes") * get("trainer.nproc_per_node")
+    tp = get("rollout.vllm.tensor_parallel_size")
+    if get("rollout.backend") == "vllm" and ranks % tp:
+        return [f"rollout.vllm.tensor_parallel_size={tp} does not divide the {ranks} ranks (trainer.nodes x "
+                "trainer.nproc_per_node): each engine spans tp consecutive ranks; choose a divisor"]
     if ranks == 1:
         return []
     if get("trainer.strategy") != "fsdp":
