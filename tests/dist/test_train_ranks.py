@@ -54,3 +54,18 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(ranks_dir):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resuming a 2-rank checkpoint on 1 ranks" in done.stderr
     assert sorted(s for kind, s in records(src) if kind == "train") == list(range(9))
+
+
+def test_a_failing_rank_fails_the_run_with_its_own_message(ranks_dir):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VAPO_FAULT": "update@2", "VAPO_FAULT_RANK": "1", "VAPO_FAULT_MODE": "raise"}
+    done = subprocess.run([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *RANKS, "tracking=none",
+                           "run_name=one-rank-fails"], cwd=ranks_dir, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "error: rank 1: InjectedFault: injected fault at update@2", last
+    assert max(s for kind, s in records(ranks_dir / "runs" / "one-rank-fails") if kind == "train") == 1
