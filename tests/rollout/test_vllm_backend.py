@@ -283,7 +283,8 @@ def fake_vllm(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(_FakeLLM, "extra_params", {})
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(var, raising=False)  # restored after the test
+        monkeypatch.setenv(var, "")  # registers the restore (unset) that a bare delenv of an unset var would not
+        monkeypatch.delenv(var)  # the engine sets some of these: they must not outlive the test
     return module
 
 
