@@ -22,6 +22,7 @@ from vapo_lab.launch.status import FINISHED, pct, read_status
 
 if TYPE_CHECKING:
     from vapo_lab.launch.cell import CellJob
+    from vapo_lab.launch.grid import CellSpec
 
 Log = Callable[[str], None]
 
@@ -67,9 +68,10 @@ class Launcher(Protocol):
     # record as soon as they exist, and without --wait the submission returns once they are queued
     detached: bool
 
-    def preflight(self, settings: dict[str, Any]) -> None:
-        """Raises LaunchError when the launcher cannot take the grid (commands missing, cluster
-        unreachable, bad settings); called before anything is written or submitted."""
+    def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
+        """Raises LaunchError when the launcher cannot take the grid's cells ``specs`` that would run
+        (commands missing, cluster unreachable, bad settings, a cell it cannot run: a many-rank cell
+        on Ray); called before anything is written or submitted."""
 
     def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
         """Runs (or queues) the prepare job, then ``run_cell`` of every job; records job ids, and the
@@ -79,8 +81,8 @@ class Launcher(Protocol):
         """Waits until every cell that ``submit`` queued has ended, recording each result in ``sub``
         (nothing to do for a launcher whose ``submit`` runs the cells to their end)."""
 
-    def dry_run_text(self, count: int, settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
-        """Returns what ``--dry-run`` shows beyond the cells of a submission of ``count`` cells
+    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+        """Returns what ``--dry-run`` shows beyond the cells of a submission of the cells ``specs``
         (Slurm: its sbatch scripts), or an empty string."""
 
 

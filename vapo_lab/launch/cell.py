@@ -15,6 +15,13 @@ only sets where its run is written and logged. Its status file (``vapo_lab.launc
 records how it goes: ``vapo-lab jobs`` reads it. ``CellJobRunner`` wraps ``run_cell`` as a
 ``submitit`` checkpointable: on preemption or time limit Slurm signals the job, submitit requeues
 it, and the new attempt resumes from the last checkpoint.
+
+A cell with ``trainer.strategy=fsdp`` over ``trainer.nodes x trainer.nproc_per_node`` > 1 ranks is
+one SPMD run: every rank runs ``run_cell`` (torchrun starts them on this node, Slurm's tasks
+elsewhere), so every rank builds its ``Run``; global rank 0 alone writes the status file (and the
+run's folder and tracking, as ``Run`` does). A rank that fails leaves its error line beside the
+status file (``<key>.rank<r>.error``) and rank 0 records the first one, so the cell fails with
+the failing rank's message.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +42,22 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from vapo_lab.launch.grid import CellSpec
 from vapo_lab.launch.liveness import slurm_job_id
-from vapo_lab.launch.status import FAILED, FINISHED, RUNNING, read_status, write_status
+from vapo_lab.launch.status import FAILED, FINISHED, RUNNING, read_status, status_path, write_status
 
 # the config sections the caches a cell prepares are built from (``_prepare_one``): cells equal in
 # these share their base model, reward model and pretrained critic
 CACHE_SECTIONS = ("model", "task", "critic", "rollout", "reward", "trainer", "algo", "gae")
+# the torch.distributed variables a rank reads (vapo_lab.dist.world.init_world)
+TORCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def cell_ranks(config: dict[str, Any]) -> tuple[int, int]:
+    """Returns (nodes, ranks per node) of a cell's composed config: (1, 1) for one process
+    (trainer.strategy=single), else (trainer.nodes, trainer.nproc_per_node)."""
+    t = config.get("trainer", {})
+    if t.get("strategy", "single") != "fsdp":
+        return 1, 1
+    return int(t.get("nodes", 1)), int(t.get("nproc_per_node", 1))
 
 
 @dataclass
@@ -55,6 +73,67 @@ class CellJob:
     @property
     def run_dir(self) -> Path:
         return Path(self.grid_dir) / "runs" / self.spec.key
+
+    @property
+    def ranks(self) -> tuple[int, int]:
+        """(nodes, ranks per node) of the cell's run; see ``cell_ranks``."""
+        return cell_ranks(self.spec.config)
+
+    @property
+    def world_size(self) -> int:
+        nodes, per_node = self.ranks
+        return nodes * per_node
+
+    def to_json(self) -> str:
+        """Returns the job as JSON (for the ranks of a local many-rank cell: ``ranks --cell``)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> CellJob:
+        d = json.loads(text)
+        return cls(**{**d, "spec": CellSpec(**d["spec"])})
+
+
+def cell_rank() -> int:
+    """Returns this process's global rank in its cell's run: ``RANK`` as torchrun or Slurm's tasks
+    (``join_slurm_ranks``) set it, 0 for a one-process cell."""
+    return int(os.environ.get("RANK") or 0)
+
+
+def writes_status() -> bool:
+    """True in the process that writes its cell's status file: the only one of a one-process cell,
+    global rank 0 of a many-rank one (every rank runs the cell; one writer keeps the record whole)."""
+    return cell_rank() == 0
+
+
+def rank_error_path(grid_dir: Path, key: str, rank: int) -> Path:
+    """Returns where rank ``rank`` of cell ``key`` leaves the error line it failed with."""
+    return status_path(grid_dir, key).with_name(f"{key}.rank{rank}.error")
+
+
+def first_rank_error(grid_dir: Path, key: str) -> str | None:
+    """Returns the error line of the rank of cell ``key`` that failed first (its file written first),
+    None when no other rank failed; removes the files it read."""
+    files = sorted(status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"), key=lambda p: p.stat().st_mtime)
+    first = files[0].read_text().strip() if files else None
+    for f in files:
+        f.unlink(missing_ok=True)
+    return first or None
+
+
+def join_slurm_ranks() -> None:
+    """Sets this Slurm task's torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT) from its job's environment, as torchrun does for its ranks: each task of a
+    multi-task job is one rank. ``CUDA_VISIBLE_DEVICES`` is left alone: every task sees its node's
+    GPUs and ``init_world`` picks ``cuda:{LOCAL_RANK}``."""
+    import submitit
+
+    # sbatch exports the submitting shell's environment: a RANK or MASTER_PORT found there belongs to
+    # some other launch (a MASTER_PORT shared by every cell of a node would collide), not this job.
+    # Without one, submitit derives the port from the job id: the same on every task of the job.
+    for name in TORCH_ENV:
+        os.environ.pop(name, None)
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
 def cell_config(job: CellJob) -> tuple[DictConfig, dict[str, str]]:
@@ -77,47 +156,75 @@ def cell_tags(job: CellJob) -> dict[str, str]:
 def run_cell(job: CellJob) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one cell; returns its final status record.
 
-    Raises whatever the run raised, after recording it as ``failed`` with the last error line.
+    In a many-rank cell every rank calls this (see the module docstring); rank 0 writes the status
+    file, the other ranks return ``{"state": "finished", "rank": r}`` when they are done.
+
+    Raises whatever the run raised, after recording it as ``failed`` with the last error line (of
+    the rank that failed first).
     """
+    from vapo_lab.dist.world import close_world
     from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.trainer.run import Run
 
     os.chdir(job.cwd)
     grid_dir, key = Path(job.grid_dir), job.spec.key
+    rank, writer = cell_rank(), writes_status()
     status = read_status(grid_dir, key)
     if status.get("state") == FINISHED:
         return status
-    attempts = int(status.get("attempts", 0)) + 1
-    write_status(grid_dir, key, state=RUNNING, step=status.get("step", 0), attempts=attempts,
-                 host=socket.gethostname(), pid=os.getpid(), job_id=slurm_job_id() or status.get("job_id"),
-                 error=None)
+    if writer:
+        for stale in status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"):  # an earlier attempt's
+            stale.unlink(missing_ok=True)
+        attempts = int(status.get("attempts", 0)) + 1
+        write_status(grid_dir, key, state=RUNNING, step=status.get("step", 0), attempts=attempts,
+                     host=socket.gethostname(), pid=os.getpid(), job_id=slurm_job_id() or status.get("job_id"),
+                     error=None, traceback=None)
     sigterm_interrupts()  # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
 
     def log(text: str) -> None:
-        print(f"[{key}] {text}", file=sys.stderr, flush=True)
+        if writer:  # the ranks of a cell share its log: one copy of each line
+            print(f"[{key}] {text}", file=sys.stderr, flush=True)
 
+    run = None
     try:
         if is_run_dir(job.run_dir):
             cfg, choices = resume_config(job.run_dir)
         else:
-            if job.run_dir.is_dir():
-                shutil.rmtree(job.run_dir)  # a start that died before its run existed: nothing to keep
+            if writer and job.run_dir.is_dir():
+                # a start that died before its run existed: nothing to keep. No other rank can have
+                # made the folder yet: rank 0 makes it in Run, after every rank has joined the run
+                shutil.rmtree(job.run_dir, ignore_errors=True)
             cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
         run = Run(cfg, choices, progress=None, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
                   command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})")
-        write_status(grid_dir, key, run_id=run.run_id, run_dir=str(run.run_dir), step=run.step, total=total)
+        if writer:
+            write_status(grid_dir, key, run_id=run.run_id, run_dir=str(run.run_dir), step=run.step, total=total)
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
-            write_status(grid_dir, key, step=step)
+            if writer:
+                write_status(grid_dir, key, step=step)
 
         result = run.run(on_step)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for the launcher
         line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-        write_status(grid_dir, key, state=FAILED, error=line[:500],
-                     traceback=traceback.format_exc()[-4000:])
+        if job.world_size > 1:
+            line = f"rank {rank}: {line}"
+        if writer:
+            # a rank that failed first (its error file was written before this rank saw the run break)
+            write_status(grid_dir, key, state=FAILED, error=(first_rank_error(grid_dir, key) or line)[:500],
+                         traceback=traceback.format_exc()[-4000:])
+        else:
+            path = rank_error_path(grid_dir, key, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(line[:500] + "\n")
         raise
+    finally:
+        if run is not None:
+            close_world(run.world)
+    if not writer:
+        return {"state": FINISHED, "rank": rank, "step": result.steps}
     return write_status(grid_dir, key, state=FINISHED, step=result.steps, final_eval=result.final_eval,
                         best_eval=result.best_eval, base_eval=result.base_eval,
                         checkpoint=str(result.checkpoint) if result.checkpoint else None)
@@ -150,13 +257,19 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 def _prepare_one(job: CellJob, done: set[str]) -> str:
     from vapo_lab.trainer.run import Run
 
-    sig = json.dumps({k: job.spec.config[k] for k in CACHE_SECTIONS}, sort_keys=True)
+    # one process builds a many-rank cell's caches too: they are keyed by config, not by ranks (in
+    # the run, rank 0 builds or finds them alone, as a one-process run does)
+    one = {"strategy": "single", "nodes": 1, "nproc_per_node": 1}
+    sections = {k: job.spec.config[k] for k in CACHE_SECTIONS}
+    sections["trainer"] = {**sections["trainer"], **one}
+    sig = json.dumps(sections, sort_keys=True)
     if sig in done:
         return ""
     done.add(sig)
     cfg, choices = cell_config(job)
     with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
         with open_dict(cfg):
+            cfg.trainer.update(one)
             cfg.seed = 0
             cfg.tracking.backend = "none"
             cfg.output_dir = tmp
@@ -171,13 +284,27 @@ class CellJobRunner:
 
     A class (not a function) so that ``submitit`` can call ``checkpoint`` when Slurm signals the
     job; the requeued job calls ``__call__`` again with the same ``CellJob``, and ``run_cell``
-    picks the run up from its latest checkpoint.
+    picks the run up from its latest checkpoint. In a multi-task job (a many-rank cell) each task
+    is one rank: ``__call__`` first sets its torch.distributed variables from the job.
     """
 
     def __call__(self, job: CellJob) -> dict[str, Any]:
+        if job.world_size > 1:
+            join_slurm_ranks()
         return run_cell(job)
 
     def checkpoint(self, job: CellJob) -> Any:
+        """Returns the same job for submitit to requeue; saves nothing.
+
+        On USR2 (preemption, the time limit) submitit calls this on global rank 0 only, the other
+        ranks log the signal and go on, then it requeues the job, and Slurm stops every task (our
+        SIGTERM handler ends each rank's run; rank 0 leaves first, so the others' next collective
+        fails too). A save here would be a collective of the sharded model (DCP) that the other
+        ranks never join: it would hang until Slurm kills the job. So nothing is saved: the requeued
+        job resumes from the run's last periodic checkpoint (``trainer.save_every``) and redoes the
+        steps since, as any resumed run does (checked on the local Slurm: a 2-task cell sent USR2 at
+        step 5 resumed there and logged every step once).
+        """
         import submitit
 
         return submitit.helpers.DelayedSubmission(CellJobRunner(), job)

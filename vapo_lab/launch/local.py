@@ -3,16 +3,28 @@
 The prepare job runs first in one process; then the cells, ``launcher.local.workers`` at a time,
 each in a fresh process of its own, its output in ``<grid>/logs/<cell key>.log``. The submission
 returns when every cell has ended; one failed cell does not stop the others.
+
+A many-rank cell (``trainer.strategy=fsdp``, ``trainer.nproc_per_node`` = N > 1) takes one worker,
+which runs its N ranks on this machine with torchrun (``vapo_lab.launch.ranks --cell``), as
+``vapo-lab train`` does: each rank runs ``run_cell``, rank 0 writes the status file, and a failing
+rank fails the cell with its message. Cells on more than one node (``trainer.nodes`` > 1) are
+refused before anything starts: they need ``--launcher slurm``.
 """
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vapo_lab.launch.base import LaunchError, Log, Submission, cell_failed, log_folder, logged
-from vapo_lab.launch.cell import CellJob, prepare, run_cell
-from vapo_lab.launch.status import FAILED, write_status
+from vapo_lab.launch.cell import CellJob, cell_ranks, prepare, run_cell
+from vapo_lab.launch.ranks import RankFailed, torchrun_command
+from vapo_lab.launch.status import FAILED, FINISHED, read_status, write_status
+
+if TYPE_CHECKING:
+    from vapo_lab.launch.grid import CellSpec
 
 
 class LocalLauncher:
@@ -21,10 +33,16 @@ class LocalLauncher:
     name = "local"
     detached = False
 
-    def preflight(self, settings: dict[str, Any]) -> None:
+    def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
         workers = int(settings.get("workers", 1))
         if workers < 1:
             raise LaunchError(f"launcher.local.workers={workers}: must be >= 1")
+        for s in specs:
+            nodes, per_node = cell_ranks(s.config)
+            if nodes > 1:
+                raise LaunchError(f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
+                                  f"the ranks of this machine only; use --launcher slurm (it submits {nodes} nodes "
+                                  f"x {per_node} tasks), or set trainer.nodes=1; nothing was submitted")
 
     def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
         import multiprocessing
@@ -38,7 +56,8 @@ class LocalLauncher:
             pool.submit(logged, prepare, jobs, logs / "prepare.log").result()
         with ProcessPoolExecutor(max_workers=int(settings.get("workers", 1)), mp_context=ctx,
                                  max_tasks_per_child=1) as pool:
-            futures = {pool.submit(logged, run_cell, j, logs / f"{j.spec.key}.log"): j for j in jobs}
+            futures = {pool.submit(logged, run_cell if j.world_size == 1 else run_cell_ranks, j,
+                                   logs / f"{j.spec.key}.log"): j for j in jobs}
             for f in as_completed(futures):
                 key = futures[f].spec.key
                 try:
@@ -52,6 +71,31 @@ class LocalLauncher:
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""
 
-    def dry_run_text(self, count: int, settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
         return ""
 
+
+def run_cell_ranks(job: CellJob) -> dict[str, Any]:
+    """Runs a many-rank cell's ranks on this machine with torchrun, each ``run_cell(job)``; returns
+    the cell's final status record (``run_cell``'s semantics: a finished cell returns at once).
+
+    Raises:
+        RankFailed: a rank failed (the status file's error line: the first failing rank's), or
+            torchrun did.
+    """
+    grid_dir, key = Path(job.grid_dir), job.spec.key
+    status = read_status(grid_dir, key)
+    if status.get("state") == FINISHED:
+        return status
+    # the job goes to the ranks as JSON in a folder of our own (mkdtemp: mode 0700), removed after
+    with tempfile.TemporaryDirectory(prefix="vapo-cell-") as folder:
+        path = Path(folder) / "cell.json"
+        path.write_text(job.to_json())
+        done = subprocess.run(torchrun_command(job.ranks[1], ["--cell", str(path)]), cwd=job.cwd)
+    status = read_status(grid_dir, key)
+    if done.returncode == 0 and status.get("state") == FINISHED:
+        return status
+    if status.get("state") != FAILED:  # a rank killed before it could say so (kill -9, out of memory)
+        status = write_status(grid_dir, key, state=FAILED,
+                              error=f"torchrun exited with status {done.returncode} (see the cell's log)")
+    raise RankFailed(str(status.get("error")))

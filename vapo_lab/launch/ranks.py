@@ -10,6 +10,10 @@ where the parent finds it, so the run fails with that rank's message.
 
 On many nodes, run the module under torchrun on each node yourself (the README has the command),
 or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
+
+``python -m vapo_lab.launch.ranks --cell <file>`` is one rank of a grid cell instead: the file
+holds the cell's ``CellJob`` as JSON (``CellJob.to_json``), and each rank runs ``run_cell`` on it
+(the local launcher's many-rank cells: ``vapo_lab.launch.local``).
 """
 
 from __future__ import annotations
@@ -81,7 +85,11 @@ def _split_args(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and trains."""
+    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and trains;
+    with ``argv`` = ``--cell <file>``, runs the grid cell in that file."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--cell"]:
+        return cell_main(argv[1:])
     from vapo_lab.config.train import train_config
     from vapo_lab.dist.world import close_world
     from vapo_lab.launch.signals import sigterm_interrupts
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     run = None
     try:
         sigterm_interrupts()
-        cfg, choices = train_config(*_split_args(list(sys.argv[1:] if argv is None else argv)))
+        cfg, choices = train_config(*_split_args(argv))
         run = Run(cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", ""))
         log(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')}) on "
             f"{run.world.size} ranks")
@@ -126,6 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if run is not None:
             close_world(run.world)
+
+
+def cell_main(argv: list[str]) -> int:
+    """One rank of a grid cell: ``run_cell`` of the ``CellJob`` in the JSON file ``argv[0]``. Its
+    status file says how it went (rank 0 writes it; a failing rank leaves its error line there)."""
+    from vapo_lab.launch.cell import CellJob, run_cell
+
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m vapo_lab.launch.ranks --cell <cell job JSON file>")
+    run_cell(CellJob.from_json(Path(argv[0]).read_text()))
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ unless ``launcher.ray.expose=true``), ``auto`` joins the running cluster, ``host
 ``ray://host:port`` a remote one. The prepare task runs first; then the cells, each in a fresh
 worker process whose output goes to ``<grid>/logs/<cell key>.log``. The submission returns when
 every cell has ended; one failed cell does not stop the others.
+
+A cell is one Ray task, one process: a many-rank cell (``trainer.strategy=fsdp`` over
+``trainer.nodes x trainer.nproc_per_node`` > 1 ranks) is refused before anything is submitted,
+naming the launchers that run it (local: torchrun on this machine; Slurm: a multi-task job).
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vapo_lab.launch.base import LaunchError, Log, Submission, cell_failed, log_folder, logged
-from vapo_lab.launch.cell import CellJob, prepare, run_cell
+from vapo_lab.launch.cell import CellJob, cell_ranks, prepare, run_cell
+
+if TYPE_CHECKING:
+    from vapo_lab.launch.grid import CellSpec
 
 _RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -26,7 +33,10 @@ class RayLauncher:
     name = "ray"
     detached = False
 
-    def preflight(self, settings: dict[str, Any]) -> None:
+    def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
+        refusal = many_rank_refusal(specs)
+        if refusal:
+            raise LaunchError(refusal)
         address = settings.get("address")
         if address and address != "auto":
             check_reachable(str(address))
@@ -44,8 +54,22 @@ class RayLauncher:
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""
 
-    def dry_run_text(self, count: int, settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
-        return ""
+    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+        refusal = many_rank_refusal(specs)
+        return f"refused on ray: {refusal}" if refusal else ""
+
+
+def many_rank_refusal(specs: list[CellSpec]) -> str | None:
+    """Returns the one line that refuses a grid with a many-rank cell (None when every cell is one
+    process): a Ray task is one process, and vapo-lab does not start a cell's ranks as Ray actors."""
+    many = [(s, cell_ranks(s.config)) for s in specs if cell_ranks(s.config) != (1, 1)]
+    if not many:
+        return None
+    s, (nodes, per_node) = many[0]
+    more = f" (and {len(many) - 1} more)" if len(many) > 1 else ""
+    return (f"cell {s.key}{more} runs on {nodes * per_node} ranks (trainer.nodes={nodes} x "
+            f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; use --launcher "
+            "local (torchrun on this machine) or --launcher slurm (a multi-task job); nothing was submitted")
 
 
 def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:

@@ -1,9 +1,19 @@
-"""The Slurm launcher (``launcher=slurm``): one prepare job, then one job array of the cells (submitit).
+"""The Slurm launcher (``launcher=slurm``): one prepare job, then job arrays of the cells (submitit).
 
-The array depends on the prepare job (``afterok``), so no cell starts before the shared caches
+The arrays depend on the prepare job (``afterok``), so no cell starts before the shared caches
 exist. Each array task runs ``CellJobRunner``: on preemption or time limit Slurm signals it,
 submitit requeues it, and the new attempt resumes from the last checkpoint. The jobs outlive the
 submitting process: ``--no-wait`` returns once they are queued, and ``vapo-lab jobs`` follows them.
+
+A many-rank cell (``trainer.strategy=fsdp`` over ``trainer.nodes`` x ``trainer.nproc_per_node``
+ranks) is a multi-task job: ``--nodes`` = trainer.nodes, ``--ntasks-per-node`` =
+trainer.nproc_per_node, and srun starts one task per rank (no torchrun inside Slurm); each task
+sets its torch.distributed variables from the job (``cell.join_slurm_ranks``) and runs the cell.
+An array's tasks share their sbatch parameters, so the cells go as one array per shape (nodes,
+tasks per node): the one-process cells in one array as before, each many-rank shape in its own.
+Per task: ``launcher.slurm.cpus_per_task`` CPUs, ``mem_gb`` of memory; when the launcher asks for
+GPUs (``gpus_per_task`` > 0) a many-rank job asks for one GPU per rank with ``--gpus-per-node``,
+so that every task sees its node's GPUs and picks ``cuda:{LOCAL_RANK}``.
 """
 
 from __future__ import annotations
@@ -12,22 +22,29 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vapo_lab.launch.base import LaunchError, Log, Submission
-from vapo_lab.launch.cell import CellJob, CellJobRunner, prepare
+from vapo_lab.launch.cell import CellJob, CellJobRunner, cell_ranks, prepare
 from vapo_lab.launch.liveness import squeue_states
 from vapo_lab.launch.status import FAILED, FINISHED, read_status, write_status
 
+if TYPE_CHECKING:
+    from vapo_lab.launch.grid import CellSpec
+
+Cell = TypeVar("Cell")  # a CellJob or a CellSpec
+
 
 class SlurmLauncher:
-    """Submits a grid's cells as a Slurm job array after a prepare job; optionally waits for them."""
+    """Submits a grid's cells as Slurm job arrays (one per shape of cell) after a prepare job;
+    optionally waits for them."""
 
     name = "slurm"
     detached = True
 
-    def preflight(self, settings: dict[str, Any]) -> None:
+    def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
         check_slurm(settings)
 
     def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
@@ -35,8 +52,8 @@ class SlurmLauncher:
 
         grid_dir, grid_id = Path(jobs[0].grid_dir), jobs[0].spec.grid_id
         folder = _slurm_folder(grid_dir, settings)
-        ex = submitit.SlurmExecutor(folder=folder)
         params = slurm_parameters(settings, f"vapo-{grid_id}")
+        ex = submitit.SlurmExecutor(folder=folder)
         ex.update_parameters(**_prepare_parameters(params))
         try:
             prep = ex.submit(prepare, jobs)
@@ -44,18 +61,28 @@ class SlurmLauncher:
             raise LaunchError(f"sbatch refused the grid's prepare job: {_sbatch_error(e)}; submitted: none "
                               f"of {len(jobs)} cells") from e
         sub.job_ids["prepare"] = str(prep.job_id)
-        ex.update_parameters(**_array_parameters(params, str(prep.job_id)))
-        try:
-            array = ex.map_array(CellJobRunner(), jobs)
-        except Exception as e:  # noqa: BLE001
-            subprocess.run(["scancel", str(prep.job_id)], capture_output=True, timeout=30)
-            raise LaunchError(f"sbatch refused the cells' job array: {_sbatch_error(e)}; submitted: none of "
-                              f"{len(jobs)} cells (the prepare job {prep.job_id} was cancelled)") from e
-        for j, job in zip(jobs, array):
-            sub.job_ids[j.spec.key] = str(job.job_id)
-            write_status(grid_dir, j.spec.key, job_id=str(job.job_id))
-        log(f"submitted prepare job {prep.job_id} and array {array[0].job_id.split('_')[0]} of {len(jobs)} "
-            f"cells; logs in {folder}; follow with `vapo-lab jobs {grid_id}`")
+        arrays: list[tuple[tuple[int, int], list[CellJob], list[Any]]] = []
+        for shape, group in task_groups(jobs, lambda j: j.spec.config).items():
+            # a fresh executor per array: update_parameters merges, and one shape's parameters
+            # (--ntasks-per-node, --gpus-per-node) must not leak into the next array
+            ex = submitit.SlurmExecutor(folder=folder)
+            ex.update_parameters(**_array_parameters(params, str(prep.job_id), *shape))
+            try:
+                arrays.append((shape, group, ex.map_array(CellJobRunner(), group)))
+            except Exception as e:  # noqa: BLE001
+                queued = [str(prep.job_id), *(_array_id(a) for _, _, a in arrays)]
+                subprocess.run(["scancel", *queued], capture_output=True, timeout=30)
+                cancelled = (f"the prepare job {prep.job_id} was" if len(queued) == 1 else
+                             f"the prepare job {prep.job_id} and array(s) {', '.join(queued[1:])} were")
+                raise LaunchError(f"sbatch refused the cells' job array{_shape_text(*shape)}: {_sbatch_error(e)}; "
+                                  f"submitted: none of {len(jobs)} cells ({cancelled} cancelled)") from e
+        for _, group, array in arrays:
+            for j, job in zip(group, array):
+                sub.job_ids[j.spec.key] = str(job.job_id)
+                write_status(grid_dir, j.spec.key, job_id=str(job.job_id))
+        listed = ", ".join(f"{_array_id(a)} of {len(g)} cells{_shape_text(*shape)}" for shape, g, a in arrays)
+        log(f"submitted prepare job {prep.job_id} and array{'s' if len(arrays) > 1 else ''} {listed}; logs in "
+            f"{folder}; follow with `vapo-lab jobs {grid_id}`")
 
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Waits until every cell's status is final (finished / failed) or its job has left the queue."""
@@ -74,22 +101,34 @@ class SlurmLauncher:
                         sub.failed(key, st.get("error") or "job ended without finishing (see its log)", log)
                     del left[key]
 
-    def dry_run_text(self, count: int, settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
-        """Returns the two sbatch scripts a submission of ``count`` cells would queue ("" for none)."""
-        if not count:
+    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+        """Returns the sbatch scripts a submission of the cells ``specs`` would queue: the prepare
+        job, then one job array per shape of cell ("" for none)."""
+        if not specs:
             return ""
         from submitit.slurm.slurm import _make_sbatch_string
 
         folder = _slurm_folder(grid_dir, settings)
         params = slurm_parameters(settings, f"vapo-{grid_id}")
         command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-        return "\n".join([
-            "\n# sbatch script 1: the prepare job (base model, reward model, pretrained critic)",
-            _make_sbatch_string(command=command, folder=folder, **_prepare_parameters(params)),
-            f"\n# sbatch script 2: the job array of {count} cells, after the prepare job",
-            _make_sbatch_string(command=command, folder=folder, map_count=count,
-                                **_array_parameters(params, "<prepare job id>")),
-        ])
+        parts = ["\n# sbatch script 1: the prepare job (base model, reward model, pretrained critic)",
+                 _make_sbatch_string(command=command, folder=folder, **_prepare_parameters(params))]
+        for i, (shape, group) in enumerate(task_groups(specs, lambda s: s.config).items()):
+            parts += [f"\n# sbatch script {i + 2}: the job array of {len(group)} cells{_shape_text(*shape)}, "
+                      "after the prepare job",
+                      _make_sbatch_string(command=command, folder=folder, map_count=len(group),
+                                          **_array_parameters(params, "<prepare job id>", *shape))]
+        return "\n".join(parts)
+
+
+def task_groups(cells: list[Cell], config: Callable[[Cell], dict[str, Any]]) -> dict[tuple[int, int], list[Cell]]:
+    """Returns the cells grouped by the shape of their jobs, (nodes, tasks per node), in the order
+    each shape first appears: one job array per group (an array's tasks share their sbatch
+    parameters). One-process cells are (1, 1); ``config(cell)`` gives a cell's composed config."""
+    groups: dict[tuple[int, int], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(cell_ranks(config(c)), []).append(c)
+    return groups
 
 
 def check_slurm(settings: dict[str, Any]) -> None:
@@ -129,11 +168,33 @@ def _prepare_parameters(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "job_name": params["job_name"] + "-prepare"}
 
 
-def _array_parameters(params: dict[str, Any], prepare_job: str) -> dict[str, Any]:
-    """Returns the cells' array parameters: the grid's, starting once the prepare job has succeeded
-    (and cancelled by Slurm if it failed, instead of waiting for ever)."""
+def _array_parameters(params: dict[str, Any], prepare_job: str, nodes: int = 1, tasks: int = 1) -> dict[str, Any]:
+    """Returns the parameters of an array of cells on ``nodes`` x ``tasks`` per node: the grid's,
+    starting once the prepare job has succeeded (and cancelled by Slurm if it failed, instead of
+    waiting for ever); a many-rank shape is a multi-task job, one task per rank."""
     extra = {**params["additional_parameters"], "kill-on-invalid-dep": "yes"}
-    return {**params, "additional_parameters": extra, "dependency": f"afterok:{prepare_job}"}
+    p = {**params, "additional_parameters": extra, "dependency": f"afterok:{prepare_job}"}
+    if nodes * tasks == 1:
+        return p
+    p.update(job_name=f"{params['job_name']}-{nodes}x{tasks}", nodes=nodes, ntasks_per_node=tasks,
+             mem=f"{int(params['mem'].removesuffix('GB')) * tasks}GB",  # --mem is per node: mem_gb per rank
+             # a rank that fails ends the job's other ranks at once, as torchrun does (they would
+             # otherwise wait in their next collective for the process group's timeout)
+             srun_args=["--kill-on-bad-exit=1"])
+    if p.pop("gpus_per_task", 0):
+        # one GPU per rank, and every task sees the node's GPUs: init_world takes cuda:{LOCAL_RANK}
+        # (--gpus-per-task would bind each task to its own GPU, which is cuda:0 in every task)
+        p["gpus_per_node"] = tasks
+    return p
+
+
+def _shape_text(nodes: int, tasks: int) -> str:
+    """Returns how a job array's shape reads in messages ("" for one-process cells)."""
+    return "" if nodes * tasks == 1 else f" on {nodes} node(s) x {tasks} tasks ({nodes * tasks} ranks each)"
+
+
+def _array_id(array: list[Any]) -> str:
+    return str(array[0].job_id).split("_")[0]
 
 
 def _slurm_folder(grid_dir: Path, settings: dict[str, Any]) -> Path:

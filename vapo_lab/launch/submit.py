@@ -2,9 +2,10 @@
 
 ``submit_grid``:
 
-1. the launcher's preflight checks (Slurm commands and partition, Ray address) and the tracking
-   store are checked before anything is submitted (every cell's config was composed and checked
-   when the grid was expanded);
+1. the launcher's preflight checks (Slurm commands and partition, Ray address, cells it cannot run:
+   a many-rank cell on Ray, on many nodes locally) and the tracking store are checked before
+   anything is submitted (every cell's config was composed and checked when the grid was
+   expanded);
 2. the grid's folder ``<output_dir>/grids/<grid id>/`` is created or reopened (``grid.json``: the
    cells, the parent MLflow run, every submission and its job ids);
 3. cells already finished are skipped, cells still running in a live job are left alone, the
@@ -70,10 +71,10 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: La
 
     cwd = os.getcwd()
     if dry_run:
-        sub.dry_run_text = dry_run_text(grid, specs, sub, launcher, settings, len(todo))
+        sub.dry_run_text = dry_run_text(grid, specs, sub, launcher, settings, todo)
         return sub
 
-    launcher.preflight(settings)
+    launcher.preflight(settings, todo)
     parent = start_parent(grid, specs, cfg, record, launcher.name, grid_dir)  # also checks the tracking server
 
     record = {**record, "grid_id": grid_id, "name": grid.name, "experiment": grid.experiment,
@@ -123,9 +124,9 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: La
 
 
 def dry_run_text(grid: Grid, specs: list[CellSpec], sub: Submission, launcher: Launcher, settings: dict[str, Any],
-                 count: int) -> str:
+                 todo: list[CellSpec]) -> str:
     """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then what
-    the launcher adds for the ``count`` cells that would run."""
+    the launcher adds for the cells ``todo`` that would run."""
     lines = [f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), experiment {grid.experiment!r}, "
              f"folder {sub.grid_dir}",
              f"{'cell':<44} {'seed':>4}  {'config':<16}  state"]
@@ -137,8 +138,8 @@ def dry_run_text(grid: Grid, specs: list[CellSpec], sub: Submission, launcher: L
         extra = [o for o in s.overrides if not o.startswith("seed=")]
         drop = f"--algo {s.algo}" + "".join(f" --drop {d}" for d in s.drop)
         lines.append(f"    {drop}{' ' + ' '.join(extra) if extra else ''}")
-    lines.append(f"{count} to run on {launcher.name}")
-    scripts = launcher.dry_run_text(count, settings, sub.grid_dir, specs[0].grid_id)
+    lines.append(f"{len(todo)} to run on {launcher.name}")
+    scripts = launcher.dry_run_text(todo, settings, sub.grid_dir, specs[0].grid_id)
     if scripts:
         lines.append(scripts)
     return "\n".join(lines)
