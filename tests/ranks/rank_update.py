@@ -1,8 +1,8 @@
 """One update of the actor and the critic on a fixed global batch, on however many ranks torchrun
 started (or one plain process with ``--single``); rank 0 saves the losses, gradients and
-parameters to compare. Run by tests/dist/test_update_equality.py:
+parameters to compare. Run by tests/ranks/test_update_equality.py:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist/rank_update.py vapo out.pt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ranks/rank_update.py vapo out.pt
 """
 
 import argparse
