@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import cli_errors
+from vapo_lab.commands.output import OverridesArg, cli_errors
 
 
 @cli_errors
@@ -88,3 +88,41 @@ def bench_trl(
     result = run_trl_benchmark(steps=steps, warmup=warmup, parts=parts, trl_python=trl_python,
                                trl_grpo_python=trl_grpo_python, spec=BenchSpec(threads=threads), log=progress)
     typer.echo(format_trl_benchmark(result))
+
+
+@cli_errors
+def bench_scale(
+    rounds: Annotated[int, typer.Option(help="Rounds; each runs every variant once, in rotating order.")] = 5,
+    steps: Annotated[int, typer.Option(help="Timed steps per run (after the warm-up; one profiled step follows).")] = 4,
+    warmup: Annotated[int, typer.Option(help="Untimed steps per run first.")] = 1,
+    threads: Annotated[Optional[int], typer.Option(
+        help="CPU threads per variant, split among its ranks (at least 1 each). Default: every CPU this "
+             "process may use. --threads 1: every rank 1 thread (1 core against 2; steadier on a loaded machine).",
+        show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        help="Also write every measurement as JSON here (rewritten after each run).", show_default=False)] = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Time the same training on 1 process (single), and on 1 and 2 CPU ranks (fsdp, gloo); print tokens/s,
+    s/step, its phases, the share of the step in communication, and the 2-rank / 1-rank ratios.
+
+    Runs the embedded default (or it with the overrides) as subprocesses, interleaved round by round.
+    On a 2-core machine no speed-up is expected: the 2 ranks share the cores.
+
+    Example: vapo-lab bench scale --rounds 5 --steps 4 --out scale.json
+    """
+    import json
+
+    from vapo_lab.bench.scale import format_scale_benchmark, run_scale_benchmark, to_json
+
+    def progress(text: str) -> None:
+        typer.echo(text, err=True)
+
+    def record(result: dict) -> None:
+        if out is not None:
+            out.write_text(json.dumps(to_json(result), indent=1) + "\n")
+
+    result = run_scale_benchmark(rounds=rounds, steps=steps, warmup=warmup, threads=threads,
+                                 overrides=overrides or [], log=progress, on_run=record)
+    record(result)
+    typer.echo(format_scale_benchmark(result))
