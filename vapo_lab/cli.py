@@ -77,6 +77,7 @@ bench_app.command("gae")(bench.bench_gae)
 app.command("eval")(eval.eval_)
 bench_app.command("generate")(bench.bench_generate)
 bench_app.command("trl")(bench.bench_trl)
+bench_app.command("scale")(bench.bench_scale)
 
 
 def main() -> None:
