@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from tests.trainer.conftest import SMALL as TRAINER_SMALL
@@ -143,6 +142,10 @@ def test_the_report_says_no_speed_up_is_expected_on_two_cores():
     text = format_scale_benchmark(result)
     assert "On 2 cores no speed-up is expected" in text
     assert "fsdp-2 / fsdp-1: tokens/s 0.60 [0.60-0.60]x" in text
+    assert "2 ranks share the cores that 1 process uses with 2 threads" in text
+    one = format_scale_benchmark({**result, "threads": 1})
+    assert "On 2 cores no speed-up is expected: fsdp-2 has 2 threads to the others' 1" in one
+    assert "1 thread a variant" in one
     assert "no speed-up" not in format_scale_benchmark({**result, "cpus": 16, "threads": 16})
 
 
@@ -155,16 +158,15 @@ SMALL = [o for o in TRAINER_SMALL if o.lstrip("+").split("=", 1)[0] not in OWNED
 def test_one_round_of_the_command_end_to_end(tmp_path, monkeypatch):
     """Every variant runs (caches built in a fresh working directory) and reports sane fields; no
     wall-clock assertions. About a minute on 2 cores."""
-    from vapo_lab.commands.bench import bench_scale
+    from vapo_lab.cli import app
 
     monkeypatch.chdir(tmp_path)
-    app = typer.Typer()
-    app.command()(bench_scale)
     out = tmp_path / "scale.json"
-    result = CliRunner().invoke(app, ["--rounds", "1", "--steps", "2", "--threads", "2", "--out", str(out), *SMALL])
+    result = CliRunner().invoke(app, ["bench", "scale", "--rounds", "1", "--steps", "2", "--threads", "2",
+                                      "--out", str(out), *SMALL])
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text())
-    assert record["rounds"] == 1 and record["steps"] == 2 and record["threads"] == 2
+    assert record["rounds"] == 1 and record["steps"] == 2 and record["threads"] == 2 and record["complete"]
     runs, figures = record["runs"][0], record["figures"][0]
     assert set(runs) == set(figures) == {"single", "fsdp-1", "fsdp-2"}
     for name, run in runs.items():

@@ -13,7 +13,11 @@ Each variant runs as its own processes (:mod:`vapo_lab.bench.scale_rank`, starte
 once per round, in a rotating order (A B C, B C A, ...), so drift of the machine's load hits
 all three alike. A run does ``warmup`` untimed steps, ``steps`` timed ones and one profiled step.
 Threads: the ``threads`` budget (default: the CPUs this process may use) is divided among a
-variant's ranks (``trainer.threads`` and OMP_NUM_THREADS), so every variant uses the same cores.
+variant's ranks, at least 1 each (``trainer.threads`` and OMP_NUM_THREADS), so every variant uses
+the same cores. ``threads=1`` gives every rank one thread instead (1 core against 2). Where other
+processes hold cores, a multi-threaded process can slow down many-fold (its threads wait for each
+other at every parallel op while one of them is descheduled; measured here: 3 to 146 s for one
+step of the embedded default), so on a shared machine ``threads=1`` gives the steadier figures.
 
 What is reported per variant, each as the median over rounds with its min-max:
 
@@ -377,7 +381,8 @@ def format_scale_benchmark(result: dict[str, Any]) -> str:
         f"One training on 1 and 2 CPU ranks (gloo): {result['rounds']} rounds, each variant once a round in "
         f"rotating order; {result['steps']} timed steps a run after {result['warmup']} warm-up, then 1 profiled",
         f"overrides: {' '.join(result['overrides']) or '(none: the embedded default)'}",
-        f"{result['threads']} threads a variant, split among its ranks; {result['cpus']} CPUs; 1-min load average "
+        f"{result['threads']} thread{'s' if result['threads'] != 1 else ''} a variant, split among its ranks "
+        f"(at least 1 each); {result['cpus']} CPUs; 1-min load average "
         f"{load[0]:.1f} before, {min(load[1:], default=nan):.1f}-{max(load[1:], default=nan):.1f} after the runs "
         "(this benchmark alone adds about 1-2)",
         "",
@@ -406,9 +411,13 @@ def format_scale_benchmark(result: dict[str, Any]) -> str:
         "and reduce-scatters, the trainer's all-reduces and gathers, DTensor gathers), waits for the other "
         "rank included. Profiled step vs timed s/step: " + "; ".join(profiled) + ".",
     ]
-    if result["cpus"] <= 2:
+    extra = ("collectives and work that does not halve with the batch (sampling decodes to each rank's longest "
+             "response; each rank refreshes its sampler's full copy of the weights)")
+    if result["cpus"] <= 2 and result["threads"] >= 2:
         lines.append(f"On {result['cpus']} cores no speed-up is expected: the 2 ranks share the cores that 1 process "
-                     f"uses with {result['threads']} threads, and add collectives and work that does not halve with "
-                     "the batch (sampling decodes to each rank's longest response; each rank refreshes its "
-                     "sampler's full copy of the weights).")
+                     f"uses with {result['threads']} threads, and add {extra}.")
+    elif result["cpus"] <= 2:
+        lines.append(f"On {result['cpus']} cores no speed-up is expected: fsdp-2 has 2 threads to the others' 1, but a "
+                     "second core only where nothing else runs (CPUs busy says how much it got), and it adds "
+                     f"{extra}; a rank waiting for the other one's time slice counts as communication.")
     return "\n".join(lines)
