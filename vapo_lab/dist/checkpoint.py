@@ -4,10 +4,10 @@ Each rank writes its shards of the models and optimiser states into one folder
 (``torch.distributed.checkpoint.save``); loading re-shards them for whatever world size loads
 them, so a run saved on N ranks resumes on N ranks exactly and loads on any other count.
 
-DCP reads its ``.metadata`` with ``pickle.load`` and its non-tensor entries with
-``torch.load(weights_only=False)``; both could run code from a file someone hands over. Here the
-metadata is read with an unpickler that admits only DCP's own metadata classes and torch's sizes
-and dtypes, and non-tensor entries with ``torch.load(weights_only=True)``; anything else is
+DCP reads its ``.metadata`` with ``pickle.load`` and its non-tensor entries with a full (not
+weights-only) ``torch.load``; both could run code from a file someone hands over. Here the
+metadata is read with an unpickler that admits only DCP's own metadata classes, torch's sizes,
+dtypes and layouts, and paths, and non-tensor entries with ``torch.load(weights_only=True)``; anything else is
 refused with one line (:class:`~vapo_lab.errors.CheckpointError`).
 """
 
