@@ -162,7 +162,7 @@ def test_build_task_registry_and_errors():
     assert isinstance(build_task("arith", seed=0, n_train=5, n_eval=5), ArithTask)
     with pytest.raises(ConfigError, match="did you mean arith"):
         build_task("arth", seed=0, n_train=5, n_eval=5)
-    with pytest.raises(ConfigError, match="min_digits, max_digits and length_exponent"):
+    with pytest.raises(ConfigError, match="min_digits, max_digits, length_exponent and readout"):
         build_task("arith", seed=0, n_train=5, n_eval=5, digits=3)
     with pytest.raises(ConfigError, match="exceeds the 55 distinct"):
         ArithTask(0, 50, 10, min_digits=1, max_digits=1)
@@ -172,3 +172,42 @@ def test_build_task_registry_and_errors():
         ArithTask(0, 5, 5, length_exponent=-1)
     with pytest.raises(ConfigError, match="bug_rate"):
         TraceNoise(bug_rate=1.5)
+
+
+def test_labelled_readout_by_hand():
+    task = ArithTask(0, 0, 0, max_digits=3, readout="labelled")
+    # 457 + 186 = 643: columns from the left 4+1, 5+8, 7+6; no final carry
+    p = Problem("p", "", "643", {"n_digits": 3, "x": 457, "y": 186})
+    assert task.trace(p) == " c3_0 z3_3 c2_1 z2_4 c1_1 z1_6 c0_0 \\boxed{ r1_6 r2_4 r3_3 }"
+    assert task.verify(task.trace(p), p)
+    assert task.verify("\\boxed{r1_6 r2_4 r3_3}", p)
+    assert not task.verify("\\boxed{643}", p)  # plain digits are not the labelled answer
+    assert not task.verify("\\boxed{ r1_6 r3_4 r3_3 }", p)  # a digit under a wrong label
+    assert not task.verify("\\boxed{ r1_6 r2_4 }", p)  # a digit missing
+    assert not task.verify("\\boxed{ r0_0 r1_6 r2_4 r3_3 }", p)  # no final carry to write
+    # 957 + 186 = 1143: the final carry is r0_1
+    q = Problem("q", "", "1143", {"n_digits": 3, "x": 957, "y": 186})
+    assert task.trace(q).endswith("c0_1 \\boxed{ r0_1 r1_1 r2_4 r3_3 }")
+    assert task.verify(task.trace(q), q)
+    assert not task.verify("\\boxed{ r1_1 r2_4 r3_3 }", q)
+
+
+def test_labelled_readout_tokens_and_noise():
+    task = ArithTask(0, 300, 50, max_digits=100, readout="labelled")
+    tok = build_tokenizer(task.vocabulary())
+    rng = random.Random(0)
+    for p in task.train[:100]:
+        trace = task.trace(p)
+        assert task.verify(trace, p)
+        # one token a word: 3n + 3 (+1 with a final carry), like the plain read-out
+        n, carry = p.meta["n_digits"], len(p.answer) > p.meta["n_digits"]
+        assert len(tok(trace).input_ids) == 3 * n + 3 + carry
+        noisy = task.trace(p, rng, TraceNoise(slip_rate=1.0))
+        assert not task.verify(noisy, p)  # every column slipped: the read-out copies the wrong digits
+    lengths = [3 * p.meta["n_digits"] + 3 for p in task.train]
+    assert min(lengths) <= 10 and max(lengths) >= 250
+
+
+def test_unknown_readout_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="readout='boxed' is not one of"):
+        ArithTask(0, 1, 1, readout="boxed")

@@ -58,3 +58,24 @@ def test_monte_carlo_returns_are_the_final_score_at_gamma_one(decoupled):
                   old_logprobs=torch.zeros(2, 4), values=torch.tensor([[0.3, 0.6, 0.9, 0.0], [0.1, 0.2, 0.0, 0.0]]))
     compute_advantages(cfg, batch)
     assert batch.mc_returns.tolist() == [[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+
+
+def test_advantage_gap_by_hand():
+    from vapo_lab.trainer.diagnostics import advantage_gap_from_sums, advantage_gap_sums
+
+    # three responses; only those of >= 3 tokens count (min_length=3); edges (0, 2)
+    adv = torch.tensor([[1.0, 2.0, 3.0, 0.0],    # correct, length 3
+                        [-1.0, -1.0, -4.0, -2.0],  # wrong, length 4
+                        [50.0, 50.0, 0.0, 0.0]])  # correct but length 2: too short, ignored
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    correct = torch.tensor([True, False, True])
+    lengths = torch.tensor([3, 4, 2])
+    sums = advantage_gap_sums(adv, mask, correct, lengths, min_length=3, edges=(0, 2))
+    got = advantage_gap_from_sums(sums, edges=(0, 2))
+    # positions 0-1: correct mean 1.5, wrong mean -1 -> 2.5; positions 2+: correct 3, wrong -3 -> 6
+    assert got == {"000_001": pytest.approx(2.5), "002_up": pytest.approx(6.0)}
+    # sums add over ranks: two copies of the batch give the same means
+    assert advantage_gap_from_sums(sums + sums, edges=(0, 2)) == got
+    # no wrong long response: no gap to report
+    assert advantage_gap_from_sums(advantage_gap_sums(adv, mask, torch.ones(3, dtype=torch.bool), lengths,
+                                                      min_length=3, edges=(0, 2)), edges=(0, 2)) == {}

@@ -84,7 +84,7 @@ def build_base(
 
     Keyword options (defaults in :data:`DEFAULTS`; from Hydra: the task keys below, ``model.arch.*`` and
     ``+model.base.<option>=...`` for the rest):
-        task_seed, n_train, n_eval, min_digits, max_digits, length_exponent: the arith task
+        task_seed, n_train, n_eval, min_digits, max_digits, length_exponent, readout: the arith task
             (``task.seed``, ``task.n_train``, ``task.n_eval``, ``task.options.*``).
         bug_rate: share of traces with the systematic bug where it applies (0.7: the mode).
         bug_sums: the column digit sums x + y at which, with a carry in, the bug applies
@@ -135,6 +135,7 @@ def build_base(
         task = ArithTask(
             config["task_seed"], config["n_train"], config["n_eval"], min_digits=config["min_digits"],
             max_digits=config["max_digits"], length_exponent=config["length_exponent"],
+            readout=config["readout"],
         )
         tokenizer = build_tokenizer(task.vocabulary())
         model = build_tiny_model(
@@ -231,7 +232,7 @@ def build_base_for(cfg: DictConfig, progress: ProgressFactory | None, force: boo
     return build_base(
         cache_dir=DEFAULT_CACHE_DIR, progress=progress, num_threads=cfg.trainer.threads, force=force, log=log,
         task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
-        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent") if k in opts},
+        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent", "readout") if k in opts},
         hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
         num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
         max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))

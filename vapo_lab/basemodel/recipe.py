@@ -54,7 +54,7 @@ from vapo_lab.tasks.arith import ArithTask, TraceNoise
 # Bump when the recipe changes in a way the config does not capture: old caches are then ignored.
 RECIPE_VERSION = 2
 # Digit-count buckets for the accuracy-by-length report (n digits -> about 3n+3 response tokens).
-BUCKETS = ((1, 5), (6, 10), (11, 20), (21, 40))
+BUCKETS = ((1, 5), (6, 10), (11, 20), (21, 40), (41, 70), (71, 100))
 
 # The defaults, chosen by measurement on a 2-core CPU machine (see the module docstring).
 DEFAULTS: dict[str, Any] = {
@@ -65,6 +65,8 @@ DEFAULTS: dict[str, Any] = {
     "min_digits": 1,
     "max_digits": 40,
     "length_exponent": 0.75,
+    # the boxed answer's form (ArithTask's readout): plain digits; scale=cpu-long: labelled words
+    "readout": "plain",
     # deliberate noise in the traces (vapo_lab.tasks.arith.TraceNoise). bug_rate 0.7: the bug is
     # the mode (greedy fails) and the right step is sampled 30% of the time; slip_rate 0.05 puts
     # temperature-1 accuracy at 16.6% and greedy at 24.6% with the bug family below (with the

@@ -165,7 +165,7 @@ def arith_bench(ref: ModelRef | None) -> EvalBench:
     b = ref.base_config
     task = build_task(ARITH, seed=int(b["task_seed"]), n_train=int(b["n_train"]), n_eval=int(b["n_eval"]),
                       min_digits=int(b["min_digits"]), max_digits=int(b["max_digits"]),
-                      length_exponent=float(b["length_exponent"]))
+                      length_exponent=float(b["length_exponent"]), readout=str(b.get("readout", "plain")))
     return EvalBench(ARITH, list(task.eval), True, f"task=arith from {ref.path}/base.json", verify=task.verify,
                      chat_template="none")
 

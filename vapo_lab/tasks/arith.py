@@ -39,6 +39,8 @@ from vapo_lab.tasks import Problem, last_boxed
 
 OPERATORS = ("+", "=")
 BOXED_OPEN = "\\boxed{"
+# How the boxed answer is written: plain digits, or one position-labelled word per digit
+READOUTS = ("plain", "labelled")
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,8 @@ def response_tokens(n_digits: int, final_carry: bool = False) -> int:
     r"""Returns the tokens of a correct response to an n-digit problem, end-of-sequence not counted.
 
     ``c{n}_0``, then ``zK cK-1`` per column (2n), ``\boxed{``, the answer's n digits (n + 1 with a
-    final carry) and ``}``: 3n + 3, or 3n + 4 (one token a word, see the module docstring).
+    final carry) and ``}``: 3n + 3, or 3n + 4 (one token a word, see the module docstring). The
+    labelled read-out (``rK_D`` words, then `` }``) has the same count.
     """
     return 3 * n_digits + 3 + int(final_carry)
 
@@ -118,8 +121,15 @@ class ArithTask:
             (7% over 100 tokens). Why not uniform: measured on 2 CPU cores, the ~1M-parameter
             base learns the scratchpad within its 3-minute budget up to ~20 digits (longer
             read-outs drift), so under a uniform n half the problems would be out of its reach.
+        readout: how the boxed answer is written: ``"plain"`` digits (``\boxed{643}``, the
+            default) or ``"labelled"`` words (``\boxed{ r1_6 r2_4 r3_3 }``, the final carry as
+            ``r0_1``), each carrying its column like the scratchpad's words. Why: with plain
+            digits the model must count how many it has written, and the tiny base loses count
+            past ~20 digits; a labelled word finds its column's sum digit by the same position
+            match that finds x_K and y_K, so answers of 100 digits become reachable
+            (``scale=cpu-long``, whose responses run to 300+ tokens).
         **options: task-specific settings from ``task.options``; arith has none beyond the
-            three above, so any other key is an error.
+            four above, so any other key is an error.
 
     Raises:
         ConfigError: a bad digit range or split size, an unknown option, or more problems
@@ -136,13 +146,18 @@ class ArithTask:
         min_digits: int = 1,
         max_digits: int = 40,
         length_exponent: float = 0.75,
+        readout: str = "plain",
         **options,
     ) -> None:
         if options:
             raise ConfigError(
                 f"task.options has {sorted(options)}, which task arith does not know. "
-                "Its options are min_digits, max_digits and length_exponent."
+                "Its options are min_digits, max_digits, length_exponent and readout."
             )
+        if readout not in READOUTS:
+            raise ConfigError(f"task.options.readout={readout!r} is not one of {list(READOUTS)}. "
+                              "Set task.options.readout=plain or labelled.")
+        self.readout = readout
         if length_exponent < 0:
             raise ConfigError(
                 f"task.options.length_exponent={length_exponent} is negative: P(n) ∝ n^-exponent "
@@ -208,6 +223,9 @@ class ArithTask:
         """Returns every word the task writes, each to become one token (columns 1..max_digits)."""
         words = [f"{v}{k}_{d}" for v in "xyz" for k in range(1, self.max_digits + 1) for d in range(10)]
         words += [f"c{k}_{b}" for k in range(self.max_digits + 1) for b in (0, 1)]
+        if self.readout == "labelled":
+            # "}" too, so that the closing " }" is one token (a bare "}" is a byte token already)
+            words += ["r0_1"] + [f"r{k}_{d}" for k in range(1, self.max_digits + 1) for d in range(10)] + ["}"]
         return words + list(OPERATORS) + [BOXED_OPEN]
 
     def trace(self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None) -> str:
@@ -245,9 +263,28 @@ class ArithTask:
             written[column] = z
             carry = carry_out
         answer = ("1" if carry else "") + "".join(str(written[c]) for c in range(1, n + 1))
+        if self.readout == "labelled":
+            labelled = (["r0_1"] if carry else []) + [f"r{c}_{written[c]}" for c in range(1, n + 1)]
+            return " " + " ".join(words) + f" {BOXED_OPEN} " + " ".join(labelled) + " }"
         return " " + " ".join(words) + f" {BOXED_OPEN}{answer}}}"
 
     def verify(self, response_text: str, problem: Problem) -> bool:
-        r"""Returns True iff the last ``\boxed{...}`` of the response holds exactly the answer."""
+        r"""Returns True iff the last ``\boxed{...}`` of the response holds exactly the answer.
+
+        With the labelled read-out the box must hold the words ``r1_D .. rn_D`` in column order,
+        preceded by ``r0_1`` exactly when the sum has a final carry: their digits must spell the
+        answer, and every label must be the column it claims (a digit under a wrong label is wrong).
+        """
         boxed = last_boxed(response_text)
-        return boxed is not None and boxed.strip() == problem.answer
+        if boxed is None:
+            return False
+        if self.readout == "plain":
+            return boxed.strip() == problem.answer
+        return boxed.split() == self._labelled_answer(problem)
+
+    @staticmethod
+    def _labelled_answer(problem: Problem) -> list[str]:
+        """Returns the words of the labelled read-out of ``problem``'s answer: ``["r0_1", "r1_6", ...]``."""
+        n, answer = problem.meta["n_digits"], problem.answer
+        carry, digits = (["r0_1"], answer[1:]) if len(answer) > n else ([], answer)
+        return carry + [f"r{c}_{d}" for c, d in enumerate(digits, start=1)]

@@ -6,8 +6,13 @@
   (it was only ever trained to score the end) and that value pretraining removes the bias.
 - Response length against correctness: how many responses fall in each length bucket and what
   fraction of them is correct, plus the mean length of correct and of wrong responses.
+- Advantage signal reaching early tokens of long responses: by token position, the mean advantage
+  of the tokens of correct long responses minus that of wrong ones. The reward arrives at the last
+  token; with GAE's λ < 1 it reaches token t − k with weight λ^k (0.95^100 = 0.006), so at early
+  positions the gap is what the critic's values carry, not the outcome (VAPO §4.2, length-adaptive
+  GAE). Near λ = 1 the whole outcome reaches every token.
 
-Buckets are powers of two, [0, 8), [8, 16), ... [128, inf), named by their first and last member
+Buckets are powers of two, [0, 8), [8, 16), ... [256, inf), named by their first and last member
 ("000_007", ..., "128_up") so that MLflow accepts the keys and they sort by position.
 Pure functions of tensors: the trainer calls them, the report reads their metrics back.
 """
@@ -17,7 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-EDGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128)
+EDGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128, 256)
+# responses at least this long count as "long" for the advantage gap (about 4x the default task's median)
+LONG_RESPONSE = 64
 
 
 def bucket_labels(edges: tuple[int, ...] = EDGES) -> list[str]:
@@ -99,4 +106,39 @@ def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = ED
         out["correct_mean"] = float(lengths[ok].mean())
     if (~ok).any():
         out["wrong_mean"] = float(lengths[~ok].mean())
+    return out
+
+
+def advantage_gap_sums(advantages: Tensor, mask: Tensor, correct: Tensor, lengths: Tensor,
+                       min_length: int = LONG_RESPONSE, edges: tuple[int, ...] = EDGES) -> Tensor:
+    """Returns the parts of :func:`advantage_gap_from_sums` that add up over ranks: a float64 (4, n)
+    tensor of Σ advantage and token counts per position bucket, for the correct (rows 0, 1) and the
+    wrong (rows 2, 3) responses of at least ``min_length`` tokens.
+
+    Args:
+        advantages: (B, T) the advantages the policy update uses.
+        mask: (B, T) valid-token mask.
+        correct: (B,) whether each response is correct.
+        lengths: (B,) response lengths in tokens.
+    """
+    valid = mask.bool() & (lengths >= min_length).unsqueeze(1)
+    which = bucket_of(torch.arange(advantages.shape[1]).expand_as(advantages), edges)
+    ok = correct.bool().unsqueeze(1)
+    adv = advantages.double()
+    out = torch.zeros(4, len(edges), dtype=torch.float64)
+    for i in range(len(edges)):
+        for row, side in ((0, ok), (2, ~ok)):
+            sel = valid & side & (which == i)
+            out[row, i], out[row + 1, i] = adv[sel].sum(), sel.sum()
+    return out
+
+
+def advantage_gap_from_sums(sums: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+    """Returns {bucket label: mean advantage of correct long responses' tokens − of wrong ones'} for
+    the buckets where both kinds have tokens (``sums`` from :func:`advantage_gap_sums`, summed over
+    ranks); empty when a step has no correct or no wrong long response."""
+    out = {}
+    for i, label in enumerate(bucket_labels(edges)):
+        if sums[1, i] > 0 and sums[3, i] > 0:
+            out[label] = float(sums[0, i] / sums[1, i] - sums[2, i] / sums[3, i])
     return out

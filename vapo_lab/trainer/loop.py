@@ -48,6 +48,8 @@ from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.checkpoints import save_run
 from vapo_lab.trainer.collect import Batch, collect
 from vapo_lab.trainer.diagnostics import (
+    advantage_gap_from_sums,
+    advantage_gap_sums,
     length_profile,
     value_bias_by_position,
     value_bias_from_sums,
@@ -221,6 +223,8 @@ def _global_batch_metrics(run: Run, batch: Batch, t0: float, t_rollout: float, t
         "perf/peak_rss_mb": float(world.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),
     }
     m.update({f"diag/length/{k}": v for k, v in length_profile(lengths, correct).items()})
+    gap = advantage_gap_sums(batch.advantages, mask, batch.correct, batch.lengths)
+    m.update({f"diag/adv_gap/{k}": v for k, v in advantage_gap_from_sums(world.sum(gap)).items()})
     if batch.mc_returns is not None:
         sums, counts = value_bias_sums(batch.values, batch.mc_returns, mask)
         m.update({f"diag/value_bias/{k}": v
@@ -251,6 +255,8 @@ def _batch_metrics(batch: Batch, actor_lr: float, t0: float, t_rollout: float, t
         "perf/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
     }
     m.update({f"diag/length/{k}": v for k, v in length_profile(batch.lengths, batch.correct).items()})
+    gap = advantage_gap_sums(batch.advantages, mask, batch.correct, batch.lengths)
+    m.update({f"diag/adv_gap/{k}": v for k, v in advantage_gap_from_sums(gap).items()})
     if batch.mc_returns is not None:
         bias = value_bias_by_position(batch.values, batch.mc_returns, mask)
         m.update({f"diag/value_bias/{k}": v for k, v in bias.items()})
