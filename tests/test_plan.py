@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -150,3 +151,71 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
                                                   "task.train_path=train.jsonl"]).cfg) == []  # as shipped
     assert fit_problems(compose_config(overrides=fixed).cfg) == []
     assert plan_run(compose_config(overrides=fixed).cfg, 80e9).footprint.need / 1e9 == pytest.approx(79.3, abs=0.05)
+
+
+# -- experiments/table1-small-gpu.yaml: the resources its header states -------------------------------
+# Qwen2.5-1.5B's published config.json (huggingface.co/Qwen/Qwen2.5-1.5B), the base of scale=small-gpu
+QWEN25_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+               "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
+               "max_position_embeddings": 131072, "tie_word_embeddings": True}
+SMALL_GPU_GRID = Path(__file__).resolve().parents[1] / "experiments" / "table1-small-gpu.yaml"
+
+
+def test_table1_small_gpu_fits_the_gpus_its_header_states(tmp_path):
+    from omegaconf import OmegaConf
+
+    from vapo_lab.config.preflight import fewest_ranks
+    from vapo_lab.launch.grid import load_grid
+
+    header = SMALL_GPU_GRID.read_text()
+    assert "NOT RUN BY THIS PROJECT" in header and "--launcher slurm" in header
+    assert "1 node of 8 GPUs" in header and "80 GB GPUs" in header
+    # by hand, h 1536, L 28, 12 heads / 2 kv of d 128, i 8960, V 151936, tied:
+    # a layer: q 1536² + 1536, k = v = 1536·256 + 256, o 1536², MLP 3·1536·8960, 2 norms 2·1536
+    h, L, kv_d, i, V = 1536, 28, 2 * 128, 8960, 151936
+    layer = (h * h + h) + 2 * (h * kv_d + kv_d) + h * h + 3 * h * i + 2 * h
+    actor = V * h + L * layer + h  # embeddings (tied: no lm_head) + layers + final norm
+    assert layer == 46_797_824 and actor == 1_543_714_304  # the model card's 1.54B
+    critic = actor + h + 1  # the backbone + a value head Linear(h, 1)
+    # fsdp over 8 ranks: 16 B/param (ZeRO: fp32 weights 4, gradients 4, AdamW m and v 8) / 8
+    state = 16 * (actor + critic) / 8
+    # rollout: the state + vLLM's share, 0.5 x 80 GB
+    rollout = state + 0.5 * 80e9
+    # update: state + the gathered FSDP root (embeddings + final norm) and 2 layers in bf16 + the
+    # actor's activations with checkpointing for b = 2 sequences of s = 512 + 8192 tokens:
+    # L·2·s·b·h (each layer's input) + 34·s·b·h (the layer recomputed) + fp32 logits 4·t·b·V, t = 8192
+    s, b, t = 512 + 8192, 2, 8192
+    update = state + 2 * (V * h + h + 2 * layer) + L * 2 * s * b * h + 34 * s * b * h + 4 * t * b * V
+    assert (state, update, rollout) == (6_174_860_290, 19_192_561_666, 46_174_860_290)
+    # DAPO has no critic: 16 B x actor / 8
+    dapo = 16 * actor / 8 + 0.5 * 80e9
+    assert dapo == 43_087_428_608
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_1_5B))
+    specs = load_grid(SMALL_GPU_GRID, seeds=1).expand([f"model.path={tmp_path}", "task.train_path=d.jsonl"])
+    assert len(specs) == 10
+    for spec in specs:
+        plan = plan_run(OmegaConf.create(spec.config), 80e9)
+        fp, want = plan.footprint, (dapo if spec.algo == "dapo" else rollout)
+        assert plan.setup.world == 8 and fp.fits(80e9)
+        assert (fp.actor_params, fp.need) == (actor, want)
+        if spec.algo != "dapo":
+            assert (fp.critic_params, fp.train_peak) == (critic, update)
+        # at N = 1 the critic's cells need 2 x 24.7 + 40 > 80 GB; at N = 2, 24.7 + 40
+        assert fewest_ranks(plan) == (1 if spec.algo == "dapo" else 2)
+    # the header states these figures (to the plan's two decimals)
+    assert f"Needs {rollout / 1e9:.2f} GB a GPU at N = 8" in header and f"{dapo / 1e9:.2f} GB for DAPO" in header
+    assert "fewest GPUs" in header and "that fit: 2 (DAPO 1)" in header
+    # the prepare job: one unsharded process (bf16 weights 2, gradients 2, AdamW 4 B/param) and vLLM's 40 GB
+    single = plan_run(compose_config(overrides=[f"model.path={tmp_path}", "scale=small-gpu", "task.train_path=d.jsonl",
+                                                "trainer.strategy=single", "trainer.nproc_per_node=1"]).cfg, 80e9)
+    assert single.footprint.need == 8 * (actor + critic) + 0.5 * 80e9
+    assert f"{single.footprint.need / 1e9:.2f} GB there" in header
+
+
+def test_plan_of_scale_small_gpu_without_the_weights():
+    result = runner.invoke(app, ["plan", "scale=small-gpu"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert _rows(result.output)["parameters: actor"][0] == "1.54B (1,543,714,304)"
+    assert "fits 80 GB GPUs at N = 8: yes (needs 46.17 GB a GPU)" in result.output
+    assert "fewest GPUs that fit: 2" in result.output

@@ -124,3 +124,32 @@ def test_more_seeds_extend_the_same_grid(tmp_path):
     one, three = load_grid(path, seeds=1).expand(), load_grid(path, seeds=3).expand()
     assert one[0].grid_id == three[0].grid_id
     assert {s.key for s in one} < {s.key for s in three} and len(three) == 9
+
+
+# the files experiments/table1-small-gpu.yaml needs (not read by composition: fake paths do)
+SMALL_GPU_PATHS = ["model.path=/models/Qwen2.5-1.5B", "task.train_path=/data/dapo-math-17k.jsonl"]
+
+
+def test_table1_small_gpu_is_table1_at_scale_small_gpu():
+    grid = load_grid("table1-small-gpu")
+    assert "table1-small-gpu" in builtin_grids()
+    assert grid.cells == load_grid("table1").cells and len(grid.cells) == 10
+    assert grid.overrides == ["scale=small-gpu"] and grid.seeds == [0, 1, 2]
+    specs = load_grid("table1-small-gpu", seeds=1).expand(SMALL_GPU_PATHS)
+    assert [s.name for s in specs] == [c["name"] for c in load_grid("table1").cells]
+    for s in specs:
+        c = s.config
+        assert c["scale"]["name"] == "small-gpu" and c["model"]["name"] == "hf"
+        assert c["model"]["arch_name"] == "Qwen2.5-1.5B" and c["task"]["name"] == "math"
+        assert c["rollout"]["backend"] == "vllm" and c["rollout"]["max_new_tokens"] == 8192
+        assert c["rollout"]["responses_per_step"] == 2048
+        assert (c["trainer"]["strategy"], c["trainer"]["nodes"], c["trainer"]["nproc_per_node"]) == ("fsdp", 1, 8)
+        # 16 samples a prompt under group sampling; 1 for vanilla PPO and VAPO without it
+        single = s.name in ("ppo", "vapo-no-group_sampling")
+        assert c["rollout"]["n_samples"] == (1 if single else 16)
+
+
+def test_table1_small_gpu_without_its_files_names_both():
+    with pytest.raises(ConfigError, match="model.path is required for model=hf") as e:
+        load_grid("table1-small-gpu", seeds=1).expand()
+    assert "task.train_path is required for task=math" in str(e.value)
