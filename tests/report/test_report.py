@@ -7,7 +7,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from vapo_lab.report import ReportError, make_report
-from vapo_lab.report.table import kendall, spearman
 
 ALL_ON = "none"
 
@@ -62,17 +61,31 @@ def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
     assert rows["Vanilla PPO"]["mean"] == pytest.approx(30.0) and rows["Vanilla PPO"]["paper"] == 5.0
     assert rows["w/o group_sampling"]["state"] == "running, step 4" and rows["w/o group_sampling"]["mean"] is None
     assert rows["w/o decoupled_gae"]["state"] == "not run"
-    # rank agreement over the 4 scored rows: ours PPO 30 < DAPO 46 < w/o CH 53 = VAPO 53; paper 5 < 46 < 50 < 60
-    ours, paper = [30, 46, 53, 53], [5, 50, 46, 60]
+    # rank agreement over the 4 scored rows: ours PPO 30 < DAPO 46 < w/o CH 53 = VAPO 53; paper 5 < 46 < 50 < 60.
+    # Ranks: ours [1, 2, 3.5, 3.5], paper [1, 3, 2, 4]; centred [-1.5, -0.5, 1, 1] and [-1.5, 0.5, -0.5, 1.5]:
+    # ρ = 3 / √(4.5·5). τ-b: 4 concordant pairs, 1 discordant (DAPO, w/o CH), 1 tied in ours: 3 / √(5·6).
     assert rep.rank["n"] == 4
-    assert rep.rank["spearman"] == pytest.approx(spearman(ours, paper))
+    assert rep.rank["spearman"] == pytest.approx(3 / math.sqrt(22.5), abs=1e-6)
+    assert rep.rank["kendall"] == pytest.approx(3 / math.sqrt(30), abs=1e-6)
+    lo, hi = rep.rank["spearman_ci"]
+    assert -1 <= lo <= rep.rank["spearman"] <= hi <= 1
+    # 3 seeds: the 95% interval is the seeds' range (test_stats derives why); w/o CH's difference
+    # from VAPO, (52, 54) against (50, 56, 53), holds 0: not separable
+    assert v["ci"] == pytest.approx((50.0, 56.0), abs=1e-6)
+    assert rows["w/o clip_higher"]["separable"] is False and rows["DAPO"]["separable"] is None
     md = (tmp_path / "out" / "table1.md").read_text()
-    assert "| VAPO | 53.0 ± 3.0 | 3 | +0.0 | 60.0 | +0.0 | 53.0 ± 3.0 |" in md
-    assert "| DAPO | 46.0 ± 0.0 | 1 | -7.0 | 50.0 | -10.0 | 48.0 ± 0.0 |" in md
-    assert "ours: avg@4 best |" in md.splitlines()[0]
-    assert "| w/o decoupled_gae | not run | 0 |" in md and "running, step 4" in md
+    assert "| VAPO | 53.0 ± 3.0 | [50.0, 56.0] | 3 | +0.0 | reference | 60.0 | +0.0 | 53.0 ± 3.0 |" in md
+    # one seed: no spread, so no "± 0.0", no interval, separability not determinable
+    assert "| DAPO | 46.0 | n=1, no interval | 1 | -7.0 | — | 50.0 | -10.0 | 48.0 |" in md
+    assert "± 0.0" not in md and r"\pm 0.0" not in (tmp_path / "out" / "table1.tex").read_text()
+    assert "| w/o clip_higher | 53.0 ± 1.4 | [52.0, 54.0] | 2 | +0.0 [" in md and "| no |" in md
+    assert "ours: avg@4 best (mean ± std) |" in md.splitlines()[0]
+    assert "| w/o decoupled_gae | not run |  | 0 |" in md and "running, step 4" in md
+    assert "Spearman ρ = 0.63 [95% interval" in md and "excludes 0" in md
     assert r"\toprule" in (tmp_path / "out" / "table1.tex").read_text()
-    assert (tmp_path / "out" / "table1.csv").read_text().splitlines()[0].startswith("variant,mean,std,seeds")
+    csv = (tmp_path / "out" / "table1.csv").read_text().splitlines()
+    assert csv[0].startswith("variant,mean,std,ci_low,ci_high,seeds")
+    assert next(x for x in csv if x.startswith("DAPO,")).startswith("DAPO,46.0000,,,,1,")
 
     best = make_report("table1", tmp_path / "best", uri, score="best")
     assert {d["variant"]: d for d in best.table}["DAPO"]["mean"] == pytest.approx(48.0)
@@ -96,14 +109,12 @@ def test_figures_have_the_expected_panels_and_series(store, tmp_path):
     assert rep.figure1["DAPO"]["reach_90"] == 10
     index = (tmp_path / "out" / "index.md").read_text()
     assert "![Figure 2](figure2.png)" in index and "abc123" in index and "g-1" in index
-
-
-def test_rank_correlations_on_known_permutations():
-    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert kendall([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
-    # one adjacent swap of 4: Kendall (5 - 1) / 6, Spearman 1 - 6*2 / (4*15) = 0.8
-    assert kendall([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
-    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    # the bands say what they are, in Figure 2's and Figure 1's text
+    assert index.count("Shaded: min–max over seeds at each point, which with 2 or 3 seeds is also the 95% "
+                       "percentile-bootstrap interval of the mean; a variant with one seed has no band.") == 2
+    std = make_report("table1", tmp_path / "std", uri, band="std")
+    assert "Shaded: mean ± 1 sample std over seeds at each point; a variant" in (tmp_path / "std" / "index.md").read_text()
+    assert std.figure1 == rep.figure1
 
 
 def test_empty_and_missing_experiments_name_the_fix(store, tmp_path):
@@ -127,7 +138,7 @@ def test_cli_report_prints_the_table(store, tmp_path):
     _log(client, exp, "dapo", DAPO_OFF, 0, [(0, 0.4), (10, 0.45)])
     r = CliRunner().invoke(app, ["report", "--tracking-uri", uri, "--out", str(tmp_path / "r")])
     assert r.exit_code == 0, r.output
-    assert "| VAPO | 50.0 ± 0.0 | 1 |" in r.output and Path(tmp_path / "r" / "index.md").is_file()
+    assert "| VAPO | 50.0 | n=1, no interval | 1 |" in r.output and Path(tmp_path / "r" / "index.md").is_file()
     r = CliRunner().invoke(app, ["report", "--tracking-uri", uri, "--experiment", "nope"])
     assert r.exit_code == 1 and "error: no experiment 'nope'" in r.output
 
@@ -181,6 +192,8 @@ def test_diagnostics_are_the_hand_computed_aggregates(store, tmp_path):
                                                     "clipfrac_high": pytest.approx(0.002)}
     index = (tmp_path / "out" / "index.md").read_text()
     assert "![Value bias by token position](diag_value_bias.png)" in index
+    # the three figures of per-run means say what their band is; the λ figure pools all seeds
+    assert index.count("Lines: mean over seeds of each run's value. Shaded: min–max over seeds") == 3
     assert "| VAPO | early | -0.300 | +0.200 | -0.100 |" in index
     assert "0-7 50% (n=12)" in index
 

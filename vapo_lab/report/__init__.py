@@ -1,7 +1,9 @@
 """`vapo-lab report`: Table 1, Figure 1 and Figure 2 of a grid's tracked runs, beside the paper.
 
 ``collect`` reads MLflow and groups runs into variants, ``table`` aggregates and compares with the
-paper, ``figures`` draws the curves; ``make_report`` writes them all and an ``index.md``.
+paper, with the seed statistics of ``stats`` (bootstrap intervals, separability from VAPO, rank
+agreement), ``figures`` draws the curves with seed bands; ``make_report`` writes them all and an
+``index.md``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.report import diagnostics as diag
+from vapo_lab.report import stats
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
-from vapo_lab.report.figures import figure1, figure2
+from vapo_lab.report.figures import BANDS, band_text, figure1, figure2
 from vapo_lab.report.table import build_table, rank_agreement, table_records, to_csv, to_latex, to_markdown
 from vapo_lab.registry.table1 import row_name
 
@@ -46,15 +49,15 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         fig1_variants: Figure 1's variants (default VAPO, DAPO, GRPO and any other preset present).
         score: "final" (last evaluation, the default) or "best" (the run's highest evaluation).
         smooth: EMA factor for Figure 2 in (0, 1]; 1 = none.
-        band: "minmax" or "std" around the mean over seeds.
+        band: the seed band around the mean over seeds in every figure: "minmax" or "std" (``BANDS``).
 
     Raises:
         ReportError: no runs, no scores, or a bad option (one line, with the fix).
     """
     if score not in ("final", "best"):
         raise ReportError(f"--score {score}: choose final or best")
-    if band not in ("minmax", "std"):
-        raise ReportError(f"--band {band}: choose minmax or std")
+    if band not in BANDS:
+        raise ReportError(f"--band {band}: choose {' or '.join(BANDS)}")
     if not 0 < smooth <= 1:
         raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
     from vapo_lab.config.preflight import require_writable
@@ -88,16 +91,17 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     rep.files += paths
     for stem, draw in (("diag_value_bias", diag.figure_value_bias), ("diag_lambda", diag.figure_lambda),
                        ("diag_length", diag.figure_length), ("diag_clip", diag.figure_clip)):
-        paths, info = draw(groups, out)
+        paths, info = draw(groups, out, band)
         if paths:
             rep.files += paths
             rep.diagnostics[stem] = info
-    (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key),
+    (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key, band),
                                   encoding="utf-8")
     rep.files.append(out / "index.md")
     (out / "report.json").write_text(json.dumps({"table": rep.table, "rank": rep.rank, "figure1": rep.figure1,
                                                   "figure2": rep.figure2, "diagnostics": diag.summarize(groups),
-                                                  "score": label}, indent=1, default=str))
+                                                  "score": label, "statistics": stats.settings(),
+                                                  "band": BANDS[band]}, indent=1, default=str))
     rep.files.append(out / "report.json")
     return rep
 
@@ -116,7 +120,7 @@ def report_from_export(path: str | Path, out: str | Path | None = None, **kwargs
 
 
 def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows: list[Any], rep: Report,
-           label: str, variants: list[str], key: str) -> str:
+           label: str, variants: list[str], key: str, band: str) -> str:
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs})
     seeds = sorted({r.seed for r in runs})
     commands = sorted({c for r in runs for c in r.tags.get("grid_commands", "").split(" ; ")} - {""})
@@ -133,12 +137,13 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
     lines += ["## Table 1", "", (rep.out / "table1.md").read_text(encoding="utf-8"),
               "Also as [LaTeX](table1.tex) and [CSV](table1.csv).", "",
               "## Figure 2", "", "![Figure 2](figure2.png)", "",
-              f"{' vs '.join(variants)}: mean over seeds with a band; [PDF](figure2.pdf).", "",
-              "## Figure 1", "", "![Figure 1](figure1.png)", ""]
+              f"{' vs '.join(variants)}: mean over seeds at each step. {band_text(band)} [PDF](figure2.pdf)", "",
+              "## Figure 1", "", "![Figure 1](figure1.png)", "",
+              f"Held-out score: mean over seeds at each evaluation. {band_text(band)} [PDF](figure1.pdf)", ""]
     for name, d in rep.figure1.items():
         reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
         lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final at {reach}")
-    lines += _diagnostics_section(rep, groups)
+    lines += _diagnostics_section(rep, groups, band)
     lines += ["", "## Clip fractions (mean over steps and seeds)", "",
               "| variant | low (ratio < 1-ε_low) | high (ratio > 1+ε_high) |", "|---|---|---|"]
     for name in sorted(groups):
@@ -162,8 +167,8 @@ DIAG_TEXT = {
                     "Length-adaptive GAE's λ_policy = 1 − 1/(α·l) over the lengths the policy produced, "
                     "beside the paper's α = 0.05 over its lengths."),
     "diag_length": ("Response length against correctness",
-                    "Accuracy of the training rollouts by length, early and late, and the mean length of "
-                    "correct and wrong responses."),
+                    "Accuracy of the training rollouts by length, early and late (all seeds' responses pooled: "
+                    "no band), and the mean length of correct and wrong responses."),
     "diag_clip": ("Clip fractions against step", "Clip-higher raises ε_high (0.28 against 0.2), which "
                   "should clip fewer positive-advantage tokens (b) and leave the low side (a) alone. With "
                   "one PPO epoch the first mini-batch of a step is on-policy (ratio 1), so only the later "
@@ -171,7 +176,11 @@ DIAG_TEXT = {
 }
 
 
-def _diagnostics_section(rep: Report, groups: dict[str, list[Any]]) -> list[str]:
+# the diagnostics figures that draw per-run means, with a seed band (the others pool all seeds)
+BANDED = ("diag_value_bias", "diag_length", "diag_clip")
+
+
+def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -> list[str]:
     """Returns index.md's diagnostics: each figure with a line on what it shows and its key numbers."""
     if not rep.diagnostics:
         return ["", "## Diagnostics", "", "No run logged the trainer's diagnostics (diag/* metrics: "
@@ -179,6 +188,8 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]]) -> list[str]
     lines = ["", "## Diagnostics", ""]
     for stem, info in rep.diagnostics.items():
         title, text = DIAG_TEXT[stem]
+        if stem in BANDED:
+            text += f" Lines: mean over seeds of each run's value. {band_text(band)}"
         lines += [f"### {title}", "", f"![{title}]({stem}.png)", "", text + f" [PDF]({stem}.pdf)", ""]
         if stem == "diag_value_bias":
             lines += ["| variant | window | " + " | ".join(diag.pretty(k) for k in _labels(info)) + " | all |",

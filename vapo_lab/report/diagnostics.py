@@ -9,7 +9,8 @@
 - Clip fractions, low and high, against step, with and without clip-higher.
 
 "Early" is the first fifth of a run's training steps (at least one), "late" the last fifth. Means
-over seeds are of per-run means; accuracies per length bucket pool the responses of all seeds.
+over seeds are of per-run means, drawn with a seed band over those per-run means (``figures.BANDS``);
+accuracies per length bucket pool the responses of all seeds (no band).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.report.collect import RunData
-from vapo_lab.report.figures import _save, mean_band
+from vapo_lab.report.figures import BANDS, _save, mean_band, seeds_with, spread
 from vapo_lab.registry.table1 import row_name
 
 BIAS = "diag/value_bias/"
@@ -50,15 +51,21 @@ def _buckets(runs: list[RunData], prefix: str) -> list[str]:
     return sorted({k[len(prefix):] for r in runs for k in r.history if k.startswith(prefix)})
 
 
-def value_bias_profile(runs: list[RunData]) -> dict[str, dict[str, float]]:
-    """Returns {"early"|"late": {bucket label: mean over runs of the run's windowed mean bias}}."""
-    out: dict[str, dict[str, float]] = {}
+def value_bias_per_run(runs: list[RunData]) -> dict[str, dict[str, list[float]]]:
+    """Returns {"early"|"late": {bucket label: [each run's windowed mean bias]}}, runs that logged it."""
+    out: dict[str, dict[str, list[float]]] = {}
     for which in ("early", "late"):
         for label in _buckets(runs, BIAS):
             per_run = [sum(v) / len(v) for r in runs if (v := _windowed(r, BIAS + label, which))]
             if per_run:
-                out.setdefault(which, {})[label] = sum(per_run) / len(per_run)
+                out.setdefault(which, {})[label] = per_run
     return out
+
+
+def value_bias_profile(runs: list[RunData]) -> dict[str, dict[str, float]]:
+    """Returns {"early"|"late": {bucket label: mean over runs of the run's windowed mean bias}}."""
+    return {which: {label: sum(v) / len(v) for label, v in prof.items()}
+            for which, prof in value_bias_per_run(runs).items()}
 
 
 def length_accuracy(runs: list[RunData]) -> dict[str, dict[str, dict[str, float]]]:
@@ -151,9 +158,11 @@ def _write(plt: Any, fig: Any, out: Path, stem: str, suptitle: str) -> list[Path
     return paths
 
 
-def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+def figure_value_bias(groups: dict[str, list[RunData]], out: Path,
+                      band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_value_bias: V(s_t) − G_t by position bucket, (a) early, (b) late; one line per
-    critic-based variant. Returns (paths, {variant: profile}); no file when no run logged it."""
+    critic-based variant (mean over seeds, ``band`` over the per-run means). Returns (paths,
+    {variant: profile}); no file when no run logged it."""
     names = _present(groups, (row_name("vapo"), row_name("value_pretraining"), row_name("ppo"), row_name("decoupled_gae")), BIAS)
     if not names:
         return [], {}
@@ -163,22 +172,28 @@ def figure_value_bias(groups: dict[str, list[RunData]], out: Path) -> tuple[list
     for ax, which, title in zip(axes, ("early", "late"), ("(a) early: first fifth of training",
                                                         "(b) late: last fifth of training")):
         for name in names:
-            prof = value_bias_profile(groups[name]).get(which, {})
+            per_run = value_bias_per_run(groups[name]).get(which, {})
+            prof = {k: sum(v) / len(v) for k, v in per_run.items()}
             labels = [k for k in prof if k != "all"]
             if labels:
-                ax.plot([pretty(k) for k in labels], [prof[k] for k in labels], marker="o",
-                        label=f"{name} (n={len(groups[name])})")
+                xs = [pretty(k) for k in labels]
+                line, = ax.plot(xs, [prof[k] for k in labels], marker="o",
+                                label=f"{name} (n={max(len(per_run[k]) for k in labels)})")
+                lows, highs = zip(*(spread(per_run[k], band) for k in labels))
+                ax.fill_between(xs, lows, highs, alpha=0.15, color=line.get_color())
                 plotted.setdefault(name, {})[which] = prof
         ax.axhline(0, color="grey", lw=0.8)
         _dress(ax, title, "token position in the response")
     axes[0].set_ylabel("mean V(s_t) − G_t (value bias)")
     return _write(plt, fig, out, "diag_value_bias", "Value bias by token position: critic value minus realised "
-                  "return (mean over seeds)"), plotted
+                  f"return (mean over seeds; band: {BANDS[band]})"), plotted
 
 
-def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+def figure_lambda(groups: dict[str, list[RunData]], out: Path,
+                  band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_lambda: (a) λ_policy(l) with our α over the lengths our policy produced (bars:
-    share of responses per length bucket), (b) the paper's α = 0.05 over its lengths."""
+    share of responses per length bucket, all seeds pooled), (b) the paper's α = 0.05 over its
+    lengths. No per-run means, so no seed band (``band`` is taken for the common signature)."""
     names = _present(groups, (row_name("vapo"), row_name("dapo")), LENGTH + "count_")
     if not names:
         return [], {}
@@ -230,9 +245,11 @@ def figure_lambda(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Pat
     return _write(plt, fig, out, "diag_lambda", "Length-adaptive GAE: λ_policy = 1 − 1/(α·l) against response length"), info
 
 
-def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
-    """Writes diag_length: (a) accuracy per length bucket, early vs late, per variant; (b) mean
-    length of correct and of wrong responses against step."""
+def figure_length(groups: dict[str, list[RunData]], out: Path,
+                  band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
+    """Writes diag_length: (a) accuracy per length bucket, early vs late, per variant (responses of
+    all seeds pooled: no band); (b) mean length of correct and of wrong responses against step
+    (mean over seeds with ``band``)."""
     names = _present(groups, (row_name("vapo"), row_name("dapo")), LENGTH + "count_")[:2]
     if not names:
         return [], {}
@@ -256,17 +273,21 @@ def figure_length(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Pat
     axes[0].legend(fontsize=8)
     for i, name in enumerate(names):
         for key, style in (("correct_mean", "-"), ("wrong_mean", "--")):
-            steps, mean, low, high = mean_band(groups[name], LENGTH + key)
+            steps, mean, low, high = mean_band(groups[name], LENGTH + key, band=band)
             if steps:
-                axes[1].plot(steps, mean, ls=style, color=f"C{i}", label=f"{name}: {key.split('_')[0]}")
+                axes[1].plot(steps, mean, ls=style, color=f"C{i}",
+                             label=f"{name}: {key.split('_')[0]} (n={seeds_with(groups[name], LENGTH + key)})")
+                axes[1].fill_between(steps, low, high, alpha=0.12, color=f"C{i}")
     axes[1].set_ylabel("mean response length (tokens)")
-    _dress(axes[1], "(b) length of correct (solid) and wrong (dashed) responses", "training step", fontsize=9)
+    _dress(axes[1], f"(b) length of correct (solid) and wrong (dashed) responses; band: {BANDS[band]}",
+           "training step", fontsize=9)
     return _write(plt, fig, out, "diag_length", "Response length against correctness (rollouts at temperature 1)"), info
 
 
-def figure_clip(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path], dict[str, Any]]:
+def figure_clip(groups: dict[str, list[RunData]], out: Path,
+                band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
     """Writes diag_clip: clip fractions (a) low and (b) high against step, with and without
-    clip-higher (and DAPO, which has it)."""
+    clip-higher (and DAPO, which has it); mean over seeds with ``band``."""
     names = [n for n in (row_name("vapo"), row_name("clip_higher"), row_name("dapo"), row_name("ppo")) if n in groups
              and any("actor/clipfrac_low" in r.history for r in groups[n])]
     if not names:
@@ -277,12 +298,12 @@ def figure_clip(groups: dict[str, list[RunData]], out: Path) -> tuple[list[Path]
     for ax, key, title in zip(axes, ("actor/clipfrac_low", "actor/clipfrac_high"),
                               ("(a) low: ratio < 1 − ε_low, A < 0", "(b) high: ratio > 1 + ε_high, A > 0")):
         for name in names:
-            steps, mean, low, high = mean_band(groups[name], key)
+            steps, mean, low, high = mean_band(groups[name], key, band=band)
             if steps:
                 line, = ax.plot(steps, mean, label=name)
                 ax.fill_between(steps, low, high, alpha=0.15, color=line.get_color())
                 info.setdefault(name, {})[key.split("/")[-1]] = sum(mean) / len(mean)
         _dress(ax, title, "training step", fontsize=9)
     axes[0].set_ylabel("fraction of tokens clipped")
-    return _write(plt, fig, out, "diag_clip", "Clip fractions with and without clip-higher (mean over seeds, "
-                  "min-max band)"), info
+    return _write(plt, fig, out, "diag_clip", f"Clip fractions with and without clip-higher (mean over seeds; "
+                  f"band: {BANDS[band]})"), info

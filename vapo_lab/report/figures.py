@@ -1,8 +1,10 @@
 """Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score against step).
 
-Curves are the mean over a variant's seeds at each step, with a band (min-max, or ±1 std), and
-optional EMA smoothing (applied to each seed before averaging). Written as PNG and PDF with
-matplotlib's Agg backend (no display needed).
+Curves are the mean over a variant's seeds at each step, with a seed band (``BANDS``: min-max
+over seeds, the default, or the mean ± 1 sample std), and optional EMA smoothing (applied to each
+seed before averaging). With 2 or 3 seeds the min-max band is also the percentile-bootstrap
+interval of the mean at each step (``stats``); a variant with one seed has no band. Written as
+PNG and PDF with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.report.collect import RunData
+from vapo_lab.report.stats import LEVEL
 from vapo_lab.registry.table1 import row_name
 
 FIG2_PANELS = [("rollout/response_length", "(a) mean response length (tokens)"),
@@ -27,9 +30,35 @@ def ema(values: list[float], alpha: float) -> list[float]:
     return out
 
 
+# the seed bands a figure can draw, as the report's text names them
+BANDS = {"minmax": "min–max over seeds", "std": "mean ± 1 sample std over seeds"}
+
+
+def band_text(band: str) -> str:
+    """Returns a sentence on what a figure's shaded band is, for index.md."""
+    extra = (f", which with 2 or 3 seeds is also the {LEVEL} percentile-bootstrap interval of the mean"
+             if band == "minmax" else "")
+    return f"Shaded: {BANDS[band]} at each point{extra}; a variant with one seed has no band."
+
+
+def spread(vals: list[float], band: str = "minmax") -> tuple[float, float]:
+    """Returns the (low, high) of ``band`` over one value per seed; (v, v) for one seed."""
+    if band == "std":
+        m = sum(vals) / len(vals)
+        sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+        return m - sd, m + sd
+    return min(vals), max(vals)
+
+
+def seeds_with(runs: list[RunData], key: str) -> int:
+    """Returns how many of ``runs`` logged ``key``: the n behind a curve."""
+    return sum(1 for r in runs if r.history.get(key))
+
+
 def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
               band: str = "minmax") -> tuple[list[int], list[float], list[float], list[float]]:
-    """Returns (steps, mean, low, high) of ``key`` over ``runs`` at the steps every run logged."""
+    """Returns (steps, mean, low, high) of ``key`` over ``runs`` at the steps every run logged;
+    low and high are ``spread`` over the seeds at each step."""
     series = []
     for r in runs:
         h = r.history.get(key, [])
@@ -41,15 +70,10 @@ def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
     mean, low, high = [], [], []
     for s in steps:
         vals = [d[s] for d in series]
-        m = sum(vals) / len(vals)
-        mean.append(m)
-        if band == "std":
-            sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-            low.append(m - sd)
-            high.append(m + sd)
-        else:
-            low.append(min(vals))
-            high.append(max(vals))
+        mean.append(sum(vals) / len(vals))
+        lo, hi = spread(vals, band)
+        low.append(lo)
+        high.append(hi)
     return steps, mean, low, high
 
 
@@ -75,7 +99,7 @@ def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, sm
             steps, mean, low, high = mean_band(groups.get(name, []), key, smooth, band)
             if not steps:
                 continue
-            line, = ax.plot(steps, mean, label=f"{name} (n={len(groups[name])})")
+            line, = ax.plot(steps, mean, label=f"{name} (n={seeds_with(groups[name], key)})")
             ax.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
             plotted.setdefault(key, {})[name] = len(steps)
         ax.set_title(title)
@@ -83,8 +107,8 @@ def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, sm
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.suptitle("Figure 2: " + " vs ".join(variants) + f" (mean over seeds, {band} band"
-                 + (f", EMA {smooth}" if smooth < 1 else "") + ")")
+    fig.suptitle("Figure 2: " + " vs ".join(variants) + f" (mean over seeds; band: {BANDS[band]}"
+                 + (f"; EMA {smooth}" if smooth < 1 else "") + ")")
     paths = _save(fig, out, "figure2")
     plt.close(fig)
     return paths, plotted
@@ -113,7 +137,7 @@ def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out
         if not steps:
             continue
         y = [100 * v for v in mean]
-        line, = ax.plot(steps, y, marker="o", ms=3, label=name)
+        line, = ax.plot(steps, y, marker="o", ms=3, label=f"{name} (n={seeds_with(groups[name], key)})")
         ax.fill_between(steps, [100 * v for v in low], [100 * v for v in high], alpha=0.15, color=line.get_color())
         reach = first_reach(steps, mean, target) if target is not None else None
         info[name] = {"final": 100 * mean[-1], "reach_90": reach}
@@ -123,7 +147,8 @@ def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out
         ax.axhline(100 * target, color="grey", ls="--", lw=0.8, label="90% of VAPO's final")
     ax.set_xlabel("training step")
     ax.set_ylabel(f"held-out {key.split('/')[-1].replace('_at_', '@')} (x100)")
-    ax.set_title("Figure 1: held-out score against step (dotted: first step at 90% of VAPO's final)")
+    ax.set_title("Figure 1: held-out score against step (dotted: first step at 90% of VAPO's final)\n"
+                 f"mean over seeds; band: {BANDS[band]}", fontsize=10)
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)

@@ -1,9 +1,12 @@
-"""Table 1: our score per variant (mean ± std over seeds) beside the paper's, and rank agreement.
+"""Table 1: our score per variant beside the paper's, with seed statistics and rank agreement.
 
 Score = held-out eval avg@k of a run, ×100. ``final`` (the default) is the last evaluation of a
 finished run; ``best`` the highest evaluation of the run (optimistic: it selects on the eval set).
-A variant's score is the mean over its finished seeds, with the sample standard deviation (n-1)
-and the seed count; a variant with no finished seed reads "not run" or "running, step k".
+A variant's score is the mean over its finished seeds, with the sample standard deviation (n-1),
+the seed count and a 95% bootstrap interval over seeds; each row says whether the seeds separate
+it from VAPO; a variant with no finished seed reads "not run" or "running, step k". The
+statistics and their rules are in ``stats`` (one place), and ``stats.NOTE`` prints them under
+the table.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from vapo_lab.registry.table1 import ABLATED, paper_scores
 from vapo_lab.registry.presets import PRESETS
+from vapo_lab.report import stats
 from vapo_lab.report.collect import RunData
 
 
@@ -46,9 +50,9 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def _std(xs: list[float]) -> float | None:
-    """Sample standard deviation (n-1); 0 for one value, None for none."""
+    """Sample standard deviation (n-1); None under two values (one seed has no spread)."""
     if len(xs) < 2:
-        return 0.0 if xs else None
+        return None
     m = sum(xs) / len(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
@@ -85,57 +89,19 @@ def build_table(groups: dict[str, list[RunData]], key: str, which: str = "final"
     return rows
 
 
-def _ranks(values: list[float]) -> list[float]:
-    """Returns 1-based ranks, ties sharing their average rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    """Returns Spearman's rho: Pearson's correlation of the (average-tie) ranks."""
-    rx, ry = _ranks(x), _ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    vx, vy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return cov / math.sqrt(vx * vy) if vx > 0 and vy > 0 else float("nan")
-
-
-def kendall(x: list[float], y: list[float]) -> float:
-    """Returns Kendall's tau-b (tie-corrected) over all pairs."""
-    conc = disc = tx = ty = 0
-    for i in range(len(x)):
-        for j in range(i + 1, len(x)):
-            dx, dy = x[i] - x[j], y[i] - y[j]
-            if dx == 0 and dy == 0:
-                continue
-            if dx == 0:
-                tx += 1
-            elif dy == 0:
-                ty += 1
-            elif (dx > 0) == (dy > 0):
-                conc += 1
-            else:
-                disc += 1
-    denom = math.sqrt((conc + disc + tx) * (conc + disc + ty))
-    return (conc - disc) / denom if denom > 0 else float("nan")
-
-
 def rank_agreement(rows: list[Row]) -> dict[str, Any]:
-    """Returns Spearman and Kendall between our means and the paper's, over rows that have both."""
+    """Returns Spearman ρ and Kendall τ-b between our means and the paper's, over rows that have
+    both, with their bootstrap intervals over seeds (``stats.rank_interval``)."""
     both = [r for r in rows if r.mean is not None and r.paper is not None]
     if len(both) < 2:
-        return {"n": len(both), "spearman": None, "kendall": None}
-    ours, theirs = [r.mean for r in both], [r.paper for r in both]
-    return {"n": len(both), "spearman": spearman(ours, theirs), "kendall": kendall(ours, theirs)}  # type: ignore[arg-type]
+        return {"n": len(both), "spearman": None, "kendall": None, "spearman_ci": None, "kendall_ci": None}
+    rho, tau = stats.rank_correlations([r.mean for r in both], [r.paper for r in both])  # type: ignore[misc]
+    ci = stats.rank_interval([r.scores for r in both], [r.paper for r in both])  # type: ignore[misc]
+    why = "no row has 2 seeds" if ci is None else "a resample left every row mean equal"
+    ci = ci or {}
+    return {"n": len(both), "spearman": rho, "kendall": tau, "spearman_ci": ci.get("spearman"),
+            "kendall_ci": ci.get("kendall"), "resampled_rows": sum(r.n >= 2 for r in both),
+            "no_interval": None if ci.get("spearman") and ci.get("kendall") else why}
 
 
 def _fmt(v: float | None, signed: bool = False) -> str:
@@ -145,16 +111,21 @@ def _fmt(v: float | None, signed: bool = False) -> str:
 
 
 def table_records(rows: list[Row]) -> list[dict[str, Any]]:
-    """Returns one dict per row: variant, ours (mean, std, n), delta vs our VAPO, paper, paper delta."""
+    """Returns one dict per row: variant, ours (mean, std, 95% interval, n), delta vs our VAPO with
+    its interval and whether it separates from VAPO, paper, paper delta, the other score."""
     reference = PRESETS.get(ABLATED).table1_row  # deltas are against VAPO, ours and the paper's
     vapo = next((r for r in rows if r.variant == reference), None)
     ours_ref = vapo.mean if vapo else None
     paper_ref = paper_scores()[reference]
     out = []
     for r in rows:
+        is_ref = r.variant == reference
+        delta_ci = None if is_ref or vapo is None else stats.difference_interval(r.scores, vapo.scores)
         out.append({
-            "variant": r.variant, "mean": r.mean, "std": r.std, "seeds": r.n, "state": r.state,
+            "variant": r.variant, "mean": r.mean, "std": r.std, "ci": stats.mean_interval(r.scores),
+            "seeds": r.n, "state": r.state,
             "delta": None if r.mean is None or ours_ref is None else r.mean - ours_ref,
+            "delta_ci": delta_ci, "separable": None if is_ref else stats.separable(delta_ci), "reference": is_ref,
             "paper": r.paper, "paper_delta": None if r.paper is None else r.paper - paper_ref,
             "run_ids": r.run_ids, "other_mean": _mean(r.other), "other_std": _std(r.other),
         })
@@ -166,47 +137,99 @@ def _other_label(score_label: str) -> str:
     return score_label.replace("final", "BEST").replace("best", "final").replace("BEST", "best")
 
 
+NO_INTERVAL = "n=1, no interval"  # one seed: no spread, so neither "± 0.0" nor an interval
+
+
+def _mean_std(mean: float | None, std: float | None, pm: str = " ± ") -> str:
+    """"49.5 ± 0.8"; the bare mean for one seed (no spread); "" for none."""
+    if mean is None:
+        return ""
+    return f"{mean:.1f}" if std is None else f"{mean:.1f}{pm}{std:.1f}"
+
+
+def _interval(ci: tuple[float, float] | None, signed: bool = False) -> str:
+    return "" if ci is None else f"[{_fmt(ci[0], signed)}, {_fmt(ci[1], signed)}]"
+
+
+def _ci_cell(d: dict[str, Any]) -> str:
+    """The row's interval; says why there is none for a scored row with one seed."""
+    if d["ci"] is not None:
+        return _interval(d["ci"])
+    return NO_INTERVAL if d["seeds"] == 1 else ""
+
+
+def _delta_cell(d: dict[str, Any]) -> str:
+    return " ".join(x for x in (_fmt(d["delta"], True), _interval(d["delta_ci"], True)) if x)
+
+
+def _separable_cell(d: dict[str, Any], dash: str = "—") -> str:
+    """yes / no; "reference" on VAPO's row; ``dash`` (not determinable) for a scored row without
+    an interval of its difference (it or VAPO has one seed); "" for an unscored row."""
+    if d["reference"]:
+        return "reference" if d["mean"] is not None else ""
+    if d["separable"] is None:
+        return dash if d["mean"] is not None else ""
+    return "yes" if d["separable"] else "no"
+
+
+def _rank_text(ra: dict[str, Any]) -> str:
+    def one(v: float | None, ci: tuple[float, float] | None) -> str:
+        if v is None:
+            return "undefined (one side is constant)"
+        return f"{v:.2f} [{stats.LEVEL} interval {ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{v:.2f} (no interval: {ra['no_interval']})"
+
+    if ra["n"] < 2:
+        return f"Rank agreement with the paper: needs at least 2 scored rows ({ra['n']} so far)."
+    return (f"Rank agreement with the paper over {ra['n']} rows: Spearman ρ = {one(ra['spearman'], ra['spearman_ci'])}, "
+            f"Kendall τ-b = {one(ra['kendall'], ra['kendall_ci'])}.")
+
+
 def to_markdown(rows: list[Row], score_label: str) -> str:
-    lines = [f"| variant | ours: {score_label} (mean ± std) | seeds | Δ vs our VAPO | paper (AIME24 avg@32) | paper Δ "
-             f"| ours: {_other_label(score_label)} |", "|---|---|---|---|---|---|---|"]
+    pct = stats.LEVEL
+    lines = [f"| variant | ours: {score_label} (mean ± std) | {pct} interval | seeds | Δ vs our VAPO [{pct} interval] "
+             f"| separable from VAPO | paper (AIME24 avg@32) | paper Δ | ours: {_other_label(score_label)} (mean ± std) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for d in table_records(rows):
-        ours = d["state"] or f"{d['mean']:.1f} ± {d['std']:.1f}"
-        other = "" if d["other_mean"] is None else f"{d['other_mean']:.1f} ± {d['other_std']:.1f}"
-        lines.append(f"| {d['variant']} | {ours} | {d['seeds']} | {_fmt(d['delta'], True)} | "
-                     f"{_fmt(d['paper'])} | {_fmt(d['paper_delta'], True)} | {other} |")
-    ra = rank_agreement(rows)
-    if ra["spearman"] is None:
-        lines.append(f"\nRank agreement with the paper: needs at least 2 scored rows ({ra['n']} so far).")
-    else:
-        lines.append(f"\nRank agreement with the paper over {ra['n']} rows: Spearman ρ = {ra['spearman']:.2f}, "
-                     f"Kendall τ-b = {ra['kendall']:.2f}.")
+        ours = d["state"] or _mean_std(d["mean"], d["std"])
+        lines.append(f"| {d['variant']} | {ours} | {_ci_cell(d)} | {d['seeds']} | {_delta_cell(d)} | "
+                     f"{_separable_cell(d)} | {_fmt(d['paper'])} | {_fmt(d['paper_delta'], True)} | "
+                     f"{_mean_std(d['other_mean'], d['other_std'])} |")
+    lines += ["", _rank_text(rank_agreement(rows)), "", stats.NOTE]
     return "\n".join(lines) + "\n"
 
 
 def to_latex(rows: list[Row], score_label: str) -> str:
-    lines = [r"\begin{tabular}{lrrrrrr}", r"\toprule",
-             rf"Variant & Ours ({score_label}) & Seeds & $\Delta$ & Paper & Paper $\Delta$ & Ours ({_other_label(score_label)}) \\",
+    pct = stats.LEVEL.replace("%", r"\%")
+    lines = [r"\begin{tabular}{lrrrrlrrr}", r"\toprule",
+             rf"Variant & Ours ({score_label}) & {pct} interval & Seeds & $\Delta$ [{pct}] & Separable & Paper & "
+             rf"Paper $\Delta$ & Ours ({_other_label(score_label)}) \\",
              r"\midrule"]
+    pm = r" \pm "
     for d in table_records(rows):
         name = d["variant"].replace("_", r"\_")
-        ours = d["state"] or f"${d['mean']:.1f} \\pm {d['std']:.1f}$"
-        other = "" if d["other_mean"] is None else f"${d['other_mean']:.1f} \\pm {d['other_std']:.1f}$"
-        lines.append(f"{name} & {ours} & {d['seeds']} & {_fmt(d['delta'], True)} & {_fmt(d['paper'])} & "
-                     f"{_fmt(d['paper_delta'], True)} & {other} \\\\")
+        ours = d["state"] or f"${_mean_std(d['mean'], d['std'], pm)}$"
+        other = "" if d["other_mean"] is None else f"${_mean_std(d['other_mean'], d['other_std'], pm)}$"
+        lines.append(f"{name} & {ours} & {_ci_cell(d)} & {d['seeds']} & {_delta_cell(d)} & "
+                     f"{_separable_cell(d, '---')} & {_fmt(d['paper'])} & {_fmt(d['paper_delta'], True)} & {other} \\\\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:.4f}"
+
+
 def to_csv(rows: list[Row]) -> str:
+    """Returns Table 1 as CSV: numbers to 4 places; an empty cell where a value does not exist
+    (std and interval of a one-seed row, separability not determinable)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["variant", "mean", "std", "seeds", "state", "delta_vs_vapo", "paper", "paper_delta", "run_ids",
-                "other_mean", "other_std"])
+    w.writerow(["variant", "mean", "std", "ci_low", "ci_high", "seeds", "state", "delta_vs_vapo", "delta_ci_low",
+                "delta_ci_high", "separable_from_vapo", "paper", "paper_delta", "run_ids", "other_mean", "other_std"])
     for d in table_records(rows):
-        w.writerow([d["variant"], "" if d["mean"] is None else f"{d['mean']:.4f}",
-                    "" if d["std"] is None else f"{d['std']:.4f}", d["seeds"], d["state"],
-                    "" if d["delta"] is None else f"{d['delta']:.4f}", _fmt(d["paper"]),
-                    _fmt(d["paper_delta"], True), " ".join(d["run_ids"]),
-                    "" if d["other_mean"] is None else f"{d['other_mean']:.4f}",
-                    "" if d["other_std"] is None else f"{d['other_std']:.4f}"])
+        ci, dci = d["ci"] or (None, None), d["delta_ci"] or (None, None)
+        sep = "" if d["separable"] is None else ("yes" if d["separable"] else "no")
+        w.writerow([d["variant"], _num(d["mean"]), _num(d["std"]), _num(ci[0]), _num(ci[1]), d["seeds"], d["state"],
+                    _num(d["delta"]), _num(dci[0]), _num(dci[1]), sep, _fmt(d["paper"]),
+                    _fmt(d["paper_delta"], True), " ".join(d["run_ids"]), _num(d["other_mean"]), _num(d["other_std"])])
     return buf.getvalue()
