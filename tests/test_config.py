@@ -19,6 +19,8 @@ NEEDS = {
     ("model", "hf"): ["model.path=/models/x"],
     ("task", "math"): ["task.train_path=data.jsonl"],
     ("scale", "paper"): ["model.path=/models/x", "task.train_path=data.jsonl"],
+    ("scale", "small-gpu"): ["model.path=/models/x", "task.train_path=data.jsonl"],
+    ("experiments", "table1-small-gpu"): ["model.path=/models/x", "task.train_path=data.jsonl"],
 }
 # options that cannot be combined with the default VAPO preset (no critic in group advantages)
 ALGO_FOR = {}
@@ -59,10 +61,11 @@ def test_every_file_under_conf_and_experiments_composes():
         else:  # a grid file: every cell of it composes
             from vapo_lab.launch.grid import load_grid
 
-            composed += len(load_grid(path).expand()) > 0
+            composed += len(load_grid(path).expand(NEEDS.get(("experiments", path.stem), []))) > 0
     # 7 components x 2 + 4 presets + model 2 + task 2 + rollout 2 + trainer 1 + tracking 2
-    # + launcher 3 + scale 2 = 32 group files; experiments/: table1 and lr_sweep
-    assert composed == len(files) == 34
+    # + launcher 3 + scale 4 (cpu, cpu-long, paper, small-gpu) = 34 group files; experiments/:
+    # table1, lr_sweep and table1-small-gpu
+    assert composed == len(files) == 37
 
 
 def test_default_is_vapo_on_the_embedded_default(default):
