@@ -20,21 +20,26 @@ def report(
     band: Annotated[str, typer.Option(help="Band around the mean over seeds: minmax or std.")] = "minmax",
     runs: Annotated[Optional[str], typer.Option(help="Report from a runs export (.json.gz) instead of a store.")] = None,
     save_runs: Annotated[Optional[str], typer.Option(help="Also export the experiment's runs to this .json.gz.")] = None,
+    predictions: Annotated[Optional[str], typer.Option(help="Score the predictions in this YAML against the runs (e.g. reports/table1-cpu-long/predictions.yaml).")] = None,
 ) -> None:
     """Table 1 (Markdown, LaTeX, CSV), Figure 1, Figure 2 and diagnostics from a grid's tracked runs,
     beside the paper.
 
     Examples: vapo-lab report --experiment table1 --variants VAPO --variants DAPO --variants GRPO;
-    vapo-lab report --runs reports/table1-20steps/runs.json.gz --out reports/table1-20steps
+    vapo-lab report --runs reports/table1-20steps/runs.json.gz --out reports/table1-20steps;
+    vapo-lab report --runs reports/table1-cpu-long/runs.json.gz --out reports/table1-cpu-long
+    --predictions reports/table1-cpu-long/predictions.yaml
     """
     from vapo_lab.report import ReportError, make_report, report_from_export
 
     if runs and save_runs:
         raise ReportError("--runs and --save-runs together: a runs export is already saved; give one of them")
     if runs:
-        rep = report_from_export(runs, out, variants=variants, score=score, smooth=ema, band=band)
+        rep = report_from_export(runs, out, variants=variants, score=score, smooth=ema, band=band,
+                                 predictions=predictions)
     else:
-        rep = make_report(experiment, out, tracking_uri, variants, score=score, smooth=ema, band=band)
+        rep = make_report(experiment, out, tracking_uri, variants, score=score, smooth=ema, band=band,
+                          predictions=predictions)
     if save_runs:
         from vapo_lab.track import resolve_tracking_uri
         from vapo_lab.track.export import export_runs

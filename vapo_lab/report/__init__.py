@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.report import diagnostics as diag
+from vapo_lab.report import predictions as pred
 from vapo_lab.report import stats
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
 from vapo_lab.report.figures import BANDS, band_text, figure1, figure2
@@ -34,11 +35,13 @@ class Report:
     figure1: dict[str, Any] = field(default_factory=dict)
     figure2: dict[str, Any] = field(default_factory=dict)
     diagnostics: dict[str, Any] = field(default_factory=dict)  # figure stem -> what it plotted
+    predictions: dict[str, Any] = field(default_factory=dict)  # the scored predictions, when given
 
 
 def make_report(experiment: str, out: str | Path | None = None, tracking_uri: str | None = None,
                 variants: list[str] | None = None, fig1_variants: list[str] | None = None,
-                score: str = "final", smooth: float = 1.0, band: str = "minmax") -> Report:
+                score: str = "final", smooth: float = 1.0, band: str = "minmax",
+                predictions: str | Path | None = None) -> Report:
     """Writes the report of ``experiment`` to ``out`` (default reports/<experiment>); returns it.
 
     Args:
@@ -50,6 +53,8 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         score: "final" (last evaluation, the default) or "best" (the run's highest evaluation).
         smooth: EMA factor for Figure 2 in (0, 1]; 1 = none.
         band: the seed band around the mean over seeds in every figure: "minmax" or "std" (``BANDS``).
+        predictions: a predictions YAML (``report.predictions``) to score against the runs, written
+            to predictions_scored.md and index.md.
 
     Raises:
         ReportError: no runs, no scores, or a bad option (one line, with the fix).
@@ -61,6 +66,8 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     if not 0 < smooth <= 1:
         raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
     from vapo_lab.config.preflight import require_writable
+
+    preds = pred.load(predictions) if predictions else None  # a bad file fails before any store is read
 
     require_writable(Path(out or Path("reports") / experiment), f"--out {out}" if out else
                      f"the report folder reports/{experiment}", "give --out a writable folder", ReportError)
@@ -95,13 +102,19 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         if paths:
             rep.files += paths
             rep.diagnostics[stem] = info
+    if preds:
+        rep.predictions = pred.score(*preds[:2], groups, key)
+        (out / "predictions_scored.md").write_text(pred.to_markdown(rep.predictions, preds[2]), encoding="utf-8")
+        rep.files.append(out / "predictions_scored.md")
     (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key, band),
                                   encoding="utf-8")
     rep.files.append(out / "index.md")
-    (out / "report.json").write_text(json.dumps({"table": rep.table, "rank": rep.rank, "figure1": rep.figure1,
-                                                  "figure2": rep.figure2, "diagnostics": diag.summarize(groups),
-                                                  "score": label, "statistics": stats.settings(),
-                                                  "band": BANDS[band]}, indent=1, default=str))
+    summary = {"table": rep.table, "rank": rep.rank, "figure1": rep.figure1, "figure2": rep.figure2,
+               "diagnostics": diag.summarize(groups), "score": label, "statistics": stats.settings(),
+               "band": BANDS[band]}
+    if rep.predictions:
+        summary["predictions"] = rep.predictions
+    (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
     rep.files.append(out / "report.json")
     return rep
 
@@ -143,6 +156,10 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
     for name, d in rep.figure1.items():
         reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
         lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final at {reach}")
+    if rep.predictions:
+        lines += ["", "## Predictions, scored", "",
+                  (rep.out / "predictions_scored.md").read_text(encoding="utf-8"),
+                  "The predictions and why: [predictions.md](predictions.md).", ""]
     lines += _diagnostics_section(rep, groups, band)
     lines += ["", "## Clip fractions (mean over steps and seeds)", "",
               "| variant | low (ratio < 1-ε_low) | high (ratio > 1+ε_high) |", "|---|---|---|"]
