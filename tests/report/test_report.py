@@ -171,8 +171,18 @@ def test_diagnostics_are_the_hand_computed_aggregates(store, tmp_path):
         client.log_param(rid, "rollout.max_new_tokens", "16")
     _log(client, exp, "vapo", "value_pretraining", 0, [(0, 0.4), (5, 0.45)],
          curves={"diag/value_bias/000_007": [0.5] * 5, "diag/value_bias/all": [0.5] * 5})
+    # the advantage gap, logged by w/o length_adaptive_gae only (a step without long responses of
+    # both kinds logs none: steps 2-4 here); early = step 1, late = step 5
+    rid = _log(client, exp, "vapo", "length_adaptive_gae", 0, [(0, 0.4), (5, 0.45)])
+    for step, v in ((1, 0.2), (5, 0.6)):
+        client.log_metric(rid, "diag/adv_gap/000_007", v, step=step)
+    for step in range(1, 6):
+        client.log_metric(rid, "rollout/reward", 0.5, step=step)
     rep = make_report("table1", tmp_path / "out", uri)
-    for stem in ("diag_value_bias", "diag_lambda", "diag_length", "diag_clip"):
+    gap = rep.diagnostics["diag_adv_gap"]
+    assert gap == {"w/o length_adaptive_gae": {"early": {"000_007": pytest.approx(0.2)},
+                                               "late": {"000_007": pytest.approx(0.6)}}}
+    for stem in ("diag_value_bias", "diag_adv_gap", "diag_lambda", "diag_length", "diag_clip"):
         assert (tmp_path / "out" / f"{stem}.png").stat().st_size > 1000, stem
         assert (tmp_path / "out" / f"{stem}.pdf").stat().st_size > 1000, stem
     vb = rep.diagnostics["diag_value_bias"]
@@ -193,7 +203,8 @@ def test_diagnostics_are_the_hand_computed_aggregates(store, tmp_path):
     index = (tmp_path / "out" / "index.md").read_text()
     assert "![Value bias by token position](diag_value_bias.png)" in index
     # the three figures of per-run means say what their band is; the λ figure pools all seeds
-    assert index.count("Lines: mean over seeds of each run's value. Shaded: min–max over seeds") == 3
+    assert index.count("Lines: mean over seeds of each run's value. Shaded: min–max over seeds") == 4
+    assert "| w/o length_adaptive_gae | late | +0.600 |" in index
     assert "| VAPO | early | -0.300 | +0.200 | -0.100 |" in index
     assert "0-7 50% (n=12)" in index
 

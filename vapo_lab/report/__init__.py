@@ -96,7 +96,8 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     rep.files += paths
     paths, rep.figure1 = figure1(groups, fig1_variants, key, out, band)
     rep.files += paths
-    for stem, draw in (("diag_value_bias", diag.figure_value_bias), ("diag_lambda", diag.figure_lambda),
+    for stem, draw in (("diag_value_bias", diag.figure_value_bias), ("diag_adv_gap", diag.figure_adv_gap),
+                       ("diag_lambda", diag.figure_lambda),
                        ("diag_length", diag.figure_length), ("diag_clip", diag.figure_clip)):
         paths, info = draw(groups, out, band)
         if paths:
@@ -180,6 +181,11 @@ DIAG_TEXT = {
                         "Mean V(s_t) − G_t (critic value minus realised Monte-Carlo return) over the tokens at "
                         "each position, in the first and the last fifth of training. VAPO §4.1 argues that a "
                         "critic initialised from the reward model is biased until it is pretrained."),
+    "diag_adv_gap": ("Advantage reaching the early tokens of long responses",
+                     "Over training responses of 64+ tokens, the mean advantage of correct responses' tokens minus "
+                     "wrong ones' at each position, in the first and the last fifth of training. With λ_policy = 0.95 "
+                     "a token k steps before the end gets 0.95^k of the outcome; length-adaptive GAE (VAPO §4.2) keeps "
+                     "λ near 1 for long responses so the outcome reaches their first tokens."),
     "diag_lambda": ("λ_policy against response length",
                     "Length-adaptive GAE's λ_policy = 1 − 1/(α·l) over the lengths the policy produced, "
                     "beside the paper's α = 0.05 over its lengths."),
@@ -194,7 +200,7 @@ DIAG_TEXT = {
 
 
 # the diagnostics figures that draw per-run means, with a seed band (the others pool all seeds)
-BANDED = ("diag_value_bias", "diag_length", "diag_clip")
+BANDED = ("diag_value_bias", "diag_adv_gap", "diag_length", "diag_clip")
 
 
 def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -> list[str]:
@@ -208,13 +214,15 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
         if stem in BANDED:
             text += f" Lines: mean over seeds of each run's value. {band_text(band)}"
         lines += [f"### {title}", "", f"![{title}]({stem}.png)", "", text + f" [PDF]({stem}.pdf)", ""]
-        if stem == "diag_value_bias":
-            lines += ["| variant | window | " + " | ".join(diag.pretty(k) for k in _labels(info)) + " | all |",
-                      "|---|---|" + "---|" * (len(_labels(info)) + 1)]
+        if stem in ("diag_value_bias", "diag_adv_gap"):
+            has_all = any("all" in d for prof in info.values() for d in prof.values())
+            lines += ["| variant | window | " + " | ".join(diag.pretty(k) for k in _labels(info)) + (" | all |" if has_all else " |"),
+                      "|---|---|" + "---|" * (len(_labels(info)) + has_all)]
             for name, prof in info.items():
                 for which, d in prof.items():
                     cells = [f"{d[k]:+.3f}" if k in d else "" for k in _labels(info)]
-                    lines.append(f"| {name} | {which} | " + " | ".join(cells) + f" | {d.get('all', float('nan')):+.3f} |")
+                    tail = f" | {d.get('all', float('nan')):+.3f} |" if has_all else " |"
+                    lines.append(f"| {name} | {which} | " + " | ".join(cells) + tail)
             lines.append("")
         elif stem == "diag_lambda":
             at = ", ".join(f"λ({l}) = {v:.3f}" for l, v in info.get("lambda_at", {}).items())

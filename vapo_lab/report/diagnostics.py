@@ -2,13 +2,18 @@
 
 - Value bias: mean V(s_t) − G_t by token-position bucket, early and late in training, per variant
   (VAPO §4.1: without value pretraining the critic is biased, most at the start of a response).
+- Advantage gap: over responses of 64+ tokens, the mean advantage of correct minus wrong
+  responses' tokens by position bucket, early and late (VAPO §4.2: with a fixed λ = 0.95 the
+  outcome fades before it reaches the first tokens of a long response).
 - λ_policy against response length: λ = 1 − 1/(α·l) over the lengths the policy produced, ours
   beside the paper's α = 0.05 over its 500-20,000-token responses.
 - Response length against correctness: accuracy per length bucket early and late, and the mean
   length of correct and of wrong responses against step.
 - Clip fractions, low and high, against step, with and without clip-higher.
 
-"Early" is the first fifth of a run's training steps (at least one), "late" the last fifth. Means
+"Early" is the first fifth of a run's training steps (at least one), "late" the last fifth; a
+metric not logged at every step (a length bucket no response reached, the advantage gap of a step
+without long responses of both kinds) is read at the steps of the window where it was logged. Means
 over seeds are of per-run means, drawn with a seed band over those per-run means (``figures.BANDS``);
 accuracies per length bucket pool the responses of all seeds (no band).
 """
@@ -24,6 +29,7 @@ from vapo_lab.report.figures import BANDS, _save, mean_band, seeds_with, spread
 from vapo_lab.registry.table1 import row_name
 
 BIAS = "diag/value_bias/"
+GAP = "diag/adv_gap/"
 LENGTH = "diag/length/"
 WINDOW = 0.2
 PAPER_ALPHA, PAPER_LENGTHS = 0.05, (500, 20480)
@@ -42,21 +48,40 @@ def window_steps(steps: list[int], which: str, frac: float = WINDOW) -> list[int
     return steps[:n] if which == "early" else steps[-n:]
 
 
-def _windowed(run: RunData, key: str, which: str) -> list[float]:
-    h = dict(run.history.get(key, []))
-    return [h[s] for s in window_steps(list(h), which)] if h else []
+def training_steps(run: RunData, key: str | None = None) -> list[int]:
+    """Returns the run's training steps: those that logged a rollout reward (every training step
+    does), else those of ``key``."""
+    steps = [s for s, _ in run.history.get("rollout/reward", [])]
+    if not steps and key is not None:
+        steps = [s for s, _ in run.history.get(key, [])]
+    return steps
+
+
+def in_window(run: RunData, which: str, key: str | None = None) -> set[int]:
+    """Returns the training steps of window ``which``: "early", "late" (see :func:`window_steps`) or "all"."""
+    steps = training_steps(run, key)
+    return set(steps) if which == "all" else set(window_steps(steps, which)) if steps else set()
+
+
+def windowed(run: RunData, key: str, which: str) -> list[float]:
+    """The values of ``key`` logged within window ``which`` of the run's training steps (a metric not
+    logged at every step, like the advantage gap, has fewer values there, never values from
+    outside the window)."""
+    keep = in_window(run, which, key)
+    return [v for s, v in run.history.get(key, []) if s in keep]
 
 
 def _buckets(runs: list[RunData], prefix: str) -> list[str]:
     return sorted({k[len(prefix):] for r in runs for k in r.history if k.startswith(prefix)})
 
 
-def value_bias_per_run(runs: list[RunData]) -> dict[str, dict[str, list[float]]]:
-    """Returns {"early"|"late": {bucket label: [each run's windowed mean bias]}}, runs that logged it."""
+def value_bias_per_run(runs: list[RunData], prefix: str = BIAS) -> dict[str, dict[str, list[float]]]:
+    """Returns {"early"|"late": {bucket label: [each run's windowed mean bias]}}, runs that logged it
+    (``prefix``: another by-position metric, e.g. ``GAP``)."""
     out: dict[str, dict[str, list[float]]] = {}
     for which in ("early", "late"):
-        for label in _buckets(runs, BIAS):
-            per_run = [sum(v) / len(v) for r in runs if (v := _windowed(r, BIAS + label, which))]
+        for label in _buckets(runs, prefix):
+            per_run = [sum(v) / len(v) for r in runs if (v := windowed(r, prefix + label, which))]
             if per_run:
                 out.setdefault(which, {})[label] = per_run
     return out
@@ -79,7 +104,8 @@ def length_accuracy(runs: list[RunData]) -> dict[str, dict[str, dict[str, float]
             for r in runs:
                 counts = dict(r.history.get(f"{LENGTH}count_{label}", []))
                 accs = dict(r.history.get(f"{LENGTH}acc_{label}", []))
-                for s in window_steps(list(counts), which) if counts else []:
+                keep = in_window(r, which, f"{LENGTH}count_{label}")
+                for s in sorted(keep & set(counts)):
                     count += counts[s]
                     correct += counts[s] * accs.get(s, 0.0)
             if count:
@@ -115,6 +141,8 @@ def summarize(groups: dict[str, list[RunData]]) -> dict[str, Any]:
         d: dict[str, Any] = {}
         if bias := value_bias_profile(runs):
             d["value_bias"] = bias
+        if gap := {w: {k: sum(v) / len(v) for k, v in p.items()} for w, p in value_bias_per_run(runs, GAP).items()}:
+            d["adv_gap"] = gap
         if acc := length_accuracy(runs):
             d["length_accuracy"] = acc
         for key in ("gae/lam_policy_mean", "gae/lam_policy_zero_frac", LENGTH + "correct_mean", LENGTH + "wrong_mean",
@@ -164,6 +192,24 @@ def figure_value_bias(groups: dict[str, list[RunData]], out: Path,
     critic-based variant (mean over seeds, ``band`` over the per-run means). Returns (paths,
     {variant: profile}); no file when no run logged it."""
     names = _present(groups, (row_name("vapo"), row_name("value_pretraining"), row_name("ppo"), row_name("decoupled_gae")), BIAS)
+    return _by_position(groups, names, BIAS, out, band, "diag_value_bias", "mean V(s_t) − G_t (value bias)",
+                        "Value bias by token position: critic value minus realised return")
+
+
+def figure_adv_gap(groups: dict[str, list[RunData]], out: Path,
+                   band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
+    """Writes diag_adv_gap: over responses of 64+ tokens, the mean advantage of correct minus wrong
+    responses' tokens by position bucket, (a) early, (b) late; VAPO, w/o length-adaptive GAE, vanilla
+    PPO and DAPO (mean over seeds, ``band``). Returns (paths, {variant: profile})."""
+    names = _present(groups, (row_name("vapo"), row_name("length_adaptive_gae"), row_name("ppo"), row_name("dapo")), GAP)
+    return _by_position(groups, names, GAP, out, band, "diag_adv_gap",
+                        "advantage gap: correct − wrong (64+-token responses)",
+                        "How much of the outcome reaches each position of long responses")
+
+
+def _by_position(groups: dict[str, list[RunData]], names: list[str], prefix: str, out: Path, band: str,
+                 stem: str, ylabel: str, suptitle: str) -> tuple[list[Path], dict[str, Any]]:
+    """Draws a by-position metric (``prefix`` + bucket), early and late, one line per variant."""
     if not names:
         return [], {}
     plt = _plt()
@@ -172,7 +218,7 @@ def figure_value_bias(groups: dict[str, list[RunData]], out: Path,
     for ax, which, title in zip(axes, ("early", "late"), ("(a) early: first fifth of training",
                                                         "(b) late: last fifth of training")):
         for name in names:
-            per_run = value_bias_per_run(groups[name]).get(which, {})
+            per_run = value_bias_per_run(groups[name], prefix).get(which, {})
             prof = {k: sum(v) / len(v) for k, v in per_run.items()}
             labels = [k for k in prof if k != "all"]
             if labels:
@@ -184,9 +230,8 @@ def figure_value_bias(groups: dict[str, list[RunData]], out: Path,
                 plotted.setdefault(name, {})[which] = prof
         ax.axhline(0, color="grey", lw=0.8)
         _dress(ax, title, "token position in the response")
-    axes[0].set_ylabel("mean V(s_t) − G_t (value bias)")
-    return _write(plt, fig, out, "diag_value_bias", "Value bias by token position: critic value minus realised "
-                  f"return (mean over seeds; band: {BANDS[band]})"), plotted
+    axes[0].set_ylabel(ylabel)
+    return _write(plt, fig, out, stem, f"{suptitle} (mean over seeds; band: {BANDS[band]})"), plotted
 
 
 def figure_lambda(groups: dict[str, list[RunData]], out: Path,

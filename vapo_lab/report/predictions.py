@@ -27,10 +27,9 @@ from vapo_lab.registry.presets import PRESETS
 from vapo_lab.registry.table1 import ABLATED, row_name
 from vapo_lab.report import stats
 from vapo_lab.report.collect import ReportError, RunData
-from vapo_lab.report.diagnostics import BIAS, LENGTH, window_steps
+from vapo_lab.report.diagnostics import BIAS, GAP, LENGTH, windowed, in_window
 from vapo_lab.report.table import run_score
 
-GAP = "diag/adv_gap/"
 EARLY_TOKENS = ("000_007", "008_015", "016_031")  # positions 0-31: "early tokens"
 LONG_BUCKETS = ("064_127", "128_255", "256_up")  # responses of 64+ tokens: "long responses"
 WINDOWS = ("early", "late", "all")
@@ -39,20 +38,9 @@ CLAIMS = {"ppo_lowest": "Vanilla PPO has the lowest score of all rows",
           "vapo_above_dapo": "VAPO scores above DAPO"}
 
 
-def _steps(run: RunData) -> list[int]:
-    """The run's training steps (every step logs its rollout reward)."""
-    return [s for s, _ in run.history.get("rollout/reward", [])] or sorted({s for h in run.history.values() for s, _ in h})
-
-
-def _in_window(run: RunData, window: str) -> set[int]:
-    steps = _steps(run)
-    return set(steps) if window == "all" else set(window_steps(steps, window))
-
-
 def _window_mean(run: RunData, key: str, window: str) -> float | None:
     """Mean of ``key`` over the steps of ``window`` at which it was logged; None when never."""
-    keep = _in_window(run, window)
-    vals = [v for s, v in run.history.get(key, []) if s in keep]
+    vals = windowed(run, key, window)
     return sum(vals) / len(vals) if vals else None
 
 
@@ -73,7 +61,7 @@ def _gap(run: RunData, window: str, score_key: str) -> float | None:
 
 def _long_accuracy(run: RunData, window: str, score_key: str) -> float | None:
     """Accuracy of the window's 64+-token training responses, each step weighted by its count (x100)."""
-    keep = _in_window(run, window)
+    keep = in_window(run, window)
     count = correct = 0.0
     for b in LONG_BUCKETS:
         accs = dict(run.history.get(f"{LENGTH}acc_{b}", []))
