@@ -156,7 +156,7 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
               f"Held-out score: mean over seeds at each evaluation. {band_text(band)} [PDF](figure1.pdf)", ""]
     for name, d in rep.figure1.items():
         reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
-        lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final at {reach}")
+        lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final: {reach}")
     if rep.predictions:
         lines += ["", "## Predictions, scored", "",
                   (rep.out / "predictions_scored.md").read_text(encoding="utf-8"),
@@ -193,9 +193,9 @@ DIAG_TEXT = {
                     "Accuracy of the training rollouts by length, early and late (all seeds' responses pooled: "
                     "no band), and the mean length of correct and wrong responses."),
     "diag_clip": ("Clip fractions against step", "Clip-higher raises ε_high (0.28 against 0.2), which "
-                  "should clip fewer positive-advantage tokens (b) and leave the low side (a) alone. With "
-                  "one PPO epoch the first mini-batch of a step is on-policy (ratio 1), so only the later "
-                  "ones can be clipped at all."),
+                  "should clip fewer positive-advantage tokens (b) and leave the low side (a) alone. The "
+                  "first mini-batch of a step's first epoch is on-policy (ratio 1), so only the later ones "
+                  "can be clipped at all (scale=cpu: 1 epoch of 4 mini-batches; scale=cpu-long: 2 epochs)."),
 }
 
 
