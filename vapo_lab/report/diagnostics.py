@@ -71,32 +71,38 @@ def windowed(run: RunData, key: str, which: str) -> list[float]:
     return [v for s, v in run.history.get(key, []) if s in keep]
 
 
-def _buckets(runs: list[RunData], prefix: str) -> list[str]:
+def buckets(runs: list[RunData], prefix: str) -> list[str]:
+    """Returns the names the runs logged under ``prefix``, e.g. the bucket labels "008_015", "all"."""
     return sorted({k[len(prefix):] for r in runs for k in r.history if k.startswith(prefix)})
 
 
-def value_bias_per_run(runs: list[RunData], prefix: str = BIAS) -> dict[str, dict[str, list[float]]]:
-    """Returns {"early"|"late": {bucket label: [each run's windowed mean bias]}}, runs that logged it
-    (``prefix``: another by-position metric, e.g. ``GAP``)."""
+def bucket_start(label: str) -> int:
+    """Returns where a bucket label starts: "008_015" -> 8, "256_up" -> 256."""
+    return int(label.split("_")[0])
+
+
+def by_position_per_run(runs: list[RunData], prefix: str = BIAS) -> dict[str, dict[str, list[float]]]:
+    """Returns {"early"|"late": {bucket label: [each run's windowed mean]}} of a by-position metric
+    (``prefix``: ``BIAS`` or ``GAP``), over the runs that logged it."""
     out: dict[str, dict[str, list[float]]] = {}
     for which in ("early", "late"):
-        for label in _buckets(runs, prefix):
+        for label in buckets(runs, prefix):
             per_run = [sum(v) / len(v) for r in runs if (v := windowed(r, prefix + label, which))]
             if per_run:
                 out.setdefault(which, {})[label] = per_run
     return out
 
 
-def value_bias_profile(runs: list[RunData]) -> dict[str, dict[str, float]]:
-    """Returns {"early"|"late": {bucket label: mean over runs of the run's windowed mean bias}}."""
+def by_position_profile(runs: list[RunData], prefix: str = BIAS) -> dict[str, dict[str, float]]:
+    """Returns {"early"|"late": {bucket label: mean over runs of the run's windowed mean}}."""
     return {which: {label: sum(v) / len(v) for label, v in prof.items()}
-            for which, prof in value_bias_per_run(runs).items()}
+            for which, prof in by_position_per_run(runs, prefix).items()}
 
 
 def length_accuracy(runs: list[RunData]) -> dict[str, dict[str, dict[str, float]]]:
     """Returns {"early"|"late": {bucket: {"count": responses, "acc": fraction correct}}}, pooling
     the responses of every run's window (accuracy weighted by each step's count)."""
-    labels = [k[len("count_"):] for k in _buckets(runs, LENGTH) if k.startswith("count_")]
+    labels = [k[len("count_"):] for k in buckets(runs, LENGTH) if k.startswith("count_")]
     out: dict[str, dict[str, dict[str, float]]] = {}
     for which in ("early", "late"):
         for label in labels:
@@ -139,9 +145,9 @@ def summarize(groups: dict[str, list[RunData]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, runs in sorted(groups.items()):
         d: dict[str, Any] = {}
-        if bias := value_bias_profile(runs):
+        if bias := by_position_profile(runs, BIAS):
             d["value_bias"] = bias
-        if gap := {w: {k: sum(v) / len(v) for k, v in p.items()} for w, p in value_bias_per_run(runs, GAP).items()}:
+        if gap := by_position_profile(runs, GAP):
             d["adv_gap"] = gap
         if acc := length_accuracy(runs):
             d["length_accuracy"] = acc
@@ -218,7 +224,7 @@ def _by_position(groups: dict[str, list[RunData]], names: list[str], prefix: str
     for ax, which, title in zip(axes, ("early", "late"), ("(a) early: first fifth of training",
                                                         "(b) late: last fifth of training")):
         for name in names:
-            per_run = value_bias_per_run(groups[name], prefix).get(which, {})
+            per_run = by_position_per_run(groups[name], prefix).get(which, {})
             prof = {k: sum(v) / len(v) for k, v in per_run.items()}
             labels = [k for k in prof if k != "all"]
             if labels:

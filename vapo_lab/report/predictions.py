@@ -27,7 +27,7 @@ from vapo_lab.registry.presets import PRESETS
 from vapo_lab.registry.table1 import ABLATED, row_name
 from vapo_lab.report import stats
 from vapo_lab.report.collect import ReportError, RunData
-from vapo_lab.report.diagnostics import BIAS, GAP, LENGTH, windowed, in_window
+from vapo_lab.report.diagnostics import BIAS, GAP, LENGTH, bucket_start, buckets, in_window, windowed
 from vapo_lab.report.table import run_score
 
 EARLY_TOKENS = 32  # "early tokens": the position buckets that start below 32 (0-7, 8-15, 16-31)
@@ -44,18 +44,9 @@ def _window_mean(run: RunData, key: str, window: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _buckets(run: RunData, prefix: str) -> list[str]:
-    """The bucket labels ("008_015", "256_up") the run logged under ``prefix``."""
-    return sorted(k[len(prefix):] for k in run.history if k.startswith(prefix) and k[len(prefix)].isdigit())
-
-
-def _start(label: str) -> int:
-    return int(label.split("_")[0])
-
-
 def _bucket_mean(run: RunData, prefix: str, window: str) -> float | None:
     """Mean over the early-token buckets of each bucket's window mean (buckets never logged are skipped)."""
-    vals = [m for b in _buckets(run, prefix) if _start(b) < EARLY_TOKENS
+    vals = [m for b in buckets([run], prefix) if b[0].isdigit() and bucket_start(b) < EARLY_TOKENS
             and (m := _window_mean(run, prefix + b, window)) is not None]
     return sum(vals) / len(vals) if vals else None
 
@@ -73,7 +64,7 @@ def _long_accuracy(run: RunData, window: str, score_key: str) -> float | None:
     """Accuracy of the window's 64+-token training responses, each step weighted by its count (x100)."""
     keep = in_window(run, window)
     count = correct = 0.0
-    for b in (b for b in _buckets(run, LENGTH + "count_") if _start(b) >= LONG_RESPONSE):
+    for b in (b for b in buckets([run], LENGTH + "count_") if bucket_start(b) >= LONG_RESPONSE):
         accs = dict(run.history.get(f"{LENGTH}acc_{b}", []))
         for s, n in run.history.get(f"{LENGTH}count_{b}", []):
             if s in keep and n > 0 and s in accs:
