@@ -3,7 +3,7 @@
 import torch
 
 from vapo_lab.bench.trl.spec import bench_task
-from vapo_lab.bench.trl.theirs import _verifier_reward_model
+from vapo_lab.bench.trl.theirs import _verifier_reward_model, disable_gc_collect, gc_collect_calls
 
 
 def test_verifier_reward_model_grades_and_counts_like_ppo_trainer_reads_it(model_dir, small_spec):
@@ -29,3 +29,23 @@ def test_verifier_reward_model_grades_and_counts_like_ppo_trainer_reads_it(model
     assert model.score(hidden)[torch.arange(2), last].squeeze(-1).tolist() == [1.0, 0.0]
     prompt_len = [len(tokenizer(p.prompt)["input_ids"]) for p in (right, wrong)]
     assert counter[0] == sum(len(r) - n for r, n in zip(rows, prompt_len))  # response tokens, eos included
+
+
+def test_disable_gc_collect_silences_only_the_trainer_module(tmp_path, monkeypatch):
+    import gc
+    import importlib.util
+
+    source = tmp_path / "fake_trainer.py"
+    source.write_text("import gc\n\ndef step():\n    gc.collect()\n    x = 1\n    gc.collect()\n    return x\n")
+    spec = importlib.util.spec_from_file_location("fake_trainer", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or 0)
+    module.step()
+    assert len(calls) == 2 and gc_collect_calls(module) == 2  # as shipped: two real collections
+    assert disable_gc_collect(module) == 2
+    module.step()
+    assert len(calls) == 2  # no more collections from the trainer's module ...
+    gc.collect()
+    assert len(calls) == 3  # ... while the interpreter's collector still works for everyone else

@@ -5,6 +5,14 @@ and tokenizer, loadable with :func:`vapo_lab.models.load_model_and_tokenizer`) p
 ``base.json`` (config and measured accuracies); a second call with the same config returns at
 once. Progress is the caller's to show: it passes a factory of progress bars, called only when a
 build actually runs.
+
+The package ships the entries of the two embedded settings' configs (the default and
+``scale=cpu-long``) under ``shipped/<hash>/``, in the cache's layout and with its checksums
+(:data:`SHIPPED_DIR`, written by ``vapo-lab base build --ship``): a first run in a fresh folder
+loads them instead of spending minutes on the build (measured on 2 cores: 197 s for the default,
+762 s for cpu-long), and every machine starts RL from the same bits. The lookup order is the
+folder's cache, then the shipped entry, then a build: a model built here (``--force``) stays the
+one used, and any other config is built as before.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
 
 DEFAULT_CACHE_DIR = CACHE_DIR / "base"
+# base models shipped in the package, one folder per config hash, laid out as a cache entry
+SHIPPED_DIR = Path(__file__).resolve().with_name("shipped")
 META_FILE = "base.json"
 # A progress-bar factory: called when a build starts, it returns a context manager that yields an
 # object with rich.Progress's ``add_task`` / ``update`` (the command layer's bar), or None.
@@ -46,13 +56,15 @@ class BaseModel:
         path: directory loadable with ``load_model_and_tokenizer`` (model + tokenizer).
         config: the build config (its hash names the directory).
         metrics: accuracies and timings measured at build time (see :func:`build_base`).
-        cached: True when this call found the model already built.
+        cached: True when this call found the model already built (in the cache or shipped).
+        shipped: True when it is the package's shipped model (``path`` is under :data:`SHIPPED_DIR`).
     """
 
     path: Path
     config: dict[str, Any]
     metrics: dict[str, Any]
     cached: bool
+    shipped: bool = False
 
 
 def base_config(**overrides: Any) -> dict[str, Any]:
@@ -78,6 +90,7 @@ def build_base(
     progress: ProgressFactory | None = None,
     num_threads: int | None = None,
     log: Callable[[str], None] | None = None,
+    shipped_dir: str | Path | None = SHIPPED_DIR,
     **options: Any,
 ) -> BaseModel:
     """Returns the base model for ``options``, building and caching it on first use.
@@ -108,7 +121,9 @@ def build_base(
             are rich.Progress's; it may yield None); None shows no progress.
         num_threads: torch CPU threads during the build (restored afterwards); None (the default)
             leaves the process's thread settings untouched (see :func:`_threads`).
-        log: told, in one line, when a cached entry fails its checksums and is rebuilt.
+        log: told, in one line, when a cached or shipped entry fails its checksums and is not used.
+        shipped_dir: where the shipped models are (default :data:`SHIPPED_DIR`); None: none. Its
+            entry for this config is used when the cache has none (and ``force`` is False).
 
     Returns:
         the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
@@ -122,13 +137,20 @@ def build_base(
     config = base_config(**options)
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     path = root / config_hash(config)
-    if not force and path.is_dir():
-        problem = manifest_problem(path)
+    candidates = [] if force else [(path, "cached")]
+    if not force and shipped_dir is not None:
+        candidates.append((Path(shipped_dir) / path.name, "shipped"))
+    for found, kind in candidates:
+        if not found.is_dir():
+            continue
+        problem = manifest_problem(found)
         if problem is None:
-            meta = json.loads((path / META_FILE).read_text())
-            return BaseModel(path=path, config=meta["config"], metrics=meta["metrics"], cached=True)
+            meta = json.loads((found / META_FILE).read_text())
+            return BaseModel(path=found, config=meta["config"], metrics=meta["metrics"], cached=True,
+                             shipped=kind == "shipped")
         if log is not None:
-            log(f"warning: the cached base model is unusable ({problem}): rebuilding it")
+            log(f"warning: the {kind} base model is unusable ({problem}): "
+                + ("rebuilding it" if kind == "cached" else "not using it"))
 
     build_start = time.perf_counter()
     with _threads(num_threads), (progress() if progress is not None else nullcontext()) as bar:
@@ -169,6 +191,40 @@ def build_base(
     }
     _save_atomically(path, model, tokenizer, {"config": config, "metrics": metrics})
     return BaseModel(path=path, config=config, metrics=metrics, cached=False)
+
+
+def ship_base(base: BaseModel, shipped_dir: str | Path = SHIPPED_DIR) -> Path:
+    """Copies a built base model into the package's shipped models (``vapo-lab base build --ship``).
+
+    Returns the shipped folder, ``<shipped_dir>/<config hash>/``, a byte copy of the cache entry
+    checked against its manifest before and after the copy; an existing entry is replaced.
+
+    Raises:
+        ConfigError: ``base`` is itself the shipped entry, or its files fail their checksums.
+    """
+    target = Path(shipped_dir) / base.path.name
+    if base.shipped or target.resolve() == base.path.resolve():
+        raise ConfigError(f"{base.path} is the shipped model already: build it into the cache first "
+                          "(vapo-lab base build --force --ship)")
+    problem = manifest_problem(base.path)
+    if problem is not None:
+        raise ConfigError(f"not shipping {base.path}: {problem}; rebuild it with vapo-lab base build --force")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for f in base.path.iterdir():
+            if f.is_file():
+                shutil.copyfile(f, tmp / f.name)
+        problem = manifest_problem(tmp)
+        if problem is not None:
+            raise ConfigError(f"the copy of {base.path} failed its checksums ({problem}): retry")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        target.chmod(0o755)  # mkdtemp's 0700 would keep other users of an installed copy out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None:

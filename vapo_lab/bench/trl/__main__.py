@@ -62,11 +62,12 @@ def _worker_main(kind: str, model_dir: str, workdir: str, spec_json: str) -> Non
         from vapo_lab.bench.trl.ours import serve_ours
 
         serve_ours(channel, kind.removeprefix("ours-"), model_dir, spec, workdir)
-    elif kind in ("trl-ppo", "trl-grpo"):
+    elif kind.removesuffix("-nogc") in ("trl-ppo", "trl-grpo"):
         channel = Channel()
         from vapo_lab.bench.trl.theirs import serve_trl_grpo, serve_trl_ppo
 
-        (serve_trl_ppo if kind == "trl-ppo" else serve_trl_grpo)(channel, model_dir, spec, workdir)
+        serve = serve_trl_ppo if kind.startswith("trl-ppo") else serve_trl_grpo
+        serve(channel, model_dir, spec, workdir, gc_off=kind.endswith("-nogc"))
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
 

@@ -74,8 +74,36 @@ def _verifier_reward_model(tokenizer: Any, task: Any, counter: list[int]) -> Any
     return VerifierRewardModel()
 
 
-def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: str) -> None:
-    """Worker loop of TRL's PPOTrainer (trl==1.12.0) on the benchmark's work."""
+def gc_collect_calls(module: Any) -> int:
+    """Returns how many ``gc.collect(`` calls the source of ``module`` has."""
+    import inspect
+
+    return inspect.getsource(module).count("gc.collect(")
+
+
+def disable_gc_collect(module: Any) -> int:
+    """Makes ``gc.collect()`` a no-op inside ``module`` (a trainer's module); returns the calls it had.
+
+    TRL's PPOTrainer runs ``gc.collect()`` twice per step (after the rollout and at the end of the
+    step, each after ``torch.cuda.empty_cache()``): a full collection of the interpreter's heap,
+    27% of its CPU step as issue 18 measured it. Only the module's own global ``gc`` is replaced, by
+    an object whose ``collect`` does nothing; the interpreter's collector and every other module
+    are untouched. The count is of ``gc.collect(`` in the module's source, so that the report can
+    say what was disabled (0: the trainer does not call it, and nothing changes).
+    """
+    import types
+
+    calls = gc_collect_calls(module)
+    if calls:
+        module.gc = types.SimpleNamespace(collect=lambda *_, **__: 0)
+    return calls
+
+
+def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: str, gc_off: bool = False) -> None:
+    """Worker loop of TRL's PPOTrainer (trl==1.12.0) on the benchmark's work.
+
+    ``gc_off``: with the trainer's per-step ``gc.collect()`` calls disabled (:func:`disable_gc_collect`).
+    """
     torch = _trl_setup(spec)
     import trl
     from datasets import Dataset
@@ -91,6 +119,8 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
                              f"this env needs trl=={TRL_PPO_VERSION}; recreate it with `{setup_command('ppo')}`"
                              ) from None
 
+    module = sys.modules[PPOTrainer.__module__]
+    gc_calls = disable_gc_collect(module) if gc_off else gc_collect_calls(module)
     task = bench_task(spec)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
@@ -118,7 +148,8 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
                           "threads": torch.get_num_threads(),
                           "policy_params": sum(p.numel() for p in policy.parameters()),
                           "value_params": sum(p.numel() for p in value_model.parameters()),
-                          "n_samples": 1, "reference_model": True})
+                          "n_samples": 1, "reference_model": True,
+                          "gc_calls": gc_calls, "gc_off": gc_off, "trainer_module": module.__name__})
 
     class StepGate(TrainerCallback):
         def on_train_begin(self, *_: Any, **__: Any) -> None:
@@ -134,14 +165,16 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
     trainer.train()
 
 
-def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: str) -> None:
-    """Worker loop of TRL's GRPOTrainer on the benchmark's work."""
+def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: str, gc_off: bool = False) -> None:
+    """Worker loop of TRL's GRPOTrainer on the benchmark's work (``gc_off``: as for PPO)."""
     torch = _trl_setup(spec)
     import trl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    module = sys.modules[GRPOTrainer.__module__]
+    gc_calls = disable_gc_collect(module) if gc_off else gc_collect_calls(module)
     task = bench_task(spec)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
@@ -169,7 +202,8 @@ def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: s
     gate = Gate(channel, {"side": "trl", "algo": "grpo", "trl": trl.__version__, "torch": torch.__version__,
                           "threads": torch.get_num_threads(),
                           "policy_params": sum(p.numel() for p in policy.parameters()),
-                          "n_samples": spec.group_size, "reference_model": spec.grpo_beta > 0})
+                          "n_samples": spec.group_size, "reference_model": spec.grpo_beta > 0,
+                          "gc_calls": gc_calls, "gc_off": gc_off, "trainer_module": module.__name__})
 
     class StepGate(TrainerCallback):
         """One RL step = one generation = ``optimizer_steps`` trainer steps."""
