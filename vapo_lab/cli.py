@@ -76,6 +76,7 @@ base_app.command("build")(base.base_build)
 bench_app.command("gae")(bench.bench_gae)
 app.command("eval")(eval.eval_)
 bench_app.command("generate")(bench.bench_generate)
+bench_app.command("update")(bench.bench_update)
 bench_app.command("trl")(bench.bench_trl)
 bench_app.command("scale")(bench.bench_scale)
 

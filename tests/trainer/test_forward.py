@@ -1,4 +1,5 @@
-"""The shared-prompt training forward against Hugging Face's full forward over prompt ++ response."""
+"""The packed training forward (shared prompts or one per row) against Hugging Face's padded forward
+over prompt ++ response: log-probs, entropy, values and gradients."""
 
 import pytest
 import torch
@@ -36,44 +37,83 @@ def _hf_hidden(decoder, rows):
     return decoder(input_ids=ids, attention_mask=mask.long(), position_ids=pos).last_hidden_state[:, p - 1:p - 1 + t]
 
 
-def test_log_probs_values_and_gradients_equal_the_full_forward(monkeypatch):
-    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 1)  # take the shared path for 7 rows of 3 prompts
-    model, rows = _model(), _rows()
+PATHS = {"shared prompts": 1, "one prompt per row": 100}  # MIN_ROWS_PER_PROMPT for each packed path
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("path", list(PATHS))
+def test_packed_log_probs_entropy_values_and_gradients_equal_the_padded_forward(monkeypatch, path, dtype):
+    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", PATHS[path])
+    model, rows = _model().to(dtype), _rows()
     mask = rows.response_mask
     assert F.shares_prompts(model.model)
-    ref = F.token_logprobs(model.lm_head(_hf_hidden(model.model, rows)).float(), rows.response_ids)
+    assert (len(F._groups(model.model, rows)[0]) == 3) == (path == "shared prompts")
+    # float64: one prompt per row runs the padded forward's per-token ops in its order, so it agrees to
+    # float64 rounding. Shared prompts sum their responses' gradients before a layer's backward, not
+    # after, and HF's RMSNorm computes in float32 whatever the dtype: ~1e-7 relative there.
+    if dtype == torch.float32:
+        tol = dict(rtol=1e-4, atol=2e-6)
+    else:
+        tol = dict(rtol=1e-10, atol=1e-12) if path == "one prompt per row" else dict(rtol=1e-6, atol=5e-7)
+    logits = model.lm_head(_hf_hidden(model.model, rows))
+    ref, ref_entropy = F.token_logprobs_and_entropy(logits, rows.response_ids)
     (ref * mask).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    got, _ = F.policy_forward(model, rows)
-    torch.testing.assert_close(got * mask, ref * mask, rtol=0, atol=1e-5)
+    got, entropy = F.policy_forward(model, rows, with_entropy=True)
+    assert got.dtype == dtype and bool((got[~mask] == 0).all()) and bool((entropy[~mask] == 0).all())
+    torch.testing.assert_close(got[mask], ref[mask], **tol)
+    torch.testing.assert_close(entropy[mask], ref_entropy[mask], **tol)
     (got * mask).sum().backward()
     for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+        torch.testing.assert_close(p.grad, ref_grads[n], **tol, msg=n)
 
-    critic = ValueModel.from_causal_lm(model)
+    critic = ValueModel.from_causal_lm(model).to(dtype)
     torch.nn.init.normal_(critic.head.weight, std=0.1)
     ids, m = rows.sequence()
     p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
-    torch.testing.assert_close(F.value_forward(critic, rows) * mask, critic(ids, m.long())[:, p - 1:p - 1 + t] * mask,
-                               rtol=0, atol=1e-5)
+    hidden = critic.backbone(input_ids=ids, attention_mask=m.long(), position_ids=(m.long().cumsum(-1) - 1).clamp(min=0))
+    ref_values = critic.head(hidden.last_hidden_state).squeeze(-1)[:, p - 1:p - 1 + t]  # ValueModel's, in dtype
+    (ref_values[mask] ** 2).sum().backward()
+    ref_grads = {n: p.grad.clone() for n, p in critic.named_parameters()}
+    critic.zero_grad()
+    values = F.value_forward(critic, rows)
+    torch.testing.assert_close(values[mask], ref_values[mask], **tol)
+    (values[mask] ** 2).sum().backward()
+    for n, p in critic.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[n], **tol, msg=n)
 
 
-def test_models_it_cannot_run_take_the_full_forward(monkeypatch):
+def test_the_packed_path_pays_for_valid_tokens_only(monkeypatch):
+    """The token-wise ops see the valid tokens, not the padded layout: the first layer's MLP runs on
+    the prompts' valid tokens, then on the responses' (a padded forward: 7 rows x 11 positions)."""
+    model, rows = _model(), _rows()
+    seen = []
+    model.model.layers[0].mlp.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+    response_tokens = int(rows.response_mask.sum())
+    assert response_tokens == 5 + 3 + 1 + 5 + 4 + 2 + 3
+    F.policy_forward(model, rows)  # 3 distinct prompts of 6, 3 and 1 tokens, computed once
+    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 100)
+    F.policy_forward(model, rows)  # each row's own prompt
+    assert seen == [6 + 3 + 1, response_tokens, 6 + 3 + 6 + 1 + 3 + 6 + 1, response_tokens]
+
+
+def test_models_it_cannot_run_take_the_padded_forward(monkeypatch):
     model = _model(attention_dropout=0.1)
     assert not F.shares_prompts(model.model)
-    monkeypatch.setattr(F, "response_states", lambda *a: pytest.fail("shared-prompt path taken"))
+    monkeypatch.setattr(F, "packed_states", lambda *a: pytest.fail("packed path taken"))
     lp, ent = F.policy_forward(model.eval(), _rows(), with_entropy=True)
     assert lp.shape == ent.shape == (7, 5)
 
 
-def test_the_shared_path_runs_only_where_prompts_repeat(monkeypatch):
-    model, rows = _model(), _rows()  # 7 rows, 3 prompts: fewer than 4 rows per prompt
-    assert F._shared(model.model, rows) is None
-    four = F.Rows(*(x[[0, 0, 2, 5, 0, 2, 5, 0]] for x in (rows.prompt_ids, rows.prompt_mask, rows.response_ids,
-                                                            rows.response_mask)))
-    uniq, inverse = F._shared(model.model, four)  # 8 rows of one prompt
-    assert len(uniq) == 1 and inverse.tolist() == [0] * 8
+def test_prompts_are_shared_only_where_they_repeat():
+    model, rows = _model(), _rows()  # 7 rows, 3 prompts: fewer than 2 rows per prompt? no: 7 >= 2 x 3
+    uniq, inverse = F._groups(model.model, rows)
+    assert len(uniq) == 3 and inverse.tolist() == [2, 1, 2, 0, 1, 2, 0]  # torch.unique sorts
+    distinct = F.Rows(*(x[[0, 1, 3]] for x in (rows.prompt_ids, rows.prompt_mask, rows.response_ids,
+                                                rows.response_mask)))
+    uniq, inverse = F._groups(model.model, distinct)  # 3 rows, 3 prompts: one per row, in row order
+    assert inverse.tolist() == [0, 1, 2] and torch.equal(uniq[:, :6], distinct.prompt_ids)
 
 
 def _mlp_calls(decoder):
@@ -84,11 +124,12 @@ def _mlp_calls(decoder):
     return calls
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt path", "HF forward"])
-def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkeypatch, shared):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed path", "HF forward"])
+def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkeypatch, packed):
     import copy
 
-    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 1 if shared else 100)
+    if not packed:
+        monkeypatch.setattr(F, "shares_prompts", lambda decoder: False)
     rows = _rows()
     mask = rows.response_mask
     plain = _model()
@@ -96,7 +137,7 @@ def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkey
     F.enable_checkpointing(checkpointed)
     grads, recomputed = [], []
     for model in (plain, checkpointed):
-        assert (F._shared(model.model, rows) is not None) == shared
+        assert (F._groups(model.model, rows) is not None) == packed
         calls = _mlp_calls(model.model)
         logprobs, _ = F.policy_forward(model, rows)
         forward_calls = len(calls)
@@ -108,9 +149,10 @@ def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkey
         torch.testing.assert_close(grads[1][n], g, rtol=1e-5, atol=1e-7, msg=n)
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt path", "HF forward"])
-def test_a_checkpointed_critic_gets_the_same_gradients(monkeypatch, shared):
-    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 1 if shared else 100)
+@pytest.mark.parametrize("packed", [True, False], ids=["packed path", "HF forward"])
+def test_a_checkpointed_critic_gets_the_same_gradients(monkeypatch, packed):
+    if not packed:
+        monkeypatch.setattr(F, "shares_prompts", lambda decoder: False)
     rows = _rows()
     plain = ValueModel.from_causal_lm(_model())
     torch.nn.init.normal_(plain.head.weight, std=0.1)

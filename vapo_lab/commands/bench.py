@@ -30,6 +30,23 @@ def bench_gae(
 
 
 @cli_errors
+def bench_update(
+    repeats: Annotated[int, typer.Option(help="Interleaved repeats per path (median and range reported).")] = 7,
+    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the sampled step and the mini-batch split.")] = 0,
+) -> None:
+    """Time the packed training passes against the padded ones over one default step; print the
+    ratios, the real-token share and how far the two paths' log-probs, values and gradients differ.
+
+    Example: vapo-lab bench update --repeats 5 --threads 1
+    """
+    from vapo_lab.bench.update import format_update_benchmark, run_update_benchmark
+
+    typer.echo(format_update_benchmark(run_update_benchmark(repeats=repeats, seed=seed, threads=threads,
+                                                            log=lambda text: typer.echo(text, err=True))))
+
+
+@cli_errors
 def bench_generate(
     prompts: Annotated[int, typer.Option(help="Prompts in the batch (the arith eval split's first).")] = 8,
     samples: Annotated[int, typer.Option(help="Samples per prompt; rows = prompts x samples.")] = 8,

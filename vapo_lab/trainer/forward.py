@@ -5,17 +5,17 @@ micro-batch is trimmed to its own longest prompt and response before the forward
 rows do not pay for the batch's longest. The logits at position P−1+t predict response token t;
 the critic's value there is V(s_t), the value of the state before token t.
 
-Group sampling puts G responses of one prompt in a batch, so the prompts of a micro-batch repeat.
-For Qwen2/Llama-style models ``response_states`` runs each distinct prompt through the
-transformer once and lets every response attend to its prompt's keys and values (the same maths
-as a forward pass over each prompt ++ response, so the same gradients: a shared prompt's gradient
-is the sum of its responses'). It runs where prompts repeat at least ``MIN_ROWS_PER_PROMPT``
-times, as in the full-batch value and reference passes of group sampling; elsewhere, and for
-other models, HF's forward runs.
+For Qwen2/Llama-style models the training passes run packed (``packed_states``): every
+token-wise op sees only the valid tokens, and only attention the padded layout, so padding costs
+almost nothing. Where prompts repeat (group sampling puts G responses of one prompt in a batch) each
+distinct prompt runs through the transformer once and every response attends to its prompt's keys
+and values (the same maths as a forward pass over each prompt ++ response, so the same gradients:
+a shared prompt's gradient is the sum of its responses'). Other models, and sharded ones, run
+HF's padded forward.
 
 Gradient checkpointing (``model.gradient_checkpointing``): ``enable_checkpointing`` turns on
 Hugging Face's, which recomputes each decoder layer in the backward pass instead of keeping its
-activations, for a model in training mode. ``response_states`` calls the layers' submodules
+activations, for a model in training mode. ``packed_states`` calls the layers' submodules
 itself, past HF's wrapper, so it reads the same switch and checkpoints its own per-layer step.
 """
 
@@ -65,7 +65,7 @@ class Rows:
 
 
 def shares_prompts(decoder: nn.Module) -> bool:
-    """Returns True when ``response_states`` can run the transformer ``decoder`` (a Qwen2/Llama
+    """Returns True when ``packed_states`` can run the transformer ``decoder`` (a Qwen2/Llama
     ``*Model`` with default RoPE, no sliding window and no attention dropout)."""
     cfg = getattr(decoder, "config", None)
     return (cfg is not None and getattr(cfg, "model_type", "") in ("qwen2", "llama")
@@ -77,7 +77,7 @@ def shares_prompts(decoder: nn.Module) -> bool:
 def enable_checkpointing(model: nn.Module) -> None:
     """Turns on Hugging Face's gradient checkpointing of ``model`` (a causal LM or a bare
     transformer): active while the model is in training mode, i.e. during updates, not sampling.
-    Non-reentrant, as ``response_states`` checkpoints, so inputs need not require grad."""
+    Non-reentrant, as ``packed_states`` checkpoints, so inputs need not require grad."""
     # transformers 5 renames it activation_checkpointing_enable (the old name warns)
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable({"use_reentrant": False})
@@ -89,10 +89,9 @@ def checkpointing(decoder: nn.Module) -> bool:
     return bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training and torch.is_grad_enabled()
 
 
-# share prompts only when each is repeated >= this many times on average: with distinct prompts
-# the split prompt/response attention is ~12% slower than HF's single pass, with 8 rows per
-# prompt ~12% faster (fp32, 2 threads, 16 rows of 22 + 32 tokens, forward + backward)
-MIN_ROWS_PER_PROMPT = 4
+# share prompts only when each is repeated >= this many times on average; below that each row keeps
+# its own copy of its prompt (torch.unique would find little to share)
+MIN_ROWS_PER_PROMPT = 2
 
 
 def prompt_groups(rows: Rows) -> tuple[Tensor, Tensor]:
@@ -102,22 +101,34 @@ def prompt_groups(rows: Rows) -> tuple[Tensor, Tensor]:
     return torch.unique(key, dim=0, return_inverse=True)
 
 
-def _shared(decoder: nn.Module, rows: Rows) -> tuple[Tensor, Tensor] | None:
-    """Returns ``prompt_groups(rows)`` when the shared-prompt forward runs ``decoder`` and saves work."""
+def _groups(decoder: nn.Module, rows: Rows) -> tuple[Tensor, Tensor] | None:
+    """Returns the prompt grouping ``packed_states`` runs ``decoder`` with, or None where it cannot
+    run it (not a Qwen2/Llama transformer): ``prompt_groups(rows)`` where prompts repeat enough to
+    save work, else one prompt per row."""
     if not shares_prompts(decoder):
         return None
     groups = prompt_groups(rows)
-    return groups if len(groups[0]) * MIN_ROWS_PER_PROMPT <= len(rows.prompt_ids) else None
+    if len(groups[0]) * MIN_ROWS_PER_PROMPT <= len(rows.prompt_ids):
+        return groups
+    key = torch.cat([rows.prompt_ids, rows.prompt_mask.long()], 1)
+    return key, torch.arange(len(key), device=key.device)
 
 
-def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """Returns the final hidden states at positions P−1 .. P+T−2 of every row, (B, T, H): the
-    states that predict response tokens 0..T−1 (and whose values are V(s_0)..V(s_{T−1})).
+def packed_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor]) -> Tensor:
+    """Returns the final hidden states that predict the response tokens, packed: (N, H) for the N
+    valid response tokens of ``rows`` in row-major order (those of ``rows.response_mask``).
 
-    ``decoder`` is a Qwen2/Llama transformer (``Qwen2Model``: embed_tokens, layers, norm). Each
-    distinct prompt of ``rows`` is computed once; responses attend to their prompt's cached keys
-    and values, causally among themselves. Padding keys (left of a prompt) are masked; padded
-    response tokens sit after the valid ones, so causality keeps them out of every valid state.
+    ``decoder`` is a Qwen2/Llama transformer (``Qwen2Model``: embed_tokens, layers, norm);
+    ``groups`` = (distinct prompts as [ids ++ mask] rows, each row's index into them), from
+    ``_groups``. Every token-wise op (embedding, norms, q/k/v/o projections, MLP) runs on the
+    valid tokens only, packed into one (tokens, H) matrix: padding costs nothing there. Attention
+    alone sees the padded layout: each layer spreads the packed queries, keys and values into
+    (rows, heads, length, head_dim) with zeros at padding, runs SDPA with the padding and causal
+    masks, and packs the valid outputs back. Each distinct prompt is computed once; responses
+    attend to their prompt's keys and values (left padding masked) and causally among themselves
+    (right padding comes after every valid token, so causality keeps it out). The same maths as
+    Hugging Face's forward over each padded prompt ++ response, so the same log-probs, values and
+    gradients to float rounding (tests/trainer/test_forward.py).
     """
     cfg = decoder.config
     n_heads = cfg.num_attention_heads
@@ -127,20 +138,24 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
     b, p = rows.prompt_ids.shape
     t = rows.response_ids.shape[1]
     device = rows.prompt_ids.device
-    uniq, inverse = groups if groups is not None else prompt_groups(rows)
+    uniq, inverse = groups
+    u = len(uniq)
     p_ids, p_mask = uniq[:, :p], uniq[:, p:].bool()
     p_pos = (p_mask.long().cumsum(-1) - 1).clamp(min=0)  # (U, P), as HF's cumsum positions
     r_pos = p_pos[inverse, -1:] + 1 + torch.arange(t, device=device)  # (B, T)
+    p_flat = p_mask.reshape(-1)
+    p_sel = p_flat.nonzero().squeeze(1)  # valid prompt tokens in the (U·P) layout
+    r_sel = rows.response_mask.reshape(-1).nonzero().squeeze(1)  # valid response tokens in (B·T)
     inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     dtype = decoder.embed_tokens.weight.dtype
 
     def rope(pos: Tensor) -> tuple[Tensor, Tensor]:
-        freqs = pos.float()[..., None] * inv_freq  # (N, S, hd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (N, 1, S, hd)
+        freqs = pos.float()[:, None] * inv_freq  # (N, hd/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (N, 1, hd): broadcast over heads
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    p_cos, p_sin = rope(p_pos)
-    r_cos, r_sin = rope(r_pos)
+    p_cos, p_sin = rope(p_pos.reshape(-1)[p_sel])
+    r_cos, r_sin = rope(r_pos.reshape(-1)[r_sel])
     causal_p = torch.ones(p, p, dtype=torch.bool, device=device).tril()
     eye_p = torch.eye(p, dtype=torch.bool, device=device)
     # prompt queries: causal and not padding; a padding query sees itself (no NaN; output unused)
@@ -149,26 +164,32 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
     r_allow = torch.cat([p_mask[inverse][:, None, :].expand(b, t, p), causal_r[None].expand(b, t, t)], -1)
     r_allow = r_allow[:, None]  # (B, 1, T, P+T)
 
-    def attend(q: Tensor, k: Tensor, v: Tensor, allow: Tensor) -> Tensor:
-        n, _, s_, _ = q.shape  # grouped-query attention by SDPA itself (enable_gqa: torch >= 2.5)
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=scale, enable_gqa=True)
-        return o.transpose(1, 2).reshape(n, s_, -1)
+    def spread(x: Tensor, sel: Tensor, n: int, s: int) -> Tensor:
+        """(N, heads, hd) packed -> (n, heads, s, hd), zeros at padding."""
+        out = x.new_zeros(n * s, x.shape[1], head_dim).index_copy(0, sel, x)
+        return out.view(n, s, x.shape[1], head_dim).transpose(1, 2)
 
-    def qkv(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        n, s, _ = x.shape
-        q = attn.q_proj(x).view(n, s, n_heads, head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(n, s, n_kv, head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(n, s, n_kv, head_dim).transpose(1, 2)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+    def attend(q: Tensor, k: Tensor, v: Tensor, allow: Tensor, sel: Tensor) -> Tensor:
+        """SDPA in the padded layout, then the valid queries' outputs packed: (N, heads·hd)."""
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=scale, enable_gqa=True)
+        return o.transpose(1, 2).reshape(-1, n_heads * head_dim)[sel]
+
+    def qkv(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, sel: Tensor, n: int, s: int
+            ) -> tuple[Tensor, Tensor, Tensor]:
+        q = attn.q_proj(x).view(-1, n_heads, head_dim)
+        k = attn.k_proj(x).view(-1, n_kv, head_dim)
+        v = attn.v_proj(x).view(-1, n_kv, head_dim)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return spread(q, sel, n, s), spread(k, sel, n, s), spread(v, sel, n, s)
 
     def block(layer: nn.Module, h: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-        """One decoder layer over the prompts' states ``h`` and the responses' states ``g``."""
+        """One decoder layer over the packed prompt states ``h`` and response states ``g``."""
         attn = layer.self_attn
-        q, k, v = qkv(attn, layer.input_layernorm(h), p_cos, p_sin)
-        qr, kr, vr = qkv(attn, layer.input_layernorm(g), r_cos, r_sin)
-        h = h + attn.o_proj(attend(q, k, v, p_allow))
+        q, k, v = qkv(attn, layer.input_layernorm(h), p_cos, p_sin, p_sel, u, p)
+        qr, kr, vr = qkv(attn, layer.input_layernorm(g), r_cos, r_sin, r_sel, b, t)
+        h = h + attn.o_proj(attend(q, k, v, p_allow, p_sel))
         keys, values = torch.cat([k[inverse], kr], 2), torch.cat([v[inverse], vr], 2)
-        g = g + attn.o_proj(attend(qr, keys, values, r_allow))
+        g = g + attn.o_proj(attend(qr, keys, values, r_allow, r_sel))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         g = g + layer.mlp(layer.post_attention_layernorm(g))
         return h, g
@@ -176,27 +197,52 @@ def response_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor
     # HF's checkpointing wraps each layer's own forward, which this path does not call: the same
     # per-layer recompute is applied here, so that the setting holds on every training forward
     recompute = checkpointing(decoder)
-    h = decoder.embed_tokens(p_ids)  # (U, P, H)
-    g = decoder.embed_tokens(rows.response_ids)  # (B, T, H)
+    h = decoder.embed_tokens(p_ids.reshape(-1)[p_sel])  # (Np, H)
+    g = decoder.embed_tokens(rows.response_ids.reshape(-1)[r_sel])  # (Nr, H)
     for layer in decoder.layers:
         h, g = checkpoint(block, layer, h, g, use_reentrant=False) if recompute else block(layer, h, g)
-    last_prompt = h[:, -1][inverse][:, None]  # (B, 1, H): the state before response token 0
-    return decoder.norm(torch.cat([last_prompt, g[:, :t - 1]], 1))
+    # the state before response token (b, 0) is its prompt's last token's; before (b, t > 0), the
+    # response's token t − 1, the previous packed row (row-major order, valid tokens are a prefix)
+    last_prompt = (p_flat.long().cumsum(0) - 1).view(u, p)[:, -1]  # packed index of each prompt's last token
+    n_r = len(r_sel)
+    first = r_sel % t == 0 if t else r_sel.bool()
+    source = torch.where(first, n_r + r_sel // max(t, 1), torch.arange(n_r, device=device) - 1)
+    return decoder.norm(torch.cat([g, h[last_prompt][inverse]])[source])
+
+
+def _wide(x: Tensor) -> Tensor:
+    """Returns ``x`` in float32 when it is in a narrower float (bf16, fp16); float32 and float64 as they are."""
+    return x.float() if x.element_size() < 4 else x
+
+
+def _unpack(packed: Tensor, mask: Tensor) -> Tensor:
+    """Returns the (B, T) tensor with ``packed`` (N,) at the valid positions of ``mask`` and 0 elsewhere."""
+    return packed.new_zeros(mask.shape).masked_scatter(mask, packed)
 
 
 def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
                    with_entropy: bool = False, entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Returns (log-probs of the response tokens (B, T), entropy (B, T) or None).
+    """Returns (log-probs of the response tokens (B, T), entropy (B, T) or None); 0 at padding
+    on the packed path, any finite value there on Hugging Face's.
 
     Logits are divided by ``temperature`` so that the ratio to the sampler's log-probs is exact.
-    Only the response positions go through the LM head (a P-fold saving for long prompts). The
+    Only the response positions go through the LM head (a P-fold saving for long prompts), and on
+    the packed path (:func:`packed_states`: Qwen2/Llama, not sharded) only their valid tokens. The
     entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
     computed from detached logits, so the backward pass does not go through it.
     """
-    groups = None if is_sharded(model) else _shared(model.model, rows)
+    groups = None if is_sharded(model) else _groups(model.model, rows)
     if groups is not None:
-        hidden = response_states(model.model, rows, groups)
-    elif is_sharded(model):
+        mask = rows.response_mask
+        logits = _wide(model.lm_head(packed_states(model.model, rows, groups)))
+        if temperature != 1.0:
+            logits = logits / temperature
+        tokens = rows.response_ids[mask]
+        if with_entropy:
+            logprobs, entropy = token_logprobs_and_entropy(logits, tokens, entropy_grad)
+            return _unpack(logprobs, mask), _unpack(entropy, mask)
+        return _unpack(token_logprobs(logits, tokens), mask), None
+    if is_sharded(model):
         # FSDP2 gathers the root's parameters (embeddings, tied LM head) in the root's forward:
         # call it, keeping logits only for the positions before each response token
         ids, mask = rows.sequence()
@@ -204,18 +250,12 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
                        logits_to_keep=t + 1).logits[:, :-1].float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        if with_entropy:
-            return token_logprobs_and_entropy(logits, rows.response_ids, entropy_grad)
-        return token_logprobs(logits, rows.response_ids), None
     else:
         ids, mask = rows.sequence()
         p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden = model.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).last_hidden_state
-        hidden = hidden[:, p - 1:p - 1 + t]
-    logits = model.lm_head(hidden).float()
+        logits = model.lm_head(hidden[:, p - 1:p - 1 + t]).float()
     if temperature != 1.0:
         logits = logits / temperature
     if with_entropy:
@@ -224,12 +264,13 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
 
 
 def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
-    """Returns V(s_t) for each response token, (B, T)."""
+    """Returns V(s_t) for each response token, (B, T); 0 at padding on the packed path."""
     backbone = getattr(critic, "backbone", None)
-    groups = (_shared(backbone, rows) if backbone is not None and hasattr(critic, "head") and not is_sharded(critic)
+    groups = (_groups(backbone, rows) if backbone is not None and hasattr(critic, "head") and not is_sharded(critic)
               else None)
     if groups is not None:
-        return critic.head(response_states(backbone, rows, groups)).squeeze(-1).float()
+        values = _wide(critic.head(packed_states(backbone, rows, groups)).squeeze(-1))
+        return _unpack(values, rows.response_mask)
     ids, mask = rows.sequence()
     p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
     return critic(ids, mask.long())[:, p - 1:p - 1 + t]
