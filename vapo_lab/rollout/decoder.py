@@ -4,10 +4,12 @@ The built-in sampler only needs two calls: ``prefill`` (the left-padded prompts)
 new token per row), each returning the last position's logits, plus ``select`` to drop finished
 rows and ``repeat`` to fan prompts out into n samples after one prefill.
 
-``FastDecoder`` runs the Qwen2 / Llama forward pass itself over the HF module weights (no copy),
-with a preallocated static KV cache and ``scaled_dot_product_attention``; it skips the generic
-mask-building and cache bookkeeping of ``transformers`` that dominate a step for small models on
-CPU. ``HFDecoder`` calls the model's own forward with a ``DynamicCache`` and works for any causal
+``FastDecoder`` runs the Qwen2 / Llama forward pass itself over the HF module weights, with a
+preallocated static KV cache; it skips the generic mask-building and cache bookkeeping of
+``transformers`` that dominate a step for small models on CPU, and runs few, larger ops per
+token: the q/k/v projections as one matmul and the MLP's gate and up projections as another (over
+weights concatenated once per decoder, i.e. once per rollout), RoPE over q and k together, and the
+attention mask built once per step for all layers. ``HFDecoder`` calls the model's own forward with a ``DynamicCache`` and works for any causal
 LM. ``tests/rollout/test_decoder.py`` checks that both give the logits of a full forward pass.
 """
 
@@ -61,12 +63,28 @@ class FastDecoder:
         freqs = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        # per layer: the q/k/v projections as one matmul, the MLP's gate and up projections as another
+        # (copies of the weights, made once per decoder, i.e. per rollout: they are the policy's current ones)
+        self.fused = [self._fuse(layer) for layer in self.layers]
         shape = (len(self.layers), batch, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.key_ok = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.length = 0
         self.max_len = max_len
+
+    @staticmethod
+    def _fuse(layer: nn.Module) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Returns (q/k/v weight, its bias or None, gate/up weight), each concatenated on the output dim."""
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = torch.cat([m.weight for m in projections])
+        biases = [m.bias for m in projections]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b if b is not None else m.weight.new_zeros(m.out_features)
+                              for b, m in zip(biases, projections)])
+        return qkv, bias, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
 
     def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Returns the logits (B, V) after the left-padded prompts (B, P)."""
@@ -111,16 +129,20 @@ class FastDecoder:
             # a fully padded query row would give NaN; let it see itself (its output is unused)
             mask = mask | torch.eye(s, t1, dtype=torch.bool, device=ids.device)[None, None]
         group, scale = self.n_heads // self.n_kv, self.head_dim ** -0.5
-        mask = mask[:, :, None]  # (B, 1, 1, S, t1): broadcast over KV heads and the group
+        # (B, 1, 1, S, t1): broadcast over KV heads and the group; built once for every layer
+        masked = ~mask[:, :, None]
+        nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         h = self.model.model.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv_w, qkv_b, gate_up_w = self.fused[i]
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(bsz, s, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin  # RoPE
-            k = k * cos + _rotate_half(k) * sin
+            qkv = torch.nn.functional.linear(x, qkv_w, qkv_b)  # (B, S, (heads + 2 kv) · hd)
+            # RoPE over q and k in one pass: (B, heads + kv, S, hd)
+            qk = qkv[..., :nq + nk].view(bsz, s, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2)
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
+            v = qkv[..., nq + nk:].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
             self.k[i, :, :, t0:t1] = k
             self.v[i, :, :, t0:t1] = v
             # grouped-query attention as two batched matmuls: the query heads of one KV head
@@ -128,11 +150,12 @@ class FastDecoder:
             # were 10x slower here on a strided cache with a boolean mask)
             qg = q.reshape(bsz, self.n_kv, group * s, self.head_dim)
             scores = qg @ self.k[i, :, :, :t1].transpose(-1, -2) * scale  # (B, kv, g·S, t1)
-            scores = scores.view(bsz, self.n_kv, group, s, t1).masked_fill(~mask, float("-inf"))
+            scores = scores.view(bsz, self.n_kv, group, s, t1).masked_fill(masked, float("-inf"))
             probs = scores.softmax(-1).view(bsz, self.n_kv, group * s, t1)
             o = (probs @ self.v[i, :, :, :t1]).view(bsz, self.n_heads, s, self.head_dim)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, s, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            gate, up = torch.nn.functional.linear(layer.post_attention_layernorm(h), gate_up_w).chunk(2, dim=-1)
+            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         self.length = t1
         h = self.model.model.norm(h[:, -1])
         return self.model.lm_head(h)
