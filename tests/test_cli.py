@@ -93,7 +93,7 @@ def test_debug_shows_the_exception():
 def test_bench_gae_small():
     result = runner.invoke(app, ["bench", "gae", "--shapes", "4x64,3x17", "--repeats", "1"])
     assert result.exit_code == 0, result.output
-    assert "speedup" in result.output and "64" in result.output
+    assert "speedup" in result.output and "64" in result.output and "x floor" in result.output
 
 
 NAMES = ("value_pretraining", "decoupled_gae", "length_adaptive_gae", "clip_higher", "token_level_loss",
@@ -177,7 +177,7 @@ def test_jobs_keep_the_grid_path_cell_job_and_run_ids_whole(monkeypatch):
 def test_base_build_keeps_the_model_path_whole(monkeypatch, tmp_path):
     path = tmp_path / "a-cache-folder-with-a-long-name" / "0123456789abcdef0123456789abcdef"
     accuracy = {"all": 0.25, "1-5": 0.5}
-    base = SimpleNamespace(path=path, cached=True, metrics={
+    base = SimpleNamespace(path=path, cached=True, shipped=False, metrics={
         "accuracy": {"t1": accuracy, "greedy": accuracy}, "n_params": 1000, "final_loss": 0.5,
         "response_tokens": {"min": 7, "max": 14}, "train_seconds": 0.8, "eval_seconds": 0.2,
         "build_seconds": 1.0})

@@ -88,6 +88,17 @@ def _benchmark_batch(
     return rewards, values, mask, lam
 
 
+def memory_floor(rewards: Tensor, values: Tensor, response_mask: Tensor, out: tuple[Tensor, Tensor]) -> None:
+    """The least work any GAE must do: read rewards, values and the mask once, write two (B, T) outputs.
+
+    Two elementwise ops, ``out[0] = rewards − values`` and ``out[1] = values · mask``: every input
+    read (values twice), both outputs written, no scan. Its time is the floor that ``gae`` is
+    measured against (the ``x floor`` column).
+    """
+    torch.sub(rewards, values, out=out[0])
+    torch.mul(values, response_mask, out=out[1])
+
+
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
     """Median wall time of fn() in milliseconds over `repeats` runs, after one warm-up run."""
     fn()
@@ -114,8 +125,9 @@ def run_gae_benchmark(
         threads: torch intra-op threads during the benchmark; None keeps the current setting.
 
     Returns:
-        One dict per shape: B, T, vectorised_ms, loop_ms, speedup (loop_ms / vectorised_ms) and
-        max_abs_diff (largest |difference| of advantages and returns between the two).
+        One dict per shape: B, T, vectorised_ms, loop_ms, speedup (loop_ms / vectorised_ms),
+        floor_ms (:func:`memory_floor`), x_floor (vectorised_ms / floor_ms) and max_abs_diff
+        (largest |difference| of advantages and returns between the two).
 
     Raises:
         RuntimeError: if the two implementations differ by more than TOLERANCE (1e-5).
@@ -139,6 +151,8 @@ def run_gae_benchmark(
             args = (rewards, values, mask, lam, 1.0)
             vectorised_ms = _median_ms(functools.partial(gae, *args), repeats)
             loop_ms = _median_ms(functools.partial(gae_loop, *args), repeats)
+            outputs = (torch.empty_like(values), torch.empty_like(values))
+            floor_ms = _median_ms(functools.partial(memory_floor, rewards, values, mask, outputs), repeats)
             rows.append(
                 {
                     "B": batch,
@@ -146,6 +160,8 @@ def run_gae_benchmark(
                     "vectorised_ms": vectorised_ms,
                     "loop_ms": loop_ms,
                     "speedup": loop_ms / vectorised_ms,
+                    "floor_ms": floor_ms,
+                    "x_floor": vectorised_ms / floor_ms,
                     "max_abs_diff": diff,
                 }
             )
@@ -169,13 +185,16 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 def format_gae_benchmark(rows: Sequence[dict[str, float | int]]) -> str:
     """Plain-text table of `run_gae_benchmark` rows, one line per shape under a header."""
     lines = [
-        f"{'B':>6} {'T':>6} {'vectorised ms':>14} {'loop ms':>10} {'speedup':>8} {'max |diff|':>11}"
+        f"{'B':>6} {'T':>6} {'vectorised ms':>14} {'loop ms':>10} {'speedup':>8} {'floor ms':>9} "
+        f"{'x floor':>8} {'max |diff|':>11}"
     ]
     for row in rows:
         lines.append(
             f"{row['B']:>6} {row['T']:>6} {row['vectorised_ms']:>14.2f} {row['loop_ms']:>10.1f} "
-            f"{row['speedup']:>7.1f}x {row['max_abs_diff']:>11.1e}"
+            f"{row['speedup']:>7.1f}x {row['floor_ms']:>9.2f} {row['x_floor']:>7.1f}x {row['max_abs_diff']:>11.1e}"
         )
+    lines.append("floor: reading rewards, values and the mask once and writing two (B, T) outputs, "
+                 "no scan (bench.gae.memory_floor); x floor = vectorised / floor")
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ from vapo_lab.trainer.forward import Rows, batched_values, value_forward
 
 # part of every cache key: bumped whenever the code would build a different reward model or critic
 # from the same settings (the sampler's draws, the optimiser's kernel), so old entries are not reused
-CACHE_VERSION = 4
+CACHE_VERSION = 5  # 5: packed training passes (trainer.forward.packed_states) round differently
 
 
 def cache_key(*parts: Any) -> str:
