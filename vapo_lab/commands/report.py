@@ -26,7 +26,7 @@ def report(
     beside the paper.
 
     Examples: vapo-lab report --experiment table1 --variants VAPO --variants DAPO --variants GRPO;
-    vapo-lab report --runs reports/table1-20steps/runs.json.gz --out reports/table1-20steps;
+    vapo-lab report --runs reports/table1-80steps/runs.json.gz --out reports/table1-80steps;
     vapo-lab report --runs reports/table1-cpu-long/runs.json.gz --out reports/table1-cpu-long
     --predictions reports/table1-cpu-long/predictions.yaml
     """

@@ -209,6 +209,11 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
         return ["", "## Diagnostics", "", "No run logged the trainer's diagnostics (diag/* metrics: "
                 "runs made before they were added)."]
     lines = ["", "## Diagnostics", ""]
+    absent = [DIAG_TEXT[stem][0] for stem in DIAG_TEXT if stem not in rep.diagnostics]
+    if absent:
+        why = (" (the advantage gap needs correct and wrong responses of 64+ tokens in the same window)"
+               if "diag_adv_gap" not in rep.diagnostics else "")
+        lines += ["Not drawn, no run having a value for them: " + "; ".join(absent) + why + ".", ""]
     for stem, info in rep.diagnostics.items():
         title, text = DIAG_TEXT[stem]
         if stem in BANDED:

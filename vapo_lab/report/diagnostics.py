@@ -215,8 +215,10 @@ def figure_adv_gap(groups: dict[str, list[RunData]], out: Path,
 
 def _by_position(groups: dict[str, list[RunData]], names: list[str], prefix: str, out: Path, band: str,
                  stem: str, ylabel: str, suptitle: str) -> tuple[list[Path], dict[str, Any]]:
-    """Draws a by-position metric (``prefix`` + bucket), early and late, one line per variant."""
-    if not names:
+    """Draws a by-position metric (``prefix`` + bucket), early and late, one line per variant; no
+    figure when no variant has a value at any position (e.g. no correct 64+-token response)."""
+    if not any(k != "all" for name in names for per_run in by_position_per_run(groups[name], prefix).values()
+               for k in per_run):
         return [], {}
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
