@@ -179,3 +179,18 @@ def test_checkpointing_is_off_outside_training_and_without_gradients():
     with torch.no_grad():
         assert not F.checkpointing(model.model)
     assert not F.checkpointing(model.eval().model)
+
+
+def test_distinct_prompts_with_little_padding_take_the_padded_forward():
+    """Nothing to skip: HF's single attention over prompt ++ response is the faster path there."""
+    model = _model()
+    g = torch.Generator().manual_seed(2)
+    full = F.Rows(torch.randint(3, 50, (4, 6), generator=g), torch.ones(4, 6, dtype=torch.bool),
+                  torch.randint(3, 50, (4, 5), generator=g), torch.ones(4, 5, dtype=torch.bool))
+    assert F._groups(model.model, full) is None  # 4 distinct prompts, every position valid
+    padded = F.Rows(full.prompt_ids, full.prompt_mask, full.response_ids,
+                    torch.arange(5)[None] < torch.tensor([5, 1, 2, 5])[:, None])  # 37 of 44 valid: 84%
+    assert F._groups(model.model, padded) is not None
+    repeated = F.Rows(*(x[[0, 0, 1, 1]] for x in (full.prompt_ids, full.prompt_mask, full.response_ids,
+                                                  full.response_mask)))
+    assert len(F._groups(model.model, repeated)[0]) == 2  # repeated prompts are shared, padding or not
