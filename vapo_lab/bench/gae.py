@@ -91,12 +91,16 @@ def _benchmark_batch(
 def memory_floor(rewards: Tensor, values: Tensor, response_mask: Tensor, out: tuple[Tensor, Tensor]) -> None:
     """The least work any GAE must do: read rewards, values and the mask once, write two (B, T) outputs.
 
-    Two elementwise ops, ``out[0] = rewards − values`` and ``out[1] = values · mask``: every input
-    read (values twice), both outputs written, no scan. Its time is the floor that ``gae`` is
-    measured against (the ``x floor`` column).
+    Done with torch's cheapest streaming ops, so that the time is memory traffic and nothing else:
+    ``out[0] = rewards − values`` (reads both, writes one output), ``out[1] = values`` (a copy:
+    writes the other) and one reduction over the mask's bytes (reads it). No scan. (A product with
+    the bool mask would be slower than the whole GAE: mixed-dtype elementwise ops leave the
+    vectorised path, 3.4 ms against 0.6 ms for the copy at 512 x 4096, measured.) Its time is the
+    floor that ``gae`` is measured against (the ``x floor`` column).
     """
     torch.sub(rewards, values, out=out[0])
-    torch.mul(values, response_mask, out=out[1])
+    out[1].copy_(values)
+    response_mask.view(torch.uint8).max()
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
