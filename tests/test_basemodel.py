@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from vapo_lab.basemodel import build as build_module
-from vapo_lab.basemodel.build import SHIPPED_DIR, base_config, build_base, build_base_for, config_hash, ship_base
+from vapo_lab.basemodel.build import SHIPPED_DIR, base_config, build_base, build_base_for, config_hash
 from vapo_lab.config.compose import compose_config
-from vapo_lab.integrity import manifest_problem
+from vapo_lab.integrity import manifest_problem, ship_entry
 from vapo_lab.errors import ConfigError
 from vapo_lab.models.load import load_model_and_tokenizer
 
@@ -90,7 +90,7 @@ def test_the_embedded_settings_load_their_shipped_model_without_a_build(tmp_path
 
 def test_the_cache_comes_before_the_shipped_model_and_force_builds(tmp_path, monkeypatch):
     built = build_base(tmp_path / "maker", **SMALL)
-    shipped = ship_base(built, tmp_path / "shipped")
+    shipped = ship_entry(built.path, tmp_path / "shipped")
     assert shipped == tmp_path / "shipped" / built.path.name and manifest_problem(shipped) is None
     _no_build(monkeypatch)
     used = build_base(tmp_path / "fresh", shipped_dir=tmp_path / "shipped", **SMALL)
@@ -101,12 +101,12 @@ def test_the_cache_comes_before_the_shipped_model_and_force_builds(tmp_path, mon
     assert mine.cached and not mine.shipped and mine.path == built.path
     with pytest.raises(AssertionError, match="a build ran"):
         build_base(tmp_path / "fresh", shipped_dir=tmp_path / "shipped", force=True, **SMALL)
-    with pytest.raises(ConfigError, match="is the shipped model already"):
-        ship_base(used, tmp_path / "shipped")
+    with pytest.raises(ValueError, match="is the shipped entry itself"):
+        ship_entry(used.path, tmp_path / "shipped")
 
 
 def test_a_damaged_shipped_model_is_not_used(tmp_path):
-    shipped = ship_base(build_base(tmp_path / "maker", **SMALL), tmp_path / "shipped")
+    shipped = ship_entry(build_base(tmp_path / "maker", **SMALL).path, tmp_path / "shipped")
     weights = shipped / "model.safetensors"
     weights.write_bytes(b"\0" * weights.stat().st_size)  # same size, zeroed
     lines = []
@@ -236,3 +236,19 @@ def test_the_base_model_library_draws_no_progress_bars_itself():
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'vapo_lab.commands.progress'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_default_ships_every_cache_entry_its_first_run_needs(tmp_path, monkeypatch):
+    """Base, reward model and pretrained critic of the default config are all in the package, under
+    the keys a run computes: a fresh folder's `vapo-lab train` builds none of them."""
+    from vapo_lab.integrity import SHIPPED_DIR as ROOT, find_entry
+    from vapo_lab.trainer.critic_init import critic_cache_keys
+
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config().cfg
+    base_key = build_base_for(cfg, progress=None).path.name
+    keys = critic_cache_keys(base_key, cfg)
+    assert set(keys) == {"reward_model", "pretrained_critic"}  # VAPO: critic from the RM, value-pretrained
+    for kind, key in {"base": base_key, **keys}.items():
+        found = find_entry(key, kind, tmp_path / ".vapo_cache" / kind, ROOT / kind)
+        assert found is not None and found[1], (kind, key)  # usable, and the shipped one

@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # the caches of the working folder (base model, reward model, pretrained critic), each entry checksummed
 CACHE_DIR = Path(".vapo_cache")
+# entries shipped in the package, in the caches' layout (<kind>/<key>/): looked up after the folder's
+# own cache, so that a fresh folder starts the embedded settings from the same bits on every machine
+SHIPPED_DIR = Path(__file__).resolve().with_name("shipped")
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
@@ -67,3 +74,57 @@ def manifest_problem(folder: Path) -> str | None:
         if file_sha256(f) != entry["sha256"]:
             return f"{f} does not match its checksum"
     return None
+
+
+def find_entry(key: str, what: str, cache_dir: Path | None, shipped_dir: Path | None,
+               log: Callable[[str], None] | None = None) -> tuple[Path, bool] | None:
+    """Returns (folder, shipped?) of the usable entry ``key``: ``<cache_dir>/<key>`` (the folder's
+    cache of one kind, e.g. ``.vapo_cache/reward_model``) first, then ``<shipped_dir>/<key>`` (the
+    package's, e.g. ``SHIPPED_DIR / "reward_model"``); None when neither has one that matches its
+    checksums. A damaged entry is named to ``log`` in one line (``what``: e.g. "reward model").
+    """
+    for root, shipped in ((cache_dir, False), (shipped_dir, True)):
+        if root is None:
+            continue
+        path = Path(root) / key
+        if not path.is_dir():
+            continue
+        problem = manifest_problem(path)
+        if problem is None:
+            return path, shipped
+        if log is not None:
+            log(f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): "
+                + ("not using it" if shipped else "rebuilding it"))
+    return None
+
+
+def ship_entry(entry: Path, shipped_dir: Path) -> Path:
+    """Copies the cache entry folder ``entry`` to ``<shipped_dir>/<its name>/`` (replacing one there;
+    ``shipped_dir``: e.g. ``SHIPPED_DIR / "base"``), checked against its manifest before and after;
+    returns the shipped folder.
+
+    Raises:
+        ValueError: ``entry`` is already that folder, or its files (or the copy's) fail their checksums.
+    """
+    target = Path(shipped_dir) / entry.name
+    if target.resolve() == Path(entry).resolve():
+        raise ValueError(f"{entry} is the shipped entry itself: ship from a folder's .vapo_cache")
+    problem = manifest_problem(entry)
+    if problem is not None:
+        raise ValueError(f"not shipping {entry}: {problem}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for f in Path(entry).iterdir():
+            if f.is_file():
+                shutil.copyfile(f, tmp / f.name)
+        problem = manifest_problem(tmp)
+        if problem is not None:
+            raise ValueError(f"the copy of {entry} failed its checksums ({problem}): retry")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        target.chmod(0o755)  # mkdtemp's 0700 would keep other users of an installed copy out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -7,8 +7,8 @@ once. Progress is the caller's to show: it passes a factory of progress bars, ca
 build actually runs.
 
 The package ships the entries of the two embedded settings' configs (the default and
-``scale=cpu-long``) under ``shipped/<hash>/``, in the cache's layout and with its checksums
-(:data:`SHIPPED_DIR`, written by ``vapo-lab base build --ship``): a first run in a fresh folder
+``scale=cpu-long``) under ``vapo_lab/shipped/base/<hash>/``, in the cache's layout and with its
+checksums (:data:`SHIPPED_DIR`, written by ``vapo-lab base ship``): a first run in a fresh folder
 loads them instead of spending minutes on the build (measured on 2 cores: 197 s for the default,
 762 s for cpu-long), and every machine starts RL from the same bits. The lookup order is the
 folder's cache, then the shipped entry, then a build: a model built here (``--force``) stays the
@@ -34,14 +34,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from vapo_lab.basemodel.recipe import DEFAULTS, RECIPE_VERSION, measure_accuracy, pretrain
 from vapo_lab.errors import ConfigError
-from vapo_lab.integrity import CACHE_DIR, manifest_problem, write_manifest
+from vapo_lab.integrity import CACHE_DIR, find_entry, manifest_problem, write_manifest
+from vapo_lab.integrity import SHIPPED_DIR as SHIPPED_CACHE_DIR
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
 
 DEFAULT_CACHE_DIR = CACHE_DIR / "base"
 # base models shipped in the package, one folder per config hash, laid out as a cache entry
-SHIPPED_DIR = Path(__file__).resolve().with_name("shipped")
+SHIPPED_DIR = SHIPPED_CACHE_DIR / "base"
 META_FILE = "base.json"
 # A progress-bar factory: called when a build starts, it returns a context manager that yields an
 # object with rich.Progress's ``add_task`` / ``update`` (the command layer's bar), or None.
@@ -137,20 +138,11 @@ def build_base(
     config = base_config(**options)
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     path = root / config_hash(config)
-    candidates = [] if force else [(path, "cached")]
-    if not force and shipped_dir is not None:
-        candidates.append((Path(shipped_dir) / path.name, "shipped"))
-    for found, kind in candidates:
-        if not found.is_dir():
-            continue
-        problem = manifest_problem(found)
-        if problem is None:
-            meta = json.loads((found / META_FILE).read_text())
-            return BaseModel(path=found, config=meta["config"], metrics=meta["metrics"], cached=True,
-                             shipped=kind == "shipped")
-        if log is not None:
-            log(f"warning: the {kind} base model is unusable ({problem}): "
-                + ("rebuilding it" if kind == "cached" else "not using it"))
+    found = None if force else find_entry(path.name, "base model", root, shipped_dir and Path(shipped_dir), log)
+    if found is not None:
+        meta = json.loads((found[0] / META_FILE).read_text())
+        return BaseModel(path=found[0], config=meta["config"], metrics=meta["metrics"], cached=True,
+                         shipped=found[1])
 
     build_start = time.perf_counter()
     with _threads(num_threads), (progress() if progress is not None else nullcontext()) as bar:
@@ -191,40 +183,6 @@ def build_base(
     }
     _save_atomically(path, model, tokenizer, {"config": config, "metrics": metrics})
     return BaseModel(path=path, config=config, metrics=metrics, cached=False)
-
-
-def ship_base(base: BaseModel, shipped_dir: str | Path = SHIPPED_DIR) -> Path:
-    """Copies a built base model into the package's shipped models (``vapo-lab base build --ship``).
-
-    Returns the shipped folder, ``<shipped_dir>/<config hash>/``, a byte copy of the cache entry
-    checked against its manifest before and after the copy; an existing entry is replaced.
-
-    Raises:
-        ConfigError: ``base`` is itself the shipped entry, or its files fail their checksums.
-    """
-    target = Path(shipped_dir) / base.path.name
-    if base.shipped or target.resolve() == base.path.resolve():
-        raise ConfigError(f"{base.path} is the shipped model already: build it into the cache first "
-                          "(vapo-lab base build --force --ship)")
-    problem = manifest_problem(base.path)
-    if problem is not None:
-        raise ConfigError(f"not shipping {base.path}: {problem}; rebuild it with vapo-lab base build --force")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        for f in base.path.iterdir():
-            if f.is_file():
-                shutil.copyfile(f, tmp / f.name)
-        problem = manifest_problem(tmp)
-        if problem is not None:
-            raise ConfigError(f"the copy of {base.path} failed its checksums ({problem}): retry")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-        target.chmod(0o755)  # mkdtemp's 0700 would keep other users of an installed copy out
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None:
@@ -273,11 +231,13 @@ def _threads(n: int | None):
         torch.set_num_threads(previous)
 
 
-def build_base_for(cfg: DictConfig, progress: ProgressFactory | None, force: bool = False,
-                   log: Callable[[str], None] | None = None) -> BaseModel:
-    """Returns the embedded default's base model for ``cfg`` (a ``BaseModel``), building it on first
-    use (``progress``: see :func:`build_base`); the cache key covers the task, ``model.arch`` and
-    ``model.base``."""
+def base_options_for(cfg: DictConfig) -> dict[str, Any]:
+    """Returns the base-model build options of ``cfg`` (the task, ``model.arch`` and ``model.base``);
+    their :func:`base_config` hashes to the cache key.
+
+    Raises:
+        ConfigError: ``cfg`` has no base model to build (not model=tiny on task=arith).
+    """
     if cfg.model.name != "tiny":
         raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
                           "has a base model to build")
@@ -285,10 +245,18 @@ def build_base_for(cfg: DictConfig, progress: ProgressFactory | None, force: boo
         raise ConfigError(f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
                           "use task=arith, or a real model (model=hf model.path=...) for other tasks")
     arch, opts = cfg.model.arch, dict(cfg.task.options)
-    return build_base(
-        cache_dir=DEFAULT_CACHE_DIR, progress=progress, num_threads=cfg.trainer.threads, force=force, log=log,
+    return dict(
         task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
         **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent", "readout") if k in opts},
         hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
         num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
         max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))
+
+
+def build_base_for(cfg: DictConfig, progress: ProgressFactory | None, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> BaseModel:
+    """Returns the embedded default's base model for ``cfg`` (a ``BaseModel``), building it on first
+    use (``progress``: see :func:`build_base`); the cache key covers the task, ``model.arch`` and
+    ``model.base`` (:func:`base_options_for`)."""
+    return build_base(cache_dir=DEFAULT_CACHE_DIR, progress=progress, num_threads=cfg.trainer.threads, force=force,
+                      log=log, **base_options_for(cfg))

@@ -2,7 +2,9 @@
 
 Both are cached by a hash of everything that determines them (base model, task, reward, critic
 and rollout settings) under ``.vapo_cache/``, so every cell of an ablation grid shares one reward
-model and one pretrained critic, built once.
+model and one pretrained critic, built once. The package ships those of the embedded default
+(``vapo_lab/shipped/``, ``vapo-lab base ship``), found after the folder's own cache: a fresh
+folder's first ``vapo-lab train`` starts its policy steps at once.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vapo_lab.algo import explained_variance, gae
-from vapo_lab.integrity import manifest_problem, write_manifest
+from vapo_lab.integrity import SHIPPED_DIR, find_entry, write_manifest
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.advantages import token_rewards
@@ -60,15 +62,29 @@ def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
                      int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma))
 
 
-def _usable(path: Path, what: str, log: Callable[[str], None]) -> bool:
-    """Returns True when the cache entry at ``path`` exists and matches its checksums; a damaged
-    entry is reported in one line (and then rebuilt by the caller)."""
-    if not path.is_dir():
-        return False
-    problem = manifest_problem(path)
-    if problem is not None:
-        log(f"warning: the cached {what} is unusable ({problem}): rebuilding it")
-    return problem is None
+def critic_cache_keys(policy_key: str, cfg: DictConfig) -> dict[str, str]:
+    """Returns {cache kind: key} of the critic caches a run of ``cfg`` uses, its policy's key being
+    ``policy_key``: "reward_model" when the critic starts from it, "pretrained_critic" when value
+    pretraining is on (``init_critic``'s keys; ``vapo-lab base ship`` ships these entries)."""
+    init = cfg.critic.init
+    keys = {}
+    if init == "reward_model":
+        keys["reward_model"] = reward_model_key(policy_key, cfg)
+        critic_key = f"rm:{keys['reward_model']}"
+    else:
+        critic_key = f"{init}:{policy_key}"
+    if cfg.critic.pretrain.enabled:
+        keys["pretrained_critic"] = pretrained_critic_key(critic_key, cfg)
+    return keys
+
+
+def _cached(cache_dir: Path, shipped_dir: Path | None, kind: str, key: str, what: str,
+            log: Callable[[str], None]) -> Path | None:
+    """Returns the usable entry ``<kind>/<key>``: this folder's cache first, then the package's
+    shipped one (``shipped_dir``; the embedded default's are shipped); None: build it. A damaged
+    entry is reported in one line (a cached one is then rebuilt)."""
+    found = find_entry(key, what, cache_dir / kind, shipped_dir / kind if shipped_dir is not None else None, log)
+    return found[0] if found is not None else None
 
 
 def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
@@ -94,7 +110,7 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
                        draw: Callable[[int], Any],
                        score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
                        encode: Callable[[list[Any]], list[list[int]]], cache_dir: Path,
-                       log: Callable[[str], None] = print) -> Path:
+                       log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR) -> Path:
     """Returns the path of an outcome reward model trained on the base policy's own samples.
 
     The model (policy backbone + scalar head) regresses the verifier's reward at the last response
@@ -103,9 +119,11 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
     of a response, biased before it (the paper's starting point).
     """
     opts = cfg.critic
-    path = cache_dir / "reward_model" / reward_model_key(policy_key, cfg)
-    if _usable(path, "reward model", log):
-        return path
+    key = reward_model_key(policy_key, cfg)
+    found = _cached(cache_dir, shipped_dir, "reward_model", key, "reward model", log)
+    if found is not None:
+        return found
+    path = cache_dir / "reward_model" / key
     log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
     gen = torch.Generator().manual_seed(int(cfg.task.seed))
     rm = ValueModel.from_causal_lm(policy)
@@ -135,7 +153,7 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
                     draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
                     encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
                     log_metrics: Callable[[dict[str, float], int], None],
-                    log: Callable[[str], None] = print) -> ValueModel:
+                    log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR) -> ValueModel:
     """Returns the critic after value pretraining (VAPO §4.1); the history goes to ``log_metrics``.
 
     The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
@@ -144,12 +162,14 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
     reaches ``critic.pretrain.min_explained_variance``. Cached: a grid pretrains once.
     """
     pre = cfg.critic.pretrain
-    path = cache_dir / "pretrained_critic" / pretrained_critic_key(critic_key, cfg)
-    if _usable(path, "pretrained critic", log):
-        meta = json.loads((path / "meta.json").read_text())
+    key = pretrained_critic_key(critic_key, cfg)
+    found = _cached(cache_dir, shipped_dir, "pretrained_critic", key, "pretrained critic", log)
+    if found is not None:
+        meta = json.loads((found / "meta.json").read_text())
         for i, m in enumerate(meta["history"]):
             log_metrics(m, i)
-        return ValueModel.load(path)
+        return ValueModel.load(found)
+    path = cache_dir / "pretrained_critic" / key
     gen = torch.Generator().manual_seed(int(cfg.task.seed) + 1)
     updater = updater_factory(critic)
     n = int(cfg.rollout.n_samples)
