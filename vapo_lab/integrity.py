@@ -92,9 +92,8 @@ def find_entry(key: str, what: str, cache_dir: Path | None, shipped_dir: Path | 
         problem = manifest_problem(path)
         if problem is None:
             return path, shipped
-        if log is not None:
-            log(f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): "
-                + ("not using it" if shipped else "rebuilding it"))
+        if log is not None:  # the caller then tries the shipped entry, else builds anew
+            log(f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): not using it")
     return None
 
 

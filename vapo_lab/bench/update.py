@@ -88,33 +88,34 @@ def real_token_share(rows: Any, micro_batches: list[torch.Tensor]) -> float:
     return valid / positions
 
 
+def _timed(module: Any, rows: Any, split: list[list[torch.Tensor]],
+           output: Callable[[Any], torch.Tensor], loss: Callable[[torch.Tensor], torch.Tensor]
+           ) -> tuple[float, torch.Tensor]:
+    """Forward (``output(rows)``) and backward (``loss(output)``) over every micro-batch of
+    ``split``; returns (seconds, the outputs at valid positions, concatenated)."""
+    module.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    kept = []
+    for micro in split:
+        for idx in micro:
+            r = rows.take(idx)
+            out = output(r)
+            loss(out * r.response_mask).mul(1e-3).backward()
+            kept.append(out.detach()[r.response_mask])
+    return time.perf_counter() - start, torch.cat(kept)
+
+
 def _passes(model: Any, critic: Any, rows: Any, split: list[list[torch.Tensor]]) -> dict[str, Any]:
     """Runs the actor's and the critic's forward + backward over every micro-batch; returns seconds,
     and the outputs and gradients to compare."""
     from vapo_lab.trainer.forward import policy_forward, value_forward
 
     out: dict[str, Any] = {}
-    model.zero_grad(set_to_none=True)
-    start = time.perf_counter()
-    logprobs = []
-    for micro in split:
-        for idx in micro:
-            r = rows.take(idx)
-            lp, ent = policy_forward(model, r, 1.0, with_entropy=True)
-            (lp * r.response_mask).sum().mul(1e-3).backward()
-            logprobs.append(lp.detach()[r.response_mask])
-    out["actor_s"] = time.perf_counter() - start
-    critic.zero_grad(set_to_none=True)
-    start = time.perf_counter()
-    values = []
-    for micro in split:
-        for idx in micro:
-            r = rows.take(idx)
-            v = value_forward(critic, r)
-            (v * r.response_mask).square().sum().mul(1e-3).backward()
-            values.append(v.detach()[r.response_mask])
-    out["critic_s"] = time.perf_counter() - start
-    out["logprobs"], out["values"] = torch.cat(logprobs), torch.cat(values)
+    out["actor_s"], out["logprobs"] = _timed(model, rows, split,
+                                             lambda r: policy_forward(model, r, 1.0, with_entropy=True)[0],
+                                             lambda x: x.sum())
+    out["critic_s"], out["values"] = _timed(critic, rows, split, lambda r: value_forward(critic, r),
+                                            lambda x: x.square().sum())
     out["grads"] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]
                              + [p.grad.flatten() for p in critic.parameters() if p.grad is not None])
     return out
