@@ -123,6 +123,9 @@ def main() -> None:
     if world.main:
         torch.save(out, a.out)
     if world.initialized:
+        # every rank done (rank 0's file written) before any tears its group down: a rank that left
+        # while the other still talked to it aborted once ("terminate called without an active exception")
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
