@@ -62,19 +62,23 @@ def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
                      int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma))
 
 
+def critic_start_key(policy_key: str, cfg: DictConfig) -> str:
+    """Returns the key of the critic's starting weights (``critic.init``): the reward model's cache key,
+    or the policy's key for a critic started from the policy or at random; part of the pretrained
+    critic's key."""
+    init = cfg.critic.init
+    return f"rm:{reward_model_key(policy_key, cfg)}" if init == "reward_model" else f"{init}:{policy_key}"
+
+
 def critic_cache_keys(policy_key: str, cfg: DictConfig) -> dict[str, str]:
     """Returns {cache kind: key} of the critic caches a run of ``cfg`` uses, its policy's key being
     ``policy_key``: "reward_model" when the critic starts from it, "pretrained_critic" when value
-    pretraining is on (``init_critic``'s keys; ``vapo-lab base ship`` ships these entries)."""
-    init = cfg.critic.init
+    pretraining is on (the keys ``init_critic`` looks up; ``vapo-lab base ship`` ships these entries)."""
     keys = {}
-    if init == "reward_model":
+    if cfg.critic.init == "reward_model":
         keys["reward_model"] = reward_model_key(policy_key, cfg)
-        critic_key = f"rm:{keys['reward_model']}"
-    else:
-        critic_key = f"{init}:{policy_key}"
     if cfg.critic.pretrain.enabled:
-        keys["pretrained_critic"] = pretrained_critic_key(critic_key, cfg)
+        keys["pretrained_critic"] = pretrained_critic_key(critic_start_key(policy_key, cfg), cfg)
     return keys
 
 

@@ -26,7 +26,7 @@ from vapo_lab.rollout import make_engine, make_generator
 from vapo_lab.rollout.prompts import encode_prompts
 from vapo_lab.tasks import build_task
 from vapo_lab.trainer.collect import DataStream, Sampling
-from vapo_lab.trainer.critic_init import build_reward_model, pretrain_critic
+from vapo_lab.trainer.critic_init import build_reward_model, critic_start_key, pretrain_critic
 from vapo_lab.trainer.forward import enable_checkpointing
 from vapo_lab.trainer.scoring import RewardScorer
 from vapo_lab.trainer.update import Updater, adamw
@@ -148,11 +148,12 @@ def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampli
     if init == "reward_model":
         rm_path = build_reward_model(policy, sampling.generate, policy_key, cfg, draw_rng.take, score,
                                      sampling.encode, CACHE_DIR, log=log)
-        critic, critic_key = ValueModel.load(rm_path), f"rm:{rm_path.name}"
+        critic = ValueModel.load(rm_path)
     elif init == "policy":
-        critic, critic_key = ValueModel.from_causal_lm(policy), f"policy:{policy_key}"
+        critic = ValueModel.from_causal_lm(policy)
     else:
-        critic, critic_key = ValueModel.random_like(policy, seed=int(cfg.seed)), f"random:{policy_key}"
+        critic = ValueModel.random_like(policy, seed=int(cfg.seed))
+    critic_key = critic_start_key(policy_key, cfg)
     critic = _ready(critic, cfg, device)
     if cfg.critic.pretrain.enabled:
         def updater_factory(c: ValueModel) -> Updater:
