@@ -171,3 +171,19 @@ def test_top_p_outside_zero_one_rejected():
     for bad in (0.0, -0.1, 1.5):
         with pytest.raises(ValueError, match="top_p"):
             _run(_qwen(), True, top_p=bad)
+
+
+def test_the_fast_decoder_keeps_every_projection_bias():
+    """Llama with mlp_bias: the fused gate/up projection carries the biases too (logits as a full pass)."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                      mlp_bias=True, attention_bias=True)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # biases start at 0: give them values that matter
+            p.add_(0.1 * torch.randn_like(p))
+        ids = torch.randint(3, VOCAB, (2, 5))
+        d = FastDecoder(model, 2, 8)
+        got = d.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
+        torch.testing.assert_close(got, model(input_ids=ids).logits[:, -1], atol=1e-5, rtol=1e-5)

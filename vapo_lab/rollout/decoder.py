@@ -9,7 +9,8 @@ preallocated static KV cache; it skips the generic mask-building and cache bookk
 ``transformers`` that dominate a step for small models on CPU, and runs few, larger ops per
 token: the q/k/v projections as one matmul and the MLP's gate and up projections as another (over
 weights concatenated once per decoder, i.e. once per rollout), RoPE over q and k together, and the
-attention mask built once per step for all layers. ``HFDecoder`` calls the model's own forward with a ``DynamicCache`` and works for any causal
+attention mask built once per step for all layers. ``HFDecoder`` calls the model's own forward
+with a ``DynamicCache`` and works for any causal
 LM. ``tests/rollout/test_decoder.py`` checks that both give the logits of a full forward pass.
 """
 
@@ -74,17 +75,18 @@ class FastDecoder:
         self.max_len = max_len
 
     @staticmethod
-    def _fuse(layer: nn.Module) -> tuple[Tensor, Tensor | None, Tensor]:
-        """Returns (q/k/v weight, its bias or None, gate/up weight), each concatenated on the output dim."""
+    def _fuse(layer: nn.Module) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
+        """Returns ((q/k/v weight, bias), (gate/up weight, bias)), each concatenated on the output dim;
+        a bias is None when none of its projections has one (Llama's ``mlp_bias`` gives gate/up theirs)."""
+        def cat(*linears: nn.Module) -> tuple[Tensor, Tensor | None]:
+            weight = torch.cat([m.weight for m in linears])
+            if all(m.bias is None for m in linears):
+                return weight, None
+            return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                                      for m in linears])
+
         attn, mlp = layer.self_attn, layer.mlp
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = torch.cat([m.weight for m in projections])
-        biases = [m.bias for m in projections]
-        bias = None
-        if any(b is not None for b in biases):
-            bias = torch.cat([b if b is not None else m.weight.new_zeros(m.out_features)
-                              for b, m in zip(biases, projections)])
-        return qkv, bias, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        return cat(attn.q_proj, attn.k_proj, attn.v_proj), cat(mlp.gate_proj, mlp.up_proj)
 
     def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Returns the logits (B, V) after the left-padded prompts (B, P)."""
@@ -135,7 +137,7 @@ class FastDecoder:
         h = self.model.model.embed_tokens(ids)
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv_w, qkv_b, gate_up_w = self.fused[i]
+            (qkv_w, qkv_b), (gate_up_w, gate_up_b) = self.fused[i]
             x = layer.input_layernorm(h)
             qkv = torch.nn.functional.linear(x, qkv_w, qkv_b)  # (B, S, (heads + 2 kv) · hd)
             # RoPE over q and k in one pass: (B, heads + kv, S, hd)
@@ -154,7 +156,8 @@ class FastDecoder:
             probs = scores.softmax(-1).view(bsz, self.n_kv, group * s, t1)
             o = (probs @ self.v[i, :, :, :t1]).view(bsz, self.n_heads, s, self.head_dim)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, s, -1))
-            gate, up = torch.nn.functional.linear(layer.post_attention_layernorm(h), gate_up_w).chunk(2, dim=-1)
+            x = layer.post_attention_layernorm(h)
+            gate, up = torch.nn.functional.linear(x, gate_up_w, gate_up_b).chunk(2, dim=-1)
             h = h + mlp.down_proj(mlp.act_fn(gate) * up)
         self.length = t1
         h = self.model.model.norm(h[:, -1])

@@ -100,27 +100,24 @@ MIN_ROWS_PER_PROMPT = 2
 PACK_BELOW_SHARE = 0.9
 
 
-def prompt_groups(rows: Rows) -> tuple[Tensor, Tensor]:
-    """Returns (distinct prompts as [ids ++ mask] rows, each row's index into them); torch.unique
-    sorts, so the order is deterministic."""
-    key = torch.cat([rows.prompt_ids, rows.prompt_mask.long()], 1)
-    return torch.unique(key, dim=0, return_inverse=True)
-
-
 def _groups(decoder: nn.Module, rows: Rows) -> tuple[Tensor, Tensor] | None:
-    """Returns the prompt grouping ``packed_states`` runs ``decoder`` with, or None for HF's padded
-    forward: where it cannot run ``decoder`` (not a Qwen2/Llama transformer), and where prompts do
-    not repeat and there is little padding (``PACK_BELOW_SHARE``). ``prompt_groups(rows)`` where
-    prompts repeat enough to save work, else one prompt per row."""
+    """Returns the prompt grouping ``packed_states`` runs ``decoder`` with: (distinct prompts as
+    [ids ++ mask] rows, each row's index into them), or None for HF's padded forward.
+
+    None where ``packed_states`` cannot run ``decoder`` (not a Qwen2/Llama transformer), and where
+    prompts do not repeat and there is little padding (``PACK_BELOW_SHARE``). The distinct prompts
+    (``torch.unique``: sorted, so the order is deterministic) where they repeat enough to save
+    work, else one prompt per row, in row order.
+    """
     if not shares_prompts(decoder):
         return None
-    groups = prompt_groups(rows)
-    if len(groups[0]) * MIN_ROWS_PER_PROMPT <= len(rows.prompt_ids):
-        return groups
+    key = torch.cat([rows.prompt_ids, rows.prompt_mask.long()], 1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if len(uniq) * MIN_ROWS_PER_PROMPT <= len(key):
+        return uniq, inverse
     valid = int(rows.prompt_mask.sum()) + int(rows.response_mask.sum())
     if valid >= PACK_BELOW_SHARE * (rows.prompt_ids.numel() + rows.response_ids.numel()):
         return None
-    key = torch.cat([rows.prompt_ids, rows.prompt_mask.long()], 1)
     return key, torch.arange(len(key), device=key.device)
 
 
