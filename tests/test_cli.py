@@ -94,6 +94,7 @@ def test_bench_gae_small():
     result = runner.invoke(app, ["bench", "gae", "--shapes", "4x64,3x17", "--repeats", "1"])
     assert result.exit_code == 0, result.output
     assert "speedup" in result.output and "64" in result.output and "x floor" in result.output
+    assert "torch scan" in result.output and "new floor" in result.output
 
 
 NAMES = ("value_pretraining", "decoupled_gae", "length_adaptive_gae", "clip_higher", "token_level_loss",

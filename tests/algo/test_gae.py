@@ -8,13 +8,26 @@ Conventions (spec): δ_t = r_t + γ·V_{t+1} − V_t with V_L = 0 after the last
 A_t = Σ_l (γλ)^l δ_{t+l} over valid tokens; returns_t = A_t + V_t; padding outputs 0.
 """
 
+import sys
+
 import pytest
 import torch
 
 from vapo_lab.algo.gae import decoupled_gae, gae, length_adaptive_lambda
+from vapo_lab.algo.gae_cpu import scan_kernel
 
 F64 = torch.float64
 F32 = torch.float32
+
+
+@pytest.fixture(params=["compiled", "torch"], autouse=True)
+def scan(request, monkeypatch):
+    """Every test here runs twice: gae on the compiled CPU scan and on the torch scan."""
+    if request.param == "compiled" and scan_kernel() is None:
+        pytest.skip("numba is not importable: no compiled CPU scan")
+    if request.param == "torch":  # what gae does without numba, and on accelerators
+        monkeypatch.setattr(sys.modules["vapo_lab.algo.gae"], "scan_kernel", lambda: None)
+    return request.param
 
 
 def prefix_mask(lengths, T):
@@ -455,3 +468,61 @@ def test_gae_shape_errors_raise():
         decoupled_gae(r, torch.zeros(2, 4, dtype=F64), m, 0.5, 1.0)
     with pytest.raises(ValueError):
         decoupled_gae(r, v, m, torch.full((5,), 0.5, dtype=F64), 1.0)
+
+
+def test_gae_compiled_scan_rejects_a_mask_with_holes(scan):
+    r = torch.zeros(3, 5, dtype=F64)
+    v = torch.zeros(3, 5, dtype=F64)
+    m = prefix_mask([2, 5, 3], 5)
+    m[2, 4] = True  # row 2: ones, zeros, then a one
+    if scan == "compiled":
+        with pytest.raises(ValueError, match="row 2 is not a prefix mask"):
+            gae(r, v, m, 0.5)
+    else:  # the torch scan does not check; asking for the compiled one where it is missing fails
+        with pytest.raises(ValueError, match="scan='compiled' needs"):
+            gae(r, v, m, 0.5, scan="compiled")
+
+
+def test_gae_unknown_scan_raises():
+    r, v, m, _ = random_batch(2, 3)
+    with pytest.raises(ValueError, match="is not one of"):
+        gae(r, v, m, 0.5, scan="fast")
+
+
+def test_gae_out_writes_into_the_given_tensors():
+    torch.manual_seed(802)
+    r, v, m, lengths = random_batch(5, 17, dtype=F32)
+    lam = length_adaptive_lambda(lengths, 0.05)
+    out = (torch.full((5, 17), 7.0), torch.full((5, 17), 7.0))  # stale contents must not survive
+    adv, ret = gae(r, v, m, lam, out=out)
+    assert adv is out[0] and ret is out[1]
+    fresh = gae(r, v, m, lam)
+    torch.testing.assert_close(adv, fresh[0], atol=0, rtol=0)
+    torch.testing.assert_close(ret, fresh[1], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="out's returns"):
+        gae(r, v, m, lam, out=(torch.empty(5, 17), torch.empty(5, 17, dtype=F64)))
+    with pytest.raises(ValueError, match="out's advantages"):
+        gae(r, v, m, lam, out=(torch.empty(5, 16), torch.empty(5, 17)))
+
+
+def test_gae_half_precision_values_computed_in_float32():
+    torch.manual_seed(803)
+    r, v, m, lengths = random_batch(4, 29, dtype=F32)
+    lam = length_adaptive_lambda(lengths, 0.05)
+    adv, ret = gae(r.bfloat16(), v.bfloat16(), m, lam)
+    assert adv.dtype == torch.bfloat16 and ret.dtype == torch.bfloat16
+    ea, er = ref_gae(r.bfloat16(), v.bfloat16(), m, lam, 1.0)  # same bf16 inputs, float64 maths
+    torch.testing.assert_close(adv.double(), ea, atol=2e-2, rtol=1e-2)  # bf16 output rounding
+    torch.testing.assert_close(ret.double(), er, atol=2e-2, rtol=1e-2)
+
+
+def test_the_two_scans_agree_on_a_large_float32_batch(scan):
+    if scan == "torch":
+        pytest.skip("compares both scans: run once, with the compiled one available")
+    torch.manual_seed(804)
+    r, v, m, lengths = random_batch(64, 3000, dtype=F32)
+    lam = length_adaptive_lambda(lengths, 0.05 * 512 / 3000)
+    compiled = gae(r, v, m, lam, scan="compiled")
+    scanned = gae(r, v, m, lam, scan="torch")
+    for a, b in zip(compiled, scanned):
+        assert (a - b).abs().max().item() < 1e-5

@@ -1,4 +1,4 @@
-"""Generalised advantage estimation (GAE) for token-level PPO, vectorised over time.
+"""Generalised advantage estimation (GAE) for token-level PPO, without a Python loop over time.
 
 VAPO (arXiv 2504.05118) uses GAE three ways: λ = 1 Monte-Carlo returns for value pretraining,
 decoupled λ_critic / λ_policy, and a per-response length-adaptive λ_policy. All three reduce to
@@ -6,7 +6,8 @@ one reverse scan per response,
 
     A_t = δ_t + γλ·A_{t+1},   δ_t = r_t + γ·V_{t+1} − V_t,   A_L = 0, V_L = 0,
 
-which `gae` evaluates without a Python loop over the T time steps (see
+which `gae` evaluates without a Python loop over the T time steps: on CPU as one compiled loop
+per response (`vapo_lab.algo.gae_cpu`), elsewhere as a chunked scan of batched matmuls (see
 `_reverse_discounted_cumsum`).
 """
 
@@ -17,6 +18,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from vapo_lab.algo.gae_cpu import scan_kernel
 
 # Chunk size K of the chunked scan. K trades the matmul's work (B·T·K multiply-adds) against
 # the number of recursion levels (log_K T); with one λ per response the B discount matrices also
@@ -37,6 +40,8 @@ LAMBDA_CRITIC_MODES = ("decoupled", "shared")
 ADVANTAGE_ESTIMATORS = ("gae", "group")
 
 _CHUNK = 16
+# how gae scans: the compiled CPU loop where it can, else torch; one of them by name (tests, bench)
+SCANS = ("auto", "compiled", "torch")
 
 # On CPU the batch is processed in blocks of about this many (B·T) elements (8 MiB of float32),
 # so that no temporary reaches 32 MiB, from which glibc maps fresh pages on every call and the
@@ -88,6 +93,9 @@ def gae(
     response_mask: Tensor,
     lam: float | Tensor,
     gamma: float = 1.0,
+    *,
+    out: tuple[Tensor, Tensor] | None = None,
+    scan: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Advantages and returns from generalised advantage estimation over each response's tokens.
 
@@ -102,8 +110,10 @@ def gae(
     λ = 0 gives A_t = δ_t. Worked example, γ = 1, rewards [0, 0, 1], values [0.5, 0.5, 0.5]:
     δ = [0, 0, 0.5]; λ = 0.5 gives A = [0.125, 0.25, 0.5]; λ = 1 gives returns [1, 1, 1].
 
-    The scan runs without a Python loop over time (see `_reverse_discounted_cumsum`): O(B·T·K)
-    work in batched matmuls plus O(log_K T) recursion levels (K = 16).
+    On CPU the scan is one compiled loop per response (`vapo_lab.algo.gae_cpu`, numba): it reads
+    the inputs and writes the outputs once. Elsewhere, or without numba, it runs without a Python
+    loop over time (see `_reverse_discounted_cumsum`): O(B·T·K) work in batched matmuls plus
+    O(log_K T) recursion levels (K = 16). The two agree to float rounding.
 
     Args:
         rewards: token rewards r, shape (B, T); usually the verifier's reward at the last valid
@@ -115,14 +125,22 @@ def gae(
         lam: λ, a python float in [0, 1], or a tensor of shape (B,) with one λ per response
             (e.g. `length_adaptive_lambda`), applied exactly per response.
         gamma: discount γ (VAPO uses 1.0).
+        out: optional (advantages, returns) tensors to write into, each (B, T) with the dtype and
+            device of `values`: callers that keep buffers skip two fresh allocations (at 32 MiB
+            and more each costs page faults, 2-3x the scan itself at 8192x1024).
+        scan: "auto" (the compiled CPU scan for CPU tensors when numba is importable, else the
+            torch scan), "compiled" (the CPU scan or an error) or "torch" (the torch scan: the
+            one for accelerators, kept as the fallback and the benchmark's previous code).
 
     Returns:
         (advantages, returns), each (B, T) with the dtype of `values`, detached (they are targets,
-        constants of the PPO losses); exactly 0 where the mask is 0.
+        constants of the PPO losses); exactly 0 where the mask is 0. `out` itself when given.
 
     Raises:
         ValueError: if the shapes of rewards, values and response_mask differ or are not 2-D,
-            if a tensor lam is not of shape (B,), or if a float lam or gamma is outside [0, 1].
+            if a tensor lam is not of shape (B,), if a float lam or gamma is outside [0, 1], if
+            `out` does not match, if `scan` is not one of SCANS or "compiled" is not available,
+            or (compiled scan) if a mask row is not a prefix.
     """
     if values.dim() != 2 or rewards.shape != values.shape or response_mask.shape != values.shape:
         raise ValueError(
@@ -141,6 +159,13 @@ def gae(
         raise ValueError(f"lam={lam!r} is outside [0, 1]; GAE's λ must lie in [0, 1].")
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma={gamma!r} is outside [0, 1]; the discount γ must lie in [0, 1].")
+    if scan not in SCANS:
+        raise ValueError(f"scan={scan!r} is not one of {SCANS}.")
+    kernel = scan_kernel() if scan != "torch" and values.device.type == "cpu" else None
+    if scan == "compiled" and kernel is None:
+        raise ValueError(
+            "scan='compiled' needs CPU tensors and numba (pip install numba); use scan='auto'."
+        )
 
     # Half precision would lose the λ powers; compute in at least float32, return values' dtype.
     out_dtype = values.dtype if values.is_floating_point() else torch.get_default_dtype()
@@ -153,9 +178,22 @@ def gae(
     else:
         coef = torch.tensor(gamma * lam, dtype=dtype, device=device)  # γλ shared, 0-dim
 
-    advantages = torch.empty((batch, length), dtype=out_dtype, device=device)
-    returns = torch.empty((batch, length), dtype=out_dtype, device=device)
+    if out is None:
+        advantages = torch.empty((batch, length), dtype=out_dtype, device=device)
+        returns = torch.empty((batch, length), dtype=out_dtype, device=device)
+    else:
+        advantages, returns = out
+        for name, tensor in (("advantages", advantages), ("returns", returns)):
+            if tensor.shape != (batch, length) or tensor.dtype != out_dtype or tensor.device != device:
+                raise ValueError(
+                    f"out's {name} is {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}; gae "
+                    f"writes ({batch}, {length}) {out_dtype} on {device}. Pass matching tensors or "
+                    "leave out unset."
+                )
     if batch == 0 or length == 0:
+        return advantages, returns
+    if kernel is not None:
+        _gae_on_cpu(kernel, rewards, values, mask, coef, gamma, dtype, advantages, returns)
         return advantages, returns
     levels = _scan_plan(length, coef)  # discount matrices, built once for all blocks
     if device.type == "cpu":
@@ -181,6 +219,37 @@ def gae(
             advantages[block] = adv
             returns[block] = adv + v  # returns_t = A_t + V_t
     return advantages, returns
+
+
+def _gae_on_cpu(
+    kernel, rewards: Tensor, values: Tensor, mask: Tensor, coef: Tensor, gamma: float,
+    dtype: torch.dtype, advantages: Tensor, returns: Tensor,
+) -> None:
+    """Runs the compiled CPU scan (`gae_cpu.scan_kernel`) in `dtype` into advantages and returns.
+
+    Inputs are converted to `dtype` and made contiguous only where they are not already; outputs
+    of another dtype or layout are written through a temporary.
+    """
+    batch = values.shape[0]
+    rewards = rewards.to(dtype).contiguous()
+    values = values.to(dtype).contiguous()
+    coef = coef.expand(batch).contiguous()  # γλ per row
+    direct = [t.dtype == dtype and t.is_contiguous() for t in (advantages, returns)]
+    adv = advantages if direct[0] else torch.empty_like(values)
+    ret = returns if direct[1] else torch.empty_like(values)
+    bad_row = kernel(
+        rewards.numpy(), values.numpy(), mask.contiguous().numpy(), coef.numpy(),
+        coef.numpy().dtype.type(gamma), adv.numpy(), ret.numpy(),
+    )
+    if bad_row >= 0:
+        raise ValueError(
+            f"response_mask row {bad_row} is not a prefix mask (a zero before a one): gae needs "
+            "ones on each response's tokens, then zeros. Mask only the padding after the response."
+        )
+    if not direct[0]:
+        advantages.copy_(adv)
+    if not direct[1]:
+        returns.copy_(ret)
 
 
 def decoupled_gae(

@@ -1,9 +1,10 @@
-"""Benchmark of the vectorised `vapo_lab.algo.gae.gae` against the usual reverse-time GAE loop.
+"""Benchmark of `vapo_lab.algo.gae.gae` against the usual reverse-time GAE loop and the memory floor.
 
 Run `python -m vapo_lab.bench.gae` for the default shapes (512×4096 and 8192×1024, float32,
 per-response length-adaptive λ, γ = 1). Both implementations see the same batch with random
 response lengths, right padding and garbage in the padded positions; the benchmark fails if
-their advantages or returns differ by more than 1e-5.
+their advantages or returns differ by more than 1e-5. `gae`'s torch scan (the code before its
+compiled CPU scan) is timed beside it, interleaved.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from vapo_lab.algo.gae import gae, length_adaptive_lambda
+from vapo_lab.algo.gae_cpu import scan_kernel
 from vapo_lab.errors import ConfigError
 
 # Largest |difference| accepted between the two implementations (float32, |A| of order 1).
@@ -103,15 +105,21 @@ def memory_floor(rewards: Tensor, values: Tensor, response_mask: Tensor, out: tu
     response_mask.view(torch.uint8).max()
 
 
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of fn() in milliseconds over `repeats` runs, after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall time in ms of each fn over `repeats` rounds; each round runs every fn once, in turn.
+
+    One warm-up call each first (it also compiles the numba kernel). Interleaving makes a slow
+    stretch of a shared machine hit every candidate alike instead of one of them.
+    """
+    for fn in fns.values():
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def run_gae_benchmark(
@@ -119,53 +127,79 @@ def run_gae_benchmark(
     repeats: int = 5,
     seed: int = 0,
     threads: int | None = None,
-) -> list[dict[str, float | int]]:
-    """Timings of vectorised `gae` and `gae_loop`, one row per (B, T) shape.
+) -> list[dict[str, float | int | str]]:
+    """Timings of `gae`, its torch scan, `gae_loop` and the memory floor, one row per (B, T) shape.
+
+    `gae` and the floor are timed twice: into preallocated outputs (``gae(..., out=)``, as the
+    floor writes them) and into new outputs (``gae``'s default). New outputs of 32 MiB and more
+    are fresh pages from the OS on every call, and their page faults can cost more than the scan.
 
     Args:
         shapes: (B, T) shapes to time, float32.
-        repeats: timed runs per implementation; the median is reported (after one warm-up).
+        repeats: timed rounds; every candidate runs once per round (interleaved), medians reported.
         seed: seed of the random batch.
         threads: torch intra-op threads during the benchmark; None keeps the current setting.
 
     Returns:
-        One dict per shape: B, T, vectorised_ms, loop_ms, speedup (loop_ms / vectorised_ms),
-        floor_ms (:func:`memory_floor`), x_floor (vectorised_ms / floor_ms) and max_abs_diff
-        (largest |difference| of advantages and returns between the two).
+        One dict per shape: B, T, scan ("compiled" or "torch": what `gae` used), gae_ms and
+        torch_scan_ms (both into preallocated outputs), loop_ms, floor_ms, x_floor (gae_ms /
+        floor_ms), speedup (loop_ms / gae_ms), new_outputs_ms and new_floor_ms (both allocating
+        their outputs), x_new_floor, and max_abs_diff (largest |difference| of either scan's
+        advantages or returns from the loop's).
 
     Raises:
-        RuntimeError: if the two implementations differ by more than TOLERANCE (1e-5).
+        RuntimeError: if either scan differs from the loop by more than TOLERANCE (1e-5).
     """
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         generator = torch.Generator().manual_seed(seed)
+        scan = "compiled" if scan_kernel() is not None else "torch"
         rows = []
         for batch, length in shapes:
             rewards, values, mask, lam = _benchmark_batch(batch, length, generator)
-            fast = gae(rewards, values, mask, lam, 1.0)  # γ = 1, as in VAPO
-            slow = gae_loop(rewards, values, mask, lam, 1.0)
-            diff = max((f - s).abs().max().item() for f, s in zip(fast, slow))
+            args = (rewards, values, mask, lam, 1.0)  # γ = 1, as in VAPO
+            slow = gae_loop(*args)
+            diff = 0.0
+            for which in ("auto", "torch"):
+                fast = gae(*args, scan=which)
+                diff = max(diff, *((f - s).abs().max().item() for f, s in zip(fast, slow)))
             if not diff <= TOLERANCE:  # also catches nan
                 raise RuntimeError(
-                    f"vectorised gae differs from the loop by {diff:.3g} > {TOLERANCE:g} at "
-                    f"B={batch}, T={length}: the vectorised scan is wrong or imprecise."
+                    f"gae's scan differs from the loop by {diff:.3g} > {TOLERANCE:g} at "
+                    f"B={batch}, T={length}: the scan is wrong or imprecise."
                 )
-            args = (rewards, values, mask, lam, 1.0)
-            vectorised_ms = _median_ms(functools.partial(gae, *args), repeats)
-            loop_ms = _median_ms(functools.partial(gae_loop, *args), repeats)
-            outputs = (torch.empty_like(values), torch.empty_like(values))
-            floor_ms = _median_ms(functools.partial(memory_floor, rewards, values, mask, outputs), repeats)
+            out = (torch.empty_like(values), torch.empty_like(values))
+
+            def new_floor() -> None:
+                memory_floor(rewards, values, mask, (torch.empty_like(values), torch.empty_like(values)))
+
+            ms = _interleaved_medians(
+                {
+                    "gae": functools.partial(gae, *args, out=out),
+                    "torch_scan": functools.partial(gae, *args, out=out, scan="torch"),
+                    "floor": functools.partial(memory_floor, rewards, values, mask, out),
+                    "new_outputs": functools.partial(gae, *args),
+                    "new_floor": new_floor,
+                },
+                repeats,
+            )
+            loop_ms = _interleaved_medians({"loop": functools.partial(gae_loop, *args)}, repeats)["loop"]
             rows.append(
                 {
                     "B": batch,
                     "T": length,
-                    "vectorised_ms": vectorised_ms,
+                    "scan": scan,
+                    "gae_ms": ms["gae"],
+                    "torch_scan_ms": ms["torch_scan"],
                     "loop_ms": loop_ms,
-                    "speedup": loop_ms / vectorised_ms,
-                    "floor_ms": floor_ms,
-                    "x_floor": vectorised_ms / floor_ms,
+                    "speedup": loop_ms / ms["gae"],
+                    "floor_ms": ms["floor"],
+                    "x_floor": ms["gae"] / ms["floor"],
+                    "new_outputs_ms": ms["new_outputs"],
+                    "new_floor_ms": ms["new_floor"],
+                    "x_new_floor": ms["new_outputs"] / ms["new_floor"],
                     "max_abs_diff": diff,
                 }
             )
@@ -186,19 +220,28 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def format_gae_benchmark(rows: Sequence[dict[str, float | int]]) -> str:
-    """Plain-text table of `run_gae_benchmark` rows, one line per shape under a header."""
+def format_gae_benchmark(rows: Sequence[dict[str, float | int | str]]) -> str:
+    """Plain-text table of `run_gae_benchmark` rows, one line per shape under a header, and a legend."""
     lines = [
-        f"{'B':>6} {'T':>6} {'vectorised ms':>14} {'loop ms':>10} {'speedup':>8} {'floor ms':>9} "
-        f"{'x floor':>8} {'max |diff|':>11}"
+        f"{'B':>6} {'T':>6} {'gae ms':>8} {'torch scan':>11} {'loop ms':>9} {'speedup':>8} "
+        f"{'floor ms':>9} {'x floor':>8} {'new out ms':>11} {'new floor':>10} {'x':>6} {'max |diff|':>11}"
     ]
     for row in rows:
         lines.append(
-            f"{row['B']:>6} {row['T']:>6} {row['vectorised_ms']:>14.2f} {row['loop_ms']:>10.1f} "
-            f"{row['speedup']:>7.1f}x {row['floor_ms']:>9.2f} {row['x_floor']:>7.1f}x {row['max_abs_diff']:>11.1e}"
+            f"{row['B']:>6} {row['T']:>6} {row['gae_ms']:>8.2f} {row['torch_scan_ms']:>11.2f} "
+            f"{row['loop_ms']:>9.1f} {row['speedup']:>7.1f}x {row['floor_ms']:>9.2f} {row['x_floor']:>7.1f}x "
+            f"{row['new_outputs_ms']:>11.2f} {row['new_floor_ms']:>10.2f} {row['x_new_floor']:>5.1f}x "
+            f"{row['max_abs_diff']:>11.1e}"
         )
-    lines.append("floor: reading rewards, values and the mask once and writing two (B, T) outputs, "
-                 "no scan (bench.gae.memory_floor); x floor = vectorised / floor")
+    scan = rows[0]["scan"] if rows else "compiled"
+    lines += [
+        f"gae: its {scan} scan" + (" (numba is not importable: the torch scan)" if scan == "torch" else "")
+        + ", into preallocated outputs (out=); torch scan: the same call with scan='torch' (the code "
+        "before the compiled CPU scan); loop: the reverse-time loop over steps; speedup = loop / gae",
+        "floor: reading rewards, values and the mask once and writing two (B, T) outputs, no scan "
+        "(bench.gae.memory_floor); x floor = gae / floor",
+        "new out / new floor: the same two with newly allocated outputs (gae's default call); x = their ratio",
+    ]
     return "\n".join(lines)
 
 
@@ -207,7 +250,7 @@ def main() -> None:
     rows = run_gae_benchmark()
     print(
         f"GAE, float32, per-response λ, γ = 1; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; median of 5 runs"
+        f"{torch.get_num_threads()} threads; median of 5 interleaved rounds"
     )
     print(format_gae_benchmark(rows))
 

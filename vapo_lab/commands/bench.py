@@ -13,13 +13,14 @@ from vapo_lab.commands.output import OverridesArg, cli_errors
 @cli_errors
 def bench_gae(
     shapes: Annotated[str, typer.Option(help="Comma-separated BxT shapes.")] = "512x4096,8192x1024",
-    repeats: Annotated[int, typer.Option(help="Timed repeats per shape (median reported).")] = 5,
+    repeats: Annotated[int, typer.Option(help="Timed interleaved rounds per shape (medians reported).")] = 5,
     threads: Annotated[int, typer.Option(
-        help="torch CPU threads for both implementations. 1 by default: the loop cannot use a second "
+        help="torch CPU threads for every implementation. 1 by default: the loop cannot use a second "
              "core, and multi-threaded ops stall when another process holds a core.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random batch.")] = 0,
 ) -> None:
-    """Time the vectorised GAE against a reverse-time loop over steps; print both and the ratio.
+    """Time GAE (its compiled CPU scan and its torch scan) against a reverse-time loop over steps
+    and against the memory floor; print the times and the ratios.
 
     Example: vapo-lab bench gae --shapes 512x4096 --repeats 3
     """
