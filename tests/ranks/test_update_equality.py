@@ -45,7 +45,11 @@ def test_two_ranks_update_equals_one_process(preset, tmp_path):
     assert preset in ("dapo", "grpo") or "critic" in ref  # the presets with a critic train it here
     for g in groups:
         assert len(ref[g]) > 0
-        assert _relative(ref[g], two[g]) < 5e-5, g
+        # float32 sums in another order on inputs rounded differently (each rank pads its own rows):
+        # largest seen 5.0e-5, PPO's critic gradient of layer 0's post-attention norm weight, whose
+        # terms cancel (max 3e-4 against 0.24 for the embedding's); a real fault is far above
+        # (gradients averaged over ranks: 0.5, the last test)
+        assert _relative(ref[g], two[g]) < 1e-4, g
     # real gradients (a model that got none would match trivially)
     assert all(float(ref[g][k].abs().max()) > 0 for g in groups if g.endswith("_grad") for k in ref[g])
 
