@@ -13,10 +13,10 @@ kernel reads rewards, values and the mask once and writes the two outputs once, 
 3. returns_t = A_t + V_t, and zeros from L on.
 
 Rounding differs from the plain loop by the fused multiply-adds and the four-step regrouping (at
-most a few float32 ulps of |A|; tests bound it against float64 loops). Lazily compiled on first use
-(0.9 s for the first dtype with numba's import, 0.5 s for another, measured; not cached on
-disk: numba's cache is a pickle). None when numba is not
-importable; `gae` then uses its torch scan, which also serves every other device.
+most a few float32 ulps of |A|; tests bound it against float64 loops). Compiled on first use: 0.9 s
+for the first dtype with numba's import, 0.5 s for another (measured); not cached on disk, since
+numba's cache is a pickle. None when numba is not importable; `gae` then uses its torch scan,
+which also serves every other device.
 """
 
 from __future__ import annotations
