@@ -2,6 +2,7 @@
 faulted-then-resumed run ends with the reference's history, each step logged once, everywhere."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -59,8 +60,15 @@ def assert_like_reference(run_dir: Path, reference: Path, uri: str) -> None:
             if k not in RESERVED:
                 full.setdefault(k, []).append((r["step"], v))
     for k, expected in full.items():
-        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, k))
-        assert got == sorted(expected), k  # each (key, step) once, the value metrics.jsonl holds
+        got = sorted((m.step, _same_nan(m.value)) for m in client.get_metric_history(run_id, k))
+        # each (key, step) once, the value metrics.jsonl holds
+        assert got == sorted((step, _same_nan(v)) for step, v in expected), k
+
+
+def _same_nan(value):
+    """``value``, with any NaN as the string "nan": NaN != NaN, and a metric may be NaN (the critic's
+    explained variance of returns that do not vary)."""
+    return "nan" if isinstance(value, float) and math.isnan(value) else value
 
 
 @pytest.fixture(scope="module")
