@@ -126,8 +126,8 @@ def gae(
             (e.g. `length_adaptive_lambda`), applied exactly per response.
         gamma: discount γ (VAPO uses 1.0).
         out: optional (advantages, returns) tensors to write into, each (B, T) with the dtype and
-            device of `values`: callers that keep buffers skip two fresh allocations (at 32 MiB
-            and more each costs page faults, 2-3x the scan itself at 8192x1024).
+            device of `values`: callers that keep buffers skip two fresh allocations (of 32 MiB
+            and more, their page faults cost 1-2.3x the compiled scan at 8192x1024, measured).
         scan: "auto" (the compiled CPU scan for CPU tensors when numba is importable, else the
             torch scan), "compiled" (the CPU scan or an error) or "torch" (the torch scan: the
             one for accelerators, kept as the fallback and the benchmark's previous code).
