@@ -69,6 +69,9 @@ def main() -> None:
     ap.add_argument("--single", action="store_true", help="no FSDP: one plain process")
     ap.add_argument("--average", action="store_true", help="leave FSDP's gradient averaging on (a scale bug)")
     a = ap.parse_args()
+    # float64 throughout: the two paths (one process: packed passes; FSDP2: HF's forward) then agree
+    # to ~1e-15, where float32 rounding (each rank pads its own rows) gave up to 5e-5 and hid errors
+    torch.set_default_dtype(torch.float64)
     cfg = config(a.preset)
     cfg.trainer.strategy = "single" if a.single else "fsdp"
     cfg.trainer.nproc_per_node = int(os.environ.get("WORLD_SIZE", "1"))

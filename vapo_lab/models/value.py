@@ -17,6 +17,13 @@ from torch import Tensor, nn
 HEAD_FILE = "value_head.pt"
 
 
+def wide(x: Tensor) -> Tensor:
+    """Returns ``x`` in float32 when it is in a narrower float (bf16, fp16); float32 and float64 as
+    they are: log-probs and values are computed at least in float32, and a float64 model keeps its
+    precision (the rank-equality tests run in float64)."""
+    return x.float() if x.element_size() < 4 else x
+
+
 class ValueModel(nn.Module):
     """Backbone (an HF base model, e.g. Qwen2Model) + a linear head: hidden state -> scalar."""
 
@@ -51,7 +58,7 @@ class ValueModel(nn.Module):
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=positions).last_hidden_state
         # a new tensor, not a view of the head's output: FSDP2 hooks its backward on the output
-        return self.head(hidden).squeeze(-1).float().clone()
+        return wide(self.head(hidden).squeeze(-1)).clone()
 
     def save(self, path: str | Path) -> None:
         """Writes the backbone (save_pretrained) and the head to ``path``."""

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
 from vapo_lab.dist.fsdp import is_sharded
+from vapo_lab.models.value import wide
 from vapo_lab.rollout.decoder import _rotate_half, rope_theta
 
 
@@ -217,11 +218,6 @@ def packed_states(decoder: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor])
     return decoder.norm(torch.cat([g, h[last_prompt][inverse]])[source])
 
 
-def _wide(x: Tensor) -> Tensor:
-    """Returns ``x`` in float32 when it is in a narrower float (bf16, fp16); float32 and float64 as they are."""
-    return x.float() if x.element_size() < 4 else x
-
-
 def _unpack(packed: Tensor, mask: Tensor) -> Tensor:
     """Returns the (B, T) tensor with ``packed`` (N,) at the valid positions of ``mask`` and 0 elsewhere."""
     return packed.new_zeros(mask.shape).masked_scatter(mask, packed)
@@ -241,7 +237,7 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
     groups = None if is_sharded(model) else _groups(model.model, rows)
     if groups is not None:
         mask = rows.response_mask
-        logits = _wide(model.lm_head(packed_states(model.model, rows, groups)))
+        logits = wide(model.lm_head(packed_states(model.model, rows, groups)))
         if temperature != 1.0:
             logits = logits / temperature
         tokens = rows.response_ids[mask]
@@ -256,13 +252,14 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
         t = rows.response_ids.shape[1]
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
-                       logits_to_keep=t + 1).logits[:, :-1].float()
+                       logits_to_keep=t + 1).logits[:, :-1]
     else:
         ids, mask = rows.sequence()
         p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         hidden = model.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).last_hidden_state
-        logits = model.lm_head(hidden[:, p - 1:p - 1 + t]).float()
+        logits = model.lm_head(hidden[:, p - 1:p - 1 + t])
+    logits = wide(logits)
     if temperature != 1.0:
         logits = logits / temperature
     if with_entropy:
@@ -276,7 +273,7 @@ def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     groups = (_groups(backbone, rows) if backbone is not None and hasattr(critic, "head") and not is_sharded(critic)
               else None)
     if groups is not None:
-        values = _wide(critic.head(packed_states(backbone, rows, groups)).squeeze(-1))
+        values = wide(critic.head(packed_states(backbone, rows, groups)).squeeze(-1))
         return _unpack(values, rows.response_mask)
     ids, mask = rows.sequence()
     p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
