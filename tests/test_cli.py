@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vapo_lab.commands import output
-from vapo_lab.commands.eval import print_eval
+from vapo_lab.commands.evaluate import print_eval
 from vapo_lab.cli import app
 
 runner = CliRunner()
@@ -163,7 +163,7 @@ GRID = Path("runs-with-a-long-folder-name/grids/table1-0123abcd")
 
 
 def test_jobs_keep_the_grid_path_cell_job_and_run_ids_whole(monkeypatch):
-    monkeypatch.setattr("vapo_lab.launch.commands.jobs_table", lambda output_dir, grid: (GRID, [JOB]))
+    monkeypatch.setattr("vapo_lab.launch.actions.jobs_table", lambda output_dir, grid: (GRID, [JOB]))
     piped = runner.invoke(app, ["jobs"], env={"COLUMNS": "80", **NO_TTY})
     assert piped.exit_code == 0, piped.output
     assert _rows(piped.output)[JOB["cell"]] == [JOB["cell"], JOB["state"], JOB["job_id"], JOB["run_id"]]

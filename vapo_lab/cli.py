@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from vapo_lab import __version__
-from vapo_lab.commands import ablate, base, bench, eval, inspect, jobs, plan, report, server, sweep, train
+from vapo_lab.commands import ablate, base, bench, describe, evaluate, jobs, plan, report, server, sweep, train
 from vapo_lab.commands.output import state
 
 app = typer.Typer(
@@ -62,8 +62,8 @@ def _quiet_libraries() -> None:
 
 
 # in the order `vapo-lab --help` lists them
-app.command()(inspect.components)
-app.command()(inspect.config)
+app.command()(describe.components)
+app.command()(describe.config)
 app.command()(plan.plan)
 app.command()(train.train)
 app.command()(ablate.ablate)
@@ -75,7 +75,7 @@ app.command()(report.report)
 base_app.command("build")(base.base_build)
 base_app.command("ship")(base.base_ship)
 bench_app.command("gae")(bench.bench_gae)
-app.command("eval")(eval.eval_)
+app.command("eval")(evaluate.eval_)
 bench_app.command("generate")(bench.bench_generate)
 bench_app.command("update")(bench.bench_update)
 bench_app.command("trl")(bench.bench_trl)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.launch.conftest import slurm  # noqa: F401 - the fixture
 from vapo_lab.launch.base import LaunchError
-from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.track.server import MlflowServer
 

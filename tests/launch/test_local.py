@@ -8,7 +8,7 @@ from mlflow.tracking import MlflowClient
 
 from vapo_lab.cli import app
 from vapo_lab.launch.base import LaunchError
-from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 from vapo_lab.launch.record import find_grid

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from vapo_lab.dist.world import World
+from vapo_lab.distributed.world import World
 from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.cell import CellJob, cell_ranks, run_cell
-from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.grid import CellSpec, load_grid
 from vapo_lab.launch.slurm import SlurmLauncher, _array_parameters, slurm_parameters, task_groups
 from vapo_lab.launch.status import read_status, write_status

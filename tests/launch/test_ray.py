@@ -3,7 +3,7 @@
 import pytest
 
 from vapo_lab.launch.base import LaunchError
-from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from vapo_lab.launch.base import LaunchError
-from vapo_lab.launch.commands import run_grid
+from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 from vapo_lab.launch.record import find_grid

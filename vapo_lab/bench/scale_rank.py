@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vapo_lab.bench.scale import STEP_RECORD, comm_profile
     from vapo_lab.config.train import train_config
-    from vapo_lab.dist.world import close_world
+    from vapo_lab.distributed.world import close_world
     from vapo_lab.trainer.run import Run
 
     cfg, choices = train_config(None, [], overrides)

@@ -15,7 +15,7 @@ def jobs(
     output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
 ) -> None:
     """List a grid's cells: state (pending, running step k, finished, failed with the error), job and run ids."""
-    from vapo_lab.launch.commands import jobs_table
+    from vapo_lab.launch.actions import jobs_table
 
     path, rows = jobs_table(output_dir, grid)
     cols = (Col("cell", typed=True), Col("state"), Col("job id", typed=True), Col("tracking run id", typed=True))
@@ -31,7 +31,7 @@ def cancel(
 
     Finished cells and checkpoints are kept: submitting the grid again resumes the rest.
     """
-    from vapo_lab.launch.commands import cancel as cancel_grid
+    from vapo_lab.launch.actions import cancel as cancel_grid
 
     path, done = cancel_grid(output_dir, grid)
     stdout.print("\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False)

@@ -16,7 +16,7 @@ WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Slurm: wait unt
 
 
 def run_grid_command(grid: Any, overrides: list[str], launcher: str | None, dry_run: bool, wait: bool) -> None:
-    from vapo_lab.launch.commands import run_grid
+    from vapo_lab.launch.actions import run_grid
 
     run_grid(grid, overrides, launcher, dry_run, wait, log=lambda m: stderr.print(m, highlight=False),
              out=lambda m: stdout.print(m, highlight=False, markup=False, soft_wrap=True))

@@ -17,7 +17,7 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
     from vapo_lab.commands.progress import build_progress, default_columns, progress_bar
     from vapo_lab.config.preflight import check_run
     from vapo_lab.config.train import train_config
-    from vapo_lab.dist.world import env_world, world_size
+    from vapo_lab.distributed.world import env_world, world_size
     from vapo_lab.integrity import CACHE_DIR
     from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.trainer.run import Run

@@ -251,7 +251,7 @@ def plan_run(cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device
     rollout.vllm.gpu_memory_utilization of ``memory`` and sleeps in the update when
     enable_sleep_mode is on; the critic is trained when algo.advantage=gae, the reference policy
     kept when kl.coef > 0. Under fsdp on CPU the layers compute in the fp32 of their shards
-    (``vapo_lab.dist.fsdp``: bf16 compute is for GPUs).
+    (``vapo_lab.distributed.fsdp``: bf16 compute is for GPUs).
     """
     shape, model = model_shape(cfg)
     t, r = cfg.trainer, cfg.rollout

@@ -14,7 +14,7 @@ from vapo_lab.algo.gae import ADVANTAGE_ESTIMATORS, LAMBDA_CRITIC_MODES, LAMBDA_
 from vapo_lab.algo.kl import KL_ESTIMATORS, KL_TARGETS
 from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.conf import options
-from vapo_lab.dist.world import STRATEGIES
+from vapo_lab.distributed.world import STRATEGIES
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.registry.components import COMPONENTS, settings
 from vapo_lab.tasks import task_names

@@ -47,7 +47,7 @@ from vapo_lab.launch.status import FAILED, FINISHED, RUNNING, read_status, statu
 # the config sections the caches a cell prepares are built from (``_prepare_one``): cells equal in
 # these share their base model, reward model and pretrained critic
 CACHE_SECTIONS = ("model", "task", "critic", "rollout", "reward", "trainer", "algo", "gae")
-# the torch.distributed variables a rank reads (vapo_lab.dist.world.init_world)
+# the torch.distributed variables a rank reads (vapo_lab.distributed.world.init_world)
 TORCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -162,7 +162,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     Raises whatever the run raised, after recording it as ``failed`` with the last error line (of
     the rank that failed first).
     """
-    from vapo_lab.dist.world import close_world
+    from vapo_lab.distributed.world import close_world
     from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.trainer.run import Run

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--cell"]:
         return cell_main(argv[1:])
     from vapo_lab.config.train import train_config
-    from vapo_lab.dist.world import close_world
+    from vapo_lab.distributed.world import close_world
     from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.trainer.run import Run
 

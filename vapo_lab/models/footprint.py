@@ -14,7 +14,7 @@ Sources:
 * training state: ZeRO (Rajbhandari et al. 2020, §3.1): mixed-precision Adam holds 16 bytes per
   parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. Under
   ``trainer.strategy=fsdp`` vapo-lab's FSDP2 keeps fp32 shards: 4 (weights) + 4 (gradients) + 8
-  (Adam m, v), the same 16 (``vapo_lab.dist.fsdp``). ``single`` trains the model in ``model.dtype``
+  (Adam m, v), the same 16 (``vapo_lab.distributed.fsdp``). ``single`` trains the model in ``model.dtype``
   and torch's AdamW keeps m and v in that dtype: 4 x its bytes, unsharded.
 * activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations (s tokens, b

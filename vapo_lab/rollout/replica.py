@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vapo_lab.dist.fsdp import full_parameters
+from vapo_lab.distributed.fsdp import full_parameters
 
 
 class Replica:

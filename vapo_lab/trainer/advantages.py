@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import decoupled_gae, gae, group_advantages, kl_estimate, length_adaptive_lambda
-from vapo_lab.dist.world import World, single
+from vapo_lab.distributed.world import World, single
 from vapo_lab.trainer.collect import Batch
 
 

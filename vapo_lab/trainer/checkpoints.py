@@ -5,7 +5,7 @@ and update RNGs (with the global ones), the data stream's position, the best eva
 step. The files and their atomic write are :mod:`vapo_lab.runs.checkpoint`'s.
 
 A sharded run (``trainer.strategy=fsdp``) writes its models and optimiser states with torch
-distributed checkpointing into ``dcp/`` (each rank its shards, :mod:`vapo_lab.dist.checkpoint`),
+distributed checkpointing into ``dcp/`` (each rank its shards, :mod:`vapo_lab.distributed.dcp`),
 and every rank's RNG states beside them; rank 0 then checksums and commits the folder as above.
 It resumes on the same number of ranks exactly; on another number it loads the same weights and
 optimiser state (re-sharded), and each rank's rollout RNG is derived afresh from (seed, step, rank).
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vapo_lab import faults
-from vapo_lab.dist.checkpoint import load_sharded, save_sharded
+from vapo_lab.distributed.dcp import load_sharded, save_sharded
 from vapo_lab.errors import CheckpointError
 from vapo_lab.models.value import ValueModel
 from vapo_lab.runs.checkpoint import (

@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import dynamic_sampling_keep
-from vapo_lab.dist.world import World, single
+from vapo_lab.distributed.world import World, single
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.forward import Rows
 from vapo_lab.trainer.scoring import RewardScorer

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
-from vapo_lab.dist.fsdp import is_sharded
+from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.models.value import wide
 from vapo_lab.rollout.decoder import _rotate_half, rope_theta
 

@@ -6,7 +6,7 @@
 (:mod:`vapo_lab.trainer.checkpoints`). ``resume=<run dir>`` continues from its latest checkpoint
 with the same RNG states and data position, so it logs the same metrics an uninterrupted run would.
 
-``trainer.strategy=fsdp``: this process is one rank of the run (:mod:`vapo_lab.dist`). Rank 0 builds
+``trainer.strategy=fsdp``: this process is one rank of the run (:mod:`vapo_lab.distributed`). Rank 0 builds
 the shared caches (base model, reward model, pretrained critic) first, the others then load them;
 the actor, critic and reference are sharded with FSDP2; rank 0 alone opens the run's folder and
 tracking run, the others learn both from it.
@@ -23,8 +23,8 @@ import torch
 from omegaconf import DictConfig
 
 from vapo_lab.basemodel.build import ProgressFactory
-from vapo_lab.dist.fsdp import shard
-from vapo_lab.dist.world import init_world
+from vapo_lab.distributed.fsdp import shard
+from vapo_lab.distributed.world import init_world
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.rollout.replica import Replica
 from vapo_lab.trainer.checkpoints import resume_run

@@ -7,7 +7,7 @@ micro-batch's loss is divided by the *mini-batch's* denominator (``algo.policy.l
 On many ranks the mini-batches are drawn from the step's global batch, one permutation shared by
 every rank, and each rank computes the gradient of its rows of each mini-batch; denominators (tokens,
 responses, correct tokens) are counted over all ranks, so the ranks' gradients sum (FSDP's
-reduce-scatter, :mod:`vapo_lab.dist.fsdp`) to the one-rank gradient of the same mini-batch. Every
+reduce-scatter, :mod:`vapo_lab.distributed.fsdp`) to the one-rank gradient of the same mini-batch. Every
 rank runs as many forward/backward passes as the rank with most micro-batches (zero-loss passes on
 a one-token row make up the difference): FSDP's collectives must meet on every rank.
 """
@@ -29,8 +29,8 @@ from vapo_lab.algo import (
     value_loss,
 )
 from vapo_lab.algo.policy import loss_denominator
-from vapo_lab.dist.fsdp import full
-from vapo_lab.dist.world import World, single
+from vapo_lab.distributed.fsdp import full
+from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import VapoLabError
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows, policy_forward, value_forward

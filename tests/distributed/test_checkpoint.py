@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from vapo_lab.dist.checkpoint import load_sharded, save_sharded
-from vapo_lab.dist.fsdp import full, shard
-from vapo_lab.dist.world import World
+from vapo_lab.distributed.dcp import load_sharded, save_sharded
+from vapo_lab.distributed.fsdp import full, shard
+from vapo_lab.distributed.world import World
 from vapo_lab.errors import CheckpointError
 
 

@@ -1,7 +1,7 @@
 """`vapo-lab train` on 2 CPU ranks (torchrun, gloo, FSDP2) end to end: it runs to the end with each
 step logged once (metrics.jsonl and MLflow) and a sharded checkpoint; killed mid-step (SIGKILL on
 every rank) it resumes to the uninterrupted 2-rank history; its checkpoint also loads on 1 rank.
-Slow (a few minutes): `pytest -m slow tests/ranks`."""
+Slow (a few minutes): `pytest -m slow tests/distributed`."""
 
 import shutil
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vapo_lab.dist.world import World
+from vapo_lab.distributed.world import World
 
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:

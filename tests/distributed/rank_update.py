@@ -1,8 +1,8 @@
 """One update of the actor and the critic on a fixed global batch, on however many ranks torchrun
 started (or one plain process with ``--single``); rank 0 saves the losses, gradients and
-parameters to compare. Run by tests/ranks/test_update_equality.py:
+parameters to compare. Run by tests/distributed/test_update_equality.py:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ranks/rank_update.py vapo out.pt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_update.py vapo out.pt
 """
 
 import argparse
@@ -13,8 +13,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from vapo_lab.config.compose import compose_config
-from vapo_lab.dist.fsdp import full, shard
-from vapo_lab.dist.world import World, init_world, single
+from vapo_lab.distributed.fsdp import full, shard
+from vapo_lab.distributed.world import World, init_world, single
 from vapo_lab.models.value import ValueModel
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.collect import Batch
