@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from vapo_lab.bench.update import format_update_benchmark, padded_path, real_token_share, run_update_benchmark
+from vapo_lab.models import packed as P
 from vapo_lab.trainer import forward as F
 
 
@@ -28,10 +29,10 @@ def test_the_padded_path_switches_the_packed_forward_off_and_back():
 
     decoder = Qwen2Model(Qwen2Config(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1))
-    assert F.shares_prompts(decoder)
+    assert P.shares_prompts(decoder)
     with padded_path():
-        assert not F.shares_prompts(decoder) and F._groups(decoder, _rows()) is None
-    assert F.shares_prompts(decoder)
+        assert not P.shares_prompts(decoder) and F._groups(decoder, _rows()) is None
+    assert P.shares_prompts(decoder)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from vapo_lab.models import packed as P
 from vapo_lab.models.value import ValueModel
 from vapo_lab.trainer import forward as F
 
@@ -43,10 +44,10 @@ PATHS = {"shared prompts": 1, "one prompt per row": 100}  # MIN_ROWS_PER_PROMPT 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_packed_log_probs_entropy_values_and_gradients_equal_the_padded_forward(monkeypatch, path, dtype):
-    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", PATHS[path])
+    monkeypatch.setattr(P, "MIN_ROWS_PER_PROMPT", PATHS[path])
     model, rows = _model().to(dtype), _rows()
     mask = rows.response_mask
-    assert F.shares_prompts(model.model)
+    assert P.shares_prompts(model.model)
     assert (len(F._groups(model.model, rows)[0]) == 3) == (path == "shared prompts")
     # float64: one prompt per row runs the padded forward's per-token ops in its order, so it agrees to
     # float64 rounding. Shared prompts sum their responses' gradients before a layer's backward, not
@@ -93,14 +94,14 @@ def test_the_packed_path_pays_for_valid_tokens_only(monkeypatch):
     response_tokens = int(rows.response_mask.sum())
     assert response_tokens == 5 + 3 + 1 + 5 + 4 + 2 + 3
     F.policy_forward(model, rows)  # 3 distinct prompts of 6, 3 and 1 tokens, computed once
-    monkeypatch.setattr(F, "MIN_ROWS_PER_PROMPT", 100)
+    monkeypatch.setattr(P, "MIN_ROWS_PER_PROMPT", 100)
     F.policy_forward(model, rows)  # each row's own prompt
     assert seen == [6 + 3 + 1, response_tokens, 6 + 3 + 6 + 1 + 3 + 6 + 1, response_tokens]
 
 
 def test_models_it_cannot_run_take_the_padded_forward(monkeypatch):
     model = _model(attention_dropout=0.1)
-    assert not F.shares_prompts(model.model)
+    assert not P.shares_prompts(model.model)
     monkeypatch.setattr(F, "packed_states", lambda *a: pytest.fail("packed path taken"))
     lp, ent = F.policy_forward(model.eval(), _rows(), with_entropy=True)
     assert lp.shape == ent.shape == (7, 5)
@@ -129,12 +130,12 @@ def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkey
     import copy
 
     if not packed:
-        monkeypatch.setattr(F, "shares_prompts", lambda decoder: False)
+        monkeypatch.setattr(P, "shares_prompts", lambda decoder: False)
     rows = _rows()
     mask = rows.response_mask
     plain = _model()
     checkpointed = copy.deepcopy(plain)
-    F.enable_checkpointing(checkpointed)
+    P.enable_checkpointing(checkpointed)
     grads, recomputed = [], []
     for model in (plain, checkpointed):
         assert (F._groups(model.model, rows) is not None) == packed
@@ -152,13 +153,13 @@ def test_checkpointing_gives_the_same_gradients_and_recomputes_the_layers(monkey
 @pytest.mark.parametrize("packed", [True, False], ids=["packed path", "HF forward"])
 def test_a_checkpointed_critic_gets_the_same_gradients(monkeypatch, packed):
     if not packed:
-        monkeypatch.setattr(F, "shares_prompts", lambda decoder: False)
+        monkeypatch.setattr(P, "shares_prompts", lambda decoder: False)
     rows = _rows()
     plain = ValueModel.from_causal_lm(_model())
     torch.nn.init.normal_(plain.head.weight, std=0.1)
     checkpointed = ValueModel.from_causal_lm(_model())
     checkpointed.load_state_dict(plain.state_dict())
-    F.enable_checkpointing(checkpointed.backbone)
+    P.enable_checkpointing(checkpointed.backbone)
     grads, recomputed = [], []
     for critic in (plain.train(), checkpointed.train()):
         calls = _mlp_calls(critic.backbone)
@@ -174,11 +175,11 @@ def test_a_checkpointed_critic_gets_the_same_gradients(monkeypatch, packed):
 
 def test_checkpointing_is_off_outside_training_and_without_gradients():
     model = _model()
-    F.enable_checkpointing(model)
-    assert F.checkpointing(model.model)
+    P.enable_checkpointing(model)
+    assert P.checkpointing(model.model)
     with torch.no_grad():
-        assert not F.checkpointing(model.model)
-    assert not F.checkpointing(model.eval().model)
+        assert not P.checkpointing(model.model)
+    assert not P.checkpointing(model.eval().model)
 
 
 def test_distinct_prompts_with_little_padding_take_the_padded_forward():

@@ -1,4 +1,4 @@
-"""Benchmark of the training passes: packed (``trainer.forward.packed_states``) against padded.
+"""Benchmark of the training passes: packed (``models.packed.packed_states``) against padded.
 
 ``vapo-lab bench update`` samples one default training step's batch from the embedded default's
 base model (the shipped one: 8 prompts x 8 responses at temperature 1, up to 160 new tokens), then
@@ -34,14 +34,14 @@ from vapo_lab.errors import ConfigError
 @contextmanager
 def padded_path():
     """Within the block, the training passes take Hugging Face's padded forward (the reference)."""
-    from vapo_lab.trainer import forward as F
+    from vapo_lab.models import packed
 
-    original = F.shares_prompts
-    F.shares_prompts = lambda decoder: False
+    original = packed.shares_prompts
+    packed.shares_prompts = lambda decoder: False
     try:
         yield
     finally:
-        F.shares_prompts = original
+        packed.shares_prompts = original
 
 
 def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any, list[list[torch.Tensor]]]:

@@ -19,16 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-
-def rope_theta(config: object) -> float | None:
-    """Returns the RoPE base of a default-RoPE config, or None when RoPE is scaled/other."""
-    # transformers >= 5 keeps {"rope_type", "rope_theta"} in rope_parameters (rope_scaling aliases
-    # it); older releases have rope_theta and rope_scaling (None unless scaled) as attributes.
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    if params.get("rope_type", params.get("type", "default")) != "default":
-        return None
-    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-    return float(theta) if theta is not None else 10000.0
+from vapo_lab.models.rope import rope_theta, rotate_half
 
 
 def supports_fast_path(model: nn.Module) -> bool:
@@ -40,11 +31,6 @@ def supports_fast_path(model: nn.Module) -> bool:
         and not getattr(cfg, "use_sliding_window", False)
         and hasattr(model, "model") and hasattr(model.model, "layers")
     )
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class FastDecoder:
@@ -142,7 +128,7 @@ class FastDecoder:
             qkv = torch.nn.functional.linear(x, qkv_w, qkv_b)  # (B, S, (heads + 2 kv) · hd)
             # RoPE over q and k in one pass: (B, heads + kv, S, hd)
             qk = qkv[..., :nq + nk].view(bsz, s, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2)
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
             v = qkv[..., nq + nk:].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
             self.k[i, :, :, t0:t1] = k

@@ -23,6 +23,7 @@ from torch import Tensor
 from vapo_lab.algo import dynamic_sampling_keep
 from vapo_lab.distributed.world import World, single
 from vapo_lab.rollout import Generate
+from vapo_lab.seeds import epoch_seed
 from vapo_lab.trainer.forward import Rows
 from vapo_lab.trainer.scoring import RewardScorer
 
@@ -36,7 +37,7 @@ class DataStream:
         self._order = self._permutation()
 
     def _permutation(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
         return torch.randperm(len(self.problems), generator=g).tolist()
 
     def take(self, n: int) -> list[Any]:

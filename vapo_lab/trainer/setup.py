@@ -21,13 +21,13 @@ from vapo_lab.basemodel.build import ProgressFactory, build_base_for
 from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.load import pick_device
+from vapo_lab.models.packed import enable_checkpointing
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import make_engine, make_generator
 from vapo_lab.rollout.prompts import encode_prompts
 from vapo_lab.tasks import build_task
 from vapo_lab.trainer.collect import DataStream, Sampling
 from vapo_lab.trainer.critic_init import build_reward_model, critic_start_key, pretrain_critic
-from vapo_lab.trainer.forward import enable_checkpointing
 from vapo_lab.trainer.scoring import RewardScorer
 from vapo_lab.trainer.update import Updater, adamw
 
