@@ -205,23 +205,23 @@ def test_eval_per_problem_table_keeps_problem_ids_whole(capsys):
     assert _rows(out)[pid] == [pid, "\\frac{1}{2}", "1/2", "50.0%", "-"]
 
 
-class _FakeRun:
+class _FakeTrainer:
     """Stands for the trainer: 3 steps, a marker in the log after each."""
 
     def __init__(self, cfg, choices, progress, log, command):
         self.run_dir, self.run_id, self.tracker, self.step = Path("runs/fake"), "r1", None, 0
 
-    def run(self, on_step):
+    def train(self, on_step):
         for step in (1, 2, 3):
             on_step(step, {"rollout/reward": 0.25, "rollout/accuracy": 0.25, "rollout/response_length": 12.0})
             print(f"MARKER after step {step}", file=sys.stderr)
-        from vapo_lab.trainer.loop import TrainResult
+        from vapo_lab.trainer.trainer import TrainResult
 
         return TrainResult(self.run_dir, "r1", 3, None, None, None, None)
 
 
 def test_train_into_a_log_prints_step_lines_as_it_goes(monkeypatch):
-    monkeypatch.setattr("vapo_lab.trainer.run.Run", _FakeRun)
+    monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", _FakeTrainer)
     result = runner.invoke(app, ["train", "trainer.total_steps=3", "tracking=none"],
                            env={"VAPO_PROGRESS_INTERVAL": "0", **NO_TTY})
     assert result.exit_code == 0, result.output

@@ -54,11 +54,11 @@ def test_the_grid_record_lists_cells_without_their_config(table1_specs):
 def test_prepare_builds_each_cache_set_once(table1_specs, tmp_path, monkeypatch):
     built = []
 
-    class FakeRun:
+    class FakeTrainer:
         def __init__(self, cfg, choices, **kwargs):
             built.append((cfg.seed, cfg.tracking.backend, choices["algo"]))
 
-    monkeypatch.setattr("vapo_lab.trainer.run.Run", FakeRun)
+    monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", FakeTrainer)
     monkeypatch.chdir(tmp_path)  # prepare moves into the jobs' working directory: restored after
     jobs = [_job(s, tmp_path) for s in table1_specs.values()]
     lines = prepare(jobs)

@@ -134,16 +134,16 @@ def test_local_launcher_refuses_a_cell_on_many_nodes(in_tmp):
 # ---- every rank runs the cell; rank 0 alone writes its status ---------------------------------------
 
 
-class FakeRun:
-    """A Run that counts its steps (on rank 0, as Run does), or fails on construction: ``fail[rank]``
+class FakeTrainer:
+    """A Trainer that counts its steps (on rank 0, as Trainer does), or fails on construction: ``fail[rank]``
     is the exception to raise, or a function that raises it."""
 
     fail: dict = {}
 
     def __init__(self, cfg, choices, **kwargs):
         rank = int(os.environ["RANK"])
-        if rank in FakeRun.fail:
-            fail = FakeRun.fail[rank]
+        if rank in FakeTrainer.fail:
+            fail = FakeTrainer.fail[rank]
             if callable(fail) and not isinstance(fail, BaseException):
                 fail()
             raise fail
@@ -151,7 +151,7 @@ class FakeRun:
         self.world = World(rank, 2, rank)
         self.total = int(cfg.trainer.total_steps)
 
-    def run(self, on_step):
+    def train(self, on_step):
         for step in range(1, self.total + 1):
             if self.world.main:
                 on_step(step, {})
@@ -160,10 +160,10 @@ class FakeRun:
 
 @pytest.fixture
 def fake_cell(tmp_path, monkeypatch):
-    monkeypatch.setattr("vapo_lab.trainer.run.Run", FakeRun)
+    monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", FakeTrainer)
     monkeypatch.setattr("vapo_lab.launch.signals.sigterm_interrupts", lambda: None)
     monkeypatch.chdir(tmp_path)  # run_cell moves into the job's working directory: restored after
-    FakeRun.fail = {}
+    FakeTrainer.fail = {}
     spec = _spec("two", "fsdp", 1, 2)
     job = CellJob(spec=spec, grid_dir=str(tmp_path / "grids" / "g-1"), cwd=str(tmp_path), experiment="g")
 
@@ -190,7 +190,7 @@ def test_only_rank_0_writes_the_status_file(fake_cell):
 
 
 def test_a_failing_rank_fails_the_cell_with_its_own_message(fake_cell, monkeypatch):
-    FakeRun.fail = {1: ValueError("bad batch on this rank")}
+    FakeTrainer.fail = {1: ValueError("bad batch on this rank")}
     job = fake_cell(1)
     grid_dir, rank1_file = Path(job.grid_dir), Path(job.grid_dir) / "status" / f"{job.spec.key}.rank1.error"
     with pytest.raises(ValueError):
@@ -205,7 +205,7 @@ def test_a_failing_rank_fails_the_cell_with_its_own_message(fake_cell, monkeypat
         rank1_file.write_text(line)
         raise RuntimeError("Connection closed by peer")
 
-    FakeRun.fail = {0: rank1_fails_then_rank0_sees_the_run_break}
+    FakeTrainer.fail = {0: rank1_fails_then_rank0_sees_the_run_break}
     with pytest.raises(RuntimeError):
         run_cell(fake_cell(0))
     st = read_status(grid_dir, job.spec.key)
@@ -214,7 +214,7 @@ def test_a_failing_rank_fails_the_cell_with_its_own_message(fake_cell, monkeypat
 
     # rank 0 failing alone names itself; an earlier attempt's rank files are not this one's
     (grid_dir / "status" / f"{job.spec.key}.rank1.error").write_text("rank 1: KeyboardInterrupt: signal 15\n")
-    FakeRun.fail = {0: OSError("disk full")}
+    FakeTrainer.fail = {0: OSError("disk full")}
     with pytest.raises(OSError):
         run_cell(fake_cell(0))
     st = read_status(grid_dir, job.spec.key)
@@ -222,7 +222,7 @@ def test_a_failing_rank_fails_the_cell_with_its_own_message(fake_cell, monkeypat
 
 
 def test_a_finished_cell_returns_at_once_on_every_rank(fake_cell):
-    FakeRun.fail = {0: AssertionError("must not run"), 1: AssertionError("must not run")}
+    FakeTrainer.fail = {0: AssertionError("must not run"), 1: AssertionError("must not run")}
     job = fake_cell(1)
     write_status(Path(job.grid_dir), job.spec.key, state="finished", step=3)
     assert run_cell(job)["state"] == "finished"

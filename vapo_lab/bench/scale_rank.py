@@ -2,7 +2,7 @@
 
 ``python -m vapo_lab.bench.scale_rank --out FILE --warmup W --steps S [overrides...]`` runs alone
 (trainer.strategy=single) or as one of the ranks torchrun starts (trainer.strategy=fsdp). It builds
-the trainer's own :class:`~vapo_lab.trainer.run.Run` from the overrides and calls its
+the trainer's own :class:`~vapo_lab.trainer.trainer.Trainer` from the overrides and calls its
 ``train_step`` W + S + 1 times, each after a barrier (every rank starts the step together):
 
 * W warm-up steps, not reported (first-call allocations, lazy initialisation);
@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_lab.bench.scale import STEP_RECORD, comm_profile
     from vapo_lab.config.train import train_config
     from vapo_lab.distributed.world import close_world
-    from vapo_lab.trainer.run import Run
+    from vapo_lab.trainer.trainer import Trainer
 
     cfg, choices = train_config(None, [], overrides)
-    run = Run(cfg, choices, progress=None, log=lambda text: None, command="vapo-lab bench scale")
-    world = run.world
+    trainer = Trainer(cfg, choices, progress=None, log=lambda text: None, command="vapo-lab bench scale")
+    world = trainer.world
     setup_s = time.perf_counter() - STARTED
     warmup, timed, profiled = [], [], None
     try:
@@ -74,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
                     t0, c0 = time.perf_counter(), time.process_time()
                     m = run.train_step()
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            run.step += 1
             record = _step_record(wall, float(world.sum(cpu)), m)
             if last:
                 profiled = record
@@ -84,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 (warmup if i < args.warmup else timed).append(record)
         world.barrier()
     except BaseException as e:
-        run.record.close_on_error(e, run.step)
+        trainer.record.close_on_error(e, trainer.step)
         raise
     else:
-        run.record.close("FINISHED", run.step)
+        trainer.record.close("FINISHED", trainer.step)
     finally:
         close_world(world)
     if world.main:

@@ -20,7 +20,7 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
     from vapo_lab.distributed.world import env_world, world_size
     from vapo_lab.integrity import CACHE_DIR
     from vapo_lab.launch.signals import sigterm_interrupts
-    from vapo_lab.trainer.run import Run
+    from vapo_lab.trainer.trainer import Trainer
 
     cfg, choices = train_config(algo, drop, overrides)
     check_run(cfg, CACHE_DIR)  # folders and tracking store, before the base build
@@ -32,13 +32,13 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
         print_result(cfg, run_ranks(cfg, args, command, quiet))
         return
     sigterm_interrupts()
-    run = Run(cfg, choices, progress=build_progress(quiet), log=lambda msg: stderr.print(msg, highlight=False),
-              command=command)
-    stderr.print(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')})",
+    trainer = Trainer(cfg, choices, progress=build_progress(quiet), log=lambda msg: stderr.print(msg, highlight=False),
+                      command=command)
+    stderr.print(f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')})",
               highlight=False)
     total = int(cfg.trainer.total_steps)
     with progress_bar(not quiet, stderr, *default_columns(), TextColumn("{task.fields[stats]}")) as bar:
-        task = bar.add_task(f"{cfg.algo.name}", total=total, completed=run.step, stats="") if bar else None
+        task = bar.add_task(f"{cfg.algo.name}", total=total, completed=trainer.step, stats="") if bar else None
 
         def on_step(step: int, m: dict[str, float]) -> None:
             if bar is None:
@@ -48,7 +48,7 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
                      f"len {m.get('rollout/response_length', float('nan')):.0f}")
             bar.update(task, completed=step, stats=stats)
 
-        result = run.run(on_step)
+        result = trainer.train(on_step)
     print_result(cfg, result.summary())
 
 

@@ -51,6 +51,15 @@ class World:
             return float(x.mean())
         return float(self.sum(x.double().sum()) / self.sum(float(x.numel())).clamp(min=1))
 
+    def std(self, x: Tensor) -> float:
+        """Returns the sample standard deviation of the entries of ``x`` over all ranks (one process:
+        ``x.std()``, as is; 0 for fewer than two entries)."""
+        if not self.initialized:
+            return float(x.std()) if x.numel() > 1 else 0.0
+        x = x.double()
+        n, s1, s2 = self.sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64), x.sum(), (x * x).sum()]))
+        return float(((s2 - s1 * s1 / n) / (n - 1)).clamp(min=0).sqrt()) if n > 1 else 0.0
+
     def max(self, x: Tensor | float) -> Tensor:
         """Returns the maximum of ``x`` over ranks."""
         t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)

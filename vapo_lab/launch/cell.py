@@ -5,7 +5,7 @@ Whatever the launcher (a local worker process, a Ray task, a Slurm array task), 
 
 * a cell whose status file says ``finished`` returns at once (resubmitting a grid redoes nothing);
 * a cell with a run folder (``run.json``) resumes from its latest checkpoint into the same
-  tracking run (``vapo_lab.trainer.run.Run`` with ``resume=``): a requeued Slurm job or a
+  tracking run (``vapo_lab.trainer.trainer.Trainer`` with ``resume=``): a requeued Slurm job or a
   resubmitted failed cell continues and ends with the metrics of an uninterrupted run;
 * otherwise it starts the run, tagged with the grid id, cell name and config hash, as a child
   of the grid's parent MLflow run.
@@ -18,8 +18,8 @@ it, and the new attempt resumes from the last checkpoint.
 
 A cell with ``trainer.strategy=fsdp`` over ``trainer.nodes x trainer.nproc_per_node`` > 1 ranks is
 one SPMD run: every rank runs ``run_cell`` (torchrun starts them on this node, Slurm's tasks
-elsewhere), so every rank builds its ``Run``; global rank 0 alone writes the status file (and the
-run's folder and tracking, as ``Run`` does). A rank that fails leaves its error line beside the
+elsewhere), so every rank builds its ``Trainer``; global rank 0 alone writes the status file (and the
+run's folder and tracking, as ``Trainer`` does). A rank that fails leaves its error line beside the
 status file (``<key>.rank<r>.error``) and rank 0 records the first one, so the cell fails with
 the failing rank's message.
 """
@@ -165,7 +165,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     from vapo_lab.distributed.world import close_world
     from vapo_lab.launch.signals import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
-    from vapo_lab.trainer.run import Run
+    from vapo_lab.trainer.trainer import Trainer
 
     os.chdir(job.cwd)
     grid_dir, key = Path(job.grid_dir), job.spec.key
@@ -186,27 +186,27 @@ def run_cell(job: CellJob) -> dict[str, Any]:
         if writer:  # the ranks of a cell share its log: one copy of each line
             print(f"[{key}] {text}", file=sys.stderr, flush=True)
 
-    run = None
+    trainer = None
     try:
         if is_run_dir(job.run_dir):
             cfg, choices = resume_config(job.run_dir)
         else:
             if writer and job.run_dir.is_dir():
                 # a start that died before its run existed: nothing to keep. No other rank can have
-                # made the folder yet: rank 0 makes it in Run, after every rank has joined the run
+                # made the folder yet: rank 0 makes it in Trainer, after every rank has joined the run
                 shutil.rmtree(job.run_dir, ignore_errors=True)
             cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
-        run = Run(cfg, choices, progress=None, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
-                  command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})")
+        trainer = Trainer(cfg, choices, progress=None, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
+                          command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})")
         if writer:
-            write_status(grid_dir, key, run_id=run.run_id, run_dir=str(run.run_dir), step=run.step, total=total)
+            write_status(grid_dir, key, run_id=trainer.run_id, run_dir=str(trainer.run_dir), step=trainer.step, total=total)
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             if writer:
                 write_status(grid_dir, key, step=step)
 
-        result = run.run(on_step)
+        result = trainer.train(on_step)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for the launcher
         line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if job.world_size > 1:
@@ -221,8 +221,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             path.write_text(line[:500] + "\n")
         raise
     finally:
-        if run is not None:
-            close_world(run.world)
+        if trainer is not None:
+            close_world(trainer.world)
     if not writer:
         return {"state": FINISHED, "rank": rank, "step": result.steps}
     return write_status(grid_dir, key, state=FINISHED, step=result.steps, final_eval=result.final_eval,
@@ -236,7 +236,7 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 
     The caches are keyed by config (``vapo_lab.basemodel``, ``vapo_lab.trainer.critic_init``), not by
     seed: a grid's seeds share them, so only one seed of each cell is prepared. Each preparation
-    constructs the cell's ``Run`` with tracking off in a throwaway folder, which builds (or
+    constructs the cell's ``Trainer`` with tracking off in a throwaway folder, which builds (or
     finds) exactly what the real run will load.
     """
     if not jobs:
@@ -255,7 +255,7 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 
 
 def _prepare_one(job: CellJob, done: set[str]) -> str:
-    from vapo_lab.trainer.run import Run
+    from vapo_lab.trainer.trainer import Trainer
 
     # one process builds a many-rank cell's caches too: they are keyed by config, not by ranks (in
     # the run, rank 0 builds or finds them alone, as a one-process run does)
@@ -275,7 +275,7 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
             cfg.output_dir = tmp
             cfg.run_name = "prepare"
         t0 = time.perf_counter()
-        Run(cfg, choices, progress=None, log=lambda text: print(text, file=sys.stderr))
+        Trainer(cfg, choices, progress=None, log=lambda text: print(text, file=sys.stderr))
     return f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s"
 
 

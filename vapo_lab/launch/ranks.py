@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_lab.config.train import train_config
     from vapo_lab.distributed.world import close_world
     from vapo_lab.launch.signals import sigterm_interrupts
-    from vapo_lab.trainer.run import Run
+    from vapo_lab.trainer.trainer import Trainer
 
     rank = int(os.environ.get("RANK", "0"))
     folder = Path(os.environ[LAUNCH_DIR]) if os.environ.get(LAUNCH_DIR) else None
@@ -103,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(text, file=sys.stderr, flush=True)
 
-    run = None
+    trainer = None
     try:
         sigterm_interrupts()
         cfg, choices = train_config(*_split_args(argv))
-        run = Run(cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", ""))
-        log(f"run {run.run_dir} (tracking run {run.run_id}, {getattr(run.tracker, 'uri', 'none')}) on "
-            f"{run.world.size} ranks")
+        trainer = Trainer(cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", ""))
+        log(f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')}) on "
+            f"{trainer.world.size} ranks")
         total = int(cfg.trainer.total_steps)
 
         def on_step(step: int, m: dict[str, float]) -> None:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
                     f"len {m.get('rollout/response_length', float('nan')):.0f}  {m.get('time/step_s', 0):.1f}s")
 
-        result = run.run(on_step)
+        result = trainer.train(on_step)
         if rank == 0 and folder is not None:
             import resource
 
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      + traceback.format_exc())
         raise
     finally:
-        if run is not None:
-            close_world(run.world)
+        if trainer is not None:
+            close_world(trainer.world)
 
 
 def cell_main(argv: list[str]) -> int:

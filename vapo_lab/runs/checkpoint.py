@@ -6,10 +6,10 @@ state, the data position and the step. It is written to a temporary folder, chec
 commit point, so a crash while writing leaves the previous checkpoints as they were. Older ones
 are pruned only after the new one is complete.
 
-Safety: tensors (optimiser and scheduler state, torch RNG states) go to ``trainer_state.pt`` and
-are read back with ``torch.load(weights_only=True)``, which refuses any object a pickle could use
-to run code; everything else (step, data position, Python's RNG state, the best score) is JSON in
-``trainer_state.json``; models are safetensors. A file that needs more than ``weights_only`` is
+Safety: everything but the models (optimiser and scheduler state, RNG states, the data position,
+the step) goes to ``trainer_state.pt`` as tensors and plain containers, read back with
+``torch.load(weights_only=True)``, which refuses any object a pickle could use to run code; the
+step is also in ``trainer_state.json`` for people and tools; models are safetensors. A file that needs more than ``weights_only`` is
 refused with one line naming it, never loaded.
 
 Corruption: :func:`latest_checkpoint` returns the newest checkpoint whose files match their
@@ -55,18 +55,6 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         g.set_state(state["generators"][name])
 
 
-def _split(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (the tensor-bearing part, the JSON part) of a trainer state."""
-    tensors = {k: v for k, v in state.items() if k not in ("rng", "data", "best_eval", "step", "note")}
-    rng = state.get("rng")
-    if rng is not None:
-        tensors["rng"] = {"torch": rng["torch"], "generators": rng["generators"]}
-    meta = {k: state[k] for k in ("step", "data", "best_eval", "note") if k in state}
-    if rng is not None:
-        meta["python_rng"] = rng["python"]
-    return tensors, meta
-
-
 def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
                     keep: int = 2, before_commit: Callable[[], None] | None = None,
                     tmp: Path | None = None) -> Path:
@@ -76,8 +64,8 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
         folder: the run's checkpoints folder.
         step: the training step just finished.
         modules: name -> object with ``save_pretrained(path)`` or ``save(path)`` (models).
-        state: everything else (optimiser/scheduler state dicts, ``rng`` from :func:`rng_state`,
-            ``data`` position, ``best_eval``).
+        state: everything else, as tensors and plain containers (optimiser and scheduler state
+            dicts, the trainer's own state with ``rng`` from :func:`rng_state`).
         keep: how many most recent checkpoints to keep (older ones are removed after this one is
             complete, so a damaged newest one always has a predecessor to fall back to).
         before_commit: called once every file is written, before the rename (fault tests).
@@ -96,9 +84,8 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
             module.save_pretrained(tmp / name)  # safetensors
         else:
             module.save(tmp / name)
-    tensors, meta = _split({"step": step, **state})
-    torch.save(tensors, tmp / STATE_FILE)
-    (tmp / META_FILE).write_text(json.dumps(meta) + "\n")
+    torch.save({"step": step, **state}, tmp / STATE_FILE)
+    (tmp / META_FILE).write_text(json.dumps({"step": step}) + "\n")
     write_manifest(tmp)
     if before_commit is not None:
         before_commit()
@@ -151,14 +138,15 @@ def load_state(path: Path) -> dict[str, Any]:
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"refusing to load {file}: it holds Python objects beyond tensors, which could run code when "
-            "unpickled (vapo-lab writes only tensors there); use a checkpoint written by vapo-lab") from e
+            "unpickled (vapo-lab writes only tensors and plain containers there); use a checkpoint written by vapo-lab") from e
     except (OSError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"cannot read {file}: {str(e).splitlines()[0][:200]}") from e
     try:
         meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {path / META_FILE}: {e}") from e
-    state = {**tensors, **{k: v for k, v in meta.items() if k != "python_rng"}}
-    if "rng" in tensors:
+    state = {**tensors, "step": meta["step"]}
+    if "python_rng" in meta:  # the layout before the Python RNG state moved into trainer_state.pt
+        state.update({k: v for k, v in meta.items() if k != "python_rng"})
         state["rng"] = {**tensors["rng"], "python": meta["python_rng"]}
     return state

@@ -1,4 +1,4 @@
-"""The named pieces a training run is set up from, in the order ``Run`` calls them.
+"""The named pieces a training run is set up from, in the order ``Trainer`` calls them.
 
 Process settings (threads, device, deterministic kernels, the rollout backend's requirements),
 seeds, the task, the policy (the embedded base model built on first use, or a local checkpoint)

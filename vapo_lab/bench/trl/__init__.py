@@ -18,9 +18,9 @@ every prompt has 22 tokens).
       runs; it cannot share the 1.12 env).
 
 Every side is a persistent worker process driven over a pipe (JSON lines, :mod:`.protocol`): our
-side (:mod:`.ours`) runs ``vapo_lab.trainer.run.Run.train_step``, the trainer's own step (sampler,
+side (:mod:`.ours`) runs ``vapo_lab.trainer.trainer.Trainer.train_step``, the trainer's own step (sampler,
 grader, critic values, GAE / group advantages, critic and actor updates with their optimisers),
-on a ``Run`` built from a composed config; a TRL side (:mod:`.theirs`) runs ``trainer.train()``
+on a ``Trainer`` built from a composed config; a TRL side (:mod:`.theirs`) runs ``trainer.train()``
 and a callback stops it at every step boundary until the driver says go. The driver
 (:mod:`.run`) interleaves steps of all sides, rotating the order every round, so machine drift
 hits them alike. The TRL workers run in the TRL envs' interpreters, which execute
@@ -44,6 +44,6 @@ Where the two sides' work differs, the printout says so
 
 Read the load average it prints: with other processes on the cores, a 2-thread step waits for
 descheduled threads at every parallel region, and the side with more small ops (TRL's PPOTrainer
-above all) slows down most — measured on a 2-core machine at load 4-6, TRL PPO steps took 9-54 s
-at 2 threads against a steady 2.8-3.1 s at 1 thread. ``--threads 1`` gives stable ratios there.
+above all) slows down most (docs/benchmarks.md#rl-step-against-trl). ``--threads 1`` gives stable
+ratios there.
 """

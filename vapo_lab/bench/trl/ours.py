@@ -15,7 +15,7 @@ import torch
 from vapo_lab.bench.trl.protocol import Channel, Gate
 from vapo_lab.bench.trl.spec import BenchSpec
 from vapo_lab.config.compose import Composed, compose_config
-from vapo_lab.trainer.run import Run
+from vapo_lab.trainer.trainer import Trainer
 
 
 def our_overrides(algo: str, model_dir: str | Path, spec: BenchSpec, output_dir: str | Path) -> list[str]:
@@ -61,22 +61,21 @@ def bench_config(algo: str, model_dir: str | Path, spec: BenchSpec, output_dir: 
 
 
 class OurWorker:
-    """vapo-lab's trainer on the benchmark's work: ``step()`` is one ``Run.train_step``."""
+    """vapo-lab's trainer on the benchmark's work: ``step()`` is one ``Trainer.train_step``."""
 
     def __init__(self, algo: str, model_dir: str | Path, spec: BenchSpec, output_dir: str | Path) -> None:
         composed = bench_config(algo, model_dir, spec, output_dir)
-        self.run = Run(composed.cfg, composed.choices, progress=None,
-                       log=lambda text: print(text, file=sys.stderr), command="vapo-lab bench trl")
+        self.trainer = Trainer(composed.cfg, composed.choices, progress=None,
+                               log=lambda text: print(text, file=sys.stderr), command="vapo-lab bench trl")
         self.info = {"side": "vapo-lab", "algo": algo, "torch": torch.__version__,
                      "threads": torch.get_num_threads(),
-                     "policy_params": sum(p.numel() for p in self.run.policy.parameters()),
+                     "policy_params": sum(p.numel() for p in self.trainer.policy.parameters()),
                      "n_samples": int(composed.cfg.rollout.n_samples),
-                     "reference_model": self.run.ref is not None}
+                     "reference_model": self.trainer.ref is not None}
 
     def step(self) -> int:
         """Runs one trainer step; returns the tokens it generated (eos included)."""
-        metrics = self.run.train_step()
-        self.run.step += 1
+        metrics = self.trainer.train_step()
         return round(metrics["rollout/response_length"] * metrics["rollout/responses"])
 
 

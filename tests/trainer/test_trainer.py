@@ -8,7 +8,7 @@ from tests.trainer.conftest import SMALL, last_metrics
 from vapo_lab.config.compose import compose_config
 from vapo_lab.errors import ConfigError
 from vapo_lab.trainer import update
-from vapo_lab.trainer.run import train
+from vapo_lab.trainer.trainer import train
 from vapo_lab.trainer.update import TrainingDiverged
 
 
@@ -127,16 +127,16 @@ def test_prompt_plus_max_new_tokens_beyond_the_context_fails_before_compute(work
 def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error, status, word):
     from mlflow.tracking import MlflowClient
 
-    from vapo_lab.trainer.run import Run
+    from vapo_lab.trainer.trainer import Trainer
 
-    real = Run.train_step
+    real = Trainer.train_step
 
     def step(self):
         if self.step == 1:
             raise error
         return real(self)
 
-    monkeypatch.setattr(Run, "train_step", step)
+    monkeypatch.setattr(Trainer, "train_step", step)
     store = f"sqlite:///{workdir / 'status.db'}"
     name = f"fails-{status}"
     with pytest.raises(type(error)):
@@ -146,7 +146,7 @@ def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error,
     assert MlflowClient(store).get_run(run_id).info.status == status
     failure = (run_dir / "failure.txt").read_text()
     assert failure.startswith(f"{word} at step 1") and f"resume=runs/{name}" in failure
-    monkeypatch.setattr(Run, "train_step", real)  # resumed, it finishes and the note goes
+    monkeypatch.setattr(Trainer, "train_step", real)  # resumed, it finishes and the note goes
     from vapo_lab.runs.folder import resume_config
 
     train(*resume_config(run_dir), log=lambda m: None)
