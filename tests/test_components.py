@@ -11,6 +11,7 @@ from vapo_lab.registry import Registry
 from vapo_lab.registry import table1
 from vapo_lab.registry.components import (
     COMPONENTS,
+    CRITIC_STAGES,
     Component,
     _check_stage,
     _flatten,
@@ -20,15 +21,12 @@ from vapo_lab.registry.components import (
 from vapo_lab.registry.presets import PRESETS
 from vapo_lab.errors import UnknownComponentError
 
-SEVEN = [
-    "value_pretraining",
-    "decoupled_gae",
-    "length_adaptive_gae",
-    "clip_higher",
-    "token_level_loss",
-    "positive_lm_loss",
-    "group_sampling",
-]
+# The paper's Table 1 (VAPO.md), rows in its order: the tests' one copy of the paper's figures,
+# against which the registries' data is checked. Every other list here is read from the registries.
+PAPER_TABLE1 = [
+    ("Vanilla PPO", 5), ("DAPO", 50), ("w/o value_pretraining", 11), ("w/o decoupled_gae", 33),
+    ("w/o length_adaptive_gae", 45), ("w/o clip_higher", 46), ("w/o token_level_loss", 53),
+    ("w/o positive_lm_loss", 54), ("w/o group_sampling", 55), ("VAPO", 60)]
 
 
 def _component(name: str = "x") -> Component:
@@ -36,9 +34,11 @@ def _component(name: str = "x") -> Component:
                      stage="policy_loss", keys=("loss.x",), table1_without=0)
 
 
-def test_exactly_the_seven_in_paper_order():
-    assert COMPONENTS.names() == SEVEN
-    assert len(COMPONENTS) == 7
+def test_the_papers_seven_in_paper_order():
+    # the components the paper ablates are its seven rows "w/o <name>", in the paper's order
+    ablated = [c for c in COMPONENTS if c.table1_without is not None]
+    assert len(ablated) == 7
+    assert [(c.row, c.table1_without) for c in ablated] == [r for r in PAPER_TABLE1 if r[0].startswith("w/o ")]
 
 
 def test_double_registration_raises():
@@ -62,7 +62,7 @@ def test_unknown_name_lists_valid_and_suggests_closest():
     msg = str(e.value)
     assert "\n" not in msg
     assert "did you mean clip_higher?" in msg
-    for name in SEVEN:
+    for name in COMPONENTS.names():
         assert name in msg
 
 
@@ -73,41 +73,43 @@ def test_own_registry_is_independent():
 
 
 def test_table1_values_from_the_paper():
-    # VAPO.md, Table 1
-    assert {c.name: c.table1_without for c in COMPONENTS} == {
-        "value_pretraining": 11, "decoupled_gae": 33, "length_adaptive_gae": 45, "clip_higher": 46,
-        "token_level_loss": 53, "positive_lm_loss": 54, "group_sampling": 55,
-    }
-    paper = table1.paper_scores()
-    assert paper["Vanilla PPO"] == 5 and paper["DAPO"] == 50 and paper["VAPO"] == 60
-    # VAPO.md's Table 1, rows in the paper's order
-    assert list(paper.items()) == [
-        ("Vanilla PPO", 5), ("DAPO", 50), ("w/o value_pretraining", 11), ("w/o decoupled_gae", 33),
-        ("w/o length_adaptive_gae", 45), ("w/o clip_higher", 46), ("w/o token_level_loss", 53),
-        ("w/o positive_lm_loss", 54), ("w/o group_sampling", 55), ("VAPO", 60)]
+    assert list(table1.paper_scores().items()) == PAPER_TABLE1
 
 
 def test_table1_grid_cells_come_from_the_registries():
     cells = [(r.cell, r.algo, r.drop) for r in table1.cells()]
-    assert cells == [("ppo", "ppo", ()), ("dapo", "dapo", ()), ("vapo", "vapo", ())] + [
-        (f"vapo-no-{name}", "vapo", (name,)) for name in SEVEN]
+    # the presets with a paper score first (registry order), then the ablated preset without each component
+    presets = [(p.name, p.name, ()) for p in PRESETS if p.table1 is not None]
+    ablations = [(f"{table1.ABLATED}-no-{c.name}", table1.ABLATED, (c.name,)) for c in COMPONENTS]
+    assert cells == presets + ablations
+    assert sorted(r.label for r in table1.cells()) == sorted(r.label for r in table1.rows())  # a cell per row
 
 
 def test_presets_are_the_conf_algo_files_and_name_real_components():
     assert sorted(PRESETS.names()) == options("algo")
-    assert PRESETS.get("vapo").on() == SEVEN and PRESETS.get("ppo").on() == []
-    assert PRESETS.get("dapo").on() == ["clip_higher", "token_level_loss", "group_sampling"]
-    assert PRESETS.get("grpo").on() == ["group_sampling"]
+    for preset in PRESETS:
+        # on and off split the registered components, each in registry order
+        on, off = preset.on(), preset.off()
+        assert [n for n in COMPONENTS.names() if n in on] + [n for n in COMPONENTS.names() if n in off] == on + off
+        assert sorted(on + off) == sorted(COMPONENTS.names()) and not set(on) & set(off)
+    # VAPO is every component (so a new one joins it), vanilla PPO none of them
+    assert PRESETS.get("vapo").on() == COMPONENTS.names() and PRESETS.get("ppo").on() == []
     with pytest.raises(ValueError, match="not a registered component"):
         Registry("algorithm preset", check=PRESETS._check).register(
             type(PRESETS.get("ppo"))(name="x", label="X", components=("clip_hihger",)))
 
 
 def test_only_the_critic_stages_need_a_critic():
-    assert [c.name for c in COMPONENTS if c.needs_critic] == SEVEN[:3]
+    for component in COMPONENTS:
+        assert component.needs_critic == (component.stage in CRITIC_STAGES), component.name
+    assert any(c.needs_critic for c in COMPONENTS) and not all(c.needs_critic for c in COMPONENTS)
+    # a preset without a value model (group-relative advantages) turns on no component that needs one
+    for preset in PRESETS:
+        if option_values("algo", preset.name).get("algo.advantage") == "group":
+            assert not [n for n in preset.on() if COMPONENTS.get(n).needs_critic], preset.name
 
 
-@pytest.mark.parametrize("name", SEVEN)
+@pytest.mark.parametrize("name", COMPONENTS.names())
 def test_on_and_off_set_exactly_the_owned_keys(name):
     component = COMPONENTS.get(name)
     assert set(option_values(name, "on")) == set(component.keys)

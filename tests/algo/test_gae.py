@@ -16,8 +16,7 @@ import torch
 from vapo_lab.algo.gae import decoupled_gae, gae, length_adaptive_lambda
 from vapo_lab.algo.gae_cpu import scan_kernel
 
-F64 = torch.float64
-F32 = torch.float32
+from tests.algo.helpers import F32, F64, prefix_mask
 
 
 @pytest.fixture(params=["compiled", "torch"], autouse=True)
@@ -28,10 +27,6 @@ def scan(request, monkeypatch):
     if request.param == "torch":  # what gae does without numba, and on accelerators
         monkeypatch.setattr(sys.modules["vapo_lab.algo.gae"], "scan_kernel", lambda: None)
     return request.param
-
-
-def prefix_mask(lengths, T):
-    return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
 
 
 def ref_gae(rewards, values, mask, lam, gamma):

@@ -10,13 +10,7 @@ import torch
 
 from vapo_lab.algo.group import dynamic_sampling_keep, group_advantages, overlong_penalty
 
-F64 = torch.float64
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), atol=atol, rtol=0
-    )
+from tests.algo.helpers import F64, close
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,13 +11,7 @@ import torch
 
 from vapo_lab.algo.kl import KL_ESTIMATORS, kl_estimate
 
-F64 = torch.float64
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), atol=atol, rtol=0
-    )
+from tests.algo.helpers import F64, close
 
 
 def test_estimators_exported():

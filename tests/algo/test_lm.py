@@ -10,17 +10,7 @@ import torch
 
 from vapo_lab.algo.lm import entropy_from_logits, masked_entropy, positive_nll_loss, token_logprobs
 
-F64 = torch.float64
-
-
-def prefix_mask(lengths, T):
-    return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), atol=atol, rtol=0
-    )
+from tests.algo.helpers import F64, close, prefix_mask
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from vapo_lab.algo.masked import masked_mean, masked_sum, masked_var
 
-F64 = torch.float64
+from tests.algo.helpers import F64, prefix_mask
 
 
 def test_masked_sum_and_mean_by_hand():
@@ -34,7 +34,7 @@ def test_float_mask_equals_bool_mask():
     torch.manual_seed(1)
     x = torch.randn(5, 7, dtype=F64)
     lengths = torch.tensor([0, 1, 3, 7, 5])
-    mask_b = torch.arange(7)[None, :] < lengths[:, None]
+    mask_b = prefix_mask(lengths, 7)
     mask_f = mask_b.to(F64)
     torch.testing.assert_close(masked_mean(x, mask_b), masked_mean(x, mask_f), atol=1e-12, rtol=0)
     torch.testing.assert_close(masked_sum(x, mask_b), masked_sum(x, mask_f), atol=1e-12, rtol=0)
@@ -82,7 +82,7 @@ def test_random_against_python_loop():
     x = torch.randn(B, T, dtype=F64) * 3 + 1
     lengths = torch.randint(0, T + 1, (B,))
     lengths[0] = 0
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    mask = prefix_mask(lengths, T)
     x = torch.where(mask, x, torch.full_like(x, 1e4))  # garbage in padding
     vals = [x[b, t].item() for b in range(B) for t in range(T) if mask[b, t]]
     n = len(vals)

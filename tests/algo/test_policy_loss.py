@@ -14,18 +14,7 @@ import torch
 
 from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, loss_denominator, ppo_policy_loss
 
-F64 = torch.float64
-MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-
-
-def prefix_mask(lengths, T):
-    return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), atol=atol, rtol=0
-    )
+from tests.algo.helpers import F64, close, prefix_mask
 
 
 def logprobs_for_ratios(ratios, old):
@@ -106,7 +95,7 @@ AGG_M = prefix_mask([1, 3, 0], 3)
 def test_loss_agg_modes_exported():
     torch.manual_seed(0)
     assert isinstance(LOSS_AGG_MODES, tuple)
-    assert set(LOSS_AGG_MODES) == set(MODES)
+    assert set(LOSS_AGG_MODES) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"}  # the spec's three
 
 
 def test_aggregate_loss_three_modes_by_hand():
@@ -148,7 +137,7 @@ def test_token_mean_weights_long_response_tokens_more():
 
 def test_aggregate_loss_float_mask_equals_bool_mask():
     torch.manual_seed(3)
-    for mode in MODES:
+    for mode in LOSS_AGG_MODES:
         close(aggregate_loss(AGG_L, AGG_M.to(F64), mode), aggregate_loss(AGG_L, AGG_M, mode), atol=1e-12)
 
 
@@ -180,7 +169,7 @@ def test_aggregate_loss_fully_masked():
     torch.manual_seed(5)
     ell = (torch.randn(3, 4, dtype=F64) * 5).requires_grad_(True)
     mask = torch.zeros(3, 4, dtype=torch.bool)
-    for mode in MODES:
+    for mode in LOSS_AGG_MODES:
         loss = aggregate_loss(ell, mask, mode)
         assert torch.isfinite(loss)
         close(loss, 0.0)
@@ -202,7 +191,7 @@ def micro_slices():
     return [slice(0, 1), slice(1, 5), slice(5, 7)]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_aggregate_loss_micro_batch_property(mode):
     torch.manual_seed(7)
     B, T = 7, 6
@@ -352,7 +341,7 @@ def test_ppo_fully_masked_batch_is_zero():
     lp = (old + torch.randn(2, 3, dtype=F64)).requires_grad_(True)
     adv = torch.randn(2, 3, dtype=F64)
     mask = torch.zeros(2, 3, dtype=torch.bool)
-    for mode in MODES:
+    for mode in LOSS_AGG_MODES:
         loss, metrics = ppo_policy_loss(lp, old, adv, mask, loss_agg=mode)
         assert torch.isfinite(loss)
         close(loss, 0.0)
@@ -400,7 +389,7 @@ def random_ppo_batch(B, T, spread=0.8):
     return lp, old, adv, mask
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("eps_low,eps_high,dual_clip", [(0.2, 0.2, None), (0.2, 0.28, None), (0.2, 0.28, 3.0)])
 def test_ppo_random_vs_slow_reference(mode, eps_low, eps_high, dual_clip):
     torch.manual_seed(20)
@@ -431,7 +420,7 @@ def test_ppo_float32_random_vs_slow_reference():
     close(grad.double(), e_grad, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("dual_clip", [None, 3.0])
 def test_ppo_micro_batch_property(mode, dual_clip):
     # Split a mini-batch of 7 into micro-batches of 1, 4, 2 rows; each micro loss uses the

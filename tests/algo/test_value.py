@@ -9,20 +9,10 @@ import math
 
 import torch
 
+from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.algo.value import explained_variance, value_loss
 
-F64 = torch.float64
-MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-
-
-def prefix_mask(lengths, T):
-    return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), atol=atol, rtol=0
-    )
+from tests.algo.helpers import F64, close, prefix_mask
 
 
 # Four valid tokens and one padded garbage token (column 4):
@@ -91,7 +81,7 @@ def test_value_loss_random_vs_per_token_loop_and_micro_batches():
     old = torch.randn(B, T, dtype=F64)
     values = (old + 0.5 * torch.randn(B, T, dtype=F64)).requires_grad_(True)
     returns = torch.randn(B, T, dtype=F64)
-    for mode in MODES:
+    for mode in LOSS_AGG_MODES:
         loss, metrics = value_loss(values, old, returns, mask, clip_range=eps_v, loss_agg=mode)
         # slow reference
         V, Vo, R, m = values.tolist(), old.tolist(), returns.tolist(), mask.tolist()

@@ -66,7 +66,7 @@ def test_vllm_backend_without_vllm_is_one_clear_line(tiny, tmp_path):
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [(
         "error: --backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu extra in a GPU "
-        "environment of its own (vLLM pins its own torch; README, Many ranks and GPUs), or use --backend builtin")]
+        "environment of its own (vLLM pins its own torch; docs/distributed.md, GPU / vLLM), or use --backend builtin")]
 
 
 def test_generate_benchmark_at_tiny_sizes():

@@ -23,15 +23,9 @@ from vapo_lab.algo.gae_cpu import scan_kernel
 
 # Chunk size K of the chunked scan. K trades the matmul's work (B·T·K multiply-adds) against
 # the number of recursion levels (log_K T); with one λ per response the B discount matrices also
-# cost B·K² to build, against the data's B·T. Measured on this project's 2-core Xeon (shared with
-# other jobs, so with 1 thread: 2-thread timings were too noisy to rank), float32, lower-quartile
-# ms of 16 calls, range over 3 runs, at 512×4096 / 8192×1024:
-#   per-response λ:  K = 8: 25–34 / 112–144   K = 16: 20–30 / 128–136   K = 32: 24–32 / 167–180
-#                    K = 64: 29–45 / 231–240   K = 128: 51–61 / 490–565
-#   one shared λ:    K = 8: 22–33 / 98–132     K = 16: 18–27 / 105–108   K = 32: 20–28 / 105–110
-#                    K = 64: 20–29 / 113–117   K = 128: 25–32 / 112–130
-# K = 16 was fastest or tied in every run for both kinds of λ; larger K loses to the extra
-# matmul work (and, per response, to the B·K² matrices), smaller K to the extra levels.
+# cost B·K² to build, against the data's B·T. K = 16 was fastest or tied for both kinds of λ:
+# larger K loses to the extra matmul work (and, per response, to the B·K² matrices), smaller K to
+# the extra levels (timings: docs/benchmarks.md#torch-scan-settings).
 # λ_policy: length-adaptive 1 − 1/(α·l) per response (VAPO) or the fixed gae.lam_policy;
 # λ_critic: its own gae.lam_critic (decoupled, VC-PPO) or the same λ as the policy (shared)
 LAMBDA_POLICY_MODES = ("length_adaptive", "fixed")
@@ -45,13 +39,10 @@ SCANS = ("auto", "compiled", "torch")
 
 # On CPU the batch is processed in blocks of about this many (B·T) elements (8 MiB of float32),
 # so that no temporary reaches 32 MiB, from which glibc maps fresh pages on every call and the
-# page faults show (unblocked, 8192×1024 is ~20% slower), while keeping the number of ops
-# small: every op over ≥ 32k elements and every bmm is an OpenMP parallel region, and on a
-# 2-core machine shared with other jobs each region can stall for milliseconds (measured while
-# other jobs ran, 2 threads, per 512×4096 call: 8 blocks of 2^18 took 730 ms, 1 block
-# 30–140 ms). 1 thread (no stalls), lower-quartile ms at 512×4096 / 8192×1024:
-# 2^18: 18 / 102, 2^20: 20 / 108, 2^21: 19 / 96, 2^22: 20 / 104, unblocked: 17 / 118 (±2 ms).
-# This loop runs over rows, never over time steps. On accelerators the batch is one block.
+# page faults show, while keeping the number of ops small: every op over ≥ 32k elements and every
+# bmm is an OpenMP parallel region, which can stall on a machine shared with other jobs (timings:
+# docs/benchmarks.md#torch-scan-settings). This loop runs over rows, never over time steps. On
+# accelerators the batch is one block.
 _CPU_BLOCK_ELEMENTS = 1 << 21
 
 
@@ -127,7 +118,7 @@ def gae(
         gamma: discount γ (VAPO uses 1.0).
         out: optional (advantages, returns) tensors to write into, each (B, T) with the dtype and
             device of `values`: callers that keep buffers skip two fresh allocations (of 32 MiB
-            and more, their page faults cost 1-2.3x the compiled scan at 8192x1024, measured).
+            and more, whose page faults can cost more than the scan: docs/benchmarks.md#gae).
         scan: "auto" (the compiled CPU scan for CPU tensors when numba is importable, else the
             torch scan), "compiled" (the CPU scan or an error) or "torch" (the torch scan: the
             one for accelerators, kept as the fallback and the benchmark's previous code).
@@ -227,10 +218,10 @@ def _gae_on_cpu(
 ) -> None:
     """Runs the compiled CPU scan (`gae_cpu.scan_kernel`) in `dtype` into advantages and returns.
 
-    It runs on one thread. Rows split over two Python threads (the kernel releases the GIL) took
-    2.3x the 2-thread floor at 512x4096 when timed alone, but 6x right after torch's own parallel
-    ops, whose OpenMP workers keep spinning on the second core for a while; numba's parallel loops
-    use an OpenMP layer that is not fork-safe. Measured on a 2-core AMD EPYC.
+    It runs on one thread: rows split over two Python threads (the kernel releases the GIL) lose to
+    torch's OpenMP workers, which keep spinning on the second core for a while after torch's own
+    parallel ops, and numba's parallel loops use an OpenMP layer that is not fork-safe
+    (docs/benchmarks.md#gae).
 
     Inputs are converted to `dtype` and made contiguous only where they are not already; outputs
     of another dtype or layout are written through a temporary.
@@ -298,7 +289,7 @@ def _select(x: Tensor, keep: Tensor) -> Tensor:
         A new tensor shaped like x, with x's dtype.
     """
     # A bitwise AND on the float's bits is an exact select. torch.where and masked_fill would do
-    # the same but run ~10× slower on CPU (6 ns vs 0.6 ns per element, measured), and x·m would
+    # the same but run much slower on CPU (docs/benchmarks.md#torch-scan-settings), and x·m would
     # turn inf garbage into nan.
     return (x.view(keep.dtype) & keep).view(x.dtype)
 

@@ -9,8 +9,8 @@ build actually runs.
 The package ships the entries of the two embedded settings' configs (the default and
 ``scale=cpu-long``) under ``vapo_lab/shipped/base/<hash>/``, in the cache's layout and with its
 checksums (:data:`SHIPPED_DIR`, written by ``vapo-lab base ship``): a first run in a fresh folder
-loads them instead of spending minutes on the build (measured on 2 cores: 197 s for the default,
-762 s for cpu-long), and every machine starts RL from the same bits. The lookup order is the
+loads them instead of spending minutes on the build (docs/benchmarks.md#base-model-builds), and
+every machine starts RL from the same bits. The lookup order is the
 folder's cache, then the shipped entry, then a build: a model built here (``--force``) stays the
 one used, and any other config is built as before.
 """

@@ -16,13 +16,9 @@ wrong. The embedded default mirrors that: :func:`pretrain` trains the tiny Qwen2
 
 Both accumulate over columns, so long problems are harder and their reward sparser (VAPO.md,
 challenge 3). :func:`measure_accuracy` measures held-out accuracy at temperature 1 and greedily,
-overall and by digit count; the target is 10-40% at temperature 1 and at most 80% greedily.
-Measured with the defaults (256 eval problems, 2 samples each at temperature 1; the build is
-deterministic: the same config gives the same weights and figures):
-
-    digits (eval problems)   1-5 (81)   6-10 (43)   11-20 (57)   21-40 (75)   all
-    temperature 1             51.8%       1.2%         0%          0%        16.6%
-    greedy                    64.2%      25.6%         0%          0%        24.6%
+overall and by digit count; the target is 10-40% at temperature 1 and at most 80% greedily. The
+build is deterministic on one machine (the same config gives the same weights and figures); the
+defaults' accuracies by digit count are in docs/default-task.md#the-base-model.
 
 The 21-40-digit problems are out of the base's reach (their reward is always 0 before RL): its
 scratchpad columns are mostly right there too, but reading 21+ unlabelled answer digits back
@@ -30,10 +26,9 @@ needs the model to count further than 3 minutes of pre-training teaches it; the 
 The 11-20-digit ones nearly always meet the bug (a 15-digit problem has about 4 bug columns), so
 they are where RL has the most to gain once short problems have taught it to keep the carry.
 
-The bug's family is wide (every overflowing column) because a narrow one leaves RL little room:
-with x + y = 9 only (4.5% of columns; 29.5% at temperature 1, 44.5% greedily) greedy decoding of
-a bug-free base would score only ~15 points more, and the default RL run gained +9.5 ± 1.1 over
-3 seeds; with this family it gains +17.6 ± 1.3.
+The bug's family is wide (every overflowing column) because a narrow one (x + y = 9 only, 4.5% of
+columns) leaves RL little room: the default run gains nearly twice as much with the wide family
+(docs/default-task.md#the-base-model).
 
 Change :data:`RECIPE_VERSION` whenever the recipe changes in a way the config does not show.
 """
@@ -80,8 +75,8 @@ DEFAULTS: dict[str, Any] = {
     **TINY_ARCH,
     "rope_theta": 1e6,
     "init_std": 0.1,
-    # pre-training: 130-142 s on 2 cores, inside a 3-minute budget. Batch 16 x 1000 beat 32 x 500
-    # on the same tokens; lr 3e-3 beat 1e-3 and 6e-3
+    # pre-training: inside a 3-minute budget on 2 cores; batch and lr were chosen against
+    # alternatives on the same tokens (docs/benchmarks.md#base-model-builds)
     "seed": 0,
     "steps": 800,
     "batch_size": 16,

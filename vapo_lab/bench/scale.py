@@ -16,8 +16,8 @@ Threads: the ``threads`` budget (default: the CPUs this process may use) is divi
 variant's ranks, at least 1 each (``trainer.threads`` and OMP_NUM_THREADS), so every variant uses
 the same cores. ``threads=1`` gives every rank one thread instead (1 core against 2). Where other
 processes hold cores, a multi-threaded process can slow down many-fold (its threads wait for each
-other at every parallel op while one of them is descheduled; measured here: 3 to 146 s for one
-step of the embedded default), so on a shared machine ``threads=1`` gives the steadier figures.
+other at every parallel op while one of them is descheduled; docs/benchmarks.md#scale-one-against-two-ranks), so on a
+shared machine ``threads=1`` gives the steadier figures.
 
 What is reported per variant, each as the median over rounds with its min-max:
 

@@ -65,8 +65,8 @@ def _require_vllm() -> None:
         # no "[gpu]" in the message: the CLI prints errors as rich markup, which eats it
         if "not installed" in str(e):
             raise EvalError("--backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu "
-                            "extra in a GPU environment of its own (vLLM pins its own torch; README, Many ranks "
-                            "and GPUs), or use --backend builtin") from None
+                            "extra in a GPU environment of its own (vLLM pins its own torch; docs/distributed.md, "
+                            "GPU / vLLM), or use --backend builtin") from None
         raise EvalError(str(e).replace("rollout.backend=", "--backend ")) from None
 
 

@@ -19,8 +19,8 @@ _POWER = re.compile(r"(?<![0-9.])([0-9]+)\s*\^\s*")  # an integer base and its ^
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: \d also matches other scripts' digits
 
 # Pre-checks before math-verify (sympy), whose time grows with an answer's length and steeply with
-# its nesting (on 2 shared CPU cores: a 1,000-character sum 1 s, braces nested 10 deep 1 s and 20
-# deep over 20 s), and which evaluates integer powers eagerly (9^{9^9} has 369,693,100 digits).
+# its nesting (docs/benchmarks.md#grading), and which evaluates integer powers eagerly (9^{9^9}
+# has 369,693,100 digits).
 # MATH-500's references are at most 53 characters long and nested at most 2 deep; an answer past
 # a limit is compared as text only (its normalised key), so it can still equal the reference.
 SYMBOLIC_MAX_CHARS = 400  # after runs of whitespace collapse; or 4x the reference's length, if more

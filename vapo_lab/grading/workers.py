@@ -35,7 +35,7 @@ def _compare_one(answer: str, reference: str, integer: bool) -> tuple[str, bool,
 def _worker(conn: Connection, job: Job, warm_up: bool) -> None:
     """Runs ``job`` on chunks ``[(response, reference, integer), ...]`` from ``conn``, one reply per sample.
 
-    Says "ready" once warm (math-verify imported and its parser built, ~0.2 s the first time), so
+    Says "ready" once warm (math-verify imported and its parser built: docs/benchmarks.md#grading), so
     that start-up is not charged to the first sample's time limit. A reply per sample tells the
     parent when each sample starts; None or a closed pipe ends the worker.
     """

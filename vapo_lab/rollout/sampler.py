@@ -178,11 +178,11 @@ def _sample_top_p(scaled: Tensor, top_p: float, generator: torch.Generator | Non
     i.e. when the tokens strictly more probable than it hold less than ``top_p`` of the mass;
     rows whose draw falls outside are drawn again. Rejection sampling from p restricted to the
     nucleus N yields exactly p / p(N) on N, and each round accepts with probability p(N) >= top_p,
-    so a row needs 1 / p(N) <= 1 / top_p rounds on average. A sort of (64, 2.8k) logits cost
-    15 ms on one core, half of a decoding step; a round here costs about 1 ms. (Tokens tied in
-    probability at the nucleus edge are kept together, where a sort would keep some of them: a
-    difference only for exactly equal logits.) Draws on the CPU generator, so that a seed gives
-    the same samples on any device.
+    so a row needs 1 / p(N) <= 1 / top_p rounds on average, each far cheaper than sorting the
+    vocabulary, which took half of a decoding step on CPU (docs/benchmarks.md#generation). (Tokens
+    tied in probability at the nucleus edge are kept together, where a sort would keep some of
+    them: a difference only for exactly equal logits.) Draws on the CPU generator, so that a seed
+    gives the same samples on any device.
     """
     probs = scaled.softmax(-1)
     if top_p >= 1.0:
@@ -206,8 +206,8 @@ def inverse_cdf_draw(weights: Tensor, generator: torch.Generator | None) -> Tens
 
     Inverse-CDF sampling: one uniform per row from the CPU ``generator`` (so a seed gives the same
     draws on any device), scaled by the row's total and located in its cumulative sum. The same
-    distribution as ``torch.multinomial(weights, 1)``, about 30x faster on CPU at V ~ 3k, B = 64
-    (multinomial dominated the rollout profile). A zero-weight index is never drawn: the search
+    distribution as ``torch.multinomial(weights, 1)``, much faster on CPU (multinomial dominated the
+    rollout profile: docs/benchmarks.md#generation). A zero-weight index is never drawn: the search
     returns the first index whose cumulative sum exceeds the uniform.
     """
     cdf = weights.float().cumsum(-1)

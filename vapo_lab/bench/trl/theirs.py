@@ -85,8 +85,9 @@ def disable_gc_collect(module: Any) -> int:
     """Makes ``gc.collect()`` a no-op inside ``module`` (a trainer's module); returns the calls it had.
 
     TRL's PPOTrainer runs ``gc.collect()`` twice per step (after the rollout and at the end of the
-    step, each after ``torch.cuda.empty_cache()``): a full collection of the interpreter's heap,
-    27% of its CPU step as issue 18 measured it. Only the module's own global ``gc`` is replaced, by
+    step, each after ``torch.cuda.empty_cache()``): a full collection of the interpreter's heap, a
+    large share of its CPU step (docs/benchmarks.md#rl-step-against-trl). Only the module's own
+    global ``gc`` is replaced, by
     an object whose ``collect`` does nothing; the interpreter's collector and every other module
     are untouched. The count is of ``gc.collect(`` in the module's source, so that the report can
     say what was disabled (0: the trainer does not call it, and nothing changes).
