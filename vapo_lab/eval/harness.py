@@ -10,7 +10,7 @@ a 95% bootstrap CI over problems, pass@k, maj@N, mean response length and the tr
 fraction. ``responses.grade_responses`` grades a JSONL of responses generated elsewhere.
 
 Seeding. Problems are generated in fixed chunks of ``chunk_problems`` problems; chunk c draws
-from its own ``torch.Generator`` seeded with ``seed + 1_000_003·c``, so an interrupted evaluation
+from its own ``torch.Generator`` seeded with ``seeds.chunk_seed(seed, c)``, so an interrupted evaluation
 resumed from its complete chunks (``files.open_samples``) ends with the same file and metrics as
 an uninterrupted one (on CPU, where the sampler is deterministic). Chunk 0 is seeded with
 ``seed`` itself: with one chunk (``chunk_problems=0``) the draws are exactly those of the
@@ -44,13 +44,13 @@ from vapo_lab.eval.loading import Loaded, device_name, load_generator, prompt_id
 from vapo_lab.eval.model_ref import ModelRef, resolve_model
 from vapo_lab.eval.scoring import compute_metrics, failed_grades, grade_records, grader_settings, grading_record
 from vapo_lab.eval.settings import (
-    CHUNK_SEED_STRIDE,
     DEFAULT_MAX_TOKENS,
     ROWS_PER_CHUNK,
     EvalSettings,
     check_settings,
 )
 from vapo_lab.eval.tracking import save_result
+from vapo_lab.seeds import STEP_STRIDE, STREAM_STRIDE, chunk_seed, heldout_seed
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,8 @@ def _seed(bch: EvalBench, ref: ModelRef, settings: EvalSettings) -> tuple[int, s
     if settings.seed is not None:
         return settings.seed, "given"
     if bch.run_seed is not None and ref.step is not None:
-        return bch.run_seed * 7919 + ref.step, "the trainer's periodic-eval seed at this step (seed*7919+step)"
+        return (heldout_seed(bch.run_seed, ref.step),
+                f"the trainer's periodic-eval seed at this step (seed*{STEP_STRIDE}+step)")
     return 0, "default"
 
 
@@ -171,7 +172,7 @@ def _plan(bch: EvalBench, ref: ModelRef, settings: EvalSettings, out_dir: str | 
         "problems": len(bch.problems), "model": str(ref.path.resolve()), "step": ref.step,
         "backend": settings.backend, "device": device, "dtype": settings.dtype, "samples": n,
         "temperature": settings.temperature, "top_p": settings.top_p, "max_tokens": max_tokens, "seed": seed,
-        "chunk_problems": per_chunk, "chunk_seed": f"seed + {CHUNK_SEED_STRIDE} * chunk",
+        "chunk_problems": per_chunk, "chunk_seed": f"seed + {STREAM_STRIDE} * chunk",
         "template": None if bch.verify is not None else settings.template,
         "chat_template": bch.chat_template if bch.verify is not None else settings.chat_template,
         **grader_settings(bch, settings),
@@ -220,7 +221,7 @@ def _sample_chunk(bch: EvalBench, settings: EvalSettings, plan: _Plan, gen: _Gen
     loaded, n = gen.loaded, plan.n
     assert loaded is not None  # _generate loads before the first chunk
     idx = list(plan.chunks[c_index])
-    generator = torch.Generator().manual_seed(plan.seed + CHUNK_SEED_STRIDE * c_index)
+    generator = torch.Generator().manual_seed(chunk_seed(plan.seed, c_index))
     t0 = time.perf_counter()
     s = loaded.generate([ids[i] for i in idx], n, settings.temperature, settings.top_p, generator)
     gen.generate_s += time.perf_counter() - t0

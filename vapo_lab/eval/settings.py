@@ -22,8 +22,6 @@ DEFAULT_TOP_P = 0.7
 DEFAULT_MAX_TOKENS = 1024
 # Rows decoded per chunk when chunk_problems is not given: the built-in sampler's own batch.
 ROWS_PER_CHUNK = 256
-# Chunk c's generator seed: seed + CHUNK_SEED_STRIDE·c (a prime, so chunks of nearby seeds differ).
-CHUNK_SEED_STRIDE = 1_000_003
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 
@@ -55,7 +53,7 @@ class EvalSettings:
         max_tokens: new tokens per response; None: the run's ``rollout.max_new_tokens`` for
             arith, else ``DEFAULT_MAX_TOKENS``.
         seed: None: for arith on a run checkpoint, the trainer's periodic-eval seed at that step
-            (``seed·7919 + step``), else 0.
+            (``seeds.heldout_seed``), else 0.
         backend: builtin | vllm.
         template: the prompt around a math problem (must hold ``{problem}``); arith prompts are
             the trainer's and take no template.
