@@ -1,6 +1,6 @@
 """GPU tests of the vLLM backend: a real vLLM 0.33 engine beside a policy. NOT run here: no GPU.
 
-Run them in the GPU environment (README, "GPU / vLLM") on a machine with a CUDA GPU:
+Run them in the GPU environment (docs/distributed.md, "GPU / vLLM") on a machine with a CUDA GPU:
 
     pytest -m gpu tests/rollout/test_vllm_gpu.py
 

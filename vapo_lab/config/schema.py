@@ -100,7 +100,7 @@ class RewardConfig:
 
 @dataclass
 class VllmConfig:
-    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, README: GPU / vLLM)."""
+    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, docs/distributed.md, GPU / vLLM)."""
 
     gpu_memory_utilization: float = 0.5  # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
     tensor_parallel_size: int = 1  # ranks per engine (consecutive trainer ranks); must divide the world size

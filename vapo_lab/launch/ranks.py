@@ -8,7 +8,7 @@ from the same arguments; rank 0 alone opens the run folder and tracking run (a t
 name is decided once, there) and writes the result. A rank that fails writes its error line
 where the parent finds it, so the run fails with that rank's message.
 
-On many nodes, run the module under torchrun on each node yourself (the README has the command),
+On many nodes, run the module under torchrun on each node yourself (docs/distributed.md has the command),
 or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
 
 ``python -m vapo_lab.launch.ranks --cell <file>`` is one rank of a grid cell instead: the file

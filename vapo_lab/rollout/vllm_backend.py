@@ -1,7 +1,7 @@
 """vLLM rollouts on GPUs (``rollout=vllm``), colocated with the trainer: one engine per trainer rank.
 
 Written against vLLM 0.33.0's public API (the ``gpu`` extra pins it; it brings torch 2.14, so it
-lives in its own environment: README, "GPU / vLLM"). Not run here (no GPU); the GPU test is
+lives in its own environment: docs/distributed.md, "GPU / vLLM"). Not run here (no GPU); the GPU test is
 ``pytest -m gpu tests/rollout/test_vllm_gpu.py``. The choices, and why:
 
 1. **One in-process engine per trainer process.** Every rank builds ``vllm.LLM`` on its own GPU
@@ -79,7 +79,7 @@ SUPPORTED_VLLM = "0.33.0"
 # Wrappers that insert a part into parameter names: torch's activation-checkpoint wrapper and
 # torch.compile. FSDP2's fully_shard and HF gradient checkpointing keep the HF names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
-_INSTALL = ("pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; README: "
+_INSTALL = ("pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; docs/distributed.md: "
             "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin")
 
 
@@ -101,7 +101,7 @@ def require_vllm() -> Any:
     if _release(version) < _release(SUPPORTED_VLLM):
         raise BackendUnavailable(
             f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
-            f"pip install 'vllm=={SUPPORTED_VLLM}' (README: GPU / vLLM), or use rollout.backend=builtin")
+            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use rollout.backend=builtin")
     if not torch.cuda.is_available():
         raise BackendUnavailable("rollout.backend=vllm needs a CUDA GPU and none is visible: "
                                  "use rollout.backend=builtin")
