@@ -6,11 +6,9 @@ records the SHA-256 and size of each file in ``manifest.json``. A reader calls
 file or a missing manifest is named, and the caller rebuilds (caches) or falls back to an older
 folder (checkpoints) instead of loading it.
 
-Cost: one full read of the folder per write and per check. Measured on 2 CPU cores: 7 ms for the
-default base model (4.7 MB), 31 ms for a default checkpoint (26 MB, policy, critic and optimiser
-state) — noise next to a 3 s step. At about 1 GB/s it would add minutes to each save of a
-multi-hundred-GB checkpoint; a sharded, distributed checkpoint wants checksums per shard, written
-by the rank that writes the shard.
+Cost: one full read of the folder per write and per check: noise beside a step at this scale
+(docs/benchmarks.md, checksums); a multi-hundred-GB sharded checkpoint would want checksums per
+shard, written by the rank that writes the shard.
 """
 
 from __future__ import annotations
