@@ -23,9 +23,28 @@ from vapo_lab.errors import VapoLabError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+class WholeLineConsole(Console):
+    """A rich console that never wraps or crops a line it prints into a pipe or a log file.
+
+    Rich wraps at the terminal's width, and at 80 columns where there is no terminal, so a path or
+    run id in a Slurm log or a ``| grep`` would break across two lines. When the console's file is
+    not a terminal (checked at each print: the file can change, e.g. under a test runner), every
+    print is a soft-wrap print; on a terminal it wraps as rich does.
+    """
+
+    @property  # type: ignore[override]
+    def soft_wrap(self) -> bool:
+        return self._soft_wrap or not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:
+        self._soft_wrap = value
+
+
 state = {"debug": False}
-stdout = Console()
-stderr = Console(stderr=True)
+stdout = WholeLineConsole()
+stderr = WholeLineConsole(stderr=True)
 
 OverridesArg = Annotated[
     Optional[list[str]],

@@ -45,6 +45,7 @@ def report(
         from vapo_lab.track.export import export_runs
 
         n = export_runs(resolve_tracking_uri(tracking_uri), experiment, save_runs)
-        stdout.print(f"exported {n} runs to {save_runs}", highlight=False)
+        stdout.print(f"exported {n} runs to {save_runs}", highlight=False, markup=False)
     stdout.print((rep.out / "table1.md").read_text(), highlight=False, markup=False)
-    stdout.print(f"wrote {len(rep.files)} files to {rep.out} (start with {rep.out / 'index.md'})", highlight=False)
+    stdout.print(f"wrote {len(rep.files)} files to {rep.out} (start with {rep.out / 'index.md'})", highlight=False,
+                 markup=False)

@@ -32,10 +32,10 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
         print_result(cfg, run_ranks(cfg, args, command, quiet))
         return
     sigterm_interrupts()
-    trainer = Trainer(cfg, choices, progress=build_progress(quiet), log=lambda msg: stderr.print(msg, highlight=False),
-                      command=command)
+    trainer = Trainer(cfg, choices, progress=build_progress(quiet),
+                      log=lambda msg: stderr.print(msg, highlight=False, markup=False), command=command)
     stderr.print(f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')})",
-              highlight=False)
+                 highlight=False, markup=False)
     total = int(cfg.trainer.total_steps)
     with progress_bar(not quiet, stderr, *default_columns(), TextColumn("{task.fields[stats]}")) as bar:
         task = bar.add_task(f"{cfg.algo.name}", total=total, completed=trainer.step, stats="") if bar else None
@@ -61,7 +61,7 @@ def print_result(cfg: Any, r: dict[str, Any]) -> None:
               f"eval avg@{k}  base {fmt(r['base_eval'])}  final {fmt(r['final_eval'])}  "
               f"best {fmt(r['best_eval'])}  (held-out, x100)\n"
               f"checkpoint  {r['checkpoint']}\n"
-              f"peak RSS    {r.get('peak_rss_mib') or peak_rss_mib():.0f} MiB", highlight=False)
+              f"peak RSS    {r.get('peak_rss_mib') or peak_rss_mib():.0f} MiB", highlight=False, markup=False)
 
 
 @cli_errors

@@ -72,10 +72,11 @@ def import_runs(path: str | Path, tracking_uri: str) -> tuple[str, int]:
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
+    from vapo_lab.track.mlflow_tracker import open_experiment
+
     data = read_export(path)
     client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(data["experiment"])
-    exp_id = exp.experiment_id if exp else client.create_experiment(data["experiment"])
+    exp_id = open_experiment(client, data["experiment"])
     for run in data["runs"]:
         tags = {**run["tags"], SOURCE_TAG: run["tags"].get(SOURCE_TAG, run["run_id"])}
         created = client.create_run(exp_id, start_time=run["start_time"], tags=tags, run_name=run["run_name"])

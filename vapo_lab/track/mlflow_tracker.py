@@ -26,6 +26,10 @@ from vapo_lab.errors import VapoLabError
 MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_LENGTH = 6000
+# MLflow 3's experiment kind: model training (runs table, metric charts), not GenAI (traces,
+# evaluations); an MLflow UI that reads it opens the experiment in that view
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 class TrackingError(VapoLabError):
@@ -51,6 +55,23 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def open_experiment(client: Any, name: str) -> str:
+    """Returns the id of experiment ``name``, created when missing, that MLflow's UI shows as model
+    training: a new one is created with ``mlflow.experimentKind = custom_model_development``, an
+    existing one without a kind gets it, a kind already set (by the user) is kept."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # noqa: BLE001 - another process (a grid's cell) may have created it in between
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return exp.experiment_id
 
 
 def check_server(uri: str, timeout: float = 3.0) -> None:
@@ -117,8 +138,7 @@ class MlflowTracker:
                 self.client.update_run(resume_run_id, status="RUNNING")
                 self.run_id = resume_run_id
             else:
-                exp = self.client.get_experiment_by_name(self.experiment)
-                exp_id = exp.experiment_id if exp else self.client.create_experiment(self.experiment)
+                exp_id = open_experiment(self.client, self.experiment)
                 all_tags = {str(k): str(v) for k, v in tags.items()}
                 if parent_run_id:
                     all_tags["mlflow.parentRunId"] = parent_run_id

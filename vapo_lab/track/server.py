@@ -85,6 +85,17 @@ class MlflowServer:
         self.stop()
 
 
+def ui_hint(url: str) -> str:
+    """Returns how to see an experiment's runs table and metric charts in the UI at ``url``.
+
+    MLflow 3.17's UI takes its view from the switch at the top of its sidebar (the browser keeps it)
+    or from the URL's ``workflowType``, and is GenAI (traces) by default: the experiment's kind tag
+    that vapo-lab sets is not enough there.
+    """
+    return (f"runs tables and metric charts: choose 'Model training' at the top of the UI's sidebar, or open "
+            f"{url}/#/experiments/<id>?workflowType=machine_learning")
+
+
 def serve_forever(host: str, port: int, store: str | Path, log: Callable[[str], None] = print) -> None:
     """Runs a server until Ctrl-C or SIGTERM (either stops the server's whole process group)."""
 
@@ -95,6 +106,7 @@ def serve_forever(host: str, port: int, store: str | Path, log: Callable[[str], 
     server = MlflowServer(host, port, store)
     log(f"MLflow server at {server.url} (store {Path(store).resolve()}, log {server.log_path}); "
         f"runs log there with tracking.uri={server.url}. Ctrl-C stops it.")
+    log(ui_hint(server.url))
     try:
         while server.proc.poll() is None:
             time.sleep(1.0)
