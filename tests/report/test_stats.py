@@ -114,6 +114,22 @@ def test_batched_rank_statistics_match_scipy_one_vector_at_a_time():
     np.testing.assert_allclose(fast_tau, slow_tau, atol=1e-6)
 
 
+def test_means_apart_only_in_their_last_bits_rank_as_tied():
+    # 0.1 + 0.2 is 0.30000000000000004: one mean summed in another order, not a higher one
+    assert stats.rank_correlations([0.1 + 0.2, 0.3, 0.5], [1, 2, 3]) == stats.rank_correlations([0.3, 0.3, 0.5], [1, 2, 3])
+    assert stats.rank_correlations([0.1 + 0.2, 0.3, 0.5], [1, 2, 3]) == pytest.approx((math.sqrt(3) / 2, 2 / math.sqrt(6)))
+    np.testing.assert_array_equal(stats.tied_ranks(np.array([[0.1 + 0.2, 0.3, 0.5], [3.0, 1.0, 2.0]])),
+                                  [[1.5, 1.5, 3.0], [3.0, 1.0, 2.0]])
+    # scores in steps of 100/1024 whose resampled row means often tie: moving each row's scores in
+    # their last bits, up or down, would break those ties one way (ρ's lower end -1.0, not -0.95)
+    rows = [[43.26171875, 43.84765625, 43.9453125], [43.84765625, 42.96875, 43.84765625],
+            [43.45703125, 43.06640625, 43.06640625], [43.26171875, 43.84765625, 43.359375]]
+    nudged = [[x * (1 + k * 2.0 ** -52) for x in r] for r, k in zip(rows, (1, -1, 2, -2))]
+    ci = stats.rank_interval(rows, [1.0, 2.0, 3.0, 4.0])
+    assert stats.rank_interval(nudged, [1.0, 2.0, 3.0, 4.0]) == ci
+    assert ci["spearman"] == pytest.approx((-0.9486833, 0.4)) and ci["kendall"] == pytest.approx((-0.9128709, 1 / 3))
+
+
 def test_rank_interval_is_the_exact_percentile_of_all_16_resamples():
     """Rows A (seeds 10, 30), B (20, 40), C (one seed, 25) against the paper's order 1, 2, 3."""
     rows, paper = [[10.0, 30.0], [20.0, 40.0], [25.0]], [1.0, 2.0, 3.0]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.report import diagnostics as diag
+from vapo_lab.report import precision
 from vapo_lab.report import predictions as pred
 from vapo_lab.report import stats
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
@@ -115,7 +116,7 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
                "band": BANDS[band]}
     if rep.predictions:
         summary["predictions"] = rep.predictions
-    (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "report.json").write_text(json.dumps(precision.json_rounded(summary), indent=1, default=str))
     rep.files.append(out / "report.json")
     return rep
 
@@ -156,7 +157,8 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
               f"Held-out score: mean over seeds at each evaluation. {band_text(band)} [PDF](figure1.pdf)", ""]
     for name, d in rep.figure1.items():
         reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
-        lines.append(f"- {name}: final {d['final']:.1f}; first reaches 90% of VAPO's final: {reach}")
+        lines.append(f"- {name}: final {precision.fixed(d['final'], precision.SCORE)}; "
+                     f"first reaches 90% of VAPO's final: {reach}")
     if rep.predictions:
         lines += ["", "## Predictions, scored", "",
                   (rep.out / "predictions_scored.md").read_text(encoding="utf-8"),
@@ -168,7 +170,8 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
         vals = {k: [v for r in groups[name] for _, v in r.history.get(k, [])] for k in CLIP_KEYS}
         if all(vals.values()):
             lo, hi = (sum(v) / len(v) for v in vals.values())
-            lines.append(f"| {name} | {lo:.4f} | {hi:.4f} |")
+            lo, hi = (precision.fixed(v, precision.FRACTION) for v in (lo, hi))
+            lines.append(f"| {name} | {lo} | {hi} |")
     lines += ["", "## Runs behind each row", ""]
     for r in rows:
         ids = ", ".join(f"`{i}`" for i in r.run_ids) or r.state
@@ -225,22 +228,34 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
                       "|---|---|" + "---|" * (len(_labels(info)) + has_all)]
             for name, prof in info.items():
                 for which, d in prof.items():
-                    cells = [f"{d[k]:+.3f}" if k in d else "" for k in _labels(info)]
-                    tail = f" | {d.get('all', float('nan')):+.3f} |" if has_all else " |"
+                    cells = [_diag(d[k]) if k in d else "" for k in _labels(info)]
+                    tail = f" | {_diag(d.get('all', float('nan')))} |" if has_all else " |"
                     lines.append(f"| {name} | {which} | " + " | ".join(cells) + tail)
             lines.append("")
         elif stem == "diag_lambda":
-            at = ", ".join(f"λ({l}) = {v:.3f}" for l, v in info.get("lambda_at", {}).items())
+            at = ", ".join(f"λ({l}) = {precision.fixed(v, precision.DIAGNOSTIC)}"
+                           for l, v in info.get("lambda_at", {}).items())
+            mean = precision.fixed(info.get("mean", float("nan")), precision.DIAGNOSTIC)
+            zero = precision.fixed(100 * info.get("zero_frac", float("nan")), precision.SHARE)
             lines += [f"{info['variant']}, α = {info['alpha']:g}: {at}; mean λ_policy over training "
-                      f"{info.get('mean', float('nan')):.3f}, λ = 0 for {100 * info.get('zero_frac', float('nan')):.1f}% "
-                      "of responses.", ""]
+                      f"{mean}, λ = 0 for {zero}% of responses.", ""]
         elif stem == "diag_length":
             for name, prof in info.items():
-                parts = [f"{which}: " + ", ".join(f"{diag.pretty(k)} {100 * d['acc']:.0f}% (n={d['count']:.0f})"
+                parts = [f"{which}: " + ", ".join(f"{diag.pretty(k)} {_percent(d['acc'])} (n={d['count']:.0f})"
                                                   for k, d in prof[which].items()) for which in prof]
                 lines.append(f"- {name} — accuracy by length: " + "; ".join(parts))
             lines.append("")
     return lines
+
+
+def _diag(v: float) -> str:
+    """A value-bias or advantage-gap cell, signed, at ``precision.DIAGNOSTIC`` places."""
+    return precision.fixed(v, precision.DIAGNOSTIC, signed=True)
+
+
+def _percent(fraction: float) -> str:
+    """An accuracy as a percentage at ``precision.PERCENT`` places: "57%"."""
+    return precision.fixed(100 * fraction, precision.PERCENT) + "%"
 
 
 def _labels(info: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.registry.presets import PRESETS
 from vapo_lab.registry.table1 import ABLATED, row_name
-from vapo_lab.report import stats
+from vapo_lab.report import precision, stats
 from vapo_lab.report.collect import ReportError, RunData
 from vapo_lab.report.diagnostics import BIAS, GAP, LENGTH, bucket_start, buckets, in_window, windowed
 from vapo_lab.report.table import run_score
@@ -225,23 +225,28 @@ def _claim(name: str, groups: dict[str, list[RunData]], score_key: str) -> dict[
     sep_above = sorted(v for v, ci in cis.items() if ci is not None and ci[0] > 0)
     # refuted when a row is separably below PPO; confirmed when PPO is separably below every row
     result = "refuted" if sep_above else "confirmed" if len(sep_below) == len(others) else "not separable"
-    detail = (f"PPO mean {mean:.1f}; lowest mean: {'yes' if not below else 'no (' + ', '.join(below) + ' at or below)'}; "
+    lowest = "yes" if not below else f"no ({', '.join(below)} at or below)"
+    detail = (f"PPO mean {precision.fixed(mean, precision.SCORE)}; lowest mean: {lowest}; "
               f"separably below {len(sep_below)} of {len(others)} other rows")
     if sep_above:
         detail += f"; separably above {', '.join(sep_above)}"
     return {"claim": name, "text": CLAIMS[name], "verdict": result, "detail": detail}
 
 
-def _signed(v: float | None, digits: int = 2) -> str:
-    return "" if v is None else f"{v:+.{digits}f}"
+def _signed(v: float | None, digits: int = precision.SCORE) -> str:
+    return "" if v is None else precision.fixed(v, digits, signed=True)
 
 
-def _ci(ci: tuple[float, float] | None, digits: int = 2) -> str:
-    return "(no interval)" if ci is None else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
+def _ci(ci: tuple[float, float] | None, digits: int = precision.SCORE) -> str:
+    return "(no interval)" if ci is None else f"[{_signed(ci[0], digits)}, {_signed(ci[1], digits)}]"
 
 
 def _digits(measure: str) -> int:
-    return 1 if measure in ("score", "long_accuracy") else 4 if measure == "clipfrac_high" else 3
+    """The places a measure is written to: points for scores and accuracies, ``precision.FRACTION``
+    for clip fractions, ``precision.DIAGNOSTIC`` for the others."""
+    if measure in ("score", "long_accuracy"):
+        return precision.SCORE
+    return precision.FRACTION if measure == "clipfrac_high" else precision.DIAGNOSTIC
 
 
 def to_markdown(result: dict[str, Any], source: str = "") -> str:

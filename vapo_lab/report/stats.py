@@ -29,6 +29,11 @@ CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 RNG_SEED = 0
 METHOD = "percentile"  # the module docstring says why not BCa
+# row means within this relative distance rank as one (a tie): the same scores averaged in another
+# order, or scores that differ in their last bits, give means ~1e-15 apart; means that truly differ
+# do so by one sample of one held-out problem or more, far above 1e-9 of the mean
+TIE_RTOL = 1e-9
+_TIE_TEXT = f"{TIE_RTOL:.0e}".replace("e-0", "e-")  # as the note prints it: "1e-9"
 LEVEL = f"{100 * CONFIDENCE:g}%"  # as printed: "95%"
 
 
@@ -81,35 +86,50 @@ def separable(interval: tuple[float, float] | None) -> bool | None:
 
 
 def rank_correlations(ours: Sequence[float], paper: Sequence[float]) -> tuple[float | None, float | None]:
-    """Returns (Spearman ρ, Kendall τ-b) of ``ours`` against ``paper`` from scipy; None where one
-    is undefined (a constant side)."""
+    """Returns (Spearman ρ, Kendall τ-b) of ``ours`` against ``paper`` (``spearman_rows``,
+    ``kendall_rows``); None where one is undefined (a constant side)."""
+    x, y = np.asarray(ours, dtype=float), np.asarray(paper, dtype=float)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a constant side: scipy warns and returns NaN
-        rho = float(stats.spearmanr(ours, paper).statistic)
-        tau = float(stats.kendalltau(ours, paper, variant="b").statistic)
+        rho, tau = float(spearman_rows(x, y)), float(kendall_rows(x, y))
     return (None if np.isnan(rho) else rho), (None if np.isnan(tau) else tau)
 
 
+def pair_signs(x: np.ndarray) -> np.ndarray:
+    """Returns sgn(x_i − x_j) over the ordered pairs i ≠ j of the last axis, i-major (shape
+    (..., k·(k−1))): 0 for a tie, two values within ``TIE_RTOL`` of each other (relative)."""
+    i, j = np.where(~np.eye(x.shape[-1], dtype=bool))
+    d = x[..., i] - x[..., j]
+    tie = np.abs(d) <= TIE_RTOL * np.maximum(np.abs(x[..., i]), np.abs(x[..., j]))
+    return np.where(tie, 0.0, np.sign(d))
+
+
+def tied_ranks(x: np.ndarray) -> np.ndarray:
+    """Returns the ranks along the last axis, ties (``pair_signs``) sharing their average rank, as
+    ``scipy.stats.rankdata``: 1 + the values below + half the others tied with it."""
+    k = x.shape[-1]
+    s = pair_signs(x).reshape(*x.shape[:-1], k, k - 1)
+    return 1 + (s > 0).sum(axis=-1) + 0.5 * (s == 0).sum(axis=-1)
+
+
 def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Returns Spearman's ρ along the last axis: Pearson's r of the (average-tie) ranks, which is
-    ``scipy.stats.spearmanr``'s definition, but for a batch of vectors at once (shape (..., k))."""
-    rx, ry = stats.rankdata(x, axis=-1), stats.rankdata(y, axis=-1)
-    rx, ry = np.broadcast_arrays(rx, ry)
+    """Returns Spearman's ρ along the last axis: Pearson's r of the average-tie ranks
+    (``tied_ranks``), ``scipy.stats.spearmanr``'s definition, for a batch of vectors at once
+    (shape (..., k))."""
+    rx, ry = np.broadcast_arrays(tied_ranks(x), tied_ranks(y))
     return stats.pearsonr(rx, ry, axis=-1).statistic
 
 
 def kendall_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Returns Kendall's τ-b along the last axis (shape (..., k)), as ``scipy.stats.kendalltau``.
+    """Returns Kendall's τ-b along the last axis (shape (..., k)), as ``scipy.stats.kendalltau``,
+    with ties as ``pair_signs`` finds them.
 
     τ-b = Σ_{i<j} sgn(x_i − x_j)·sgn(y_i − y_j) / √(Σ_{i<j} sgn(x_i − x_j)² · Σ_{i<j} sgn(y_i − y_j)²);
     over the ordered pairs i ≠ j both sign vectors are antisymmetric, so they have mean 0 and τ-b
-    is their Pearson correlation. scipy's spearmanr and kendalltau take one pair of vectors:
-    looping them over N_RESAMPLES resamples of 10 rows took ~10 s here, these batched forms take
-    milliseconds (tests check both against scipy, one vector at a time).
+    is their Pearson correlation. scipy's spearmanr and kendalltau take one pair of vectors at a
+    time, too slow for N_RESAMPLES resamples (tests check these batched forms against scipy).
     """
-    i, j = np.where(~np.eye(x.shape[-1], dtype=bool))
-    sx, sy = np.sign(x[..., i] - x[..., j]), np.sign(y[..., i] - y[..., j])
-    sx, sy = np.broadcast_arrays(sx, sy)
+    sx, sy = np.broadcast_arrays(pair_signs(x), pair_signs(y))
     return stats.pearsonr(sx, sy, axis=-1).statistic
 
 
@@ -141,7 +161,7 @@ def rank_interval(rows: Sequence[Sequence[float]], paper: Sequence[float]) -> di
 def settings() -> dict[str, Any]:
     """Returns the bootstrap's settings, for report.json."""
     return {"confidence": CONFIDENCE, "n_resamples": N_RESAMPLES, "method": METHOD, "rng_seed": RNG_SEED,
-            "over": "seeds"}
+            "over": "seeds", "rank_tie_rtol": TIE_RTOL}
 
 
 NOTE = (
@@ -154,7 +174,8 @@ NOTE = (
     f"resampling the row's seeds and VAPO's seeds independently, excludes 0; no when it holds 0; — when the "
     f"row or VAPO has fewer than 2 seeds (not determinable). It is not corrected for the several rows compared "
     f"with VAPO, and with 3 seeds the interval is narrow for its nominal level: a lone yes is a reason to run "
-    f"more seeds, not a finding. Rank agreement: Spearman ρ and Kendall τ-b (scipy) between our row means and "
+    f"more seeds, not a finding. Rank agreement: Spearman ρ and Kendall τ-b (as scipy defines them, counting row "
+    f"means within a relative {_TIE_TEXT} of each other as tied) between our row means and "
     f"the paper's scores, over the rows that have both; its interval resamples each row's seeds, recomputes "
     f"the row means and the correlation ({N_RESAMPLES} times; rows with one seed and the paper's scores held "
     f"fixed)."

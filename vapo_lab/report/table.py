@@ -19,7 +19,7 @@ from typing import Any
 
 from vapo_lab.registry.table1 import ABLATED, paper_scores
 from vapo_lab.registry.presets import PRESETS
-from vapo_lab.report import stats
+from vapo_lab.report import precision, stats
 from vapo_lab.report.collect import RunData
 
 
@@ -105,9 +105,8 @@ def rank_agreement(rows: list[Row]) -> dict[str, Any]:
 
 
 def _fmt(v: float | None, signed: bool = False) -> str:
-    if v is None:
-        return ""
-    return f"{v:+.1f}" if signed else f"{v:.1f}"
+    """A score in points (or a difference of scores) at ``precision.SCORE`` places; "" for none."""
+    return "" if v is None else precision.fixed(v, precision.SCORE, signed)
 
 
 def table_records(rows: list[Row]) -> list[dict[str, Any]]:
@@ -144,7 +143,7 @@ def _mean_std(mean: float | None, std: float | None, pm: str = " ± ") -> str:
     """"49.5 ± 0.8"; the bare mean for one seed (no spread); "" for none."""
     if mean is None:
         return ""
-    return f"{mean:.1f}" if std is None else f"{mean:.1f}{pm}{std:.1f}"
+    return _fmt(mean) if std is None else f"{_fmt(mean)}{pm}{_fmt(std)}"
 
 
 def _interval(ci: tuple[float, float] | None, signed: bool = False) -> str:
@@ -176,7 +175,8 @@ def _rank_text(ra: dict[str, Any]) -> str:
     def one(v: float | None, ci: tuple[float, float] | None) -> str:
         if v is None:
             return "undefined (one side is constant)"
-        return f"{v:.2f} [{stats.LEVEL} interval {ci[0]:.2f}, {ci[1]:.2f}]" if ci else f"{v:.2f} (no interval: {ra['no_interval']})"
+        r = [precision.fixed(x, precision.CORRELATION) for x in (v, *(ci or ()))]
+        return f"{r[0]} [{stats.LEVEL} interval {r[1]}, {r[2]}]" if ci else f"{r[0]} (no interval: {ra['no_interval']})"
 
     if ra["n"] < 2:
         return f"Rank agreement with the paper: needs at least 2 scored rows ({ra['n']} so far)."
@@ -216,12 +216,12 @@ def to_latex(rows: list[Row], score_label: str) -> str:
 
 
 def _num(v: float | None) -> str:
-    return "" if v is None else f"{v:.4f}"
+    return "" if v is None else precision.fixed(v, precision.CSV)
 
 
 def to_csv(rows: list[Row]) -> str:
-    """Returns Table 1 as CSV: numbers to 4 places; an empty cell where a value does not exist
-    (std and interval of a one-seed row, separability not determinable)."""
+    """Returns Table 1 as CSV: numbers to ``precision.CSV`` places; an empty cell where a value does
+    not exist (std and interval of a one-seed row, separability not determinable)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["variant", "mean", "std", "ci_low", "ci_high", "seeds", "state", "delta_vs_vapo", "delta_ci_low",
