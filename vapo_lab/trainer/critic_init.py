@@ -31,7 +31,7 @@ from vapo_lab.trainer.forward import Rows, batched_values, value_forward
 
 # part of every cache key: bumped whenever the code would build a different reward model or critic
 # from the same settings (the sampler's draws, the optimiser's kernel), so old entries are not reused
-# 5: packed training passes (trainer.forward.packed_states) round differently
+# 5: packed training passes (models.packed.packed_states) round differently
 CACHE_VERSION = 6  # 6: GAE's compiled CPU scan (algo.gae_cpu) rounds the critic's targets differently
 
 
