@@ -18,7 +18,9 @@ def _evaluate(correct):
 
     def generate(prompts, n, temperature, top_p, generator):
         assert (len(prompts), n) == (p, k)
-        return SimpleNamespace(lengths=lengths, truncated=lengths == 7)
+        samples = SimpleNamespace(lengths=lengths, truncated=lengths == 7)
+        samples.cpu = lambda: samples  # already in host memory, as Samples.cpu() leaves them
+        return samples
 
     def score(samples, problems):
         assert len(problems) == p * k

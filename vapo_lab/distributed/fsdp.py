@@ -3,8 +3,9 @@
 Each decoder layer is one FSDP group and the root module the last, holding the embeddings, the
 final norm and the heads: tied input and output embeddings must share a group (torch refuses them
 apart), and calling the root's forward is what gathers them. Parameters stay sharded in fp32 (the
-master weights, and so the optimiser state); on CUDA with ``model.dtype=bfloat16`` the layers
-compute in bf16 and gradients are reduced in fp32 (``MixedPrecisionPolicy``).
+master weights, and so the optimiser state); the layers compute in ``model.dtype`` and gradients
+are reduced in fp32 (the policy of :mod:`vapo_lab.models.precision`, as FSDP2's
+``MixedPrecisionPolicy``).
 
 Gradients are *summed* over ranks, not averaged (FSDP2's default): every loss term is divided by
 its global denominator (tokens or responses of the whole mini-batch on all ranks), so the sum of
@@ -35,15 +36,15 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
                     ".backbone.layers or .layers)")
 
 
-def shard(model: nn.Module, world: World, device: torch.device, compute_dtype: torch.dtype | None) -> nn.Module:
+def shard(model: nn.Module, world: World, device: torch.device, mp: Any = None) -> nn.Module:
     """Shards ``model`` in place over ``world`` (one group per decoder layer, then the root) and
-    returns it; ``compute_dtype``: the layers' compute dtype on GPUs (None: the parameters')."""
+    returns it; ``mp``: FSDP2's MixedPrecisionPolicy (None: compute in the parameters' dtype)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     # an explicit mesh: the default one picks CUDA whenever it exists (pytorch#132471)
     mesh = init_device_mesh(device.type, (world.size,))
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype else None)
+    mp = mp or MixedPrecisionPolicy()
     for layer in transformer_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)

@@ -32,6 +32,7 @@ class World:
     size: int = 1
     local_rank: int = 0
     initialized: bool = False  # a torch.distributed process group is up
+    comm_device: str = "cpu"  # where collectives' tensors must be: "cuda" under nccl
 
     @property
     def main(self) -> bool:
@@ -41,9 +42,7 @@ class World:
     def sum(self, x: Tensor | float) -> Tensor:
         """Returns the sum of ``x`` over ranks (a float64 tensor for a Python number)."""
         t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
-        if self.initialized:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-        return t
+        return self._all_reduce(t, torch.distributed.ReduceOp.SUM) if self.initialized else t
 
     def mean(self, x: Tensor) -> float:
         """Returns the mean of the entries of ``x`` over all ranks (one process: ``x.mean()``, as is)."""
@@ -63,9 +62,14 @@ class World:
     def max(self, x: Tensor | float) -> Tensor:
         """Returns the maximum of ``x`` over ranks."""
         t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
-        if self.initialized:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return t
+        return self._all_reduce(t, torch.distributed.ReduceOp.MAX) if self.initialized else t
+
+    def _all_reduce(self, t: Tensor, op: Any) -> Tensor:
+        """Returns ``t`` reduced over ranks with ``op``, on ``t``'s device (the collective itself runs
+        on ``comm_device``: nccl reduces only CUDA tensors)."""
+        moved = t.to(self.comm_device)
+        torch.distributed.all_reduce(moved, op=op)
+        return moved.to(t.device)
 
     def gather(self, obj: Any) -> list[Any]:
         """Returns every rank's ``obj``, in rank order (picklable objects; small ones)."""
@@ -145,7 +149,7 @@ def init_world(cfg: Any, device: torch.device) -> World:
         if device.type == "cuda":
             torch.cuda.set_device(local)
         torch.distributed.init_process_group(backend, rank=rank, world_size=size, timeout=TIMEOUT)
-    return World(rank, size, local, initialized=True)
+    return World(rank, size, local, initialized=True, comm_device="cuda" if device.type == "cuda" else "cpu")
 
 
 def close_world(world: World) -> None:

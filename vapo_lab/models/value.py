@@ -40,7 +40,7 @@ class ValueModel(nn.Module):
         import copy
 
         backbone = copy.deepcopy(lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model)
-        return cls(backbone, lm.config.hidden_size)
+        return cls(backbone, lm.config.hidden_size)._head_like_backbone()
 
     @classmethod
     def random_like(cls, lm: nn.Module, seed: int = 0) -> ValueModel:
@@ -50,7 +50,15 @@ class ValueModel(nn.Module):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             backbone = AutoModel.from_config(lm.config)
-        return cls(backbone.to(next(lm.parameters()).dtype), lm.config.hidden_size)
+        first = next(lm.parameters())
+        return cls(backbone.to(first.device, first.dtype), lm.config.hidden_size)._head_like_backbone()
+
+    def _head_like_backbone(self) -> ValueModel:
+        """Returns the model with its head on the backbone's device and in its dtype (a new head is
+        made on the CPU in float32: beside a bf16 or CUDA backbone its first forward would fail)."""
+        first = next(self.backbone.parameters())
+        self.head.to(first.device, first.dtype)
+        return self
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Returns one scalar per position, (B, L), for the padded batch ``input_ids`` (B, L)."""
@@ -78,4 +86,4 @@ class ValueModel(nn.Module):
         hidden = json.loads((path / "value_model.json").read_text())["hidden_size"]
         model = cls(backbone, hidden)
         model.head.load_state_dict(torch.load(path / HEAD_FILE, weights_only=True))
-        return model
+        return model._head_like_backbone()

@@ -11,6 +11,8 @@ truncation), the quantity PPO's importance ratio needs when the trainer samples 
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +39,12 @@ class Samples:
     def truncated(self) -> Tensor:
         """Returns (B,) bool: responses cut at max_new_tokens without an eos."""
         return ~self.finished
+
+    def cpu(self) -> Samples:
+        """Returns the samples in host memory, where they are scored and batched (themselves there)."""
+        if self.response_ids.device.type == "cpu":
+            return self
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).cpu() for f in dataclasses.fields(self)})
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:

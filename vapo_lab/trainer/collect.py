@@ -114,7 +114,7 @@ def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: Reward
         share = -(-need // world.size)  # whole equal shares: every rank draws the same prompts
         problems = data.take(share * world.size)[world.rank * share:(world.rank + 1) * share]
         s = sampling.generate(sampling.encode(problems), n, float(cfg.rollout.temperature),
-                              float(cfg.rollout.top_p), generator)
+                              float(cfg.rollout.top_p), generator).cpu()  # the batch lives in host memory
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(s, rep)
         generated += len(rep)

@@ -23,6 +23,7 @@ from torch import nn
 
 from vapo_lab.algo import explained_variance, gae
 from vapo_lab.integrity import SHIPPED_DIR, find_entry, write_manifest
+from vapo_lab.models.precision import set_compute
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
 from vapo_lab.trainer.advantages import token_rewards
@@ -107,7 +108,7 @@ def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
 def rollout_rows(generate: Generate, prompts: list[list[int]], n: int, cfg: DictConfig,
                  generator: torch.Generator) -> tuple[Rows, Any]:
     """Returns (rows, samples) of n samples per prompt at the training temperature."""
-    s = generate(prompts, n, float(cfg.rollout.temperature), float(cfg.rollout.top_p), generator)
+    s = generate(prompts, n, float(cfg.rollout.temperature), float(cfg.rollout.top_p), generator).cpu()
     return Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask), s
 
 
@@ -131,7 +132,7 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
     path = cache_dir / "reward_model" / key
     log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
     gen = torch.Generator().manual_seed(int(cfg.task.seed))
-    rm = ValueModel.from_causal_lm(policy)
+    rm = set_compute(ValueModel.from_causal_lm(policy), cfg.model.dtype)
     opt = torch.optim.AdamW(rm.parameters(), lr=float(cfg.trainer.critic_lr) * 5)
     history = []
     for step in range(int(opts.rm_steps)):
@@ -143,7 +144,7 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
         for mb in torch.randperm(len(problems), generator=gen).split(int(cfg.trainer.micro_batch_size)):
             r = rows.take(mb)
             pred = value_forward(rm, r)[torch.arange(len(mb)), last[mb]]
-            loss = ((pred - scores[mb]) ** 2).mean()
+            loss = ((pred - scores[mb].to(pred.device)) ** 2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(rm.parameters(), float(cfg.trainer.grad_clip))

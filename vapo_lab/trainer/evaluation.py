@@ -27,7 +27,7 @@ def evaluate(generate: Generate, tokenizer: Any, task: Any, score: RewardScorer,
     problems = list(task.eval)
     gen = torch.Generator().manual_seed(seed)
     s = generate(encode_prompts(tokenizer, problems, cfg.model.chat_template), k,
-                 float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen)
+                 float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen).cpu()
     rep = [p for p in problems for _ in range(k)]
     _, correct, _ = score(s, rep)
     per_problem = correct.view(len(problems), k).tolist()

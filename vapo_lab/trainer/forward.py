@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
 from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.models.packed import packed_states, prompt_groups
+from vapo_lab.models.precision import autocast
 from vapo_lab.models.value import wide
 
 
@@ -48,10 +49,22 @@ class Rows:
         flag = torch.ones_like(one, dtype=torch.bool)
         return Rows(one, flag, one, flag)
 
+    def to(self, device: torch.device) -> Rows:
+        """Returns the rows on ``device`` (themselves where they already are)."""
+        if self.prompt_ids.device == device:
+            return self
+        return Rows(self.prompt_ids.to(device), self.prompt_mask.to(device), self.response_ids.to(device),
+                    self.response_mask.to(device))
+
     def sequence(self) -> tuple[Tensor, Tensor]:
         """Returns (input_ids, attention_mask) of prompt ++ response, (B, P+T)."""
         return (torch.cat([self.prompt_ids, self.response_ids], 1),
                 torch.cat([self.prompt_mask, self.response_mask], 1))
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Returns the device ``model``'s parameters (a sharded model's local shards) are on."""
+    return next(model.parameters()).device
 
 
 def _groups(decoder: nn.Module, rows: Rows) -> tuple[Tensor, Tensor] | None:
@@ -75,6 +88,13 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
     entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
     computed from detached logits, so the backward pass does not go through it.
     """
+    rows = rows.to(model_device(model))
+    with autocast(model):
+        return _policy_forward(model, rows, temperature, with_entropy, entropy_grad)
+
+
+def _policy_forward(model: nn.Module, rows: Rows, temperature: float, with_entropy: bool, entropy_grad: bool
+                    ) -> tuple[Tensor, Tensor | None]:
     groups = None if is_sharded(model) else _groups(model.model, rows)
     if groups is not None:
         mask = rows.response_mask
@@ -110,6 +130,12 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
 
 def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     """Returns V(s_t) for each response token, (B, T); 0 at padding on the packed path."""
+    rows = rows.to(model_device(critic))
+    with autocast(critic):
+        return _value_forward(critic, rows)
+
+
+def _value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     backbone = getattr(critic, "backbone", None)
     groups = (_groups(backbone, rows) if backbone is not None and hasattr(critic, "head") and not is_sharded(critic)
               else None)
@@ -136,28 +162,30 @@ def passes(n_rows: int, micro: int) -> int:
 
 @torch.no_grad()
 def batched_logprobs(model: nn.Module, rows: Rows, micro: int, temperature: float, extra: int = 0) -> Tensor:
-    """Returns the response log-probs of ``model`` for all rows, (B, T), ``micro`` rows at a time,
-    after ``extra`` discarded passes on a dummy row (a sharded model's ranks make equal passes)."""
-    t = rows.response_ids.shape[1]
+    """Returns the response log-probs of ``model`` for all rows, (B, T), on the rows' device, ``micro``
+    rows at a time, after ``extra`` discarded passes on a dummy row (a sharded model's ranks make
+    equal passes)."""
+    t, device = rows.response_ids.shape[1], rows.prompt_ids.device
     for _ in range(extra):
-        policy_forward(model, Rows.dummy(rows.prompt_ids.device), temperature)
-    parts = [policy_forward(model, rows.take(i), temperature)[0]
+        policy_forward(model, Rows.dummy(device), temperature)
+    parts = [policy_forward(model, rows.take(i), temperature)[0].to(device)
              for i in torch.arange(len(rows.response_ids)).split(micro)]
     _reshard(model)
     if not parts:
-        return torch.zeros(0, t)
+        return torch.zeros(0, t, device=device)
     return torch.cat([torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts])
 
 
 @torch.no_grad()
 def batched_values(critic: nn.Module, rows: Rows, micro: int, extra: int = 0) -> Tensor:
-    """Returns V(s_t) for all rows, (B, T), computed ``micro`` rows at a time (``extra``: as
-    ``batched_logprobs``)."""
-    width = rows.response_ids.shape[1]
+    """Returns V(s_t) for all rows, (B, T), on the rows' device, computed ``micro`` rows at a time
+    (``extra``: as ``batched_logprobs``)."""
+    width, device = rows.response_ids.shape[1], rows.prompt_ids.device
     for _ in range(extra):
-        value_forward(critic, Rows.dummy(rows.prompt_ids.device))
-    parts = [value_forward(critic, rows.take(idx)) for idx in torch.arange(len(rows.response_ids)).split(micro)]
+        value_forward(critic, Rows.dummy(device))
+    parts = [value_forward(critic, rows.take(idx)).to(device)
+             for idx in torch.arange(len(rows.response_ids)).split(micro)]
     _reshard(critic)
     if not parts:
-        return torch.zeros(0, width)
+        return torch.zeros(0, width, device=device)
     return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in parts])

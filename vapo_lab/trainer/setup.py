@@ -22,6 +22,7 @@ from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.load import pick_device
 from vapo_lab.models.packed import enable_checkpointing
+from vapo_lab.models.precision import set_compute
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import make_engine, make_generator
 from vapo_lab.rollout.prompts import encode_prompts
@@ -102,9 +103,10 @@ def load_policy(cfg: DictConfig, log: Callable[[str], None],
     else:
         path = Path(cfg.model.path)
         key = str(path.resolve())
-    policy, tokenizer = load_model_and_tokenizer(path, dtype=cfg.model.dtype, tokenizer_path=cfg.model.tokenizer_path,
+    # float32 master weights, computing in model.dtype (models.precision)
+    policy, tokenizer = load_model_and_tokenizer(path, dtype="float32", tokenizer_path=cfg.model.tokenizer_path,
                                                  trust_remote_code=cfg.model.trust_remote_code)
-    return policy, tokenizer, key, path
+    return set_compute(policy, cfg.model.dtype), tokenizer, key, path
 
 
 def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callable[[str], None],
@@ -171,4 +173,4 @@ def _ready(critic: ValueModel, cfg: DictConfig, device: torch.device) -> ValueMo
     ``model.gradient_checkpointing`` says (a critic loaded from a cache comes without the setting)."""
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(critic.backbone)
-    return critic.to(device).eval()
+    return set_compute(critic.to(device), cfg.model.dtype).eval()

@@ -53,7 +53,7 @@ from vapo_lab import faults
 from vapo_lab.basemodel.build import ProgressFactory
 from vapo_lab.distributed.fsdp import shard
 from vapo_lab.distributed.world import init_world
-from vapo_lab.models.dtypes import DTYPES
+from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from vapo_lab.runs.folder import CHECKPOINTS
@@ -281,12 +281,9 @@ class Trainer:
         self.log(f"resumed {self.run_dir} at step {self.step}{ranks}")
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Returns ``model`` sharded over the run's ranks with FSDP2: fp32 shards (master weights), and
-        on CUDA a bf16/fp16 ``model.dtype`` as the compute dtype."""
-        compute = DTYPES[self.cfg.model.dtype] if self.device.type == "cuda" else None
-        if compute == torch.float32:
-            compute = None
-        return shard(model.float() if compute is not None else model, self.world, self.device, compute)
+        """Returns ``model`` sharded over the run's ranks with FSDP2, under its precision policy
+        (float32 shards, computing in ``model.dtype``: :mod:`vapo_lab.models.precision`)."""
+        return shard(model, self.world, self.device, fsdp_policy(model))
 
     def _record(self, choices: dict[str, str] | None, resume_dir: Any, command: str, tags: dict[str, str] | None,
                 parent_run_id: str | None) -> RunRecord | RankRecord:

@@ -33,7 +33,7 @@ from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import VapoLabError
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, policy_forward, value_forward
+from vapo_lab.trainer.forward import Rows, model_device, policy_forward, value_forward
 
 
 class TrainingDiverged(VapoLabError):
@@ -119,6 +119,7 @@ class Updater:
         cfg, critic = self.cfg, self.critic
         assert critic is not None and self.critic_opt is not None
         critic.train()
+        dev = model_device(critic)  # the batch stays where it was made; each micro-batch crosses here
         totals: dict[str, list[float]] = {"critic/value_loss": [], "critic/clipfrac": [], "critic/grad_norm": []}
         w = self.world
         for _ in range(int(cfg.trainer.ppo_epochs)):
@@ -131,17 +132,17 @@ class Updater:
                 micros = self.micro(mb, batch.lengths)
                 extra = self.padding(len(micros))  # agreed before any pass: it is a collective too
                 for idx in micros:
-                    rows = batch.rows.take(idx)
+                    rows = batch.rows.take(idx).to(dev)
                     t = rows.response_ids.shape[1]
                     values = value_forward(critic, rows)
-                    loss, m = value_loss(values, batch.values[idx, :t], batch.returns[idx, :t],
+                    loss, m = value_loss(values, batch.values[idx, :t].to(dev), batch.returns[idx, :t].to(dev),
                                          rows.response_mask, clip_range=cfg.critic.value_clip,
                                          loss_agg=cfg.critic.loss_agg, normalizer=norm)
                     loss.backward()
                     loss_sum += float(loss.detach())
                     clip_sum += float(m["clipfrac"]) * float(rows.response_mask.sum()) / max(n_tok, 1.0)
                 for _ in range(extra):
-                    (value_forward(critic, Rows.dummy(batch.rows.prompt_ids.device)).sum() * 0.0).backward()
+                    (value_forward(critic, Rows.dummy(dev)).sum() * 0.0).backward()
                 loss_sum, clip_sum = float(w.sum(loss_sum)), float(w.sum(clip_sum))
                 _check_finite("critic/value_loss", torch.tensor(loss_sum), step)
                 gn = torch.nn.utils.clip_grad_norm_(critic.parameters(), float(cfg.trainer.grad_clip))
@@ -157,6 +158,7 @@ class Updater:
         cfg, policy = self.cfg, self.policy
         assert self.actor_opt is not None
         policy.train()
+        dev = model_device(policy)  # the batch stays where it was made; each micro-batch crosses here
         temperature = float(cfg.rollout.temperature)
         keys = ["actor/pg_loss", "actor/nll_loss", "actor/kl_loss", "actor/entropy", "actor/clipfrac_low",
                 "actor/clipfrac_high", "actor/clipfrac_dual", "actor/approx_kl", "actor/grad_norm"]
@@ -174,21 +176,23 @@ class Updater:
                 micros = self.micro(mb, batch.lengths)
                 extra = self.padding(len(micros))
                 for idx in micros:
-                    rows = batch.rows.take(idx)
+                    rows = batch.rows.take(idx).to(dev)
                     t = rows.response_ids.shape[1]
                     mask = rows.response_mask
                     logprobs, entropy = policy_forward(policy, rows, temperature, with_entropy=True,
                                                        entropy_grad=cfg.loss.entropy_coef > 0)
-                    pg, m = ppo_policy_loss(logprobs, batch.old_logprobs[idx, :t], batch.advantages[idx, :t], mask,
+                    old, adv = batch.old_logprobs[idx, :t].to(dev), batch.advantages[idx, :t].to(dev)
+                    pg, m = ppo_policy_loss(logprobs, old, adv, mask,
                                             eps_low=float(cfg.loss.eps_low), eps_high=float(cfg.loss.eps_high),
                                             dual_clip=cfg.loss.dual_clip, loss_agg=cfg.loss.agg, normalizer=norm)
                     loss = pg
                     if cfg.loss.mu > 0 and nll_norm > 0:
-                        nll = positive_nll_loss(logprobs, mask, batch.correct[idx], normalizer=nll_norm)
+                        nll = positive_nll_loss(logprobs, mask, batch.correct[idx].to(dev), normalizer=nll_norm)
                         loss = loss + float(cfg.loss.mu) * nll
                         acc["actor/nll_loss"] += float(nll.detach())
                     if self.ref is not None and cfg.kl.coef > 0 and cfg.kl.target == "loss":
-                        kl = aggregate_loss(kl_estimate(logprobs, batch.ref_logprobs[idx, :t], cfg.kl.estimator),
+                        ref = batch.ref_logprobs[idx, :t].to(dev)
+                        kl = aggregate_loss(kl_estimate(logprobs, ref, cfg.kl.estimator),
                                             mask, cfg.loss.agg, normalizer=norm)
                         loss = loss + float(cfg.kl.coef) * kl
                         acc["actor/kl_loss"] += float(kl.detach())
@@ -202,7 +206,7 @@ class Updater:
                     for k in ("clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl"):
                         acc[f"actor/{k}"] += float(m[k]) * share
                 for _ in range(extra):
-                    dummy = policy_forward(policy, Rows.dummy(batch.rows.prompt_ids.device), temperature)[0]
+                    dummy = policy_forward(policy, Rows.dummy(dev), temperature)[0]
                     (dummy.sum() * 0.0).backward()
                 if w.size > 1:
                     acc = {k: float(w.sum(v)) for k, v in acc.items()}
