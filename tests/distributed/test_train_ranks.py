@@ -34,6 +34,21 @@ def test_two_ranks_run_to_the_end_each_step_logged_once(ranks_dir):
     assert logged[("train", 8)]["rollout/responses"] == 16  # the step's batch, over both ranks
 
 
+def test_the_ranks_build_the_reward_model_and_pretrain_the_critic_together(ranks_dir):
+    """In a fresh folder both ranks sample and train the reward model and the value pretraining (no
+    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank count."""
+    import json
+
+    cache = ranks_dir / ".vapo_cache"
+    (rm,) = (cache / "reward_model").iterdir()
+    (critic,) = (cache / "pretrained_critic").iterdir()
+    meta = json.loads((critic / "meta.json").read_text())
+    assert json.loads((rm / "meta.json").read_text())["kind"] == "reward_model" and meta["steps"] == 2
+    logged = records(ranks_dir / "runs" / "reference")
+    assert [logged[("pretrain", s)]["pretrain/value_loss"] for s in range(2)] == \
+        [m["pretrain/value_loss"] for m in meta["history"]]
+
+
 def test_killed_on_every_rank_then_resumed_equals_the_uninterrupted_run(ranks_dir):
     killed = train(ranks_dir, *RANKS, f"tracking.uri={store(ranks_dir)}", "run_name=killed", fault="update@5")
     assert killed.returncode != 0

@@ -67,3 +67,20 @@ def test_prepare_builds_each_cache_set_once(table1_specs, tmp_path, monkeypatch)
     assert len(built) == len(lines) == 7
     assert all(seed == 0 and backend == "none" for seed, backend, _ in built)
     assert [a for _, _, a in built][:3] == ["ppo", "dapo", "vapo"]
+
+
+def test_prepare_leaves_a_many_rank_cells_critic_caches_to_its_ranks(tmp_path, monkeypatch):
+    """A 2-rank cell's reward model and pretrained critic are built by its own ranks together (keyed
+    by the rank count, on the cell's devices); the prepare job builds only the base model they share."""
+    from vapo_lab.launch.grid import load_grid
+
+    specs = load_grid("table1", seeds=1).expand(["tracking.uri=http://h:1", "trainer.strategy=fsdp",
+                                                  "trainer.nproc_per_node=2"])
+    vapo = next(s for s in specs if s.name == "vapo")
+    bases, trainers = [], []
+    monkeypatch.setattr("vapo_lab.basemodel.build.build_base_for", lambda cfg, progress, log=None: bases.append(1))
+    monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", lambda *a, **k: trainers.append(1))
+    monkeypatch.chdir(tmp_path)
+    (line,) = prepare([_job(vapo, tmp_path)])
+    assert bases == [1] and trainers == []
+    assert line.startswith("prepared vapo: base model") and "its 2 ranks build the critic caches" in line

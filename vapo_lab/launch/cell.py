@@ -237,7 +237,9 @@ def prepare(jobs: list[CellJob]) -> list[str]:
     The caches are keyed by config (``vapo_lab.basemodel``, ``vapo_lab.trainer.critic_init``), not by
     seed: a grid's seeds share them, so only one seed of each cell is prepared. Each preparation
     constructs the cell's ``Trainer`` with tracking off in a throwaway folder, which builds (or
-    finds) exactly what the real run will load.
+    finds) exactly what the real run will load. A many-rank cell's reward model and pretrained
+    critic are built by its own ranks together when it runs (keyed by the rank count); its
+    preparation builds the base model only.
     """
     if not jobs:
         return []
@@ -257,16 +259,25 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 def _prepare_one(job: CellJob, done: set[str]) -> str:
     from vapo_lab.trainer.trainer import Trainer
 
-    # one process builds a many-rank cell's caches too: they are keyed by config, not by ranks (in
-    # the run, rank 0 builds or finds them alone, as a one-process run does)
-    one = {"strategy": "single", "nodes": 1, "nproc_per_node": 1}
     sections = {k: job.spec.config[k] for k in CACHE_SECTIONS}
-    sections["trainer"] = {**sections["trainer"], **one}
     sig = json.dumps(sections, sort_keys=True)
     if sig in done:
         return ""
     done.add(sig)
     cfg, choices = cell_config(job)
+    nodes, per_node = cell_ranks(job.spec.config)
+    if nodes * per_node > 1:
+        # its ranks build the reward model and pretrain the critic together, on their own devices
+        # (those caches are keyed by the rank count); this one process builds the shared base model
+        if cfg.model.name != "tiny":
+            return f"prepared {job.spec.name}: nothing (a checkpoint; its {nodes * per_node} ranks build the rest)"
+        from vapo_lab.basemodel.build import build_base_for
+
+        t0 = time.perf_counter()
+        build_base_for(cfg, None, log=lambda text: print(text, file=sys.stderr))
+        return (f"prepared {job.spec.name}: base model, {time.perf_counter() - t0:.0f}s (its {nodes * per_node} "
+                "ranks build the critic caches together)")
+    one = {"strategy": "single", "nodes": 1, "nproc_per_node": 1}
     with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
         with open_dict(cfg):
             cfg.trainer.update(one)

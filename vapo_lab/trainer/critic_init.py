@@ -21,14 +21,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from vapo_lab.algo import explained_variance, gae
+from vapo_lab.algo import gae
+from vapo_lab.distributed.fsdp import is_sharded
+from vapo_lab.distributed.world import World, single, world_size
 from vapo_lab.integrity import SHIPPED_DIR, find_entry, write_manifest
 from vapo_lab.models.precision import set_compute
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
+from vapo_lab.seeds import rollout_seed
 from vapo_lab.trainer.advantages import token_rewards
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, batched_values, value_forward
+from vapo_lab.trainer.forward import Rows, batched_values, passes, value_forward
+from vapo_lab.trainer.metrics import critic_metrics
 
 # part of every cache key: bumped whenever the code would build a different reward model or critic
 # from the same settings (the sampler's draws, the optimiser's kernel), so old entries are not reused
@@ -49,10 +53,17 @@ def _resolved(node: DictConfig) -> Any:
     return OmegaConf.to_container(node, resolve=True)
 
 
+def _ranks(cfg: DictConfig) -> list[Any]:
+    """The rank count as a key part when the run has more than one (each rank samples its own
+    stream, so N ranks build other weights than one process); nothing for one process."""
+    n = world_size(cfg) if cfg.trainer.strategy == "fsdp" else 1
+    return [["ranks", n]] if n > 1 else []
+
+
 def reward_model_key(policy_key: str, cfg: DictConfig) -> str:
     """Returns the reward model's cache key: the base policy and every setting that shapes it."""
     return cache_key("rm", policy_key, _resolved(cfg.task), _resolved(cfg.reward), float(cfg.rollout.temperature),
-                     int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch)
+                     int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch, *_ranks(cfg))
 
 
 def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
@@ -61,7 +72,8 @@ def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
                      _resolved(cfg.critic), float(cfg.rollout.temperature), float(cfg.rollout.top_p),
                      int(cfg.rollout.max_new_tokens), int(cfg.rollout.responses_per_step),
                      int(cfg.rollout.n_samples), float(cfg.trainer.critic_lr), int(cfg.trainer.mini_batch_size),
-                     int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma))
+                     int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma),
+                     *_ranks(cfg))
 
 
 def critic_start_key(policy_key: str, cfg: DictConfig) -> str:
@@ -93,6 +105,38 @@ def _cached(cache_dir: Path, shipped_dir: Path | None, kind: str, key: str, what
     return found[0] if found is not None else None
 
 
+def _found(world: World, cache_dir: Path, shipped_dir: Path | None, kind: str, key: str, what: str,
+           log: Callable[[str], None]) -> Path | None:
+    """``_cached`` as rank 0 sees it, on every rank: the ranks build together or load together."""
+    found = _cached(cache_dir, shipped_dir, kind, key, what, log) if world.main else None
+    found = world.broadcast(str(found) if found is not None else None)
+    return Path(found) if found is not None else None
+
+
+def _share(items: list[Any], world: World) -> list[Any]:
+    """This rank's equal share of ``items`` (every rank draws the same items): all on one process."""
+    n = -(-len(items) // world.size)
+    return items[world.rank * n:(world.rank + 1) * n]
+
+
+def _save(model: ValueModel, path: Path, meta: dict[str, Any], world: World, template: nn.Module) -> None:
+    """Writes ``model`` as a cache entry at ``path``; a sharded model is gathered into a value model
+    made from ``template`` (an unsharded policy) on rank 0, which writes it (every rank calls this)."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if world.main:
+            whole = ValueModel.from_causal_lm(template).to("cpu")
+            whole.load_state_dict(state)
+            _atomic_save(whole, path, meta)
+        world.barrier()
+        return
+    if world.main:
+        _atomic_save(model, path, meta)
+    world.barrier()
+
+
 def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     if tmp.exists():
@@ -116,89 +160,120 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
                        draw: Callable[[int], Any],
                        score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
                        encode: Callable[[list[Any]], list[list[int]]], cache_dir: Path,
-                       log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR) -> Path:
+                       log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR,
+                       world: World | None = None,
+                       shard: Callable[[nn.Module], nn.Module] | None = None) -> Path:
     """Returns the path of an outcome reward model trained on the base policy's own samples.
 
     The model (policy backbone + scalar head) regresses the verifier's reward at the last response
     token with a squared loss, on ``rm_samples`` fresh samples per round; its output is in reward
     units, so a critic initialised from it predicts the final reward everywhere — right at the end
     of a response, biased before it (the paper's starting point).
+
+    On many ranks (``world``, the model sharded by ``shard``) every rank samples its share of each
+    round's problems from its own stream and each micro-batch step's loss is the mean over all
+    ranks' rows; rank 0 writes the result.
     """
+    world = world or single()
     opts = cfg.critic
     key = reward_model_key(policy_key, cfg)
-    found = _cached(cache_dir, shipped_dir, "reward_model", key, "reward model", log)
+    found = _found(world, cache_dir, shipped_dir, "reward_model", key, "reward model", log)
     if found is not None:
         return found
     path = cache_dir / "reward_model" / key
     log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
-    gen = torch.Generator().manual_seed(int(cfg.task.seed))
+    gen = torch.Generator().manual_seed(rollout_seed(int(cfg.task.seed), world.rank))
     rm = set_compute(ValueModel.from_causal_lm(policy), cfg.model.dtype)
+    if world.initialized and shard is not None:
+        rm = shard(rm)
     opt = torch.optim.AdamW(rm.parameters(), lr=float(cfg.trainer.critic_lr) * 5)
+    micro = max(1, int(cfg.trainer.micro_batch_size) // world.size)  # a micro-batch's rows over the ranks
     history = []
     for step in range(int(opts.rm_steps)):
-        problems = draw(int(opts.rm_batch))
+        problems = _share(draw(int(opts.rm_batch)), world)
         rows, samples = rollout_rows(generate, encode(problems), 1, cfg, gen)
         scores, _, _ = score(samples, problems)
         last = samples.lengths - 1
         rm.train()
-        for mb in torch.randperm(len(problems), generator=gen).split(int(cfg.trainer.micro_batch_size)):
-            r = rows.take(mb)
-            pred = value_forward(rm, r)[torch.arange(len(mb)), last[mb]]
-            loss = ((pred - scores[mb].to(pred.device)) ** 2).mean()
+        parts = list(torch.randperm(len(problems), generator=gen).split(micro))
+        parts += [None] * (int(world.max(len(parts))) - len(parts))  # zero-loss passes keep FSDP in step
+        for mb in parts:
+            if mb is None:
+                dummy = value_forward(rm, Rows.dummy(next(rm.parameters()).device))
+                loss = dummy.sum() * 0.0
+                rows_all = world.sum(0.0)
+            else:
+                pred = value_forward(rm, rows.take(mb))[torch.arange(len(mb)), last[mb]]
+                rows_all = world.sum(float(len(mb)))
+                loss = ((pred - scores[mb].to(pred.device)) ** 2).sum() / float(rows_all)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(rm.parameters(), float(cfg.trainer.grad_clip))
             opt.step()
-        history.append(float(loss.detach()))
+            last_loss = float(world.sum(loss.detach()))  # the mean over all ranks' rows
+        history.append(last_loss)
     rm.eval()
-    _atomic_save(rm, path, {"kind": "reward_model", "loss": history})
+    _save(rm, path, {"kind": "reward_model", "loss": history}, world, policy)
     return path
+
+
+def cached_pretrained_critic(critic_key: str, cfg: DictConfig, cache_dir: Path,
+                             log_metrics: Callable[[dict[str, float], int], None],
+                             log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR,
+                             world: World | None = None) -> ValueModel | None:
+    """Returns the pretrained critic cached for these settings (its history sent to ``log_metrics``
+    again), or None: pretrain it."""
+    world = world or single()
+    found = _found(world, cache_dir, shipped_dir, "pretrained_critic", pretrained_critic_key(critic_key, cfg),
+                   "pretrained critic", log)
+    if found is None:
+        return None
+    meta = json.loads((found / "meta.json").read_text())
+    for i, m in enumerate(meta["history"]):
+        log_metrics(m, i)
+    return ValueModel.load(found)
 
 
 def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg: DictConfig,
                     draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
-                    encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any], cache_dir: Path,
-                    log_metrics: Callable[[dict[str, float], int], None],
-                    log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR) -> ValueModel:
-    """Returns the critic after value pretraining (VAPO §4.1); the history goes to ``log_metrics``.
+                    encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any],
+                    cache_dir: Path, log_metrics: Callable[[dict[str, float], int], None],
+                    template: nn.Module, world: World | None = None) -> ValueModel:
+    """Returns the critic after value pretraining (VAPO §4.1), cached; the history goes to ``log_metrics``.
 
     The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
     (GAE with λ = critic.pretrain.lam, 1.0: the return itself) and takes the critic's usual
     mini-batch steps on them. Stops after ``critic.pretrain.steps`` or once explained variance
-    reaches ``critic.pretrain.min_explained_variance``. Cached: a grid pretrains once.
+    reaches ``critic.pretrain.min_explained_variance``. On many ranks (``world``; ``critic``
+    sharded, ``updater_factory``'s updater over the same ranks) each rank samples its share of each
+    step's problems from its own stream and every statistic is over all ranks; rank 0 writes the
+    cache entry, gathered into a value model made from ``template`` (the unsharded policy).
     """
+    world = world or single()
     pre = cfg.critic.pretrain
-    key = pretrained_critic_key(critic_key, cfg)
-    found = _cached(cache_dir, shipped_dir, "pretrained_critic", key, "pretrained critic", log)
-    if found is not None:
-        meta = json.loads((found / "meta.json").read_text())
-        for i, m in enumerate(meta["history"]):
-            log_metrics(m, i)
-        return ValueModel.load(found)
-    path = cache_dir / "pretrained_critic" / key
-    gen = torch.Generator().manual_seed(int(cfg.task.seed) + 1)
+    path = cache_dir / "pretrained_critic" / pretrained_critic_key(critic_key, cfg)
+    gen = torch.Generator().manual_seed(rollout_seed(int(cfg.task.seed) + 1, world.rank))
     updater = updater_factory(critic)
-    n = int(cfg.rollout.n_samples)
+    n, micro = int(cfg.rollout.n_samples), int(cfg.trainer.micro_batch_size)
     history: list[dict[str, float]] = []
     for step in range(int(pre.steps)):
-        problems = draw(int(cfg.rollout.responses_per_step) // n)
+        problems = _share(draw(int(cfg.rollout.responses_per_step) // n), world)
         rows, samples = rollout_rows(generate, encode(problems), n, cfg, gen)
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(samples, rep)
-        values = batched_values(critic, rows, int(cfg.trainer.micro_batch_size))
+        extra = int(world.max(passes(len(rep), micro))) - passes(len(rep), micro)  # equal passes on every rank
+        values = batched_values(critic, rows, micro, extra)
         rewards = token_rewards(scores, rows.response_mask)
         _, returns = gae(rewards, values, rows.response_mask, float(pre.lam), gamma=float(cfg.gae.gamma))
-        ev = float(explained_variance(values, returns, rows.response_mask))
         batch = Batch(rows=rows, problems=rep, scores=scores, correct=correct, lengths=samples.lengths,
                       truncated=samples.truncated, old_logprobs=samples.logprobs, values=values, returns=returns)
+        ev = critic_metrics(batch, world)["critic/explained_variance"]
         m = updater.critic_update(batch, step)
         metrics = {"pretrain/value_loss": m["critic/value_loss"], "pretrain/explained_variance": ev,
-                   "pretrain/reward": float(scores.mean())}
+                   "pretrain/reward": world.mean(scores)}
         history.append(metrics)
         log_metrics(metrics, step)
         if pre.min_explained_variance is not None and ev >= float(pre.min_explained_variance):
             break
-    meta = {"kind": "pretrained_critic", "history": history, "steps": len(history)}
-    _atomic_save(critic, path, meta)
+    _save(critic, path, {"kind": "pretrained_critic", "history": history, "steps": len(history)}, world, template)
     return critic
-

@@ -1,7 +1,7 @@
 """The trainer's periodic held-out evaluation: avg@k and pass@k of the policy on the eval split.
 
 It samples ``rollout.eval_samples`` responses per eval problem at the evaluation temperature and
-top-p, scores them with the training reward's verdicts, and reduces them with
+top-p (on many ranks each rank its share of the problems), scores them with the training reward's verdicts, and reduces them with
 :mod:`vapo_lab.eval.metrics`, the same functions ``vapo-lab eval`` reports.
 """
 
@@ -12,26 +12,40 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from vapo_lab.distributed.world import World, single
 from vapo_lab.eval.metrics import avg_at_k, pass_at_k_table
 from vapo_lab.rollout import Generate
 from vapo_lab.rollout.prompts import encode_prompts
+from vapo_lab.seeds import chunk_seed
 from vapo_lab.trainer.scoring import RewardScorer
 
 
 @torch.no_grad()
 def evaluate(generate: Generate, tokenizer: Any, task: Any, score: RewardScorer, cfg: DictConfig,
-             seed: int) -> dict[str, float]:
+             seed: int, world: World | None = None) -> dict[str, float]:
     """Returns held-out avg@k (mean per-sample accuracy), pass@k, mean length and truncated
-    fraction on the eval split, sampled with a generator seeded with ``seed``."""
+    fraction on the eval split; every rank of ``world`` samples its share of the problems (rank r
+    with a generator seeded ``seeds.chunk_seed(seed, r)``: one process, ``seed`` itself) and every
+    rank gets the result over all of them."""
+    world = world or single()
     k = int(cfg.rollout.eval_samples)
     problems = list(task.eval)
-    gen = torch.Generator().manual_seed(seed)
-    s = generate(encode_prompts(tokenizer, problems, cfg.model.chat_template), k,
-                 float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen).cpu()
-    rep = [p for p in problems for _ in range(k)]
-    _, correct, _ = score(s, rep)
-    per_problem = correct.view(len(problems), k).tolist()
+    share = -(-len(problems) // world.size)
+    mine = problems[world.rank * share:(world.rank + 1) * share]
+    per_problem: list[list[bool]] = []
+    lengths: list[int] = []
+    truncated: list[bool] = []
+    if mine:
+        gen = torch.Generator().manual_seed(chunk_seed(seed, world.rank))
+        s = generate(encode_prompts(tokenizer, mine, cfg.model.chat_template), k,
+                     float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen).cpu()
+        _, correct, _ = score(s, [p for p in mine for _ in range(k)])
+        per_problem, lengths, truncated = correct.view(len(mine), k).tolist(), s.lengths.tolist(), s.truncated.tolist()
+    parts = world.gather((per_problem, lengths, truncated))
+    per_problem = [row for part in parts for row in part[0]]
+    lengths = [n for part in parts for n in part[1]]
+    truncated = [t for part in parts for t in part[2]]
     return {f"eval/avg_at_{k}": avg_at_k(per_problem),
             f"eval/pass_at_{k}": pass_at_k_table(per_problem)[k],
-            "eval/response_length": float(s.lengths.float().mean()),
-            "eval/truncated_frac": float(s.truncated.float().mean())}
+            "eval/response_length": float(torch.tensor(lengths).float().mean()),
+            "eval/truncated_frac": float(torch.tensor(truncated).float().mean())}

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from torch import nn
 from torch.utils import deterministic as torch_deterministic
 
 from vapo_lab.basemodel.build import ProgressFactory, build_base_for
+from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.load import pick_device
@@ -28,7 +30,12 @@ from vapo_lab.rollout import make_engine, make_generator
 from vapo_lab.rollout.prompts import encode_prompts
 from vapo_lab.tasks import build_task
 from vapo_lab.trainer.collect import DataStream, Sampling
-from vapo_lab.trainer.critic_init import build_reward_model, critic_start_key, pretrain_critic
+from vapo_lab.trainer.critic_init import (
+    build_reward_model,
+    cached_pretrained_critic,
+    critic_start_key,
+    pretrain_critic,
+)
 from vapo_lab.trainer.scoring import RewardScorer
 from vapo_lab.trainer.update import Updater, adamw
 
@@ -141,30 +148,45 @@ def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Pat
 
 def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampling: Sampling, score: RewardScorer,
                 device: torch.device, log_metrics: Callable[[dict[str, float], int], None],
-                log: Callable[[str], None]) -> ValueModel:
+                log: Callable[[str], None], world: World | None = None,
+                shard: Callable[[nn.Module], nn.Module] | None = None) -> ValueModel:
     """Returns the critic on ``device`` in eval mode: from the reward model (built and cached on first
     use), the policy or random weights (``critic.init``), then value-pretrained when
-    ``critic.pretrain.enabled`` (cached too; its metrics go to ``log_metrics``)."""
+    ``critic.pretrain.enabled`` (cached too; its metrics go to ``log_metrics``).
+
+    On many ranks every rank takes part in building the reward model and in value pretraining, each
+    model sharded by ``shard``; the critic returned is sharded. ``policy`` is the unsharded policy.
+    """
+    world = world or single()
+
+    def ready(critic: ValueModel) -> ValueModel:
+        critic = _ready(critic, cfg, device)
+        return shard(critic) if world.initialized and shard is not None else critic
+
+    critic_key = critic_start_key(policy_key, cfg)
+    if cfg.critic.pretrain.enabled:
+        found = cached_pretrained_critic(critic_key, cfg, CACHE_DIR, log_metrics, log, world=world)
+        if found is not None:
+            return ready(found)
     init = cfg.critic.init
-    draw_rng = DataStream(task.train, int(cfg.task.seed) + 99)
     if init == "reward_model":
+        draw_rng = DataStream(task.train, int(cfg.task.seed) + 99)
         rm_path = build_reward_model(policy, sampling.generate, policy_key, cfg, draw_rng.take, score,
-                                     sampling.encode, CACHE_DIR, log=log)
+                                     sampling.encode, CACHE_DIR, log=log, world=world, shard=shard)
         critic = ValueModel.load(rm_path)
     elif init == "policy":
         critic = ValueModel.from_causal_lm(policy)
     else:
         critic = ValueModel.random_like(policy, seed=int(cfg.seed))
-    critic_key = critic_start_key(policy_key, cfg)
-    critic = _ready(critic, cfg, device)
+    critic = ready(critic)
     if cfg.critic.pretrain.enabled:
         def updater_factory(c: ValueModel) -> Updater:
             opt = adamw(c.parameters(), float(cfg.trainer.critic_lr), cfg.trainer)
-            return Updater(cfg, policy, c, None, None, opt, torch.Generator().manual_seed(3))
+            return Updater(cfg, policy, c, None, None, opt, torch.Generator().manual_seed(3), world)
 
-        critic = _ready(pretrain_critic(
-            critic, critic_key, sampling.generate, cfg, DataStream(task.train, int(cfg.task.seed) + 5).take,
-            score, sampling.encode, updater_factory, CACHE_DIR, log_metrics, log=log), cfg, device)
+        critic = pretrain_critic(critic, critic_key, sampling.generate, cfg,
+                                 DataStream(task.train, int(cfg.task.seed) + 5).take, score, sampling.encode,
+                                 updater_factory, CACHE_DIR, log_metrics, template=policy, world=world)
     return critic
 
 

@@ -119,19 +119,9 @@ class Trainer:
                                    cfg.reward.overlong)
         self.data = DataStream(self.task.train, int(cfg.seed))
         self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.kl.coef > 0 else None
-        self.policy = policy
-        if world.initialized:
-            if self.sampling.engine is None:  # the built-in sampler keeps a full copy (rollout.replica)
-                self.sampling.engine = Replica(policy)
-                self.policy = copy.deepcopy(policy)
-            self.policy = self._shard(self.policy)
-            self.ref = self._shard(self.ref) if self.ref is not None else None
         # rank 0 samples as a one-process run does; each other rank from its own stream
         self.gen_rollout = torch.Generator().manual_seed(rollout_seed(int(cfg.seed), world.rank))
         self.gen_update = torch.Generator().manual_seed(update_seed(int(cfg.seed)))
-        t = cfg.trainer
-        self.actor_opt = adamw(self.policy.parameters(), float(t.actor_lr), t)
-        self.actor_sched = warmup_constant(self.actor_opt, int(t.warmup_steps))
         self.critic = self.critic_opt = self.critic_sched = None
         self.step, self.best_eval, self.warned_lambda = 0, None, False
 
@@ -139,13 +129,21 @@ class Trainer:
         self.run_dir, self.run_id, self.tracker = self.record.run_dir, self.record.run_id, self.record.tracker
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
             self.record.open()
-            if cfg.algo.advantage == "gae":
-                with world.main_first():  # the reward model and value pretraining: cached by rank 0
-                    critic = init_critic(cfg, policy, policy_key, self.task, self.sampling, self.scorer,
-                                         self.device, self.record.log_metrics, log)
-                self.critic = self._shard(critic) if world.initialized else critic
+            t = cfg.trainer
+            if cfg.algo.advantage == "gae":  # every rank takes part (reward model, value pretraining)
+                self.critic = init_critic(cfg, policy, policy_key, self.task, self.sampling, self.scorer,
+                                          self.device, self.record.log_metrics, log, world, self._shard)
                 self.critic_opt = adamw(self.critic.parameters(), float(t.critic_lr), t)
                 self.critic_sched = warmup_constant(self.critic_opt, int(t.warmup_steps))
+            self.policy = policy  # sharded after the critic's start, which copies the whole policy
+            if world.initialized:
+                if self.sampling.engine is None:  # the built-in sampler keeps a full copy (rollout.replica)
+                    self.sampling.engine = Replica(policy)
+                    self.policy = copy.deepcopy(policy)
+                self.policy = self._shard(self.policy)
+                self.ref = self._shard(self.ref) if self.ref is not None else None
+            self.actor_opt = adamw(self.policy.parameters(), float(t.actor_lr), t)
+            self.actor_sched = warmup_constant(self.actor_opt, int(t.warmup_steps))
             self.updater = Updater(cfg, self.policy, self.critic, self.ref, self.actor_opt, self.critic_opt,
                                    self.gen_update, world)
             self.checkpoints = self._checkpoint_manager()
@@ -227,12 +225,9 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Returns the held-out avg@k after ``step`` steps (its sampling seed: ``seeds.heldout_seed``);
-        on many ranks rank 0 evaluates and sends the result to the others."""
-        result = None
-        if self.world.main:
-            result = evaluate(self.sampling.generate, self.tokenizer, self.task, self.scorer, self.cfg,
-                              heldout_seed(int(self.cfg.seed), self.step))
-        return self.world.broadcast(result)
+        on many ranks every rank samples its share of the problems and gets the whole result."""
+        return evaluate(self.sampling.generate, self.tokenizer, self.task, self.scorer, self.cfg,
+                        heldout_seed(int(self.cfg.seed), self.step), self.world)
 
     # -- Stateful --------------------------------------------------------------------------------
 
