@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.rollout import make_engine
+from vapo_lab.rollout import make_engine, vllm_backend
 from vapo_lab.rollout.vllm_backend import (
     BackendUnavailable,
     VllmEngine,
@@ -280,7 +280,7 @@ def fake_vllm(monkeypatch):
     module.LLM = _FakeLLM
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(vllm_backend, "_cuda_visible", lambda: True)
     monkeypatch.setattr(_FakeLLM, "extra_params", {})
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.setenv(var, "")  # registers the restore (unset) that a bare delenv of an unset var would not
@@ -380,11 +380,12 @@ def test_make_engine_passes_the_config(fake_vllm):
 
     cfg = compose_config(overrides=["rollout=vllm", "rollout.vllm.sleep_level=1", "rollout.vllm.weight_bucket_mb=64",
                                     "tracking=none"]).cfg
-    engine = make_engine("vllm", "/model", cfg)
+    engine = make_engine("vllm", "/model", cfg, prompt_tokens=10)
     kw = _FakeLLM.last.kwargs
     assert kw["enable_sleep_mode"] is True and engine.sleep_level == 1 and engine.bucket_bytes == 64 * 2**20
+    assert kw["max_model_len"] == 10 + int(cfg.rollout.max_new_tokens) and kw["tokenizer"] is None
     assert kw["gpu_memory_utilization"] == 0.5 and kw["tensor_parallel_size"] == 1 and kw["seed"] == int(cfg.seed)
-    assert make_engine("builtin", "/model", cfg) is None
+    assert make_engine("builtin", "/model", cfg, 10) is None
 
 
 def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) -> None:
@@ -393,15 +394,18 @@ def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) 
     module.__version__, module.LLM = "0.33.0", _FakeLLM
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     sys.modules["vllm"] = module
-    torch.cuda.is_available = lambda: True
+    vllm_backend._cuda_visible = lambda: True
     os.environ["LOCAL_RANK"] = str(rank)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         engine = _engine(tensor_parallel_size=2, rank=rank, world_size=world)
         prompts = [[1]] if rank == 0 else [[2, 2], [3, 3, 3]]  # uneven shares
         s = engine.sample(prompts, 1, 3, 1.0, 1.0, 0, 0, 100 + rank)
-        results[rank] = {"generate": _FakeLLM.last.calls[-1], "seed": _FakeLLM.last.kwargs["seed"],
-                         "prompt_ids": s.prompt_ids.tolist(), "first_tokens": s.response_ids[:, 0].tolist()}
+        seen = {"generate": _FakeLLM.last.calls[-1], "seed": _FakeLLM.last.kwargs["seed"],
+                "prompt_ids": s.prompt_ids.tolist(), "first_tokens": s.response_ids[:, 0].tolist()}
+        s = engine.sample([] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank)  # rank 0: nothing to sample
+        results[rank] = {**seen, "empty_round": (_FakeLLM.last.calls[-1], s.response_ids.shape[0],
+                                                 s.prompt_ids.shape[0])}
     finally:
         dist.destroy_process_group()
 
@@ -411,9 +415,18 @@ def test_a_tensor_parallel_group_samples_its_ranks_prompts_together(tmp_path):
         results = manager.dict()
         mp.spawn(_tensor_parallel_pair, args=(2, str(tmp_path / "store"), results), nprocs=2)
         results = dict(results)
-    both = ("generate", [[1], [2, 2], [3, 3, 3]], [100, 101, 101])  # each request keeps its rank's seed
+    both = ("generate", [[1], [2, 2], [3, 3, 3]], [100, 101, 102])  # rank r's prompt i: its seed + i * n
     assert results[0]["generate"] == results[1]["generate"] == both
+    # a rank with no prompts still runs the group's batch, and gets no rows back
+    assert results[0]["empty_round"] == (("generate", [[4]], [201]), 0, 0)
+    assert results[1]["empty_round"] == (("generate", [[4]], [201]), 2, 2)
     assert results[0]["seed"] == results[1]["seed"] == 3  # one engine seed per group
     # each rank gets back its own rows: fake first token 10 + the request's index in the group's batch
     assert results[0]["prompt_ids"] == [[1]] and results[0]["first_tokens"] == [10]
     assert results[1]["prompt_ids"] == [[0, 2, 2], [3, 3, 3]] and results[1]["first_tokens"] == [11, 12]
+
+
+def test_a_rank_without_prompts_gets_empty_samples(fake_vllm):
+    s = _engine().sample([], 4, 3, 1.0, 1.0, 0, 99, 7)
+    assert s.response_ids.shape == (0, 0) and s.prompt_ids.shape == (0, 0) and s.prompt_index.shape == (0,)
+    assert [c for c in _FakeLLM.last.calls if c[0] == "generate"] == []

@@ -193,7 +193,8 @@ def _generate(bch: EvalBench, ref: ModelRef, settings: EvalSettings, plan: _Plan
     if complete == len(plan.chunks):
         log(f"{samples_path} is complete: metrics recomputed from it, nothing generated")
         return gen
-    gen.loaded = load_generator(ref, settings, plan.max_tokens, plan.seed)
+    longest = lambda tokenizer: max(len(p) for p in prompt_ids(bch, tokenizer, settings)[0])  # noqa: E731
+    gen.loaded = load_generator(ref, settings, plan.max_tokens, plan.seed, longest)
     ids, gen.chat_template_applied = prompt_ids(bch, gen.loaded.tokenizer, settings)
     context = gen.loaded.context()
     longest = max(len(p) for p in ids)

@@ -7,6 +7,8 @@ trainer's (``encode_prompts``), so evaluation draws what the trainer's periodic 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -70,8 +72,11 @@ def _require_vllm() -> None:
         raise EvalError(str(e).replace("rollout.backend=", "--backend ")) from None
 
 
-def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed: int) -> Loaded:
-    """Returns the policy, its tokenizer and the sampling function of ``settings.backend``."""
+def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed: int,
+                   prompt_tokens: Callable[[Any], int] | None = None) -> Loaded:
+    """Returns the policy, its tokenizer and the sampling function of ``settings.backend``;
+    ``prompt_tokens(tokenizer)``: the longest prompt in tokens, for vLLM's context (its
+    ``max_model_len``: that plus ``max_tokens``; None: the model's whole context)."""
     import torch
     import transformers
 
@@ -95,7 +100,8 @@ def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed:
     else:
         from vapo_lab.rollout.vllm_backend import VllmEngine
 
-        engine = VllmEngine(ref.path, dtype=dtype, seed=seed, max_model_len=None)
+        context = prompt_tokens(tokenizer) + max_tokens if prompt_tokens is not None else None
+        engine = VllmEngine(ref.path, dtype=dtype, seed=seed, max_model_len=context)
         name, version = "vllm", str(engine.version)
     eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]

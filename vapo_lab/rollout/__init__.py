@@ -35,23 +35,31 @@ def make_generator(backend: str, policy: nn.Module, max_new_tokens: int, eos_ids
     return generate_vllm
 
 
-def make_engine(backend: str, model_path: str | Path, cfg: Any) -> Any:
+def make_engine(backend: str, model_path: str | Path, cfg: Any, prompt_tokens: int) -> Any:
     """Returns this rank's vLLM engine for rollout.backend=vllm (None for builtin); fails early and clearly.
 
     Under torch.distributed (trainer.strategy=fsdp) every rank builds its own engine at this call,
-    colocated with its trainer process (vapo_lab.rollout.vllm_backend, item 1).
+    colocated with its trainer process (vapo_lab.rollout.vllm_backend, item 1). Its
+    ``max_model_len`` is the longest prompt plus ``rollout.max_new_tokens``, for every model:
+    vLLM reserves KV cache for at least one sequence of that length, and a model's whole context
+    (131,072 tokens for Qwen2.5-7B and -32B, vapo_lab.models.shapes) would take much of
+    ``gpu_memory_utilization``'s share from the batch, or not fit at all.
+
+    Args:
+        prompt_tokens: the longest prompt in tokens (the trainer measures it:
+            ``vapo_lab.trainer.setup.longest_prompt``).
     """
     if backend != "vllm":
         return None
     from vapo_lab.rollout.vllm_backend import VllmEngine
 
     v, m = cfg.rollout.vllm, cfg.model
-    max_len = int(m.arch.max_position_embeddings) if m.name == "tiny" else None
     dist = torch.distributed
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    return VllmEngine(model_path, dtype=m.dtype, seed=int(cfg.seed), max_model_len=max_len,
+    return VllmEngine(model_path, dtype=m.dtype, seed=int(cfg.seed),
+                      max_model_len=int(prompt_tokens) + int(cfg.rollout.max_new_tokens),
                       gpu_memory_utilization=float(v.gpu_memory_utilization),
                       tensor_parallel_size=int(v.tensor_parallel_size), enforce_eager=bool(v.enforce_eager),
                       enable_sleep_mode=bool(v.enable_sleep_mode), sleep_level=int(v.sleep_level),
                       weight_bucket_mb=int(v.weight_bucket_mb), rank=rank, world_size=world,
-                      trust_remote_code=bool(m.trust_remote_code))
+                      trust_remote_code=bool(m.trust_remote_code), tokenizer_path=m.tokenizer_path)

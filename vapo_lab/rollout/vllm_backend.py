@@ -1,8 +1,10 @@
 """vLLM rollouts on GPUs (``rollout=vllm``), colocated with the trainer: one engine per trainer rank.
 
 Written against vLLM 0.33.0's public API (the ``gpu`` extra pins it; it brings torch 2.14, so it
-lives in its own environment: docs/distributed.md, "GPU / vLLM"). Not run here (no GPU); the GPU test is
-``pytest -m gpu tests/rollout/test_vllm_gpu.py``. The choices, and why:
+lives in its own environment: docs/distributed.md, "GPU / vLLM"). The GPU test is
+``pytest -m gpu tests/rollout/test_vllm_gpu.py``; the default suite runs the whole loop (build,
+sample, sleep, push, tensor-parallel groups) against a CPU stand-in for vLLM 0.33's API that samples
+with the real model (tests/rollout/fake_vllm.py). The choices, and why:
 
 1. **One in-process engine per trainer process.** Every rank builds ``vllm.LLM`` on its own GPU
    and samples its own share of the prompts. With more than one rank it passes
@@ -54,10 +56,13 @@ lives in its own environment: docs/distributed.md, "GPU / vLLM"). Not run here (
 Contracts for the caller (the trainer): build the engine on every rank at the same point (vLLM
 all-reduces its memory budget over the world), and call ``push_weights`` on every rank (the
 gathers are collectives). With ``tensor_parallel_size`` > 1, every rank of a tensor-parallel
-group must also call ``sample`` equally often (the group samples in lockstep). vLLM re-seeds the
-process's global RNGs when it starts (Python, NumPy, torch), so the trainer draws only from its
-own generators afterwards. Requests are seeded per call. The engine's own seed is ``seed`` plus
-the tensor-parallel group's index, so that the ranks of a group share it.
+group must also call ``sample`` equally often, with or without prompts (the group samples in
+lockstep): work that one rank samples alone, such as an evaluation on rank 0 only, raises
+:class:`EngineGroupError` on that rank after ``lockstep_timeout_s`` instead of hanging. vLLM
+re-seeds the process's global RNGs when it starts (Python, NumPy, torch), so the trainer draws
+only from its own generators afterwards. Every sample is seeded from the call's seed
+(:meth:`VllmEngine.sample`). The engine's own seed is ``seed`` plus the tensor-parallel group's
+index, so that the ranks of a group share it. Samples come back as CPU tensors.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +82,9 @@ from vapo_lab.rollout.sampler import Samples
 
 # The release whose API this module was written against (the `gpu` extra pins it).
 SUPPORTED_VLLM = "0.33.0"
+# How long a rank of a tensor-parallel group waits for the others to call sample: NCCL's default
+# collective timeout, after which vLLM's own tensor-parallel all-reduce would fail anyway.
+LOCKSTEP_TIMEOUT_S = 600.0
 # Wrappers that insert a part into parameter names: torch's activation-checkpoint wrapper and
 # torch.compile. FSDP2's fully_shard and HF gradient checkpointing keep the HF names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
@@ -91,6 +100,10 @@ class WeightPushError(VapoLabError):
     """The engine's weights do not match the policy (a push missed a weight, or none followed a sleep)."""
 
 
+class EngineGroupError(VapoLabError):
+    """A rank of a tensor-parallel engine group sampled while another did not (the group runs in lockstep)."""
+
+
 def require_vllm() -> Any:
     """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is missing."""
     try:
@@ -102,10 +115,17 @@ def require_vllm() -> Any:
         raise BackendUnavailable(
             f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
             f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use rollout.backend=builtin")
-    if not torch.cuda.is_available():
+    if not _cuda_visible():
         raise BackendUnavailable("rollout.backend=vllm needs a CUDA GPU and none is visible: "
                                  "use rollout.backend=builtin")
     return vllm
+
+
+def _cuda_visible() -> bool:
+    """Returns whether torch sees a CUDA GPU: ``require_vllm``'s device check, one name that a test
+    running a CPU stand-in for vLLM replaces (patching ``torch.cuda.is_available`` itself would
+    send transformers and the trainer to a GPU that is not there)."""
+    return torch.cuda.is_available()
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -174,8 +194,15 @@ class VllmEngine:
     def __init__(self, model_path: str | Path, dtype: str, seed: int, max_model_len: int | None,
                  gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, enforce_eager: bool = False,
                  enable_sleep_mode: bool = False, sleep_level: int = 2, weight_bucket_mb: int = 512,
-                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False) -> None:
+                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False,
+                 tokenizer_path: str | Path | None = None, lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S) -> None:
         """Builds the engine on this rank's GPU (every rank at once when ``world_size`` > 1).
+
+        ``max_model_len`` bounds prompt + response tokens: vLLM sizes its KV cache for at least one
+        sequence that long (None: the model's whole context). ``tokenizer_path``: where the
+        tokenizer is when it is not beside the weights (vLLM loads one to find eos and detokenize).
+        ``lockstep_timeout_s``: how long a rank of a tensor-parallel group waits in ``sample``
+        for the rest of its group before it raises EngineGroupError.
 
         Raises:
             ConfigError: bad sleep level, bucket size or tensor-parallel size.
@@ -200,12 +227,13 @@ class VllmEngine:
             os.environ.setdefault("RANK", str(rank))  # external_launcher reads these (torchrun sets them)
             os.environ.setdefault("WORLD_SIZE", str(world_size))
             extra["distributed_executor_backend"] = "external_launcher"
-        self.tp_group, self.tp_rank = _tensor_parallel_group(rank, world_size, tp)
+        self.tp_group, self.tp_rank = _tensor_parallel_group(rank, world_size, tp, lockstep_timeout_s)
         self.tp = tp
         self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
         self.bucket_bytes = int(weight_bucket_mb) * 2**20
         self.llm = vllm.LLM(
-            model=str(model_path), dtype=dtype, seed=int(seed) + rank // tp, max_model_len=max_model_len,
+            model=str(model_path), tokenizer=None if tokenizer_path is None else str(tokenizer_path),
+            dtype=dtype, seed=int(seed) + rank // tp, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tp, enforce_eager=enforce_eager,
             enable_sleep_mode=bool(enable_sleep_mode), trust_remote_code=trust_remote_code,
             worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
@@ -252,10 +280,18 @@ class VllmEngine:
 
     def sample(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int, temperature: float,
                top_p: float, eos_id: int | Sequence[int], pad_id: int, seed: int) -> Samples:
-        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item 5).
+        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item 5),
+        as CPU tensors (vLLM hands back Python lists).
+
+        Prompt i's k-th sample is seeded with ``seed + i * n + k`` (vLLM seeds a request's k-th
+        sample with its seed + k), so no two samples of a call share their random draws. With
+        tensor_parallel_size > 1 every rank of the group must call this equally often, a rank
+        with no prompts too (it gets no rows back).
 
         Raises:
             WeightPushError: after a level-2 sleep, before any push.
+            EngineGroupError: the rest of the tensor-parallel group did not call ``sample``
+                within ``lockstep_timeout_s``.
         """
         from vllm import SamplingParams
 
@@ -263,19 +299,36 @@ class VllmEngine:
             raise WeightPushError("the vLLM engine slept at level 2 and its weights were not pushed since: "
                                   "call push_weights(policy) before sampling")
         self.wake()
-        requests = [(list(p), int(seed)) for p in prompts]
-        mine = slice(0, len(requests))
-        if self.tp_group is not None:  # a tensor-parallel group runs the same requests in lockstep
-            shares: list[Any] = [None] * self.tp
-            torch.distributed.all_gather_object(shares, requests, group=self.tp_group)
-            start = sum(len(share) for share in shares[:self.tp_rank])
-            mine = slice(start, start + len(requests))
-            requests = [r for share in shares for r in share]
+        requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
+        requests, mine = self._group_requests(requests)
+        if not requests:
+            return _to_samples(prompts, [], n, pad_id)
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
         params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
                                  stop_token_ids=eos, logprobs=0, seed=s) for _, s in requests]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
         return _to_samples(prompts, outputs[mine], n, pad_id)
+
+    def _group_requests(self, requests: list[tuple[list[int], int]]) -> tuple[list[tuple[list[int], int]], slice]:
+        """Returns (the requests the engine runs, where this rank's are among them): its own with
+        tensor_parallel_size 1; with more, every rank's of its group in rank order, gathered over
+        the group's control channel (the group runs the same requests in lockstep).
+
+        Raises:
+            EngineGroupError: the rest of the group did not join within the lockstep timeout.
+        """
+        if self.tp_group is None:
+            return requests, slice(0, len(requests))
+        shares: list[Any] = [None] * self.tp
+        try:
+            torch.distributed.all_gather_object(shares, requests, group=self.tp_group)
+        except RuntimeError as e:  # gloo: a timeout, or a peer that left
+            raise EngineGroupError(
+                f"rank {self.tp_rank} of a tensor-parallel vLLM group (rollout.vllm.tensor_parallel_size={self.tp}) "
+                f"sampled and the rest of its group did not: every rank of a group must call sample equally "
+                f"often, a rank without prompts too ({e})") from e
+        start = sum(len(share) for share in shares[:self.tp_rank])
+        return [r for share in shares for r in share], slice(start, start + len(requests))
 
     def _wake(self, tag: str) -> None:
         """Maps one kind of released memory back ("weights" or "kv_cache")."""
@@ -285,29 +338,31 @@ class VllmEngine:
             self._asleep.discard(tag)
 
 
-def _tensor_parallel_group(rank: int, world_size: int, tp: int) -> tuple[Any, int]:
-    """Returns (this rank's tensor-parallel process group, its rank in it); (None, 0) when tp = 1.
+def _tensor_parallel_group(rank: int, world_size: int, tp: int, timeout_s: float) -> tuple[Any, int]:
+    """Returns (this rank's tensor-parallel control group, its rank in it); (None, 0) when tp = 1.
 
     Groups of consecutive ranks, as vLLM's external launcher lays them out; a collective: every
-    rank creates every group.
+    rank creates every group. Gloo, over the CPU: it carries the requests, and its collectives
+    raise a Python error after ``timeout_s`` where an NCCL one would hang or abort the process.
     """
     if tp == 1:
         return None, 0
     group, _ = torch.distributed.new_subgroups_by_enumeration(
-        [list(range(start, start + tp)) for start in range(0, world_size, tp)])
+        [list(range(start, start + tp)) for start in range(0, world_size, tp)],
+        timeout=timedelta(seconds=timeout_s), backend="gloo")
     return group, rank % tp
 
 
 def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: int) -> Samples:
     """Returns vLLM's outputs (one per prompt, n completions each) as Samples (B = prompts x n)."""
     rows = len(prompts) * n
-    width = max(len(p) for p in prompts)
+    width = max((len(p) for p in prompts), default=0)
     responses = [c for out in outputs for c in out.outputs]
     t = max((len(c.token_ids) for c in responses), default=0)
     prompt_ids = torch.full((rows, width), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros(rows, width, dtype=torch.bool)
     ids = torch.full((rows, t), pad_id, dtype=torch.long)
-    logprobs = torch.zeros(rows, t)
+    logprobs = torch.zeros(rows, t, dtype=torch.float32)
     lengths = torch.zeros(rows, dtype=torch.long)
     finished = torch.zeros(rows, dtype=torch.bool)
     for r, c in enumerate(responses):
@@ -317,7 +372,8 @@ def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: 
         k = len(c.token_ids)
         ids[r, :k] = torch.as_tensor(list(c.token_ids))
         if c.logprobs:
-            logprobs[r, :k] = torch.tensor([lp[tok].logprob for lp, tok in zip(c.logprobs, c.token_ids)])
+            logprobs[r, :k] = torch.tensor([lp[tok].logprob for lp, tok in zip(c.logprobs, c.token_ids)],
+                                           dtype=torch.float32)
         lengths[r] = k
         finished[r] = c.finish_reason == "stop"  # "length": cut at max_tokens
     mask = torch.arange(t)[None] < lengths[:, None]

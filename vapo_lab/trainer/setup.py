@@ -79,18 +79,25 @@ def task_for(cfg: DictConfig) -> Any:
     return build_task(c.name, **kw)
 
 
+def longest_prompt(cfg: DictConfig, task: Any, tokenizer: Any) -> tuple[int, Any]:
+    """Returns (the token count of the longest prompt over the train and eval splits, its problem),
+    encoded as the trainer encodes prompts: the prompt budget of a response's context."""
+    problems = list(task.train) + list(task.eval)
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, problems, cfg.model.chat_template)]
+    longest = max(range(len(lengths)), key=lengths.__getitem__)
+    return lengths[longest], problems[longest]
+
+
 def check_context(cfg: DictConfig, task: Any, tokenizer: Any, context: int | None) -> None:
     """Raises ConfigError when the longest prompt plus ``rollout.max_new_tokens`` exceeds the model's
     context of ``context`` tokens (None: unknown, not checked), naming the problem and both fixes."""
     new = int(cfg.rollout.max_new_tokens)  # >= 1: checked at compose time
     if context is None:
         return
-    problems = list(task.train) + list(task.eval)
-    lengths = [len(ids) for ids in encode_prompts(tokenizer, problems, cfg.model.chat_template)]
-    longest = max(range(len(lengths)), key=lengths.__getitem__)
-    if lengths[longest] + new > context:
+    tokens, problem = longest_prompt(cfg, task, tokenizer)
+    if tokens + new > context:
         raise ConfigError(
-            f"the longest prompt ({lengths[longest]} tokens, problem {problems[longest].id}) plus "
+            f"the longest prompt ({tokens} tokens, problem {problem.id}) plus "
             f"rollout.max_new_tokens={new} exceeds the model's context of {context} tokens: lower "
             "rollout.max_new_tokens, drop long problems, or use a model with a longer context"
             + (" (model.arch.max_position_embeddings)" if cfg.model.name == "tiny" else ""))
@@ -135,12 +142,15 @@ def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callab
     return policy, tokenizer, key, path
 
 
-def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Path) -> Sampling:
+def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Path, task: Any) -> Sampling:
     """Returns how the run samples ``policy``: the backend's generate function and its engine (vLLM
-    loads its own copy from ``policy_path``), the prompt encoding and the padding id."""
+    loads its own copy from ``policy_path``, with a context of ``task``'s longest prompt plus
+    ``rollout.max_new_tokens``), the prompt encoding and the padding id."""
     eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
-    engine = make_engine(cfg.rollout.backend, policy_path, cfg)
+    engine = None
+    if cfg.rollout.backend == "vllm":
+        engine = make_engine(cfg.rollout.backend, policy_path, cfg, longest_prompt(cfg, task, tokenizer)[0])
     generate = make_generator(cfg.rollout.backend, policy, int(cfg.rollout.max_new_tokens), eos_ids, pad_id, engine)
     return Sampling(generate, lambda problems: encode_prompts(tokenizer, problems, cfg.model.chat_template),
                     pad_id, engine)

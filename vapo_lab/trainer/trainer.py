@@ -114,7 +114,7 @@ class Trainer:
         with world.main_first():  # rank 0 builds the base model on first use, the others load it
             policy, self.tokenizer, policy_key, policy_path = checked_policy(cfg, self.task, self.device, log,
                                                                              progress)
-        self.sampling = make_sampling(cfg, policy, self.tokenizer, policy_path)
+        self.sampling = make_sampling(cfg, policy, self.tokenizer, policy_path, self.task)
         self.scorer = RewardScorer(self.task, self.tokenizer, float(cfg.reward.correct), float(cfg.reward.wrong),
                                    cfg.reward.overlong)
         self.data = DataStream(self.task.train, int(cfg.seed))
