@@ -1,0 +1,70 @@
+"""scripts/gpu-acceptance.sh: it refuses a machine without CUDA in one line, and its --cpu run (the
+same steps, shortened) reports every step with a result, so the script cannot rot while no GPU runs
+it."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu-acceptance.sh"
+STEPS = ("install", "a", "b", "c", "d")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "ACCEPTANCE_WORK", "VAPO_COMMIT")}
+    return {**env, **extra}
+
+
+def test_without_cuda_and_without_cpu_flag_it_exits_1_with_one_line(tmp_path):
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this holds on a GPU machine too
+    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=_env(CUDA_VISIBLE_DEVICES="", OUT=str(tmp_path / "out")))
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "--cpu" in lines[0], lines
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_bad_argument_is_refused_with_the_usage(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "--gpu"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=_env())
+    assert done.returncode == 2 and done.stderr.startswith("usage: ") and not done.stdout
+
+
+def _rows(markdown: str) -> dict[str, tuple[str, str]]:
+    """{step id: (status, result)} from the report's step table."""
+    rows = {}
+    for line in markdown.splitlines():
+        m = re.match(r"\| (install|[a-d])\. .*? \| (.+?) \| [\d.]+ s \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3))
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(720)
+def test_cpu_run_reports_every_step_with_a_result(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(SCRIPT), "--cpu"], capture_output=True, text=True, timeout=700,
+                          cwd=tmp_path, env=_env(OUT=str(out), ACCEPTANCE_WORK=str(tmp_path / "work")))
+    md = (out / "gpu-acceptance.md").read_text()
+    assert md in done.stdout  # the table is printed as written
+    assert {p.name for p in out.iterdir()} == {"gpu-acceptance.md", "gpu-acceptance.log", "gpu-acceptance.jsonl"}
+    for field in ("device", "software", "date", "commit", "total"):
+        assert re.search(rf"^\| {field} \| \S", md, re.M), field
+    rows = _rows(md)
+    assert sorted(rows) == sorted(STEPS), md
+    for step in STEPS:
+        assert f"### {step}. " in md, step
+        status, result = rows[step]
+        assert status == "ok" and result and result != "no result", f"step {step}: {status}: {result}\n\n{md}"
+    assert done.returncode == 0, md
+    # each step's figures, as the GPU run will report them
+    assert re.search(r"skipped|passed", rows["a"][1])
+    assert re.search(r"→ .* at step 10: [+-]\d+\.\d .*CPU 43\.6 − 23\.5 = \+20\.1.*\d\.\d+ s/step", rows["b"][1])
+    assert re.search(r"peak .*GB.*plan \d+\.\d+ GB.*tokens/s", rows["c"][1])
+    assert re.search(r"aime24 avg@2 \d+\.\d%", rows["d"][1])
