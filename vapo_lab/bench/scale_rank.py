@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             with prof:
                 with record_function(STEP_RECORD) if last else contextlib.nullcontext():
                     t0, c0 = time.perf_counter(), time.process_time()
-                    m = run.train_step()
+                    m = trainer.train_step()
                     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             record = _step_record(wall, float(world.sum(cpu)), m)
             if last:
