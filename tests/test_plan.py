@@ -15,9 +15,9 @@ from vapo_lab.config.preflight import device_memory, fit_problems, plan_run
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "300"}
-# the paper's scale before it was planned: 8 sequences a micro-batch, a 32B vLLM engine on one GPU
+# the paper's scale before it was planned: 8 sequences of 20,992 tokens a micro-batch, a 32B vLLM engine on one GPU
 PAPER_8X16 = ["scale=paper", "trainer.strategy=fsdp", "trainer.nproc_per_node=8", "trainer.nodes=16",
-              "trainer.micro_batch_size=8", "rollout.vllm.tensor_parallel_size=1"]
+              "trainer.max_tokens_per_micro_batch=167936", "rollout.vllm.tensor_parallel_size=1"]
 QWEN25_32B = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40,
               "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
               "max_position_embeddings": 131072, "tie_word_embeddings": False}
@@ -42,7 +42,7 @@ def test_plan_of_the_paper_setup_on_128_gpus():
     assert rows["need a GPU"][0] == "252.11 GB"
     assert "fits 80 GB GPUs at N = 128: no" in result.output
     assert "fewest GPUs that fit: none" in result.output
-    assert ("to fit, fix with one or more of: trainer.micro_batch_size=2 (the update then fits; 8 a rank now); "
+    assert ("to fit, fix with one or more of: trainer.max_tokens_per_micro_batch=41984 (the update then fits; 167936 tokens a pass now); "
             "rollout.vllm.gpu_memory_utilization >= 0.89") in result.output
 
 
@@ -58,7 +58,7 @@ def test_plan_of_the_embedded_default_fits():
 def test_plan_reads_a_local_config_json_and_the_gpu_size(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_32B))
     result = runner.invoke(app, ["plan", "--gpu-memory-gb", "141", "--prompt-tokens", "256", *PAPER_8X16,
-                                 f"model.path={tmp_path}", "trainer.micro_batch_size=1"], env=WIDE)
+                                 f"model.path={tmp_path}", "trainer.max_tokens_per_micro_batch=20992"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert f"Resource plan: {tmp_path}/config.json, fsdp over N = 128 ranks, bfloat16, 141 GB a GPU" in result.output
     assert _rows(result.output)["tokens per sequence s"][0] == "20,736"
@@ -114,12 +114,12 @@ def test_train_refuses_a_model_larger_than_the_host(no_compute, monkeypatch):
 
 
 def test_train_refuses_when_the_host_is_small(no_compute, monkeypatch):
-    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 1e8)  # 0.1 GB
+    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 5e7)  # 0.05 GB
     result = runner.invoke(app, ["train", "tracking=none", "trainer.device=cpu"], env=WIDE)
     line = _one_line(result)
-    # the embedded default needs 0.19 GB (fp32 state 35 MB + activations of 8 x 512 tokens)
-    assert "the run needs 0.2 GB a rank" in line and "each rank has 0.1 GB (this host's RAM)" in line
-    assert "trainer.micro_batch_size=" in line
+    # the embedded default needs 0.1 GB (fp32 state 35 MB + activations of 3 x 512 tokens)
+    assert "the run needs 0.1 GB a rank" in line and "each rank has 0.1 GB (this host's RAM)" in line
+    assert "model.gradient_checkpointing=true" in line
     assert os.listdir(no_compute) == []
 
 
@@ -144,9 +144,9 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
     assert line.startswith("the run needs 252.1 GB a rank (update 252.1 GB: state 8.1 + activations 238.9 for "
                            "8 x 20992 tokens + gathered 5.1; rollout 48.1 GB")
     assert "each rank has 80.0 GB (cuda:0, a GPU)" in line
-    assert "trainer.micro_batch_size=2" in line and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
+    assert "trainer.max_tokens_per_micro_batch=41984" in line and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
     # one sequence a rank and vLLM given what it needs: it fits 128 GPUs
-    fixed = [*base, "trainer.micro_batch_size=1", "rollout.vllm.gpu_memory_utilization=0.89"]
+    fixed = [*base, "trainer.max_tokens_per_micro_batch=20992", "rollout.vllm.gpu_memory_utilization=0.89"]
     assert fit_problems(compose_config(overrides=[f"model.path={tmp_path}", "scale=paper",
                                                   "task.train_path=train.jsonl"]).cfg) == []  # as shipped
     assert fit_problems(compose_config(overrides=fixed).cfg) == []

@@ -114,7 +114,7 @@ def test_summary_spreads_over_rounds_and_ratios_round_by_round():
 
 
 def test_the_variants_own_their_rank_keys():
-    check_overrides(["rollout.responses_per_step=32", "trainer.micro_batch_size=4"])
+    check_overrides(["rollout.responses_per_step=32", "trainer.max_tokens_per_micro_batch=256"])
     for key in OWNED_KEYS:
         with pytest.raises(ConfigError, match="sets .* itself"):
             check_overrides([f"{key}=x"])

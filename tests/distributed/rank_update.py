@@ -19,7 +19,7 @@ from vapo_lab.distributed.world import World, init_world, single
 from vapo_lab.models.value import ValueModel
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, batched_logprobs, batched_values, passes
+from vapo_lab.trainer.forward import Rows, batched_logprobs, batched_values, token_micro_batches
 from vapo_lab.trainer.update import Updater
 
 B, N_SAMPLES, VOCAB = 16, 8, 48
@@ -27,7 +27,7 @@ B, N_SAMPLES, VOCAB = 16, 8, 48
 
 def config(preset: str):
     over = ["tracking=none", f"rollout.responses_per_step={B}", "trainer.mini_batch_size=8",
-            "trainer.micro_batch_size=4", "trainer.grad_clip=1.0e6",
+            "trainer.max_tokens_per_micro_batch=40", "trainer.grad_clip=1.0e6",
             "trainer.ppo_epochs=2", f"rollout.group_size={N_SAMPLES}"]
     if preset == "ppo":
         over.append(f"rollout.n_samples={N_SAMPLES}")
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--single", action="store_true", help="no FSDP: one plain process")
     ap.add_argument("--average", action="store_true", help="leave FSDP's gradient averaging on (a scale bug)")
     a = ap.parse_args()
-    # float64 throughout: the two paths (one process: packed passes; FSDP2: HF's forward) then agree
+    # float64 throughout: the two (packed passes on one process and through FSDP2's hooks) then agree
     # to ~1e-15, where float32 rounding (each rank pads its own rows) gave up to 5e-5 and hid errors
     torch.set_default_dtype(torch.float64)
     cfg = config(a.preset)
@@ -91,9 +91,8 @@ def main() -> None:
     mine = torch.arange(world.rank * share, (world.rank + 1) * share)
     local = rows.take(mine)
     # keep the global width: rows.take trims to the shard's longest, which is fine for the maths
-    micro = int(cfg.trainer.micro_batch_size)
-    n = passes(len(mine), micro)
-    extra = int(world.max(n)) - n if world.size > 1 else 0
+    micro = token_micro_batches(torch.arange(len(mine)), local, int(cfg.trainer.max_tokens_per_micro_batch))
+    extra = int(world.max(len(micro))) - len(micro) if world.size > 1 else 0
     temperature = float(cfg.rollout.temperature)
     batch = Batch(rows=local, problems=[None] * len(mine), scores=scores[mine], correct=scores[mine] > 0,
                   lengths=local.response_mask.sum(-1), truncated=torch.zeros(len(mine), dtype=torch.bool),

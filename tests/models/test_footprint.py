@@ -160,7 +160,7 @@ def test_logits_and_kv_cache_by_hand():
 
 
 # -- a run ---------------------------------------------------------------------------------------
-PAPER = Setup(world=128, strategy="fsdp", dtype="bfloat16", micro_batch_size=8, responses_per_step=8192,
+PAPER = Setup(world=128, strategy="fsdp", dtype="bfloat16", micro_tokens=8 * 20992, responses_per_step=8192,
               prompt_tokens=512, max_new_tokens=20480, gradient_checkpointing=True, mini_batch_size=512,
               engine="vllm", tensor_parallel_size=1, engine_memory=0.5 * 80e9)
 
@@ -172,7 +172,7 @@ def test_paper_setup_adds_up():
     assert fp.critic_params == 31_985_313_793
     assert fp.sequence == 20992 and fp.responses_per_rank == 64
     # a mini-batch is a random draw of 512 of the 8192 responses: a rank's share averages 4 but can
-    # reach all its 64, so a micro-batch can be the full micro_batch_size 8
+    # reach all its 64, so a micro-batch can be the full 8 sequences of its token budget
     assert fp.micro_batch == 8
     assert (fp.weights, fp.gradients, fp.optimizer) == (4 * trained / 128, 4 * trained / 128, 8 * trained / 128)
     assert fp.state == 16 * trained / 128
@@ -195,7 +195,7 @@ def tokens_per_step(fp):
 
 def test_smallest_world_is_the_first_divisor_that_fits():
     q32 = KNOWN_ARCHS["Qwen2.5-32B"]
-    one = replace(PAPER, micro_batch_size=1, engine_memory=0.9 * 80e9)
+    one = replace(PAPER, micro_tokens=20992, engine_memory=0.9 * 80e9)
     fp = estimate(q32, one)
     # rollout: 16 B x 64.75B params / N + vLLM's 72 GB <= 80 GB  =>  N >= 129.5; the first divisor of
     # the 512 prompts at or above it: 256
@@ -213,7 +213,7 @@ def test_smallest_world_is_the_first_divisor_that_fits():
 
 def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     tiny = replace(SMALL, max_position_embeddings=4096)
-    setup = Setup(world=2, strategy="fsdp", dtype="float32", micro_batch_size=4, responses_per_step=600,
+    setup = Setup(world=2, strategy="fsdp", dtype="float32", micro_tokens=4 * 500, responses_per_step=600,
                   prompt_tokens=100, max_new_tokens=400, gradient_checkpointing=False)
     fp = estimate(tiny, setup)
     assert fp.replica == 4 * actor_params(tiny)

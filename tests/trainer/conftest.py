@@ -15,7 +15,7 @@ SMALL = [
     "model.arch.hidden_size=64", "model.arch.num_layers=2", "model.arch.intermediate_size=128",
     "+model.base.steps=200", "+model.base.eval_samples=1",
     "rollout.responses_per_step=16", "rollout.group_size=4", "rollout.max_new_tokens=16",
-    "rollout.eval_samples=2", "trainer.mini_batch_size=8", "trainer.micro_batch_size=8",
+    "rollout.eval_samples=2", "trainer.mini_batch_size=8", "trainer.max_tokens_per_micro_batch=4096",
     "trainer.total_steps=4", "trainer.eval_every=2", "trainer.save_every=1", "trainer.threads=2",
     "critic.pretrain.steps=2", "critic.rm_steps=2", "critic.rm_batch=16", "tracking=none",
     "reward.overlong.l_cache=4",

@@ -54,7 +54,7 @@ def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any
     from vapo_lab.config.compose import compose_config
     from vapo_lab.models.load import load_model_and_tokenizer
     from vapo_lab.rollout.sampler import sample
-    from vapo_lab.trainer.forward import Rows
+    from vapo_lab.trainer.forward import Rows, token_micro_batches
     from vapo_lab.trainer.setup import task_for
     from vapo_lab.trainer.update import minibatches
 
@@ -70,11 +70,9 @@ def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any
                    temperature=float(cfg.rollout.temperature), top_p=1.0, eos_id=tokenizer.eos_token_id,
                    pad_id=tokenizer.pad_token_id, generator=generator)
     rows = Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask)
-    micro = int(cfg.trainer.micro_batch_size)
-    split = []
-    for mb in minibatches(len(s.lengths), int(cfg.trainer.mini_batch_size), generator):
-        mb = mb[torch.sort(s.lengths[mb], stable=True).indices]
-        split.append(list(mb.split(micro)))
+    budget = int(cfg.trainer.max_tokens_per_micro_batch)
+    split = [token_micro_batches(mb, rows, budget)
+             for mb in minibatches(len(s.lengths), int(cfg.trainer.mini_batch_size), generator)]
     return policy, rows, split
 
 

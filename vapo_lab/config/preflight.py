@@ -261,7 +261,7 @@ def plan_run(cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device
     strategy = str(t.get("strategy", "single"))
     dtype = "float32" if strategy == "fsdp" and device == "cpu" else str(cfg.model.dtype)
     setup = Setup(world=int(t.get("nodes", 1)) * int(t.get("nproc_per_node", 1)), strategy=strategy, dtype=dtype,
-                  micro_batch_size=int(t.micro_batch_size), responses_per_step=int(r.responses_per_step),
+                  micro_tokens=int(t.max_tokens_per_micro_batch), responses_per_step=int(r.responses_per_step),
                   prompt_tokens=int(prompt_tokens), max_new_tokens=int(r.max_new_tokens),
                   gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
                   mini_batch_size=int(t.mini_batch_size), critic=cfg.algo.advantage == "gae",
@@ -370,9 +370,10 @@ def fixes(plan: RunPlan) -> str:
         fixes.append(f"model.gradient_checkpointing=true (actor activations {fp.actor_activations_full / GB:.1f} -> "
                      f"{fp.actor_activations_ckpt / GB:.1f} GB)")
     smaller = [b for b in range(fp.micro_batch - 1, 0, -1)
-               if estimate(plan.shape, replace(s, micro_batch_size=b)).train_peak <= plan.memory]
+               if estimate(plan.shape, replace(s, micro_tokens=b * fp.sequence)).train_peak <= plan.memory]
     if smaller:
-        fixes.append(f"trainer.micro_batch_size={smaller[0]} (the update then fits; {fp.micro_batch} a rank now)")
+        fixes.append(f"trainer.max_tokens_per_micro_batch={smaller[0] * fp.sequence} (the update then fits; "
+                     f"{fp.micro_batch * fp.sequence} tokens a pass now)")
     if fp.vllm and fp.engine_memory < fp.engine_minimum:
         fixes.append(f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger rollout.vllm.tensor_parallel_size")
     elif not fp.vllm and fp.rollout_peak > plan.memory:

@@ -201,7 +201,7 @@ class TrainerConfig:
     total_steps: int = 100
     ppo_epochs: int = 1
     mini_batch_size: int = 64  # responses per optimiser step
-    micro_batch_size: int = 64  # responses per forward/backward (gradient accumulation)
+    max_tokens_per_micro_batch: int = 16384  # a forward/backward pass's rows x (prompt + response) tokens, at most
     actor_lr: float = 1e-4
     critic_lr: float = 2e-4
     warmup_steps: int = 0  # warmup-constant schedule

@@ -66,7 +66,7 @@ RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("trainer.total_steps", 1, None, True, False),
     ("trainer.ppo_epochs", 1, None, True, False),
     ("trainer.mini_batch_size", 1, None, True, False),
-    ("trainer.micro_batch_size", 1, None, True, False),
+    ("trainer.max_tokens_per_micro_batch", 1, None, True, False),
     ("trainer.actor_lr", 0.0, None, False, False),
     ("trainer.critic_lr", 0.0, None, False, False),
     ("trainer.warmup_steps", 0, None, True, False),
@@ -131,15 +131,11 @@ def _relations(get: Any) -> list[str]:
         problems.append(
             f"rollout.responses_per_step={batch} is not divisible by rollout.n_samples={n} "
             f"(samples per prompt): choose a multiple of {n}, or another rollout.group_size")
-    mini, micro = get("trainer.mini_batch_size"), get("trainer.micro_batch_size")
+    mini = get("trainer.mini_batch_size")
     if batch % mini:
         problems.append(
             f"trainer.mini_batch_size={mini} does not divide rollout.responses_per_step={batch}: "
             "choose a divisor so every optimiser step sees a full mini-batch")
-    if mini % micro:
-        problems.append(
-            f"trainer.micro_batch_size={micro} does not divide trainer.mini_batch_size={mini}: "
-            "choose a divisor for exact gradient accumulation")
     if get("algo.advantage") == "group":
         if n < 2:
             problems.append(

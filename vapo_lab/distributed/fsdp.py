@@ -15,6 +15,8 @@ would use, hence the forced plain sum (NOTES-scale.md).
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,7 +54,28 @@ def shard(model: nn.Module, world: World, device: torch.device, mp: Any = None) 
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
+            _allow_calls(m)
     return model
+
+
+_CALL = "_vapo_forward_call"
+
+
+def _allow_calls(module: nn.Module) -> None:
+    """Gives a sharded ``module`` a method that runs any function as its forward pass (``as_forward``)."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    setattr(module, _CALL, types.MethodType(lambda self, fn, *args: fn(*args), module))
+    register_fsdp_forward_method(module, _CALL)
+
+
+def as_forward(module: nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
+    """Returns ``fn(*args)`` run as ``module``'s forward pass: for a module ``shard`` wrapped, inside
+    its FSDP2 hooks (parameters gathered before, gradients reduce-scattered in the backward pass), so
+    that code calling the module's submodules directly (the packed forward) trains it as its own
+    ``forward`` would; for any other module, ``fn(*args)`` itself."""
+    call = getattr(module, _CALL, None)
+    return call(fn, *args) if call is not None else fn(*args)
 
 
 def is_sharded(model: nn.Module | None) -> bool:

@@ -154,7 +154,7 @@ class Setup:
     world: int  # N = trainer.nodes x trainer.nproc_per_node
     strategy: str  # single | fsdp
     dtype: str  # the compute dtype of activations, the KV cache and sampling weights (model.dtype)
-    micro_batch_size: int  # sequences per forward/backward on a rank
+    micro_tokens: int  # tokens per forward/backward on a rank (trainer.max_tokens_per_micro_batch)
     responses_per_step: int  # B
     prompt_tokens: int  # an estimate of the longest prompt
     max_new_tokens: int
@@ -252,7 +252,7 @@ def estimate(shape: Shape, setup: Setup) -> Footprint:
     * fsdp gathers each FSDP unit (a decoder layer; the root: embeddings, final norm and heads)
       in the compute dtype while it computes; the root stays gathered through forward and backward
       (FSDP2 does not reshard the root after forward) and one layer is prefetched: root + 2 layers.
-    * Activations: ``activation_bytes`` at b = min(micro_batch_size, mini_batch_size, ceil(B / N)):
+    * Activations: ``activation_bytes`` at b = min(micro_tokens // s, mini_batch_size, ceil(B / N)), at least 1:
       a mini-batch is a random draw from the whole batch, so a rank's share of one is on average
       mini_batch_size / N but can reach all its responses. SDPA/flash attention (no stored
       scores), plus the actor's fp32 logits over the response tokens (the critic's scalar values
@@ -277,7 +277,8 @@ def estimate(shape: Shape, setup: Setup) -> Footprint:
     trained = actor + critic
     responses = math.ceil(setup.responses_per_step / world)
     # a rank's rows of a mini-batch are a random draw from its responses: up to all of them
-    b = max(1, min(setup.micro_batch_size, responses, setup.mini_batch_size or responses))
+    # a pass of micro_tokens holds that many tokens' worth of the longest sequences (at least one)
+    b = max(1, min(setup.micro_tokens // s, responses, setup.mini_batch_size or responses))
 
     def acts(ckpt: bool) -> float:
         return activation_bytes(shape, s, b, ckpt, scores_stored=False, bytes_per_value=p)

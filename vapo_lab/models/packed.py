@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vapo_lab.distributed.fsdp import as_forward
 from vapo_lab.models.rope import rope_theta, rotate_half
 
 
@@ -164,7 +165,9 @@ def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tenso
     h = decoder.embed_tokens(p_ids.reshape(-1)[p_sel])  # (Np, H)
     g = decoder.embed_tokens(response_ids.reshape(-1)[r_sel])  # (Nr, H)
     for layer in decoder.layers:
-        h, g = checkpoint(block, layer, h, g, use_reentrant=False) if recompute else block(layer, h, g)
+        # as_forward: a sharded layer's parameters are gathered (and its gradients reduced) around it
+        h, g = (checkpoint(as_forward, layer, block, layer, h, g, use_reentrant=False) if recompute
+                else as_forward(layer, block, layer, h, g))
     # the state before response token (b, 0) is its prompt's last token's; before (b, t > 0), the
     # response's token t − 1, the previous packed row (row-major order, valid tokens are a prefix)
     last_prompt = (p_flat.long().cumsum(0) - 1).view(u, p)[:, -1]  # packed index of each prompt's last token

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
+from torch import Tensor, nn
 
 from vapo_lab.algo import gae
 from vapo_lab.distributed.fsdp import is_sharded
@@ -31,13 +31,14 @@ from vapo_lab.rollout import Generate
 from vapo_lab.seeds import rollout_seed
 from vapo_lab.trainer.advantages import token_rewards
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, batched_values, passes, value_forward
+from vapo_lab.trainer.forward import Rows, batched_values, token_micro_batches, value_forward
 from vapo_lab.trainer.metrics import critic_metrics
 
 # part of every cache key: bumped whenever the code would build a different reward model or critic
 # from the same settings (the sampler's draws, the optimiser's kernel), so old entries are not reused
 # 5: packed training passes (models.packed.packed_states) round differently
-CACHE_VERSION = 6  # 6: GAE's compiled CPU scan (algo.gae_cpu) rounds the critic's targets differently
+# 6: GAE's compiled CPU scan (algo.gae_cpu) rounds the critic's targets differently
+CACHE_VERSION = 7  # 7: micro-batches of trainer.max_tokens_per_micro_batch tokens (were rows)
 
 
 def cache_key(*parts: Any) -> str:
@@ -63,7 +64,8 @@ def _ranks(cfg: DictConfig) -> list[Any]:
 def reward_model_key(policy_key: str, cfg: DictConfig) -> str:
     """Returns the reward model's cache key: the base policy and every setting that shapes it."""
     return cache_key("rm", policy_key, _resolved(cfg.task), _resolved(cfg.reward), float(cfg.rollout.temperature),
-                     int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch, *_ranks(cfg))
+                     int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch,
+                     int(cfg.trainer.max_tokens_per_micro_batch), *_ranks(cfg))
 
 
 def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
@@ -72,7 +74,7 @@ def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
                      _resolved(cfg.critic), float(cfg.rollout.temperature), float(cfg.rollout.top_p),
                      int(cfg.rollout.max_new_tokens), int(cfg.rollout.responses_per_step),
                      int(cfg.rollout.n_samples), float(cfg.trainer.critic_lr), int(cfg.trainer.mini_batch_size),
-                     int(cfg.trainer.micro_batch_size), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma),
+                     int(cfg.trainer.max_tokens_per_micro_batch), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma),
                      *_ranks(cfg))
 
 
@@ -187,7 +189,7 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
     if world.initialized and shard is not None:
         rm = shard(rm)
     opt = torch.optim.AdamW(rm.parameters(), lr=float(cfg.trainer.critic_lr) * 5)
-    micro = max(1, int(cfg.trainer.micro_batch_size) // world.size)  # a micro-batch's rows over the ranks
+    budget = max(1, int(cfg.trainer.max_tokens_per_micro_batch) // world.size)  # a step's tokens over the ranks
     history = []
     for step in range(int(opts.rm_steps)):
         problems = _share(draw(int(opts.rm_batch)), world)
@@ -195,7 +197,9 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
         scores, _, _ = score(samples, problems)
         last = samples.lengths - 1
         rm.train()
-        parts = list(torch.randperm(len(problems), generator=gen).split(micro))
+        # each micro-batch one optimiser step, in a random order (not sorted by length, as an update's)
+        parts: list[Tensor | None] = token_micro_batches(torch.randperm(len(problems), generator=gen), rows,
+                                                         budget, by_length=False)
         parts += [None] * (int(world.max(len(parts))) - len(parts))  # zero-loss passes keep FSDP in step
         for mb in parts:
             if mb is None:
@@ -254,15 +258,16 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
     path = cache_dir / "pretrained_critic" / pretrained_critic_key(critic_key, cfg)
     gen = torch.Generator().manual_seed(rollout_seed(int(cfg.task.seed) + 1, world.rank))
     updater = updater_factory(critic)
-    n, micro = int(cfg.rollout.n_samples), int(cfg.trainer.micro_batch_size)
+    n, budget = int(cfg.rollout.n_samples), int(cfg.trainer.max_tokens_per_micro_batch)
     history: list[dict[str, float]] = []
     for step in range(int(pre.steps)):
         problems = _share(draw(int(cfg.rollout.responses_per_step) // n), world)
         rows, samples = rollout_rows(generate, encode(problems), n, cfg, gen)
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(samples, rep)
-        extra = int(world.max(passes(len(rep), micro))) - passes(len(rep), micro)  # equal passes on every rank
-        values = batched_values(critic, rows, micro, extra)
+        micros = token_micro_batches(torch.arange(len(rep)), rows, budget)
+        extra = int(world.max(len(micros))) - len(micros)  # equal passes on every rank
+        values = batched_values(critic, rows, micros, extra)
         rewards = token_rewards(scores, rows.response_mask)
         _, returns = gae(rewards, values, rows.response_mask, float(pre.lam), gamma=float(cfg.gae.gamma))
         batch = Batch(rows=rows, problems=rep, scores=scores, correct=correct, lengths=samples.lengths,

@@ -6,7 +6,9 @@ rows do not pay for the batch's longest. The logits at position P−1+t predict 
 the critic's value there is V(s_t), the value of the state before token t.
 
 Qwen2/Llama models run the packed forward of :mod:`vapo_lab.models.packed` (only the valid
-tokens, each distinct prompt once); other models, and sharded ones, run Hugging Face's padded one.
+tokens, each distinct prompt once), sharded or not; other models run Hugging Face's padded one.
+Rows go through a pass in micro-batches of at most ``trainer.max_tokens_per_micro_batch`` tokens
+(``token_micro_batches``), counted in the padded layout a micro-batch is trimmed to.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
-from vapo_lab.distributed.fsdp import is_sharded
+from vapo_lab.distributed.fsdp import as_forward, is_sharded
 from vapo_lab.models.packed import packed_states, prompt_groups
 from vapo_lab.models.precision import autocast
 from vapo_lab.models.value import wide
@@ -84,67 +86,65 @@ def policy_forward(model: nn.Module, rows: Rows, temperature: float = 1.0,
 
     Logits are divided by ``temperature`` so that the ratio to the sampler's log-probs is exact.
     Only the response positions go through the LM head (a P-fold saving for long prompts), and on
-    the packed path (:func:`packed_states`: Qwen2/Llama, not sharded) only their valid tokens. The
+    the packed path (:func:`packed_states`: Qwen2/Llama, sharded or not) only their valid tokens. The
     entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
-    computed from detached logits, so the backward pass does not go through it.
+    computed from detached logits, so the backward pass does not go through it. A sharded model's
+    pass runs inside its FSDP2 hooks (``as_forward``), its own forward or not.
     """
     rows = rows.to(model_device(model))
+    groups = _groups(model.model, rows)
     with autocast(model):
-        return _policy_forward(model, rows, temperature, with_entropy, entropy_grad)
+        return as_forward(model, _policy_pass, model, rows, groups, temperature, with_entropy, entropy_grad)
 
 
-def _policy_forward(model: nn.Module, rows: Rows, temperature: float, with_entropy: bool, entropy_grad: bool
-                    ) -> tuple[Tensor, Tensor | None]:
-    groups = None if is_sharded(model) else _groups(model.model, rows)
+def _policy_pass(model: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor] | None, temperature: float,
+                 with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    mask = rows.response_mask
     if groups is not None:
-        mask = rows.response_mask
-        logits = wide(model.lm_head(packed_states(model.model, rows.response_ids, rows.response_mask, groups)))
-        if temperature != 1.0:
-            logits = logits / temperature
+        hidden = packed_states(model.model, rows.response_ids, mask, groups)  # (N, H): valid tokens only
         tokens = rows.response_ids[mask]
-        if with_entropy:
-            logprobs, entropy = token_logprobs_and_entropy(logits, tokens, entropy_grad)
-            return _unpack(logprobs, mask), _unpack(entropy, mask)
-        return _unpack(token_logprobs(logits, tokens), mask), None
-    if is_sharded(model):
-        # FSDP2 gathers the root's parameters (embeddings, tied LM head) in the root's forward:
-        # call it, keeping logits only for the positions before each response token
-        ids, mask = rows.sequence()
-        t = rows.response_ids.shape[1]
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions,
-                       logits_to_keep=t + 1).logits[:, :-1]
     else:
-        ids, mask = rows.sequence()
+        ids, seq_mask = rows.sequence()
         p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = model.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions).last_hidden_state
-        logits = model.lm_head(hidden[:, p - 1:p - 1 + t])
-    logits = wide(logits)
+        positions = (seq_mask.long().cumsum(-1) - 1).clamp(min=0)
+        states = model.model(input_ids=ids, attention_mask=seq_mask.long(), position_ids=positions).last_hidden_state
+        hidden = states[:, p - 1:p - 1 + t].reshape(-1, states.shape[-1])  # (B·T, H): every position
+        tokens = rows.response_ids.reshape(-1)
+    logprobs, entropy = _head_logprobs(model, hidden, tokens, temperature, with_entropy, entropy_grad)
+    if groups is not None:
+        return _unpack(logprobs, mask), (_unpack(entropy, mask) if entropy is not None else None)
+    # new tensors, not views: FSDP2 hooks the backward pass on a sharded model's outputs
+    shape = rows.response_ids.shape
+    return logprobs.view(shape).clone(), (entropy.view(shape).clone() if entropy is not None else None)
+
+
+def _head_logprobs(model: nn.Module, hidden: Tensor, tokens: Tensor, temperature: float, with_entropy: bool,
+                   entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """Returns (log π(y) (N,), entropy (N,) or None) of the LM head over the states ``hidden`` (N, H)."""
+    logits = wide(model.lm_head(hidden))
     if temperature != 1.0:
         logits = logits / temperature
     if with_entropy:
-        return token_logprobs_and_entropy(logits, rows.response_ids, entropy_grad)
-    return token_logprobs(logits, rows.response_ids), None
+        return token_logprobs_and_entropy(logits, tokens, entropy_grad)
+    return token_logprobs(logits, tokens), None
 
 
 def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     """Returns V(s_t) for each response token, (B, T); 0 at padding on the packed path."""
     rows = rows.to(model_device(critic))
-    with autocast(critic):
-        return _value_forward(critic, rows)
-
-
-def _value_forward(critic: nn.Module, rows: Rows) -> Tensor:
     backbone = getattr(critic, "backbone", None)
-    groups = (_groups(backbone, rows) if backbone is not None and hasattr(critic, "head") and not is_sharded(critic)
-              else None)
-    if groups is not None:
-        values = wide(critic.head(packed_states(backbone, rows.response_ids, rows.response_mask, groups)).squeeze(-1))
-        return _unpack(values, rows.response_mask)
-    ids, mask = rows.sequence()
-    p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
-    return critic(ids, mask.long())[:, p - 1:p - 1 + t]
+    groups = _groups(backbone, rows) if backbone is not None and hasattr(critic, "head") else None
+    with autocast(critic):
+        if groups is None:
+            ids, mask = rows.sequence()
+            p, t = rows.prompt_ids.shape[1], rows.response_ids.shape[1]
+            return critic(ids, mask.long())[:, p - 1:p - 1 + t]
+        return as_forward(critic, _packed_values, critic, rows, groups)
+
+
+def _packed_values(critic: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor]) -> Tensor:
+    states = packed_states(critic.backbone, rows.response_ids, rows.response_mask, groups)
+    return _unpack(wide(critic.head(states).squeeze(-1)), rows.response_mask)
 
 
 def _reshard(model: nn.Module) -> None:
@@ -155,37 +155,70 @@ def _reshard(model: nn.Module) -> None:
         model.reshard()
 
 
-def passes(n_rows: int, micro: int) -> int:
-    """Returns how many forward passes ``batched_*`` makes over ``n_rows`` rows, ``micro`` at a time."""
-    return -(-n_rows // micro)
+def row_tokens(rows: Rows) -> Tensor:
+    """Returns each row's valid prompt and response tokens, (B,) long."""
+    return rows.prompt_mask.sum(-1) + rows.response_mask.sum(-1)
+
+
+def token_micro_batches(index: Tensor, rows: Rows, budget: int, by_length: bool = True) -> list[Tensor]:
+    """Returns the rows ``index`` of ``rows`` in micro-batches of at most ``budget`` tokens each, counted
+    in the layout a pass runs a micro-batch in (``Rows.take``): rows x (longest prompt + longest
+    response). One micro-batch where all fit; else the rows sorted by their own tokens (stable) and
+    filled greedily in that order, so like lengths share a micro-batch and little is padding. A row
+    longer than ``budget`` is a micro-batch alone. As verl's dynamic batch size
+    (``ppo_max_token_len_per_gpu``): a micro-batch holds many short responses or one long one.
+    ``by_length=False`` fills them in ``index``'s order (micro-batches that are optimiser steps)."""
+    if len(index) == 0:
+        return []
+    p_len, r_len = rows.prompt_mask[index].sum(-1), rows.response_mask[index].sum(-1)
+    if len(index) * int(p_len.max() + r_len.max()) <= budget:
+        return [index]
+    order = torch.sort(p_len + r_len, stable=True).indices if by_length else torch.arange(len(index))
+    parts, start, longest_p, longest_r = [], 0, 0, 0
+    for i, (p, r) in enumerate(zip(p_len[order].tolist(), r_len[order].tolist())):
+        wide_p, wide_r = max(longest_p, p), max(longest_r, r)
+        if i > start and (i - start + 1) * (wide_p + wide_r) > budget:
+            parts.append(index[order[start:i]])
+            start, wide_p, wide_r = i, p, r
+        longest_p, longest_r = wide_p, wide_r
+    parts.append(index[order[start:]])
+    return parts
 
 
 @torch.no_grad()
-def batched_logprobs(model: nn.Module, rows: Rows, micro: int, temperature: float, extra: int = 0) -> Tensor:
-    """Returns the response log-probs of ``model`` for all rows, (B, T), on the rows' device, ``micro``
-    rows at a time, after ``extra`` discarded passes on a dummy row (a sharded model's ranks make
-    equal passes)."""
-    t, device = rows.response_ids.shape[1], rows.prompt_ids.device
+def batched_logprobs(model: nn.Module, rows: Rows, micros: list[Tensor], temperature: float,
+                     extra: int = 0) -> Tensor:
+    """Returns the response log-probs of ``model`` for all rows, (B, T), on the rows' device, one pass
+    per micro-batch of ``micros`` (``token_micro_batches``), after ``extra`` discarded passes on a
+    dummy row (a sharded model's ranks make equal passes)."""
+    device = rows.prompt_ids.device
+    parts = []
     for _ in range(extra):
         policy_forward(model, Rows.dummy(device), temperature)
-    parts = [policy_forward(model, rows.take(i), temperature)[0].to(device)
-             for i in torch.arange(len(rows.response_ids)).split(micro)]
+    for idx in micros:
+        parts.append(policy_forward(model, rows.take(idx), temperature)[0].to(device))
     _reshard(model)
-    if not parts:
-        return torch.zeros(0, t, device=device)
-    return torch.cat([torch.nn.functional.pad(p, (0, t - p.shape[1])) for p in parts])
+    return _scatter(parts, micros, rows)
 
 
 @torch.no_grad()
-def batched_values(critic: nn.Module, rows: Rows, micro: int, extra: int = 0) -> Tensor:
-    """Returns V(s_t) for all rows, (B, T), on the rows' device, computed ``micro`` rows at a time
-    (``extra``: as ``batched_logprobs``)."""
-    width, device = rows.response_ids.shape[1], rows.prompt_ids.device
+def batched_values(critic: nn.Module, rows: Rows, micros: list[Tensor], extra: int = 0) -> Tensor:
+    """Returns V(s_t) for all rows, (B, T), on the rows' device, one pass per micro-batch of
+    ``micros`` (``extra``: as ``batched_logprobs``)."""
+    device = rows.prompt_ids.device
+    parts = []
     for _ in range(extra):
         value_forward(critic, Rows.dummy(device))
-    parts = [value_forward(critic, rows.take(idx)).to(device)
-             for idx in torch.arange(len(rows.response_ids)).split(micro)]
+    for idx in micros:
+        parts.append(value_forward(critic, rows.take(idx)).to(device))
     _reshard(critic)
-    if not parts:
-        return torch.zeros(0, width, device=device)
-    return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in parts])
+    return _scatter(parts, micros, rows)
+
+
+def _scatter(parts: list[Tensor], micros: list[Tensor], rows: Rows) -> Tensor:
+    """Returns the (B, T) tensor holding each micro-batch's (rows, its own T) ``parts`` at its rows, 0 beyond."""
+    dtype = parts[0].dtype if parts else torch.float32
+    out = torch.zeros(rows.response_ids.shape, dtype=dtype, device=rows.prompt_ids.device)
+    for idx, part in zip(micros, parts):
+        out[idx, :part.shape[1]] = part
+    return out

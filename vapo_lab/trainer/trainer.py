@@ -62,7 +62,7 @@ from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.checkpointer import CheckpointManager
 from vapo_lab.trainer.collect import Batch, DataStream, collect
 from vapo_lab.trainer.evaluation import evaluate
-from vapo_lab.trainer.forward import batched_logprobs, batched_values, passes
+from vapo_lab.trainer.forward import batched_logprobs, batched_values, token_micro_batches
 from vapo_lab.trainer.metrics import StepTimes, critic_metrics, step_metrics
 from vapo_lab.trainer.record import RankRecord, RunRecord, folder_to_resume
 from vapo_lab.trainer.scoring import RewardScorer
@@ -295,9 +295,10 @@ class Trainer:
         """Fills in the batch what the models say of its rows before any update: the policy's
         log-probs (recomputed where the sampler's engine computes them differently: vLLM), the
         critic's values, the reference policy's log-probs."""
-        micro, temperature = int(self.cfg.trainer.micro_batch_size), float(self.cfg.rollout.temperature)
-        n = passes(len(batch.problems), micro)
-        extra = int(self.world.max(n)) - n  # a sharded model's ranks make equal passes
+        temperature = float(self.cfg.rollout.temperature)
+        micro = token_micro_batches(torch.arange(len(batch.problems)), batch.rows,
+                                    int(self.cfg.trainer.max_tokens_per_micro_batch))
+        extra = int(self.world.max(len(micro))) - len(micro)  # a sharded model's ranks make equal passes
         engine = self.sampling.engine
         if engine is not None and getattr(engine, "recompute_logprobs", True):
             batch.old_logprobs = batched_logprobs(self.policy, batch.rows, micro, temperature, extra)

@@ -1,8 +1,9 @@
 """The updates of a step: mini-batch / micro-batch gradient steps of the critic and the actor.
 
 Each mini-batch is one optimiser step; it is split into micro-batches of at most
-``trainer.micro_batch_size`` rows whose gradients add up to the mini-batch's, because every
-micro-batch's loss is divided by the *mini-batch's* denominator (``algo.policy.loss_denominator``).
+``trainer.max_tokens_per_micro_batch`` tokens (``forward.token_micro_batches``) whose gradients add
+up to the mini-batch's, because every micro-batch's loss is divided by the *mini-batch's*
+denominator (``algo.policy.loss_denominator``), whatever the split.
 
 On many ranks the mini-batches are drawn from the step's global batch, one permutation shared by
 every rank, and each rank computes the gradient of its rows of each mini-batch; denominators (tokens,
@@ -33,7 +34,7 @@ from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import VapoLabError
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, model_device, policy_forward, value_forward
+from vapo_lab.trainer.forward import Rows, model_device, policy_forward, token_micro_batches, value_forward
 
 
 class TrainingDiverged(VapoLabError):
@@ -104,15 +105,11 @@ class Updater:
         runs the same number."""
         return int(self.world.max(passes)) - passes if self.world.size > 1 else 0
 
-    def micro(self, index: Tensor, lengths: Tensor) -> list[Tensor]:
-        """Returns the micro-batches of mini-batch ``index``: its rows sorted by response length,
-        in chunks of ``trainer.micro_batch_size``, so that short responses are not padded to the
-        longest of the mini-batch (each micro-batch is trimmed to its own longest row). The
-        gradient is the mini-batch's whatever the split: every loss uses the mini-batch's normaliser."""
-        size = int(self.cfg.trainer.micro_batch_size)
-        if size < len(index):
-            index = index[torch.sort(lengths[index], stable=True).indices]
-        return [index[i:i + size] for i in range(0, len(index), size)]
+    def micro(self, index: Tensor, rows: Rows) -> list[Tensor]:
+        """Returns the micro-batches of mini-batch ``index``: at most ``trainer.max_tokens_per_micro_batch``
+        tokens each (``token_micro_batches``). The gradient is the mini-batch's whatever the split:
+        every loss uses the mini-batch's normaliser."""
+        return token_micro_batches(index, rows, int(self.cfg.trainer.max_tokens_per_micro_batch))
 
     def critic_update(self, batch: Batch, step: int) -> dict[str, float]:
         """Returns critic metrics after ppo_epochs passes of clipped value-loss descent."""
@@ -129,7 +126,7 @@ class Updater:
                 n_tok = float(w.sum(batch.rows.response_mask[mb].sum()))
                 self.critic_opt.zero_grad(set_to_none=True)
                 loss_sum, clip_sum = 0.0, 0.0
-                micros = self.micro(mb, batch.lengths)
+                micros = self.micro(mb, batch.rows)
                 extra = self.padding(len(micros))  # agreed before any pass: it is a collective too
                 for idx in micros:
                     rows = batch.rows.take(idx).to(dev)
@@ -173,7 +170,7 @@ class Updater:
                 self.actor_opt.zero_grad(set_to_none=True)
                 acc = {k: 0.0 for k in keys}
                 n_tok = float(w.sum(mask_mb.sum()))
-                micros = self.micro(mb, batch.lengths)
+                micros = self.micro(mb, batch.rows)
                 extra = self.padding(len(micros))
                 for idx in micros:
                     rows = batch.rows.take(idx).to(dev)

@@ -36,7 +36,7 @@ def our_overrides(algo: str, model_dir: str | Path, spec: BenchSpec, output_dir:
         f"rollout.responses_per_step={spec.completions}", f"rollout.max_new_tokens={spec.max_new_tokens}",
         f"rollout.group_size={spec.group_size}", "rollout.temperature=1.0", "rollout.top_p=1.0",
         f"trainer.ppo_epochs={spec.epochs}", f"trainer.mini_batch_size={spec.mini_batch_size}",
-        f"trainer.micro_batch_size={spec.mini_batch_size}", f"trainer.actor_lr={spec.lr}",
+        "trainer.max_tokens_per_micro_batch=1000000000", f"trainer.actor_lr={spec.lr}",
         f"trainer.critic_lr={2 * spec.lr}", "trainer.warmup_steps=0",
         "tracking=none", f"output_dir={output_dir}", "critic.init=policy", "reward.overlong.l_cache=8",
     ]
