@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from vapo_lab.algo import token_logprobs_and_entropy
 from vapo_lab.models import packed as P
 from vapo_lab.models.value import ValueModel
 from vapo_lab.trainer import forward as F
@@ -57,7 +58,7 @@ def test_packed_log_probs_entropy_values_and_gradients_equal_the_padded_forward(
     else:
         tol = dict(rtol=1e-10, atol=1e-12) if path == "one prompt per row" else dict(rtol=1e-6, atol=5e-7)
     logits = model.lm_head(_hf_hidden(model.model, rows))
-    ref, ref_entropy = F.token_logprobs_and_entropy(logits, rows.response_ids)
+    ref, ref_entropy = token_logprobs_and_entropy(logits, rows.response_ids)
     (ref * mask).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()

@@ -135,6 +135,46 @@ def logits_bytes(t: int, b: int, vocab: int) -> float:
     return 4 * t * b * vocab
 
 
+def chunked_logprob_bytes(t: int, vocab: int, hidden: int, chunk: int, compute_bytes: int = 2,
+                          entropy_grad: bool = False) -> float:
+    """Returns the peak bytes that the chunked log-prob pass adds, forward + backward over t tokens.
+
+    ``vapo_lab.algo.lm.head_logprobs_and_entropy`` with the entropy (as the trainer asks for it)
+    never holds the (t, V) logits, only chunks of c = min(chunk, t) tokens. Its tensors, with p the
+    compute dtype's bytes (2 for bf16 under autocast, 4 for float32) and fp32 master weights:
+
+    * W in the compute dtype, cast once in forward and once in backward: V·h·p (none when p = 4);
+    * forward, a chunk: its float32 logits z − max and exp(z − max): 8·c·V (the bf16 logits, p·c·V,
+      are freed before the exponential);
+    * backward: the float32 gradient of W, 4·V·h, summed over the chunks (autograd then adds it to
+      W.grad: all of it is extra once an earlier micro-batch's gradient is there); a chunk's float32
+      ∂L/∂z, computed in place in its recomputed logits, and the same in the compute dtype:
+      (4 + p)·c·V (8·c·V with ``entropy_grad``: log p and p at once); then, under p < 4, its share of
+      ∂L/∂W, a block of rows at a time in the compute dtype and in float32 (``weight_block_rows``:
+      at most 4·c·V, and at most (p + 4)·V·h), beside the p·c·V chunk;
+    * per token: log π, H, lse, ∂L/∂log π (4 bytes each) and ∂L/∂h (h·p): t·(16 + h·p).
+
+    peak = t·(16 + h·p) + max(V·h·p' + 8·c·V,
+                              4·V·h + V·h·p' + max(k·c·V, p'·c·V + min(4·c·V, (p' + 4)·V·h)·[p' > 0])),
+    p' = p if p < 4 else 0, k = 8 with ``entropy_grad`` else 4 + p'. Against (t, V) logits this is
+    constant in t but for the per-token term. Not counted: the caller's hidden states and W, and a
+    GEMM library's own scratch (a few MB).
+
+    Args:
+        t: tokens through the head (a micro-batch's response tokens); vocab: V; hidden: h;
+        chunk: ``chunk_tokens`` (``vapo_lab.algo.lm.default_chunk_tokens(V)`` by default, 441 at
+        V = 152,064); compute_bytes: p; entropy_grad: whether H carries gradients.
+    """
+    c = min(chunk, t)
+    low = compute_bytes if compute_bytes < 4 else 0  # p': the narrower copies exist only under autocast
+    copy = vocab * hidden * low  # W in the compute dtype
+    forward = copy + 8 * c * vocab  # z − max and exp(z − max), float32
+    k = 8 if entropy_grad else 4 + low  # log p and p, or ∂L/∂z in float32 and in the compute dtype
+    rows = min(4 * c * vocab, (low + 4) * vocab * hidden) if low else 0  # ∂L/∂W's block, p' and float32
+    backward = 4 * vocab * hidden + copy + max(k * c * vocab, low * c * vocab + rows)
+    return t * (16 + hidden * compute_bytes) + max(forward, backward)
+
+
 # -- KV cache ------------------------------------------------------------------------------------
 def kv_bytes_per_token(s: Shape, bytes_per_value: int = 2) -> int:
     """Returns 2·L·kv_heads·d·bytes: one token's keys and values in every layer."""
@@ -352,6 +392,6 @@ def _with_world(setup: Setup, world: int) -> Setup:
 
 
 __all__ = ["DTYPE_BYTES", "GB", "Footprint", "Setup", "activation_bytes", "actor_params", "backbone_params",
-           "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence", "kv_bytes_per_token",
-           "layer_activation_bytes", "layer_params", "logits_bytes", "non_embedding_params",
+           "chunked_logprob_bytes", "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence",
+           "kv_bytes_per_token", "layer_activation_bytes", "layer_params", "logits_bytes", "non_embedding_params",
            "sharded", "smallest_world", "state_bytes_per_param"]

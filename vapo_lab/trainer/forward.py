@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from vapo_lab.algo import token_logprobs, token_logprobs_and_entropy
+from vapo_lab.algo.lm import head_logprobs_and_entropy
 from vapo_lab.distributed.fsdp import as_forward, is_sharded
 from vapo_lab.models.packed import packed_states, prompt_groups
 from vapo_lab.models.precision import autocast
@@ -120,13 +120,10 @@ def _policy_pass(model: nn.Module, rows: Rows, groups: tuple[Tensor, Tensor] | N
 
 def _head_logprobs(model: nn.Module, hidden: Tensor, tokens: Tensor, temperature: float, with_entropy: bool,
                    entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-    """Returns (log π(y) (N,), entropy (N,) or None) of the LM head over the states ``hidden`` (N, H)."""
-    logits = wide(model.lm_head(hidden))
-    if temperature != 1.0:
-        logits = logits / temperature
-    if with_entropy:
-        return token_logprobs_and_entropy(logits, tokens, entropy_grad)
-    return token_logprobs(logits, tokens), None
+    """Returns (log π(y) (N,), entropy (N,) or None) of the LM head over the states ``hidden`` (N, H),
+    a chunk of tokens at a time (``head_logprobs_and_entropy``): the (N, V) logits never exist."""
+    head = model.lm_head
+    return head_logprobs_and_entropy(hidden, head.weight, tokens, head.bias, temperature, with_entropy, entropy_grad)
 
 
 def value_forward(critic: nn.Module, rows: Rows) -> Tensor:
