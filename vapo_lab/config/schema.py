@@ -218,6 +218,7 @@ class TrainerConfig:
     strategy: str = "single"  # single (one process) | fsdp (FSDP2 over nodes x nproc_per_node ranks)
     nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
     nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
+    offload_during_rollout: bool = False  # trainer state in host memory while the rollout generates
 
 
 @dataclass

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import Tensor, nn
+from torch import Tensor
 
 from vapo_lab.algo import gae
 from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.distributed.world import World, single, world_size
 from vapo_lab.integrity import SHIPPED_DIR, find_entry, write_manifest
-from vapo_lab.models.precision import set_compute
+from vapo_lab.models.sharded import save_sharded_value_model
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import Generate
 from vapo_lab.seeds import rollout_seed
@@ -121,29 +121,24 @@ def _share(items: list[Any], world: World) -> list[Any]:
     return items[world.rank * n:(world.rank + 1) * n]
 
 
-def _save(model: ValueModel, path: Path, meta: dict[str, Any], world: World, template: nn.Module) -> None:
-    """Writes ``model`` as a cache entry at ``path``; a sharded model is gathered into a value model
-    made from ``template`` (an unsharded policy) on rank 0, which writes it (every rank calls this)."""
+def _save(model: ValueModel, path: Path, meta: dict[str, Any], world: World) -> None:
+    """Writes ``model`` as a cache entry at ``path`` (every rank calls this): rank 0 writes it, a
+    sharded model gathered parameter by parameter into rank 0's host memory
+    (``models.sharded.save_sharded_value_model``), into a temporary folder renamed into place."""
+    tmp = path.with_name(f".tmp-{path.name}-{world.broadcast(os.getpid())}")
+    if world.main and tmp.exists():
+        shutil.rmtree(tmp)
     if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if world.main:
-            whole = ValueModel.from_causal_lm(template).to("cpu")
-            whole.load_state_dict(state)
-            _atomic_save(whole, path, meta)
-        world.barrier()
-        return
+        save_sharded_value_model(model, tmp, world)
+    elif world.main:
+        model.save(tmp)
     if world.main:
-        _atomic_save(model, path, meta)
+        _commit(tmp, path, meta)
     world.barrier()
 
 
-def _atomic_save(model: ValueModel, path: Path, meta: dict[str, Any]) -> None:
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save(tmp)
+def _commit(tmp: Path, path: Path, meta: dict[str, Any]) -> None:
+    """Adds ``meta`` and the manifest to the entry written at ``tmp`` and renames it to ``path``."""
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     write_manifest(tmp)
     if path.exists():
@@ -158,13 +153,12 @@ def rollout_rows(generate: Generate, prompts: list[list[int]], n: int, cfg: Dict
     return Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask), s
 
 
-def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, cfg: DictConfig,
+def build_reward_model(start: Callable[[], ValueModel], generate: Generate, policy_key: str, cfg: DictConfig,
                        draw: Callable[[int], Any],
                        score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
                        encode: Callable[[list[Any]], list[list[int]]], cache_dir: Path,
                        log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR,
-                       world: World | None = None,
-                       shard: Callable[[nn.Module], nn.Module] | None = None) -> Path:
+                       world: World | None = None) -> Path:
     """Returns the path of an outcome reward model trained on the base policy's own samples.
 
     The model (policy backbone + scalar head) regresses the verifier's reward at the last response
@@ -172,7 +166,8 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
     units, so a critic initialised from it predicts the final reward everywhere — right at the end
     of a response, biased before it (the paper's starting point).
 
-    On many ranks (``world``, the model sharded by ``shard``) every rank samples its share of each
+    ``start()`` returns the model it trains from: the policy's transformer with a zero head, in
+    the compute dtype, sharded on many ranks. There (``world``) every rank samples its share of each
     round's problems from its own stream and each micro-batch step's loss is the mean over all
     ranks' rows; rank 0 writes the result.
     """
@@ -185,9 +180,7 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
     path = cache_dir / "reward_model" / key
     log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
     gen = torch.Generator().manual_seed(rollout_seed(int(cfg.task.seed), world.rank))
-    rm = set_compute(ValueModel.from_causal_lm(policy), cfg.model.dtype)
-    if world.initialized and shard is not None:
-        rm = shard(rm)
+    rm = start()
     opt = torch.optim.AdamW(rm.parameters(), lr=float(cfg.trainer.critic_lr) * 5)
     budget = max(1, int(cfg.trainer.max_tokens_per_micro_batch) // world.size)  # a step's tokens over the ranks
     history = []
@@ -217,16 +210,17 @@ def build_reward_model(policy: nn.Module, generate: Generate, policy_key: str, c
             last_loss = float(world.sum(loss.detach()))  # the mean over all ranks' rows
         history.append(last_loss)
     rm.eval()
-    _save(rm, path, {"kind": "reward_model", "loss": history}, world, policy)
+    _save(rm, path, {"kind": "reward_model", "loss": history}, world)
     return path
 
 
 def cached_pretrained_critic(critic_key: str, cfg: DictConfig, cache_dir: Path,
                              log_metrics: Callable[[dict[str, float], int], None],
                              log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR,
-                             world: World | None = None) -> ValueModel | None:
-    """Returns the pretrained critic cached for these settings (its history sent to ``log_metrics``
-    again), or None: pretrain it."""
+                             world: World | None = None,
+                             load: Callable[[Path], ValueModel] = ValueModel.load) -> ValueModel | None:
+    """Returns the pretrained critic cached for these settings, read by ``load`` (its history sent
+    to ``log_metrics`` again), or None: pretrain it."""
     world = world or single()
     found = _found(world, cache_dir, shipped_dir, "pretrained_critic", pretrained_critic_key(critic_key, cfg),
                    "pretrained critic", log)
@@ -235,14 +229,14 @@ def cached_pretrained_critic(critic_key: str, cfg: DictConfig, cache_dir: Path,
     meta = json.loads((found / "meta.json").read_text())
     for i, m in enumerate(meta["history"]):
         log_metrics(m, i)
-    return ValueModel.load(found)
+    return load(found)
 
 
 def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg: DictConfig,
                     draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
                     encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any],
                     cache_dir: Path, log_metrics: Callable[[dict[str, float], int], None],
-                    template: nn.Module, world: World | None = None) -> ValueModel:
+                    world: World | None = None) -> ValueModel:
     """Returns the critic after value pretraining (VAPO §4.1), cached; the history goes to ``log_metrics``.
 
     The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
@@ -251,7 +245,7 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
     reaches ``critic.pretrain.min_explained_variance``. On many ranks (``world``; ``critic``
     sharded, ``updater_factory``'s updater over the same ranks) each rank samples its share of each
     step's problems from its own stream and every statistic is over all ranks; rank 0 writes the
-    cache entry, gathered into a value model made from ``template`` (the unsharded policy).
+    cache entry (``_save``).
     """
     world = world or single()
     pre = cfg.critic.pretrain
@@ -280,5 +274,5 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
         log_metrics(metrics, step)
         if pre.min_explained_variance is not None and ev >= float(pre.min_explained_variance):
             break
-    _save(critic, path, {"kind": "pretrained_critic", "history": history, "steps": len(history)}, world, template)
+    _save(critic, path, {"kind": "pretrained_critic", "history": history, "steps": len(history)}, world)
     return critic

@@ -22,9 +22,11 @@ from vapo_lab.basemodel.build import ProgressFactory, build_base_for
 from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import CACHE_DIR
+from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.models.load import pick_device
 from vapo_lab.models.packed import enable_checkpointing
 from vapo_lab.models.precision import set_compute
+from vapo_lab.models.sharded import load_sharded_value_model
 from vapo_lab.models.value import ValueModel
 from vapo_lab.rollout import make_engine, make_generator
 from vapo_lab.rollout.prompts import encode_prompts
@@ -103,37 +105,55 @@ def check_context(cfg: DictConfig, task: Any, tokenizer: Any, context: int | Non
             + (" (model.arch.max_position_embeddings)" if cfg.model.name == "tiny" else ""))
 
 
-def load_policy(cfg: DictConfig, log: Callable[[str], None],
-                progress: ProgressFactory | None) -> tuple[Any, Any, str, Path]:
+def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: ProgressFactory | None,
+                world: World | None = None, device: torch.device | None = None,
+                sharded: bool = False) -> tuple[Any, Any, str, Path]:
     """Returns (policy, tokenizer, a cache key of the initial weights, its directory); model=tiny
-    builds the base model first if it is not cached (``progress``: its progress bar)."""
-    from vapo_lab.models.load import load_model_and_tokenizer
+    builds the base model first if it is not cached (``progress``: its progress bar), on rank 0
+    of ``world`` while the others wait. ``sharded``: the policy is built already sharded over
+    ``world`` on ``device`` (``models.sharded``; every rank takes part)."""
+    from vapo_lab.models.load import load_model_and_tokenizer, load_tokenizer
 
-    if cfg.model.name == "tiny":
-        base = build_base_for(cfg, progress, log=log)
-        if not base.cached:
-            log(f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}")
-        path, key = base.path, base.path.name
-    else:
-        path = Path(cfg.model.path)
-        key = str(path.resolve())
+    world = world or single()
+    with world.main_first():  # rank 0 builds the base model on first use, the others then find it
+        if cfg.model.name == "tiny":
+            base = build_base_for(cfg, progress, log=log)
+            if not base.cached:
+                log(f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}")
+            path, key = base.path, base.path.name
+        else:
+            path = Path(cfg.model.path)
+            key = str(path.resolve())
+    if sharded:
+        from vapo_lab.models.sharded import load_sharded_causal_lm
+
+        policy = load_sharded_causal_lm(path, world, device, cfg.model.dtype, cfg.model.trust_remote_code)
+        return policy, load_tokenizer(cfg.model.tokenizer_path or path, cfg.model.trust_remote_code), key, path
     # float32 master weights, computing in model.dtype (models.precision)
     policy, tokenizer = load_model_and_tokenizer(path, dtype="float32", tokenizer_path=cfg.model.tokenizer_path,
                                                  trust_remote_code=cfg.model.trust_remote_code)
     return set_compute(policy, cfg.model.dtype), tokenizer, key, path
 
 
+def builds_sharded(cfg: DictConfig, world: World) -> bool:
+    """Returns True when the policy (and reference) are built already sharded (``models.sharded``):
+    on many ranks with vLLM sampling (the built-in sampler keeps a whole copy to sample from)."""
+    return world.initialized and cfg.rollout.backend == "vllm"
+
+
 def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callable[[str], None],
-                   progress: ProgressFactory | None) -> tuple[Any, Any, str, Path]:
+                   progress: ProgressFactory | None, world: World | None = None) -> tuple[Any, Any, str, Path]:
     """Returns ``load_policy``'s (policy, tokenizer, key, path), the policy on ``device`` in eval mode
     (checkpointed in training as ``model.gradient_checkpointing`` says), after checking that the
     task's prompts fit its context: for model=tiny before the base build (the tokenizer is the
-    task's vocabulary), for a checkpoint once it is loaded."""
+    task's vocabulary), for a checkpoint once it is loaded. Built sharded over ``world`` where
+    ``builds_sharded`` says so."""
     if cfg.model.name == "tiny":
         from vapo_lab.models.tokenizer import build_tokenizer
 
         check_context(cfg, task, build_tokenizer(task.vocabulary()), int(cfg.model.arch.max_position_embeddings))
-    policy, tokenizer, key, path = load_policy(cfg, log, progress)
+    world = world or single()
+    policy, tokenizer, key, path = load_policy(cfg, log, progress, world, device, builds_sharded(cfg, world))
     if cfg.model.name != "tiny":
         check_context(cfg, task, tokenizer, getattr(policy.config, "max_position_embeddings", None))
     if cfg.model.gradient_checkpointing:
@@ -159,36 +179,54 @@ def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Pat
 def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampling: Sampling, score: RewardScorer,
                 device: torch.device, log_metrics: Callable[[dict[str, float], int], None],
                 log: Callable[[str], None], world: World | None = None,
-                shard: Callable[[nn.Module], nn.Module] | None = None) -> ValueModel:
+                shard: Callable[[nn.Module], nn.Module] | None = None, policy_path: Path | None = None) -> ValueModel:
     """Returns the critic on ``device`` in eval mode: from the reward model (built and cached on first
     use), the policy or random weights (``critic.init``), then value-pretrained when
     ``critic.pretrain.enabled`` (cached too; its metrics go to ``log_metrics``).
 
     On many ranks every rank takes part in building the reward model and in value pretraining, each
-    model sharded by ``shard``; the critic returned is sharded. ``policy`` is the unsharded policy.
+    model sharded by ``shard``; the critic returned is sharded. Where the policy was built sharded
+    (``builds_sharded``) every critic is too, read from its files by each rank's share
+    (``models.sharded``: the reward model and ``critic.init=policy`` start from the checkpoint at
+    ``policy_path``); a random critic is drawn whole on each rank, then sharded.
     """
     world = world or single()
+    sharded = is_sharded(policy)
 
     def ready(critic: ValueModel) -> ValueModel:
         critic = _ready(critic, cfg, device)
         return shard(critic) if world.initialized and shard is not None else critic
 
+    def read(path: Path, source: str) -> ValueModel:
+        """A critic built sharded from ``path``, a ``ValueModel.save`` folder or a causal LM's."""
+        critic = load_sharded_value_model(path, world, device, cfg.model.dtype, source, cfg.model.trust_remote_code)
+        if cfg.model.gradient_checkpointing:
+            enable_checkpointing(critic.backbone)
+        return critic
+
+    def load(path: Path) -> ValueModel:
+        return read(path, "value_model") if sharded else ready(ValueModel.load(path))
+
+    def rm_start() -> ValueModel:
+        if sharded:
+            return read(policy_path, "causal_lm")
+        rm = set_compute(ValueModel.from_causal_lm(policy), cfg.model.dtype)
+        return shard(rm) if world.initialized and shard is not None else rm
+
     critic_key = critic_start_key(policy_key, cfg)
     if cfg.critic.pretrain.enabled:
-        found = cached_pretrained_critic(critic_key, cfg, CACHE_DIR, log_metrics, log, world=world)
+        found = cached_pretrained_critic(critic_key, cfg, CACHE_DIR, log_metrics, log, world=world, load=load)
         if found is not None:
-            return ready(found)
+            return found
     init = cfg.critic.init
     if init == "reward_model":
         draw_rng = DataStream(task.train, int(cfg.task.seed) + 99)
-        rm_path = build_reward_model(policy, sampling.generate, policy_key, cfg, draw_rng.take, score,
-                                     sampling.encode, CACHE_DIR, log=log, world=world, shard=shard)
-        critic = ValueModel.load(rm_path)
+        critic = load(build_reward_model(rm_start, sampling.generate, policy_key, cfg, draw_rng.take, score,
+                                         sampling.encode, CACHE_DIR, log=log, world=world))
     elif init == "policy":
-        critic = ValueModel.from_causal_lm(policy)
+        critic = read(policy_path, "causal_lm") if sharded else ready(ValueModel.from_causal_lm(policy))
     else:
-        critic = ValueModel.random_like(policy, seed=int(cfg.seed))
-    critic = ready(critic)
+        critic = ready(ValueModel.random_like(policy, seed=int(cfg.seed)))
     if cfg.critic.pretrain.enabled:
         def updater_factory(c: ValueModel) -> Updater:
             opt = adamw(c.parameters(), float(cfg.trainer.critic_lr), cfg.trainer)
@@ -196,7 +234,7 @@ def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampli
 
         critic = pretrain_critic(critic, critic_key, sampling.generate, cfg,
                                  DataStream(task.train, int(cfg.task.seed) + 5).take, score, sampling.encode,
-                                 updater_factory, CACHE_DIR, log_metrics, template=policy, world=world)
+                                 updater_factory, CACHE_DIR, log_metrics, world=world)
     return critic
 
 

@@ -39,6 +39,7 @@ the run's folder and tracking run and logs; statistics are reduced over ranks
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -51,7 +52,8 @@ from omegaconf import DictConfig
 
 from vapo_lab import faults
 from vapo_lab.basemodel.build import ProgressFactory
-from vapo_lab.distributed.fsdp import shard
+from vapo_lab.distributed.fsdp import is_sharded, shard
+from vapo_lab.distributed.offload import on_host
 from vapo_lab.distributed.world import init_world
 from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.rollout.replica import Replica
@@ -111,14 +113,13 @@ class Trainer:
         resume_dir = folder_to_resume(cfg)
         seed_everything(cfg)
         self.task = task_for(cfg)
-        with world.main_first():  # rank 0 builds the base model on first use, the others load it
-            policy, self.tokenizer, policy_key, policy_path = checked_policy(cfg, self.task, self.device, log,
-                                                                             progress)
+        policy, self.tokenizer, policy_key, policy_path = checked_policy(cfg, self.task, self.device, log,
+                                                                         progress, world)
         self.sampling = make_sampling(cfg, policy, self.tokenizer, policy_path, self.task)
         self.scorer = RewardScorer(self.task, self.tokenizer, float(cfg.reward.correct), float(cfg.reward.wrong),
                                    cfg.reward.overlong)
         self.data = DataStream(self.task.train, int(cfg.seed))
-        self.ref = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.kl.coef > 0 else None
+        self.ref = self._reference(policy, policy_path) if cfg.kl.coef > 0 else None
         # rank 0 samples as a one-process run does; each other rank from its own stream
         self.gen_rollout = torch.Generator().manual_seed(rollout_seed(int(cfg.seed), world.rank))
         self.gen_update = torch.Generator().manual_seed(update_seed(int(cfg.seed)))
@@ -132,11 +133,12 @@ class Trainer:
             t = cfg.trainer
             if cfg.algo.advantage == "gae":  # every rank takes part (reward model, value pretraining)
                 self.critic = init_critic(cfg, policy, policy_key, self.task, self.sampling, self.scorer,
-                                          self.device, self.record.log_metrics, log, world, self._shard)
+                                          self.device, self.record.log_metrics, log, world, self._shard,
+                                          policy_path)
                 self.critic_opt = adamw(self.critic.parameters(), float(t.critic_lr), t)
                 self.critic_sched = warmup_constant(self.critic_opt, int(t.warmup_steps))
             self.policy = policy  # sharded after the critic's start, which copies the whole policy
-            if world.initialized:
+            if world.initialized and not is_sharded(policy):
                 if self.sampling.engine is None:  # the built-in sampler keeps a full copy (rollout.replica)
                     self.sampling.engine = Replica(policy)
                     self.policy = copy.deepcopy(policy)
@@ -194,7 +196,8 @@ class Trainer:
         value them, compute advantages, update the critic, then the actor."""
         cfg, world, step = self.cfg, self.world, self.step + 1
         t0 = time.perf_counter()
-        batch, m = collect(cfg, self.sampling, self.data, self.scorer, self.gen_rollout, world)
+        with self._on_host_for_rollout():  # trainer.offload_during_rollout; back before the first forward
+            batch, m = collect(cfg, self.sampling, self.data, self.scorer, self.gen_rollout, world)
         t_rollout = time.perf_counter()
         faults.point("rollout", step)
         if int(world.sum(len(batch.problems))) == 0:
@@ -280,6 +283,18 @@ class Trainer:
         (float32 shards, computing in ``model.dtype``: :mod:`vapo_lab.models.precision`)."""
         return shard(model, self.world, self.device, fsdp_policy(model))
 
+    def _reference(self, policy: torch.nn.Module, path: Path) -> torch.nn.Module:
+        """Returns the frozen reference policy of a KL term: a copy of ``policy``, or where the policy
+        was built sharded, another sharded build from its checkpoint (no rank holds a whole copy)."""
+        if is_sharded(policy):
+            from vapo_lab.models.sharded import load_sharded_causal_lm
+
+            cfg = self.cfg
+            ref = load_sharded_causal_lm(path, self.world, self.device, cfg.model.dtype, cfg.model.trust_remote_code)
+        else:
+            ref = copy.deepcopy(policy)
+        return ref.eval().requires_grad_(False)
+
     def _record(self, choices: dict[str, str] | None, resume_dir: Any, command: str, tags: dict[str, str] | None,
                 parent_run_id: str | None) -> RunRecord | RankRecord:
         """Rank 0's RunRecord; on the other ranks a RankRecord of the same folder and tracking run."""
@@ -306,6 +321,18 @@ class Trainer:
             batch.values = batched_values(self.critic, batch.rows, micro, extra)
         if self.ref is not None:
             batch.ref_logprobs = batched_logprobs(self.ref, batch.rows, micro, temperature, extra)
+
+    def _on_host_for_rollout(self) -> contextlib.AbstractContextManager[Any]:
+        """Returns the context a step's rollout runs in: with ``trainer.offload_during_rollout``, the
+        actor, critic and reference and their optimisers' state in host memory
+        (:mod:`~vapo_lab.distributed.offload`), back on the device when it ends; else nothing."""
+        if not self.cfg.trainer.get("offload_during_rollout", False):
+            return contextlib.nullcontext()
+        # the built-in sampler of one process generates with the policy itself: on an accelerator it
+        # stays there (its optimiser state still goes); on CPU the host is the device, so it moves too
+        samples_with_policy = self.sampling.engine is None and self.device.type != "cpu"
+        return on_host([None if samples_with_policy else self.policy, self.critic, self.ref],
+                       [self.actor_opt, self.critic_opt])
 
     def _warn_about_lambda(self, m: dict[str, float]) -> None:
         """Warns once a run when most responses get λ_policy = 0 (length-adaptive GAE with too small an α)."""
