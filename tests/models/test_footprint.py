@@ -20,6 +20,7 @@ from vapo_lab.models.footprint import (
     kv_bytes_per_token,
     layer_activation_bytes,
     layer_params,
+    chunked_logprob_bytes,
     logits_bytes,
     non_embedding_params,
     sharded,
@@ -120,10 +121,11 @@ def test_zero_paper_figures():
     assert round(sharded(per_param * 7.5e9, 64) / GB, 1) == 1.9
 
 
-def test_single_trains_in_the_model_dtype():
-    # torch's AdamW keeps m and v in the parameters' dtype
-    assert state_bytes_per_param("single", "float32") == (4, 4, 8)
-    assert state_bytes_per_param("single", "bfloat16") == (2, 2, 4)
+def test_master_weights_are_float32_on_every_strategy():
+    # models.precision: float32 parameters, gradients and AdamW m, v whatever the compute dtype
+    for strategy in ("single", "fsdp"):
+        for dtype in ("float32", "bfloat16"):
+            assert state_bytes_per_param(strategy, dtype) == (4, 4, 8)
 
 
 # -- activations: Korthikanti et al. 2022 ---------------------------------------------------------
@@ -162,7 +164,7 @@ def test_logits_and_kv_cache_by_hand():
 # -- a run ---------------------------------------------------------------------------------------
 PAPER = Setup(world=128, strategy="fsdp", dtype="bfloat16", micro_tokens=8 * 20992, responses_per_step=8192,
               prompt_tokens=512, max_new_tokens=20480, gradient_checkpointing=True, mini_batch_size=512,
-              engine="vllm", tensor_parallel_size=1, engine_memory=0.5 * 80e9)
+              engine="vllm", tensor_parallel_size=1, engine_memory=0.5 * 80e9, logprob_chunk=441)
 
 
 def test_paper_setup_adds_up():
@@ -172,13 +174,15 @@ def test_paper_setup_adds_up():
     assert fp.critic_params == 31_985_313_793
     assert fp.sequence == 20992 and fp.responses_per_rank == 64
     # a mini-batch is a random draw of 512 of the 8192 responses: a rank's share averages 4 but can
-    # reach all its 64, so a micro-batch can be the full 8 sequences of its token budget
-    assert fp.micro_batch == 8
+    # reach all its 64, so a pass can fill its whole budget of 8 x 20,992 tokens
+    assert fp.pass_tokens == 167_936 and fp.micro_batch == 8
     assert (fp.weights, fp.gradients, fp.optimizer) == (4 * trained / 128, 4 * trained / 128, 8 * trained / 128)
     assert fp.state == 16 * trained / 128
-    sbh = 20992 * 8 * 5120
-    assert fp.actor_activations == 64 * 2 * sbh + 34 * sbh + 4 * 20480 * 8 * 152064
-    assert fp.critic_activations == 64 * 2 * sbh + 34 * sbh
+    nh = 167_936 * 5120
+    # the pass's response tokens 167,936 x 20,480 / 20,992 = 163,840 through the chunked LM head
+    assert fp.logprob == chunked_logprob_bytes(163_840, 152064, 5120, 441, 2) == 6_754_110_464
+    assert fp.actor_activations == 64 * 2 * nh + 34 * nh + fp.logprob
+    assert fp.critic_activations == 64 * 2 * nh + 34 * nh
     layer = layer_params(q32)
     assert fp.gathered == (32_763_876_352 - 64 * layer + 2 * layer) * 2
     assert fp.train_peak == fp.state + fp.gathered + fp.actor_activations
@@ -205,10 +209,10 @@ def test_smallest_world_is_the_first_divisor_that_fits():
     assert smallest_world(q32, one, 80e9, divides=512) == 256
     # with vLLM at its least (weights + one sequence, 71.0 GB): N >= 115.5, so 128 of 512
     assert smallest_world(q32, one, 80e9, divides=512, engine_at_minimum=True) == 128
-    # 8 sequences of 21k tokens a rank never fit 80 GB: their activations alone exceed it. Only
-    # where a rank holds 2 responses or fewer (N >= 4096) is its micro-batch small enough
+    # 8 sequences of 21k tokens a pass never fit 80 GB: their activations alone exceed it. Only
+    # where a rank holds 3 responses or fewer (N >= 8192 / 3, 2731) is its pass small enough
     assert smallest_world(q32, PAPER, 80e9, divides=512, engine_at_minimum=True) is None
-    assert smallest_world(q32, PAPER, 80e9, engine_at_minimum=True) == 4096
+    assert smallest_world(q32, PAPER, 80e9, engine_at_minimum=True) == 2731
 
 
 def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():

@@ -91,8 +91,8 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
         ("tokens per step", f"{fp.generated_tokens:,} generated; {fp.step_tokens:,} in all",
          f"{s.responses_per_step:,} responses x max_new_tokens; x s"),
         ("responses per rank", f"{fp.responses_per_rank:,}", "ceil(B / N)"),
-        ("micro-batch per rank b", f"{fp.micro_batch}",
-         "min(max_tokens_per_micro_batch // s, mini_batch_size, responses a rank), at least 1"),
+        ("tokens a pass", f"{fp.pass_tokens:,}",
+         "max(s, min(max_tokens_per_micro_batch, s x min(mini_batch_size, responses a rank)))"),
         ("weights", _size(fp.weights), f"{w} B/param x (actor + critic) {per}"),
         ("gradients", _size(fp.gradients), f"{g} B/param {per}"),
         ("optimizer state", _size(fp.optimizer), f"{o} B/param (AdamW m, v) {per}"),
@@ -106,13 +106,14 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     ckpt = "on" if s.gradient_checkpointing else "off"
     rows += [
         ("activations: actor, checkpointing off", _size(fp.actor_activations_full),
-         "L·s·b·h·34 (Korthikanti Eq. 1, SDPA) + fp32 logits"),
-        ("activations: actor, checkpointing on", _size(fp.actor_activations_ckpt), "L·2·s·b·h + 1 layer + fp32 logits"),
-        ("  of which fp32 logits", _size(fp.logits), "4·t·b·V over the response tokens"),
+         "L·n·h·34 over a pass's n tokens (Korthikanti Eq. 1, SDPA) + log-probs"),
+        ("activations: actor, checkpointing on", _size(fp.actor_activations_ckpt), "L·2·n·h + 1 layer + log-probs"),
+        ("  of which log-probs", _size(fp.logprob),
+         f"LM head over chunks of {s.logprob_chunk or 'all'} tokens (algo.lm.head_logprobs_and_entropy)"),
     ]
     if fp.critic_params:
-        rows += [("activations: critic, checkpointing off", _size(fp.critic_activations_full), "L·s·b·h·34"),
-                 ("activations: critic, checkpointing on", _size(fp.critic_activations_ckpt), "L·2·s·b·h + 1 layer")]
+        rows += [("activations: critic, checkpointing off", _size(fp.critic_activations_full), "L·n·h·34"),
+                 ("activations: critic, checkpointing on", _size(fp.critic_activations_ckpt), "L·2·n·h + 1 layer")]
     rows += [
         ("KV cache per sequence", _size(fp.kv_per_sequence),
          "2·L·kv·d·bytes·s" + (f" / tp {s.tensor_parallel_size}" if fp.vllm and s.tensor_parallel_size > 1 else "")),
@@ -124,17 +125,35 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
             ("vLLM share a GPU", _size(fp.engine_memory),
              f"rollout.vllm.gpu_memory_utilization {fp.engine_memory / p.memory:g}"
              f" ({'asleep' if fp.engine_sleeps else 'kept'} in the update)"),
-            ("  sequences decoded at once", f"{fp.sequences_at_once:,} of {fp.responses_per_rank:,}",
-             "(share - weights) / KV per sequence; vLLM queues the rest"),
+            ("  sequences decoded at once", f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
+             "(share - weights) / KV per sequence, of an engine's t ranks' responses; vLLM queues the rest"),
         ]
     else:
-        rows.append(("  sequences decoded at once", f"{fp.sequences_at_once:,}", "the built-in sampler's batch (<= 256)"))
+        rows.append(("  sequences decoded at once", f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
+                     "the built-in sampler's batch (<= 256)"))
     rows += [
         (f"update phase (checkpointing {ckpt})", _size(fp.train_peak), "state + gathered + max(actor, critic) activations"),
-        ("rollout phase", _size(fp.rollout_peak), "state + vLLM share" if fp.vllm else "state + KV cache decoded at once"),
+        ("rollout phase", _size(fp.rollout_peak),
+         ("vLLM share (state offloaded to host)" if fp.offload else "state + vLLM share") if fp.vllm
+         else "state + KV cache decoded at once"),
         ("need a GPU", _size(fp.need), "max of the two phases"),
+        ("time: a decoding step", f"{fp.decode_step_seconds * 1e3:,.1f} ms",
+         f"(weights + KV cache read) / ({p.hardware.bandwidth / 1e12:g} TB/s x {p.hardware.bandwidth_share:g})"),
+        ("time: rollout a step", _duration(fp.rollout_seconds),
+         "ceil(requests / at once) x max_new_tokens decoding steps (every response at full length)"),
+        ("time: update a step", _duration(fp.update_seconds),
+         f"(6-8 P + attention) FLOPs a token / ({p.hardware.flops / 1e12:g} TFLOP/s x {p.hardware.flops_share:g})"),
     ]
     return title, rows
+
+
+def _duration(seconds: float) -> str:
+    """Returns ``seconds`` as hours, minutes or seconds ("never" for a rollout that cannot start)."""
+    if seconds == float("inf"):
+        return "never (no sequence fits)"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.2f} h"
+    return f"{seconds / 60:,.1f} min" if seconds >= 60 else f"{seconds:,.1f} s"
 
 
 def _size(n: float) -> str:
@@ -145,7 +164,7 @@ def _size(n: float) -> str:
 def _verdict(p: RunPlan) -> str:
     """Returns the closing lines: fits or not at the requested ranks, the fewest GPUs that fit, and
     the vLLM share that works."""
-    from vapo_lab.config.preflight import fewest_ranks, fixes
+    from vapo_lab.config.preflight import fastest_within, fewest_ranks, fixes
     from vapo_lab.models.footprint import GB
 
     fp, s = p.footprint, p.setup
@@ -164,9 +183,20 @@ def _verdict(p: RunPlan) -> str:
     else:
         lines.append(f"fewest GPUs that fit: none ({where}): what does not shrink with N is too large (the "
                      "activations of a micro-batch, the gathered units, the sampling engine)")
+    lines.append(f"estimated step at N = {world}: {_duration(fp.step_seconds)} (rollout "
+                 f"{_duration(fp.rollout_seconds)}, update {_duration(fp.update_seconds)})")
+    hour = fastest_within(p, 3600.0)
+    if hour is not None:
+        n, change, seconds = hour
+        extra = "".join(f" {k}={str(v).lower() if isinstance(v, bool) else f'{v:g}'}" for k, v in change.items())
+        lines.append(f"smallest setting whose step takes under an hour: N = {n}{' with' + extra if extra else ''} "
+                     f"(estimated {_duration(seconds)} a step)")
+    else:
+        lines.append(f"smallest setting whose step takes under an hour: none that fits ({where})")
     if fp.vllm:
         # the rest of the GPU holds the training state, and the update too when vLLM stays awake
-        rest = fp.state if fp.engine_sleeps else fp.train_peak - fp.engine_memory
+        # (nothing of the training state with offload: it is in host memory while vLLM samples)
+        rest = fp.train_peak - fp.engine_memory if not fp.engine_sleeps else (0.0 if fp.offload else fp.state)
         low, high = fp.engine_minimum / memory, (memory - rest) / memory
         verdict = "works" if low <= fp.engine_memory / memory <= high else "does not work"
         lines.append(f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] at N = {world} "
@@ -175,5 +205,7 @@ def _verdict(p: RunPlan) -> str:
     if not fp.fits(memory):
         lines.append(f"to fit, {fixes(p)}")
     lines.append("estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), Korthikanti et al. 2022 Eq. 1 "
-                 "(activations); no allowance for the CUDA context, NCCL buffers or fragmentation")
+                 "(activations), the chunked log-prob pass as measured; no allowance for the CUDA context, NCCL "
+                 "buffers or fragmentation. Times: a roofline on an H100 at the stated shares of its peak "
+                 "(assumptions, models.footprint.Hardware), an upper bound for the rollout")
     return "\n".join(lines)

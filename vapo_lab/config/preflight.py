@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from vapo_lab.algo.lm import default_chunk_tokens
 from vapo_lab.errors import ConfigError, VapoLabError
-from vapo_lab.models.footprint import GB, Footprint, Setup, estimate, smallest_world
+from vapo_lab.models.footprint import GB, Footprint, Hardware, Setup, estimate, smallest_world
 from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 
 
@@ -205,6 +206,7 @@ class RunPlan:
     footprint: Footprint
     memory: float  # bytes a GPU (or a CPU rank's share of the host) the plan is made for
     prompts_per_step: int  # they divide among the ranks
+    hardware: Hardware = Hardware()  # the rates its times are estimated at
 
 
 def model_shape(cfg: Any) -> tuple[Shape, str]:
@@ -268,7 +270,9 @@ def plan_run(cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device
                   reference=float(cfg.kl.coef) > 0, engine="vllm" if vllm else "builtin", builtin_rows=BUILTIN_ROWS,
                   tensor_parallel_size=int(v.get("tensor_parallel_size", 1)),
                   engine_memory=float(v.get("gpu_memory_utilization", 0.0)) * memory if vllm else 0.0,
-                  engine_sleeps=bool(v.get("enable_sleep_mode", True)))
+                  engine_sleeps=bool(v.get("enable_sleep_mode", True)),
+                  offload=bool(t.get("offload_during_rollout", False)),
+                  logprob_chunk=default_chunk_tokens(shape.vocab_size), ppo_epochs=int(t.ppo_epochs))
     prompts = max(1, int(r.responses_per_step) // int(r.n_samples))
     return RunPlan(model, shape, setup, estimate(shape, setup), memory, prompts)
 
@@ -279,6 +283,48 @@ def fewest_ranks(plan: RunPlan, engine_at_minimum: bool = False) -> int | None:
     ``engine_at_minimum``: with vLLM's share at the least it needs, not as configured."""
     return smallest_world(plan.shape, plan.setup, plan.memory, divides=plan.prompts_per_step,
                           engine_at_minimum=engine_at_minimum)
+
+
+# the vLLM settings ``fastest_within`` tries beside the configured ones: verl's DAPO-32B recipe gives
+# its engine 0.8 of each GPU, which the training state's offload leaves room for
+ENGINE_SHARES = (0.8,)
+TENSOR_PARALLEL = (1, 2, 4, 8)
+
+
+def fastest_within(plan: RunPlan, seconds: float) -> tuple[int, dict[str, Any], float] | None:
+    """Returns the smallest setting whose estimated step takes under ``seconds`` and fits: (fsdp
+    ranks N, the config changes it needs beside N, its step's seconds), or None.
+
+    N runs over the divisors of the prompts per step, fewest first; at each, the configured
+    setting is tried first, then (under vLLM) every tensor-parallel size dividing N, the configured
+    share and ``ENGINE_SHARES``, with and without offload during the rollout.
+    """
+    s = plan.setup
+    variants: list[dict[str, Any]] = [{}]
+    if s.engine == "vllm":
+        share = s.engine_memory / plan.memory
+        variants += [{"rollout.vllm.tensor_parallel_size": tp, "rollout.vllm.gpu_memory_utilization": sh,
+                      "trainer.offload_during_rollout": off}
+                     for off in (s.offload, True) for sh in (share, *ENGINE_SHARES) for tp in TENSOR_PARALLEL]
+    for n in range(1, plan.prompts_per_step + 1):
+        if plan.prompts_per_step % n:
+            continue
+        for change in variants:
+            tp = change.get("rollout.vllm.tensor_parallel_size", s.tensor_parallel_size)
+            if n % tp:
+                continue
+            setup = replace(s, world=n, strategy="fsdp", tensor_parallel_size=tp,
+                            engine_memory=change.get("rollout.vllm.gpu_memory_utilization",
+                                                     s.engine_memory / plan.memory) * plan.memory,
+                            offload=change.get("trainer.offload_during_rollout", s.offload))
+            fp = estimate(plan.shape, setup, plan.hardware)
+            if fp.fits(plan.memory) and fp.step_seconds < seconds:
+                changed = {k: v for k, v in change.items() if v != {
+                    "rollout.vllm.tensor_parallel_size": s.tensor_parallel_size,
+                    "rollout.vllm.gpu_memory_utilization": s.engine_memory / plan.memory,
+                    "trainer.offload_during_rollout": s.offload}[k]}
+                return n, changed, fp.step_seconds
+    return None
 
 
 def device_memory(cfg: Any) -> tuple[float, str, str] | None:
@@ -344,9 +390,10 @@ def _need_text(plan: RunPlan) -> str:
     fp, s = plan.footprint, plan.setup
     acts = max(fp.actor_activations, fp.critic_activations)
     update = (f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations {acts / GB:.1f} "
-              f"for {fp.micro_batch} x {fp.sequence} tokens" + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else ""))
+              f"for a pass of {fp.pass_tokens} tokens" + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else ""))
     if fp.vllm:
-        rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: state + vLLM's {s.engine_memory / GB:.1f}, which must hold "
+        rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: {'' if fp.offload else 'state + '}vLLM's "
+                   f"{s.engine_memory / GB:.1f}, which must hold "
                    f"{fp.engine_minimum / GB:.1f} (weights + one sequence's KV cache)")
     else:
         rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: state + KV cache of {fp.sequences_at_once} x "
@@ -369,11 +416,13 @@ def fixes(plan: RunPlan) -> str:
     if not s.gradient_checkpointing:
         fixes.append(f"model.gradient_checkpointing=true (actor activations {fp.actor_activations_full / GB:.1f} -> "
                      f"{fp.actor_activations_ckpt / GB:.1f} GB)")
-    smaller = [b for b in range(fp.micro_batch - 1, 0, -1)
+    smaller = [b * fp.sequence for b in range(fp.pass_tokens // fp.sequence - 1, 0, -1)
                if estimate(plan.shape, replace(s, micro_tokens=b * fp.sequence)).train_peak <= plan.memory]
     if smaller:
-        fixes.append(f"trainer.max_tokens_per_micro_batch={smaller[0] * fp.sequence} (the update then fits; "
-                     f"{fp.micro_batch * fp.sequence} tokens a pass now)")
+        fixes.append(f"trainer.max_tokens_per_micro_batch={smaller[0]} (the update then fits; "
+                     f"{fp.pass_tokens} tokens a pass now)")
+    if fp.vllm and not fp.offload and fp.rollout_peak > plan.memory:
+        fixes.append("trainer.offload_during_rollout=true (the training state in host memory while vLLM samples)")
     if fp.vllm and fp.engine_memory < fp.engine_minimum:
         fixes.append(f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger rollout.vllm.tensor_parallel_size")
     elif not fp.vllm and fp.rollout_peak > plan.memory:

@@ -12,10 +12,9 @@ Sources:
   SwiGLU MLP without, two RMSNorms a layer, a final norm, lm_head unless tied) and
   ``vapo_lab.models.value.ValueModel`` (the critic: the backbone without lm_head + Linear(h, 1)).
 * training state: ZeRO (Rajbhandari et al. 2020, §3.1): mixed-precision Adam holds 16 bytes per
-  parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. Under
-  ``trainer.strategy=fsdp`` vapo-lab's FSDP2 keeps fp32 shards: 4 (weights) + 4 (gradients) + 8
-  (Adam m, v), the same 16 (``vapo_lab.distributed.fsdp``). ``single`` trains the model in ``model.dtype``
-  and torch's AdamW keeps m and v in that dtype: 4 x its bytes, unsharded.
+  parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. vapo-lab
+  keeps float32 master weights on every strategy (``vapo_lab.models.precision``): 4 (weights) + 4
+  (gradients) + 8 (Adam m, v), the same 16, sharded under ``trainer.strategy=fsdp``.
 * activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
   Models", Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations (s tokens, b
   sequences, h hidden, a heads); "full activation recomputation" keeps only each layer's input,
@@ -23,6 +22,12 @@ Sources:
   is recomputed.
 * KV cache: 2 (K and V) x L x kv heads x d x bytes per token, as vLLM and the built-in sampler
   allocate it (``vapo_lab.rollout.decoder.FastDecoder``).
+* log-probs: ``chunked_logprob_bytes``, the peak of ``vapo_lab.algo.lm.head_logprobs_and_entropy``
+  (chunks of tokens; measured on CPU to 0.05%, docs/benchmarks.md).
+* time: a roofline. Decoding is bound by memory bandwidth (each step reads the engine's weights and
+  its sequences' KV cache once); the update by arithmetic (6 FLOPs per parameter and token forward
+  and backward, 2 per forward-only pass or recomputation, plus causal attention's 2·L·s·h per token
+  and pass). ``Hardware`` holds the rates and the shares of them reached, stated assumptions.
 """
 
 from __future__ import annotations
@@ -78,16 +83,11 @@ def non_embedding_params(s: Shape) -> int:
 
 # -- training state ------------------------------------------------------------------------------
 def state_bytes_per_param(strategy: str, dtype: str) -> tuple[int, int, int]:
-    """Returns (weights, gradients, optimizer) bytes per parameter, before sharding.
-
-    fsdp: (4, 4, 8): fp32 master shards, fp32 gradients, Adam's m and v in fp32: 16 in all, ZeRO's
-    figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ). single: the model's dtype p for the
-    weights and gradients and 2p for m and v (torch's AdamW keeps them in the parameters' dtype).
-    """
-    if strategy == "fsdp":
-        return 4, 4, 8
-    p = DTYPE_BYTES[dtype]
-    return p, p, 2 * p
+    """Returns (weights, gradients, optimizer) bytes per parameter, before sharding: (4, 4, 8) on
+    every strategy and compute dtype. Parameters, gradients and Adam's m and v stay in float32, the
+    master weights (``vapo_lab.models.precision``; FSDP2 keeps fp32 shards): 16 in all, ZeRO's
+    figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ)."""
+    return 4, 4, 8
 
 
 def sharded(total: float, world: int) -> float:
@@ -130,8 +130,9 @@ def activation_bytes(shape: Shape, s: int, b: int, checkpointing: bool, scores_s
 
 
 def logits_bytes(t: int, b: int, vocab: int) -> float:
-    """Returns 4·t·b·V: the actor's fp32 logits over the t response tokens of b sequences, from which
-    its log-probs are taken (``vapo_lab.trainer.forward.policy_forward`` casts them to fp32)."""
+    """Returns 4·t·b·V: fp32 logits over the t response tokens of b sequences, what an unchunked
+    log-prob pass would hold (several times over: docs/benchmarks.md); the trainer's chunked pass
+    never does (``chunked_logprob_bytes``)."""
     return 4 * t * b * vocab
 
 
@@ -207,39 +208,67 @@ class Setup:
     tensor_parallel_size: int = 1  # vLLM: its weights and KV cache split over t GPUs
     engine_memory: float = 0.0  # vLLM: bytes it takes of each GPU (gpu_memory_utilization x memory)
     engine_sleeps: bool = True  # vLLM: frees its memory during the update (sleep mode)
+    offload: bool = False  # trainer.offload_during_rollout: the training state in host memory while vLLM samples
+    logprob_chunk: int | None = None  # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
+    ppo_epochs: int = 1
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The rates a step's time is estimated from: one GPU's peak and the share of it reached.
+
+    Defaults: an H100 SXM (NVIDIA's datasheet: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16). The shares
+    are assumptions, not measurements: decoding reaching 60% of the bandwidth, the update 40% of the
+    peak FLOPs (a typical MFU of FSDP training with activation recomputation).
+    """
+
+    bandwidth: float = 3.35e12  # bytes/s
+    flops: float = 989e12  # FLOP/s
+    bandwidth_share: float = 0.6
+    flops_share: float = 0.4
 
 
 @dataclass(frozen=True)
 class Footprint:
-    """What one rank of a run holds, in bytes (see ``estimate`` for each formula)."""
+    """What one rank of a run holds, in bytes, and how long its step takes, in seconds (``estimate``)."""
 
     actor_params: int
     critic_params: int  # 0 without a critic
     reference_params: int  # 0 without a reference policy
     sequence: int  # s: tokens per sequence, prompt + response (capped by the context)
-    micro_batch: int  # b: sequences per forward/backward on a rank
+    pass_tokens: int  # tokens through one forward/backward pass on a rank (the token budget's worst case)
     weights: float  # the actor's and critic's (sharded) weights
     gradients: float
     optimizer: float
     reference: float  # the reference policy's (sharded) weights
     gathered: float  # fsdp: the unsharded units in flight (root + 2 layers), transient
     replica: float  # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
-    actor_activations: float  # with checkpointing as configured, logits included
+    actor_activations: float  # with checkpointing as configured, the log-prob pass included
     critic_activations: float
-    actor_activations_full: float  # without checkpointing, logits included
-    actor_activations_ckpt: float  # with full checkpointing, logits included
+    actor_activations_full: float  # without checkpointing, the log-prob pass included
+    actor_activations_ckpt: float  # with full checkpointing, the log-prob pass included
     critic_activations_full: float
     critic_activations_ckpt: float
-    logits: float
+    logprob: float  # the chunked log-prob pass's peak over a pass's response tokens
     kv_per_sequence: float  # one max-length sequence, on one GPU (/ t under vLLM)
     responses_per_rank: int
-    sequences_at_once: int  # sequences the rollout decodes at once on a rank
+    requests_per_engine: int  # responses one sampler runs: a rank's, x t under vLLM
+    sequences_at_once: int  # sequences one sampler decodes at once (vLLM queues the rest)
     vllm: bool
+    offload: bool
     engine_weights: float  # vLLM: its weights on one GPU (the actor in the compute dtype / t)
     engine_memory: float  # vLLM: what it takes of each GPU during rollouts
     engine_sleeps: bool
     generated_tokens: int  # per step, every response at max_new_tokens
     step_tokens: int  # per step, prompt + response of every response
+    decode_step_seconds: float  # one decoding step of one sampler at its full concurrency
+    rollout_seconds: float  # a step's rollout, every response at max_new_tokens (an upper bound)
+    update_seconds: float  # a step's passes: log-probs, values, reference, updates
+
+    @property
+    def micro_batch(self) -> int:
+        """Returns the longest sequences a pass holds: pass_tokens // s, at least 1."""
+        return max(1, self.pass_tokens // self.sequence)
 
     @property
     def state(self) -> float:
@@ -261,15 +290,21 @@ class Footprint:
 
     @property
     def rollout_peak(self) -> float:
-        """Returns the rollout phase: state + vLLM's share, or the built-in sampler's KV cache."""
+        """Returns the rollout phase: the state (none with offload) + vLLM's share, or the built-in
+        sampler's KV cache."""
         if self.vllm:
-            return self.state + self.engine_memory
+            return (0.0 if self.offload else self.state) + self.engine_memory
         return self.state + self.sequences_at_once * self.kv_per_sequence
 
     @property
     def need(self) -> float:
         """Returns the memory a rank needs: the larger of the update and rollout phases."""
         return max(self.train_peak, self.rollout_peak)
+
+    @property
+    def step_seconds(self) -> float:
+        """Returns the estimated time of a step: rollout + update."""
+        return self.rollout_seconds + self.update_seconds
 
     @property
     def engine_minimum(self) -> float:
@@ -283,27 +318,39 @@ class Footprint:
         return self.need <= memory and self.engine_memory >= self.engine_minimum
 
 
-def estimate(shape: Shape, setup: Setup) -> Footprint:
-    """Returns the per-rank footprint of ``setup`` on a model of ``shape``.
+def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Footprint:
+    """Returns the per-rank footprint of ``setup`` on a model of ``shape``, and its step's time on
+    ``hardware`` (an H100 by default).
 
-    * s = prompt_tokens + max_new_tokens, capped at the model's context.
+    * s = prompt_tokens + max_new_tokens, capped at the model's context; t = its response tokens.
     * Training state: ``state_bytes_per_param`` x (actor + critic parameters), / N under fsdp;
-      the reference policy: weight bytes x its parameters, / N under fsdp.
+      the reference policy: 4 bytes (float32) x its parameters, / N under fsdp.
     * fsdp gathers each FSDP unit (a decoder layer; the root: embeddings, final norm and heads)
       in the compute dtype while it computes; the root stays gathered through forward and backward
       (FSDP2 does not reshard the root after forward) and one layer is prefetched: root + 2 layers.
-    * Activations: ``activation_bytes`` at b = min(micro_tokens // s, mini_batch_size, ceil(B / N)), at least 1:
-      a mini-batch is a random draw from the whole batch, so a rank's share of one is on average
-      mini_batch_size / N but can reach all its responses. SDPA/flash attention (no stored
-      scores), plus the actor's fp32 logits over the response tokens (the critic's scalar values
-      are negligible), in the compute dtype (fp32 doubles Korthikanti's 16-bit figures).
+    * A pass holds at most ``micro_tokens`` tokens (``trainer.max_tokens_per_micro_batch``, counted
+      in the padded layout a pass runs), and at least one longest sequence: pass_tokens =
+      max(s, min(micro_tokens, rows x s)), rows = min(mini_batch_size, ceil(B / N)) (a mini-batch is a
+      random draw from the whole batch, so a rank's share of one can reach all its responses).
+      Activations: ``activation_bytes`` over pass_tokens (SDPA/flash attention, no stored scores);
+      the actor's adds ``chunked_logprob_bytes`` over the pass's response tokens, pass_tokens·t/s.
     * Sampling, builtin: under single the sampler runs the policy itself; under fsdp each rank
       keeps an unsharded replica of the actor in the compute dtype. Its static KV cache holds up to
       ``builtin_rows`` of the rank's ceil(B / N) responses at once.
     * Sampling, vLLM: one engine per t ranks takes ``engine_memory`` of each GPU during rollouts
       (and the update too unless it sleeps); in it, the actor's weights / t, and a paged KV cache
-      (/ t) that runs as many sequences at once as fit and queues the rest.
+      (/ t) that decodes as many of its requests (the t ranks' responses) at once as fit and
+      queues the rest. With ``offload`` the training state is in host memory meanwhile.
+    * Time: a decoding step of one sampler reads its weights and its running sequences' KV cache
+      (at an average context of prompt + t/2) at ``bandwidth x bandwidth_share``; the rollout is
+      ceil(requests / at once) waves of t steps, every response at max_new_tokens: an upper bound.
+      The update: 6·P FLOPs per trained parameter and token (8·P with recomputation), 2·P per
+      forward-only pass (old log-probs, values, reference), + 2·L·s·h per token and pass for causal
+      attention (x3 with its backward), times ppo_epochs for the trained passes, over a rank's
+      ceil(B / N)·s tokens, at ``flops x flops_share``. Prefill, the weight push and sampling
+      overheads are not counted.
     """
+    hw = hardware or Hardware()
     world = setup.world if setup.strategy == "fsdp" else 1
     p = DTYPE_BYTES[setup.dtype]
     s = setup.prompt_tokens + setup.max_new_tokens
@@ -316,14 +363,15 @@ def estimate(shape: Shape, setup: Setup) -> Footprint:
     w, g, o = state_bytes_per_param(setup.strategy, setup.dtype)
     trained = actor + critic
     responses = math.ceil(setup.responses_per_step / world)
-    # a rank's rows of a mini-batch are a random draw from its responses: up to all of them
-    # a pass of micro_tokens holds that many tokens' worth of the longest sequences (at least one)
-    b = max(1, min(setup.micro_tokens // s, responses, setup.mini_batch_size or responses))
+    rows = min(responses, setup.mini_batch_size or responses)
+    pass_tokens = max(s, min(setup.micro_tokens, rows * s))
+    response_tokens = pass_tokens * t // s
 
     def acts(ckpt: bool) -> float:
-        return activation_bytes(shape, s, b, ckpt, scores_stored=False, bytes_per_value=p)
+        return activation_bytes(shape, pass_tokens, 1, ckpt, scores_stored=False, bytes_per_value=p)
 
-    logits = logits_bytes(t, b, shape.vocab_size)
+    chunk = setup.logprob_chunk or response_tokens
+    logprob = chunked_logprob_bytes(response_tokens, shape.vocab_size, shape.hidden_size, chunk, min(p, 4))
     gathered = 0.0
     if setup.strategy == "fsdp":
         root = actor - shape.num_layers * layer_params(shape)  # embeddings, final norm, lm_head (> the critic's)
@@ -332,24 +380,46 @@ def estimate(shape: Shape, setup: Setup) -> Footprint:
     tp = setup.tensor_parallel_size if vllm else 1
     kv_seq = kv_bytes_per_sequence(shape, s, p) / tp
     engine_weights = actor * p / tp if vllm else 0.0
+    requests = responses * tp
     if vllm:
-        at_once = min(responses, max(0, int((setup.engine_memory - engine_weights) // kv_seq)))
+        at_once = min(requests, max(0, int((setup.engine_memory - engine_weights) // kv_seq)))
     else:
         at_once = min(responses, setup.builtin_rows)
+    # decoding: a step reads the sampler's weights (a GPU's share) and its sequences' KV cache once
+    context = setup.prompt_tokens + t / 2
+    step_bytes = (engine_weights if vllm else actor * p) + at_once * kv_bytes_per_token(shape, p) / tp * context
+    decode_step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
+    rollout = math.ceil(requests / at_once) * t * decode_step if at_once else math.inf
+    # FLOPs a token: causal attention's QK and AV over s/2 keys on average, 4·(s/2)·h a layer
+    attention = 2 * shape.num_layers * s * shape.hidden_size
+    again = 1 if setup.gradient_checkpointing else 0  # recomputation: one more forward pass
+
+    def trained_pass(params: int) -> float:
+        return (6 + 2 * again) * params + (3 + again) * attention
+
+    def forward_pass(params: int) -> float:
+        return 2 * params + attention
+
+    flops = setup.ppo_epochs * (trained_pass(actor) + (trained_pass(critic) if critic else 0.0))
+    # before the update: the old log-probs (recomputed where vLLM sampled), the reference's, the values
+    flops += forward_pass(actor) * ((1 if vllm else 0) + (1 if setup.reference else 0))
+    flops += forward_pass(critic) if critic else 0.0
+    update = responses * s * flops / (hw.flops * hw.flops_share)
     ckpt = setup.gradient_checkpointing
     return Footprint(
-        actor_params=actor, critic_params=critic, reference_params=ref, sequence=s, micro_batch=b,
+        actor_params=actor, critic_params=critic, reference_params=ref, sequence=s, pass_tokens=pass_tokens,
         weights=sharded(w * trained, world), gradients=sharded(g * trained, world),
         optimizer=sharded(o * trained, world), reference=sharded(w * ref, world), gathered=gathered,
         replica=actor * p if not vllm and setup.strategy == "fsdp" else 0.0,
-        actor_activations=acts(ckpt) + logits, critic_activations=acts(ckpt) if critic else 0.0,
-        actor_activations_full=acts(False) + logits, actor_activations_ckpt=acts(True) + logits,
+        actor_activations=acts(ckpt) + logprob, critic_activations=acts(ckpt) if critic else 0.0,
+        actor_activations_full=acts(False) + logprob, actor_activations_ckpt=acts(True) + logprob,
         critic_activations_full=acts(False) if critic else 0.0,
         critic_activations_ckpt=acts(True) if critic else 0.0,
-        logits=logits, kv_per_sequence=kv_seq, responses_per_rank=responses, sequences_at_once=at_once,
-        vllm=vllm, engine_weights=engine_weights, engine_memory=setup.engine_memory if vllm else 0.0,
-        engine_sleeps=setup.engine_sleeps, generated_tokens=setup.responses_per_step * t,
-        step_tokens=setup.responses_per_step * s)
+        logprob=logprob, kv_per_sequence=kv_seq, responses_per_rank=responses, requests_per_engine=requests,
+        sequences_at_once=at_once, vllm=vllm, offload=setup.offload and vllm, engine_weights=engine_weights,
+        engine_memory=setup.engine_memory if vllm else 0.0, engine_sleeps=setup.engine_sleeps,
+        generated_tokens=setup.responses_per_step * t, step_tokens=setup.responses_per_step * s,
+        decode_step_seconds=decode_step, rollout_seconds=rollout, update_seconds=update)
 
 
 def smallest_world(shape: Shape, setup: Setup, memory: float, divides: int | None = None,
@@ -391,7 +461,7 @@ def _with_world(setup: Setup, world: int) -> Setup:
     return replace(setup, world=world, strategy="fsdp")
 
 
-__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Setup", "activation_bytes", "actor_params", "backbone_params",
+__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Hardware", "Setup", "chunked_logprob_bytes", "activation_bytes", "actor_params", "backbone_params",
            "chunked_logprob_bytes", "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence",
            "kv_bytes_per_token", "layer_activation_bytes", "layer_params", "logits_bytes", "non_embedding_params",
            "sharded", "smallest_world", "state_bytes_per_param"]
