@@ -26,6 +26,7 @@ import platform
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 # The embedded default's held-out avg@4 before and after its 80 steps on a 2-core CPU (README).
@@ -164,6 +165,54 @@ def cmd_peak(args: argparse.Namespace) -> int:
                         reserved_gb=torch.cuda.max_memory_reserved() / 1e9)
         Path(args.out).write_text(json.dumps(peak))
     return rc
+
+
+# ---------------------------------------------------------------------------------------- logprob
+def cmd_logprob_peak(args: argparse.Namespace) -> None:
+    """Step e: the chunked log-prob pass's peak memory (one layer: hidden states into the LM head,
+    forward under bf16 autocast + backward) beside `vapo-lab plan`'s figure for it
+    (models.footprint.chunked_logprob_bytes). On CUDA: torch.cuda.max_memory_allocated over the
+    pass less what was allocated before it; on CPU: vapo_lab.bench.logits_memory's VmHWM method."""
+    import torch
+
+    from vapo_lab.algo.lm import default_chunk_tokens, head_logprobs_and_entropy
+    from vapo_lab.models.footprint import chunked_logprob_bytes
+
+    t, vocab, hidden = args.tokens, args.vocab, args.hidden
+    chunk = default_chunk_tokens(vocab)
+    plan = chunked_logprob_bytes(t, vocab, hidden, chunk, 2)
+    if args.device.startswith("cuda"):
+        device = torch.device(args.device)
+        torch.manual_seed(0)
+        head = torch.nn.Linear(hidden, vocab, bias=False, device=device)  # float32 masters
+        h = torch.randn(t, hidden, dtype=torch.bfloat16, device=device).requires_grad_(True)
+        y = torch.randint(0, vocab, (t,), device=device)
+
+        def run(n: int) -> None:
+            x = h[:n].detach().requires_grad_(True) if n < t else h
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                logprobs, _ = head_logprobs_and_entropy(x, head.weight, y[:n], with_entropy=True)
+            logprobs.sum().backward()
+
+        run(min(t, chunk))  # kernels and cuBLAS's workspace, as a training loop holds them already
+        head.weight.grad = None
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        start = time.perf_counter()
+        run(t)
+        torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        peak = torch.cuda.max_memory_allocated(device) - before
+        how = "torch.cuda.max_memory_allocated - memory_allocated before"
+    else:
+        from vapo_lab.bench.logits_memory import run_logits_memory
+
+        [row] = run_logits_memory([t], vocab, hidden, chunk, cases=("chunked",))
+        peak, seconds, how = row["peak_bytes"], row["seconds"], "VmHWM - VmRSS before, a fresh process"
+    print(f"peak {peak / 1e9:.2f} GB measured, plan {plan / 1e9:.2f} GB ({peak / plan:.3f} of it); "
+          f"T = {t:,}, V = {vocab:,}, h = {hidden}, chunks of {chunk}; {seconds:.2f} s")
+    print(f"- measured: {how}; the fp32 logits it never holds would be {4 * t * vocab / 1e9:.2f} GB")
 
 
 # -------------------------------------------------------------------------------------- summaries
@@ -360,6 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("out")
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_peak)
+    s = sub.add_parser("logprob-peak")
+    s.add_argument("--tokens", type=int, default=20_480)
+    s.add_argument("--vocab", type=int, default=152_064)
+    s.add_argument("--hidden", type=int, default=896)
+    s.add_argument("--device", default="cuda")
+    s.set_defaults(fn=cmd_logprob_peak)
     s = sub.add_parser("pytest-summary")
     s.add_argument("log")
     s.set_defaults(fn=cmd_pytest_summary)

@@ -6,6 +6,8 @@
 #   c.       trainer.strategy=fsdp with N = 1 (NCCL) on a random Qwen2.5-0.5B-shaped model, task=math,
 #            3 steps: peak GPU memory beside `vapo-lab plan`'s figure, tokens/s
 #   d.       vapo-lab eval aime24 --samples 32 on b's checkpoint
+#   e.       the chunked log-prob pass (one layer) at T = 20,480 with V = 152,064: peak GPU memory
+#            beside the plan's figure for it
 # Each step has its own time limit inside the whole's; a failing step is recorded with its last log
 # lines and the next one runs. The table is printed and written as Markdown to
 # $OUT/gpu-acceptance.md (with the whole log and the rows as JSON lines beside it), or, where OUT is
@@ -52,25 +54,27 @@ require_cuda() {
   fi
 }
 
-# Each mode's sizes and limits. GPU: the limits add up to 465 s, leaving the report its seconds
-# inside 8 minutes; CPU (2 cores): fewer steps, samples and tokens, a small model, 585 s in all.
+# Each mode's sizes and limits. GPU: the limits add up to 470 s, leaving the report its seconds
+# inside 8 minutes; CPU (2 cores): fewer steps, samples and tokens, a small model, 595 s in all.
 configure() {
   if [[ $MODE == gpu ]]; then
-    DEVICE=cuda BUDGET=465
-    LIMIT_INSTALL=40 LIMIT_A=40 LIMIT_B=180 LIMIT_C=150 LIMIT_D=55
+    DEVICE=cuda BUDGET=470
+    LIMIT_INSTALL=40 LIMIT_A=40 LIMIT_B=180 LIMIT_C=150 LIMIT_D=45 LIMIT_E=15
     B_EXTRA=()  # the embedded default as shipped: 80 steps, evals at 0, 20, 40, 60, 80
     C_SIZE=full C_DESC="nccl, Qwen2.5-0.5B shape"
     C_EXTRA=(rollout.responses_per_step=32 rollout.group_size=8 rollout.max_new_tokens=128
-             trainer.mini_batch_size=16 trainer.micro_batch_size=8)
+             trainer.mini_batch_size=16 trainer.max_tokens_per_micro_batch=4096)
     D_ARGS=(--samples 32)
+    E_TOKENS=20480
   else
-    DEVICE=cpu BUDGET=585
-    LIMIT_INSTALL=60 LIMIT_A=45 LIMIT_B=240 LIMIT_C=180 LIMIT_D=60
+    DEVICE=cpu BUDGET=595
+    LIMIT_INSTALL=60 LIMIT_A=45 LIMIT_B=220 LIMIT_C=180 LIMIT_D=60 LIMIT_E=30
     B_EXTRA=(trainer.total_steps=10 trainer.eval_every=10)
     C_SIZE=small C_DESC="gloo, a 2-layer Qwen2"
     C_EXTRA=(rollout.responses_per_step=8 rollout.group_size=4 rollout.max_new_tokens=32
-             trainer.mini_batch_size=8 trainer.micro_batch_size=4)
+             trainer.mini_batch_size=8 trainer.max_tokens_per_micro_batch=1024)
     D_ARGS=(--samples 2 --max-tokens 32)
+    E_TOKENS=2048
   fi
   # both: 3 steps, one held-out eval at the start and one at the end, critic built in 1 + 1 steps
   C_EXTRA+=(trainer.total_steps=3 trainer.eval_every=3 task.n_eval=16 rollout.eval_samples=1
@@ -258,6 +262,15 @@ step_eval() {
   return $rc
 }
 
+# e: the chunked log-prob pass's peak memory at E_TOKENS response tokens with Qwen's vocabulary
+# (one layer: hidden states into the LM head) beside the plan's figure for it.
+step_logprob() {
+  local args=(logprob-peak --tokens "$E_TOKENS" --device "$DEVICE")
+  STEP_CMD="python scripts/acceptance.py ${args[*]}"
+  bounded "${HELP[@]}" "${args[@]}" >"$SUMMARY" || return
+  cat "$SUMMARY"
+}
+
 # ---------------------------------------------------------------------------------------- report
 commit() {
   local sha
@@ -308,6 +321,7 @@ main() {
   run_step b "embedded default on $DEVICE" "$LIMIT_B" step_default
   run_step c "fsdp N=1 ($C_DESC), task=math, 3 steps" "$LIMIT_C" step_fsdp
   run_step d "eval aime24 on b's checkpoint" "$LIMIT_D" step_eval
+  run_step e "log-prob pass peak, T = $E_TOKENS, V = 152,064" "$LIMIT_E" step_logprob
   report
   if grep -qv '"status": "ok"' "$RESULTS"; then
     exit 3

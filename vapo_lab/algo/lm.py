@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -144,9 +146,26 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     """Returns the dtype nn.Linear would compute hidden @ Wᵀ in: the autocast dtype of hidden's
     device where autocast is on (it leaves float64 alone), else the promoted dtype of the two."""
     device = hidden.device.type
-    if torch.is_autocast_enabled(device) and torch.float64 not in (hidden.dtype, weight.dtype):
+    if _autocast_on(device) and torch.float64 not in (hidden.dtype, weight.dtype):
         return torch.get_autocast_dtype(device)
     return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _autocast_on(device: str) -> bool:
+    """Returns whether autocast is on for ``device`` (never for a device type autocast does not know:
+    "meta", where shapes alone are computed)."""
+    try:
+        return torch.is_autocast_enabled(device)
+    except RuntimeError:
+        return False
+
+
+def _no_autocast(device: str) -> contextlib.AbstractContextManager[None]:
+    """Returns a context with autocast off for ``device`` (nothing to turn off on a type it does not know)."""
+    try:
+        return torch.autocast(device, enabled=False)
+    except RuntimeError:
+        return contextlib.nullcontext()
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
@@ -180,7 +199,7 @@ class _HeadLogprobs(torch.autograd.Function):
         logprobs = hidden.new_empty(n, dtype=out)
         lse = hidden.new_empty(n, dtype=out)
         entropy = hidden.new_empty(n, dtype=out) if with_entropy else None
-        with torch.autocast(device, enabled=False):
+        with _no_autocast(device):
             w = weight.to(dtype)
             b = bias.to(dtype) if bias is not None else None
             for start in range(0, n, chunk):
@@ -224,7 +243,7 @@ class _HeadLogprobs(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden) if need_h else None
         grad_weight = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_bias = torch.zeros(ctx.vocab, dtype=acc, device=hidden.device) if need_b else None
-        with torch.autocast(hidden.device.type, enabled=False):
+        with _no_autocast(hidden.device.type):
             w = weight.to(dtype)
             b = bias.to(dtype) if bias is not None else None
             for start in range(0, n, ctx.chunk):
