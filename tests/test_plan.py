@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from vapo_lab.cli import app
 from vapo_lab.config.compose import compose_config
 from vapo_lab.config.preflight import device_memory, fit_problems, plan_run
-from vapo_lab.models.footprint import chunked_logprob_bytes
+from vapo_lab.models.footprint import qwen2_pass_activation_bytes
+from vapo_lab.models.shapes import Shape
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "300"}
@@ -42,13 +43,13 @@ def test_plan_of_the_paper_setup_on_128_gpus():
     # 16 B x (32.76B + 31.99B) / 128 = 8.09 GB: 4 + 4 + 8
     assert [rows[k][0] for k in ("weights", "gradients", "optimizer state")] == ["2.02 GB", "2.02 GB", "4.05 GB"]
     assert rows["KV cache per sequence"][0] == "5.50 GB"
-    # state 8.09 + gathered 5.06 + 64·2·n·h 110.05 + 34·n·h 29.23 + log-probs 6.75 (n = 167,936, h = 5120)
-    assert rows["need a GPU"][0] == "159.21 GB"
+    # state 8.09 + gathered 5.06 + a checkpointed pass of 8 x 20,992 tokens (qwen2_pass_activation_bytes)
+    assert rows["need a GPU"][0] == "209.18 GB"
     assert rows["  sequences decoded at once"][0] == "0 of 64 requests"
     assert "fits 80 GB GPUs at N = 128: no" in result.output
     assert "fewest GPUs that fit: none" in result.output
     assert "estimated step at N = 128: never (no sequence fits)" in result.output
-    assert ("to fit, fix with one or more of: trainer.max_tokens_per_micro_batch=62976 (the update then fits; "
+    assert ("to fit, fix with one or more of: trainer.max_tokens_per_micro_batch=41984 (the update then fits; "
             "167936 tokens a pass now); rollout.vllm.gpu_memory_utilization >= 0.89") in result.output
 
 
@@ -159,10 +160,10 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_32B))
     base = [*PAPER_8X16, f"model.path={tmp_path}", "task.train_path=train.jsonl"]
     [line] = fit_problems(compose_config(overrides=base).cfg)
-    assert line.startswith("the run needs 159.2 GB a rank (update 159.2 GB: state 8.1 + activations 146.0 for "
+    assert line.startswith("the run needs 209.2 GB a rank (update 209.2 GB: state 8.1 + activations 196.0 for "
                            "a pass of 167936 tokens + gathered 5.1; rollout 48.1 GB")
     assert "each rank has 80.0 GB (cuda:0, a GPU)" in line
-    assert "trainer.max_tokens_per_micro_batch=62976" in line and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
+    assert "trainer.max_tokens_per_micro_batch=41984" in line and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
     # one sequence a pass and vLLM given what it needs: it fits 128 GPUs
     fixed = [*base, "trainer.max_tokens_per_micro_batch=20992", "rollout.vllm.gpu_memory_utilization=0.89"]
     assert fit_problems(compose_config(overrides=[f"model.path={tmp_path}", "scale=paper",
@@ -200,13 +201,16 @@ def test_table1_small_gpu_fits_the_gpus_its_header_states(tmp_path):
     # rollout: the state + vLLM's share, 0.5 x 80 GB
     rollout = state + 0.5 * 80e9
     # update: state + the gathered FSDP root (embeddings + final norm) and 2 layers in bf16 + the
-    # actor's activations with checkpointing for a pass of n = 17,408 tokens (the budget: 2 sequences
-    # of s = 512 + 8192): L·2·n·h (each layer's input) + 34·n·h (the layer recomputed) + the chunked
-    # log-prob pass over its n·8192/8704 = 16,384 response tokens, chunks of 2^28 / (4·V) = 441
-    n = 17_408
-    logprob = chunked_logprob_bytes(16_384, V, h, 441, 2)
-    update = state + 2 * (V * h + h + 2 * layer) + L * 2 * n * h + 34 * n * h + logprob
-    assert (state, round(update), rollout) == (6_174_860_290, 11_088_142_594, 46_174_860_290)
+    # larger of the actor's and the critic's checkpointed pass of 17,408 tokens (the budget: 2
+    # sequences of s = 512 + 8192) in bf16 copies of the shards, the tensors autograd keeps
+    # (qwen2_pass_activation_bytes, worked by hand in tests/bench/test_plan_check.py), the actor's with
+    # its chunked log-prob pass over 2 x 8192 response tokens in chunks of 2^28 / (4·V) = 441
+    shape = Shape(hidden_size=h, num_layers=L, num_heads=12, num_kv_heads=2, head_dim=128, intermediate_size=i,
+                  vocab_size=V, tie_word_embeddings=True, max_position_embeddings=131072)
+    passes = [qwen2_pass_activation_bytes(shape, 2, 512, 8192, True, head, 2, False, "packed", 441, "cast")
+              for head in ("lm", "value")]
+    update = state + 2 * (V * h + h + 2 * layer) + max(passes)
+    assert (state, rollout) == (6_174_860_290, 46_174_860_290) and round(update / 1e7) == 1119  # 11.19 GB
     # DAPO has no critic: 16 B x actor / 8
     dapo = 16 * actor / 8 + 0.5 * 80e9
     assert dapo == 43_087_428_608

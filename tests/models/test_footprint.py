@@ -22,6 +22,7 @@ from vapo_lab.models.footprint import (
     layer_params,
     chunked_logprob_bytes,
     logits_bytes,
+    qwen2_pass_activation_bytes,
     non_embedding_params,
     sharded,
     smallest_world,
@@ -178,11 +179,15 @@ def test_paper_setup_adds_up():
     assert fp.pass_tokens == 167_936 and fp.micro_batch == 8
     assert (fp.weights, fp.gradients, fp.optimizer) == (4 * trained / 128, 4 * trained / 128, 8 * trained / 128)
     assert fp.state == 16 * trained / 128
-    nh = 167_936 * 5120
-    # the pass's response tokens 167,936 x 20,480 / 20,992 = 163,840 through the chunked LM head
+    # the pass's response tokens 8 x 20,480 = 163,840 through the chunked LM head
     assert fp.logprob == chunked_logprob_bytes(163_840, 152064, 5120, 441, 2) == 6_754_110_464
-    assert fp.actor_activations == 64 * 2 * nh + 34 * nh + fp.logprob
-    assert fp.critic_activations == 64 * 2 * nh + 34 * nh
+    # a pass: 8 rows of 512 + 20,480 tokens, checkpointed, bf16 copies of the shards (FSDP2's "cast"):
+    # the tensors autograd keeps (qwen2_pass_activation_bytes, by hand in tests/bench/test_plan_check.py)
+    assert fp.actor_activations == qwen2_pass_activation_bytes(q32, 8, 512, 20480, True, "lm", 2, False, "packed",
+                                                              441, "cast")
+    assert fp.critic_activations == qwen2_pass_activation_bytes(q32, 8, 512, 20480, True, "value", 2, False,
+                                                               "packed", 441, "cast")
+    assert fp.actor_activations > fp.logprob
     layer = layer_params(q32)
     assert fp.gathered == (32_763_876_352 - 64 * layer + 2 * layer) * 2
     assert fp.train_peak == fp.state + fp.gathered + fp.actor_activations
