@@ -55,7 +55,7 @@ require_cuda() {
 }
 
 # Each mode's sizes and limits. GPU: the limits add up to 470 s, leaving the report its seconds
-# inside 8 minutes; CPU (2 cores): fewer steps, samples and tokens, a small model, 595 s in all.
+# inside 8 minutes; CPU (2 cores): fewer steps, samples and tokens, a small model, 600 s in all.
 configure() {
   if [[ $MODE == gpu ]]; then
     DEVICE=cuda BUDGET=470
@@ -65,10 +65,10 @@ configure() {
     C_EXTRA=(rollout.responses_per_step=32 rollout.group_size=8 rollout.max_new_tokens=128
              trainer.mini_batch_size=16 trainer.max_tokens_per_micro_batch=4096)
     D_ARGS=(--samples 32)
-    E_TOKENS=20480
+    E_TOKENS=10240
   else
-    DEVICE=cpu BUDGET=595
-    LIMIT_INSTALL=60 LIMIT_A=45 LIMIT_B=220 LIMIT_C=180 LIMIT_D=60 LIMIT_E=30
+    DEVICE=cpu BUDGET=600
+    LIMIT_INSTALL=55 LIMIT_A=45 LIMIT_B=240 LIMIT_C=180 LIMIT_D=60 LIMIT_E=20
     B_EXTRA=(trainer.total_steps=10 trainer.eval_every=10)
     C_SIZE=small C_DESC="gloo, a 2-layer Qwen2"
     C_EXTRA=(rollout.responses_per_step=8 rollout.group_size=4 rollout.max_new_tokens=32

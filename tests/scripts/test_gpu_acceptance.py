@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-acceptance.sh"
-STEPS = ("install", "a", "b", "c", "d")
+STEPS = ("install", "a", "b", "c", "d", "e")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -68,3 +68,6 @@ def test_cpu_run_reports_every_step_with_a_result(tmp_path):
     assert re.search(r"→ .* at step 10: [+-]\d+\.\d .*CPU 43\.6 − 23\.5 = \+20\.1.*\d\.\d+ s/step", rows["b"][1])
     assert re.search(r"peak .*GB.*plan \d+\.\d+ GB.*tokens/s", rows["c"][1])
     assert re.search(r"aime24 avg@2 \d+\.\d%", rows["d"][1])
+    # the chunked log-prob pass's peak beside the plan's figure for it: within 15%
+    peak = re.search(r"peak (\d+\.\d+) GB measured, plan (\d+\.\d+) GB \((\d\.\d+) of it\); T = 1,024", rows["e"][1])
+    assert peak and 0.85 <= float(peak.group(3)) <= 1.15, rows["e"][1]
