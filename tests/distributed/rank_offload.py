@@ -9,8 +9,6 @@ on 2 ranks (FSDP2 over gloo), each rank writing its checks to ``<out>/rank<r>.js
 import argparse
 import copy
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +18,7 @@ from torch import Tensor, nn
 from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.distributed.offload import to_device, to_host
 from vapo_lab.trainer.update import adamw
+from tests.distributed.leave import leave
 
 IMPLS = ("fused", "foreach", "for-loop")
 
@@ -155,12 +154,7 @@ def main() -> None:
 
     checks = {impl: roundtrip(make, impl, cpu) for impl in IMPLS}
     (Path(a.out) / f"rank{world.rank}.json").write_text(json.dumps(checks))
-    # every rank done before any leaves; then leave without tearing the gloo group down (its
-    # teardown aborted now and then under load: tests/distributed/rank_update.py)
-    torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import resource
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - imported before 
 from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.models.sharded import load_sharded_causal_lm
+from tests.distributed.leave import leave
 
 IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 
@@ -140,12 +140,7 @@ def main() -> None:
     else:
         rss(world, a.out, a.dirs[0])
     if world.initialized:
-        # every rank done (rank 0's file written) before any leaves; then leave without tearing the
-        # gloo group down (its teardown aborted now and then under load: rank_update.py)
-        torch.distributed.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ saves what the test compares. Run by tests/distributed/test_sharded_value_model.
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from vapo_lab.distributed.fsdp import as_forward, full, is_sharded
 from vapo_lab.distributed.world import World
 from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.models.sharded import load_sharded_value_model, save_sharded_value_model
+from tests.distributed.leave import leave
 
 IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1]])  # as the test's
@@ -106,12 +106,7 @@ def main() -> None:
     world = World(torch.distributed.get_rank(), torch.distributed.get_world_size(),
                   int(os.environ["LOCAL_RANK"]), initialized=True)
     run(world, Path(a.out), a.dirs)
-    # every rank done (rank 0's file written) before any leaves; then leave without tearing the gloo
-    # group down (its teardown aborted now and then under load: rank_update.py)
-    torch.distributed.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ parameters to compare. Run by tests/distributed/test_update_equality.py:
 import argparse
 import copy
 import os
-import sys
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -21,6 +20,7 @@ from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows, batched_logprobs, batched_values, token_micro_batches
 from vapo_lab.trainer.update import Updater
+from tests.distributed.leave import leave
 
 B, N_SAMPLES, VOCAB = 16, 8, 48
 
@@ -126,13 +126,7 @@ def main() -> None:
     if world.main:
         torch.save(out, a.out)
     if world.initialized:
-        # every rank done (rank 0's file written) before any leaves; then leave without tearing the
-        # gloo group down: its threads' teardown aborted now and then under load ("terminate called
-        # without an active exception", SIGABRT) after every result was written
-        torch.distributed.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from vapo_lab.config.compose import compose_config  # noqa: E402
 from vapo_lab.distributed.fsdp import is_sharded  # noqa: E402
 from vapo_lab.trainer import setup  # noqa: E402
 from vapo_lab.trainer.trainer import Trainer  # noqa: E402
+from tests.distributed.leave import leave  # noqa: E402
 
 
 def main() -> None:
@@ -56,8 +57,7 @@ def main() -> None:
         "asked_sharded": built_sharded, "policy_sharded": is_sharded(trainer.policy),
         "ref_sharded": is_sharded(trainer.ref), "critic_sharded": is_sharded(trainer.critic),
         "metrics": [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in result.metrics]}))
-    trainer.world.barrier()
-    os._exit(0)  # past the barrier: gloo's teardown aborted under load (rank_update.py)
+    leave()
 
 
 if __name__ == "__main__":
