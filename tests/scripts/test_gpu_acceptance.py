@@ -39,7 +39,7 @@ def _rows(markdown: str) -> dict[str, tuple[str, str]]:
     """{step id: (status, result)} from the report's step table."""
     rows = {}
     for line in markdown.splitlines():
-        m = re.match(r"\| (install|[a-d])\. .*? \| (.+?) \| [\d.]+ s \| (.*) \|$", line)
+        m = re.match(r"\| (install|[a-e])\. .*? \| (.+?) \| [\d.]+ s \| (.*) \|$", line)
         if m:
             rows[m.group(1)] = (m.group(2), m.group(3))
     return rows
