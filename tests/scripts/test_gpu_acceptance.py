@@ -65,7 +65,7 @@ def test_cpu_run_reports_every_step_with_a_result(tmp_path):
     assert done.returncode == 0, md
     # each step's figures, as the GPU run will report them
     assert re.search(r"skipped|passed", rows["a"][1])
-    assert re.search(r"→ .* at step 10: [+-]\d+\.\d .*CPU 43\.6 − 23\.5 = \+20\.1.*\d\.\d+ s/step", rows["b"][1])
+    assert re.search(r"→ .* at step 10: [+-]\d+\.\d .*CPU 44\.8 − 23\.5 = \+21\.3.*\d\.\d+ s/step", rows["b"][1])
     assert re.search(r"peak .*GB.*plan \d+\.\d+ GB.*tokens/s", rows["c"][1])
     assert re.search(r"aime24 avg@2 \d+\.\d%", rows["d"][1])
     # the chunked log-prob pass's peak beside the plan's figure for it: within 15%
