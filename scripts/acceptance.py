@@ -171,12 +171,12 @@ def cmd_peak(args: argparse.Namespace) -> int:
 def cmd_logprob_peak(args: argparse.Namespace) -> None:
     """Step e: the chunked log-prob pass's peak memory (one layer: hidden states into the LM head,
     forward under bf16 autocast + backward) beside `vapo-lab plan`'s figure for it
-    (models.footprint.chunked_logprob_bytes). On CUDA: torch.cuda.max_memory_allocated over the
+    (models.activations.chunked_logprob_bytes). On CUDA: torch.cuda.max_memory_allocated over the
     pass less what was allocated before it; on CPU: vapo_lab.bench.logits_memory's VmHWM method."""
     import torch
 
     from vapo_lab.algo.lm import default_chunk_tokens, head_logprobs_and_entropy
-    from vapo_lab.models.footprint import chunked_logprob_bytes
+    from vapo_lab.models.activations import chunked_logprob_bytes
 
     t, vocab, hidden = args.tokens, args.vocab, args.hidden
     chunk = default_chunk_tokens(vocab)

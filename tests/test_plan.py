@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from vapo_lab.cli import app
 from vapo_lab.config.compose import compose_config
 from vapo_lab.config.preflight import device_memory, fit_problems, plan_run
-from vapo_lab.models.footprint import qwen2_pass_activation_bytes
+from vapo_lab.models.activations import qwen2_pass_activation_bytes
 from vapo_lab.models.shapes import Shape
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ from vapo_lab.algo.lm import (
     token_logprobs_and_entropy,
     weight_block_rows,
 )
-from vapo_lab.models.footprint import chunked_logprob_bytes
+from vapo_lab.models.activations import chunked_logprob_bytes
 
 from tests.algo.helpers import F32, F64, close
 

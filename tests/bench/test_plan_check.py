@@ -21,7 +21,7 @@ from vapo_lab.bench.plan_check import (
     sdpa_backend,
     training_model,
 )
-from vapo_lab.models.footprint import qwen2_layer_activation_bytes, qwen2_saved_bytes
+from vapo_lab.models.activations import qwen2_layer_activation_bytes, qwen2_saved_bytes
 from vapo_lab.models.shapes import Shape
 
 # h = 8, a = 2 query heads and kv = 1 key-value head of d = 4 (q = 8, k = 4), i = 16

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.distributed.offload import to_device, to_host
 from vapo_lab.trainer.update import adamw
-from tests.distributed.leave import leave
+from tests.distributed.ranks import leave
 
 IMPLS = ("fused", "foreach", "for-loop")
 

@@ -19,27 +19,16 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - imported before the baseline, as both paths use it
 
 from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.models.sharded import load_sharded_causal_lm
-from tests.distributed.leave import leave
+from tests.distributed.ranks import READ, count_reads, leave
 
 IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 
-# the elements this rank read from the files: its slices only, not whole tensors
-READ = [0]
-_process = dcp.HuggingFaceStorageReader._process_read_request
-
-
-def _counting(self, f, req, planner):
-    READ[0] += int(torch.Size(req.lengths).numel())
-    return _process(self, f, req, planner)
-
-
-dcp.HuggingFaceStorageReader._process_read_request = _counting
+count_reads()  # READ: the elements this rank read from the files (its slices only)
 
 
 def status_kib() -> dict[str, int]:

@@ -13,28 +13,17 @@ import os
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from vapo_lab.distributed.fsdp import as_forward, full, is_sharded
 from vapo_lab.distributed.world import World
 from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.models.sharded import load_sharded_value_model, save_sharded_value_model
-from tests.distributed.leave import leave
+from tests.distributed.ranks import READ, count_reads, leave
 
 IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1]])  # as the test's
 
-# the elements this rank read from the files: its slices only, not whole tensors
-READ = [0]
-_process = dcp.HuggingFaceStorageReader._process_read_request
-
-
-def _counting(self, f, req, planner):
-    READ[0] += int(torch.Size(req.lengths).numel())
-    return _process(self, f, req, planner)
-
-
-dcp.HuggingFaceStorageReader._process_read_request = _counting
+count_reads()  # READ: the elements this rank read from the files (its slices only)
 
 
 def load(world: World, path, dtype: str, source: str) -> tuple[torch.nn.Module, list[int]]:

@@ -20,7 +20,7 @@ from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows, batched_logprobs, batched_values, token_micro_batches
 from vapo_lab.trainer.update import Updater
-from tests.distributed.leave import leave
+from tests.distributed.ranks import leave
 
 B, N_SAMPLES, VOCAB = 16, 8, 48
 

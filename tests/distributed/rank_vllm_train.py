@@ -21,7 +21,7 @@ from vapo_lab.config.compose import compose_config  # noqa: E402
 from vapo_lab.distributed.fsdp import is_sharded  # noqa: E402
 from vapo_lab.trainer import setup  # noqa: E402
 from vapo_lab.trainer.trainer import Trainer  # noqa: E402
-from tests.distributed.leave import leave  # noqa: E402
+from tests.distributed.ranks import leave  # noqa: E402
 
 
 def main() -> None:

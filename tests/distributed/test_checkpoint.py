@@ -3,7 +3,6 @@ groups, e.g. a scheduled learning rate) comes back exactly; a hostile .metadata 
 
 import os
 import pickle
-import socket
 
 import pytest
 import torch
@@ -11,20 +10,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from vapo_lab.distributed.dcp import load_sharded, save_sharded
 from vapo_lab.distributed.fsdp import full, shard
-from vapo_lab.distributed.world import World
 from vapo_lab.errors import CheckpointError
-
-
-@pytest.fixture
-def group(monkeypatch):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(k, v)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    yield World(0, 1, 0, True)
-    torch.distributed.destroy_process_group()
 
 
 class Net(torch.nn.Module):

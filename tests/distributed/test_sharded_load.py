@@ -96,21 +96,6 @@ def test_two_ranks_load_what_from_pretrained_loads(two_ranks, name):
     assert all(0.4 * total < r < 0.6 * total for r in got["read"])
 
 
-@pytest.fixture
-def group(monkeypatch):
-    """A process group of this one process (gloo): the sharded path, in-process."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(k, v)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    yield World(0, 1, 0, True)
-    torch.distributed.destroy_process_group()
-
-
 def test_one_process_is_from_pretrained_unsharded(tmp_path):
     path = save_tiny(tmp_path / "m", tied=True, dtype=torch.bfloat16)
     model = load_sharded_causal_lm(path, single(), torch.device("cpu"), "bfloat16")

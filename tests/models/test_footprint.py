@@ -1,5 +1,5 @@
 """Tests for vapo_lab.models.footprint and .shapes: counts worked by hand and counted on real HF
-modules, the published figures (ZeRO, Qwen2.5, Korthikanti), and how a run's phases add up."""
+modules, the published figures (ZeRO, Qwen2.5), and how a run's phases add up."""
 
 import json
 from dataclasses import replace
@@ -9,20 +9,16 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 from vapo_lab.errors import ConfigError
+from vapo_lab.models.activations import chunked_logprob_bytes, qwen2_pass_activation_bytes
 from vapo_lab.models.footprint import (
     GB,
     Setup,
-    activation_bytes,
     actor_params,
     critic_params,
     estimate,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
-    layer_activation_bytes,
     layer_params,
-    chunked_logprob_bytes,
-    logits_bytes,
-    qwen2_pass_activation_bytes,
     non_embedding_params,
     sharded,
     smallest_world,
@@ -129,34 +125,8 @@ def test_master_weights_are_float32_on_every_strategy():
             assert state_bytes_per_param(strategy, dtype) == (4, 4, 8)
 
 
-# -- activations: Korthikanti et al. 2022 ---------------------------------------------------------
-def test_korthikanti_per_layer_activations_by_hand():
-    # GPT-3 175B's layer: s 2048, b 1, h 12288, a 96. s·b·h = 25,165,824; 5·a·s/h = 5·96·2048/12288 = 80
-    sbh = 2048 * 12288
-    assert sbh == 25_165_824
-    # Eq. 1: sbh(34 + 80) = 114 sbh = 2,868,903,936 bytes
-    assert layer_activation_bytes(2048, 1, 12288, 96, scores_stored=True) == 114 * sbh == 2_868_903_936
-    # flash / SDPA: the 5as²b scores are not stored, 34 sbh = 855,638,016
-    assert layer_activation_bytes(2048, 1, 12288, 96) == 34 * sbh == 855_638_016
-    # fp32 activations: twice
-    assert layer_activation_bytes(2048, 1, 12288, 96, bytes_per_value=4) == 68 * sbh
-
-
-def test_full_checkpointing_keeps_the_layer_inputs_and_one_layer():
-    gpt3 = Shape(hidden_size=12288, num_layers=96, num_heads=96, num_kv_heads=96, head_dim=128,
-                 intermediate_size=4 * 12288, vocab_size=50257, tie_word_embeddings=True,
-                 max_position_embeddings=2048)
-    sbh = 2048 * 12288
-    # no checkpointing: 96 layers x 34 sbh
-    assert activation_bytes(gpt3, 2048, 1, checkpointing=False) == 96 * 34 * sbh
-    # full activation recomputation: 2sbh a layer (2sbhL), plus the layer being recomputed (34 sbh)
-    assert activation_bytes(gpt3, 2048, 1, checkpointing=True) == 96 * 2 * sbh + 34 * sbh == 5_687_476_224
-
-
-def test_logits_and_kv_cache_by_hand():
+def test_kv_cache_by_hand():
     q32 = KNOWN_ARCHS["Qwen2.5-32B"]
-    # fp32 logits of 20480 response tokens over V = 152064: 4 x 3,114,270,720 = 12.46 GB
-    assert logits_bytes(20480, 1, 152064) == 4 * 3_114_270_720 == 12_457_082_880
     # K and V, 64 layers, 8 kv heads of 128, bf16: 2 x 64 x 8 x 128 x 2 = 256 KiB a token
     assert kv_bytes_per_token(q32) == 262_144
     assert kv_bytes_per_sequence(q32, 20992) == 262_144 * 20992

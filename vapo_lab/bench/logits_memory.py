@@ -39,7 +39,7 @@ import time
 import torch
 
 from vapo_lab.algo.lm import default_chunk_tokens, head_logprobs_and_entropy, token_logprobs_and_entropy
-from vapo_lab.models.footprint import chunked_logprob_bytes
+from vapo_lab.models.activations import chunked_logprob_bytes
 
 CASES = ("unchunked", "chunked")
 # The unchunked pass holds about 4 float32 (T, V) tensors at its peak; refuse one predicted to need
@@ -182,7 +182,7 @@ def format_logits_memory(rows: list[dict]) -> str:
             ratio = by["unchunked"]["peak_bytes"] / by["chunked"]["peak_bytes"]
             lines.append(f"T={t}: unchunked / chunked peak = {ratio:.2f}x")
     lines += ["peak: VmHWM after the pass − VmRSS before it, one fresh process per case (W's gradient "
-              "included); x logits: peak / 4·T·V; formula: footprint.chunked_logprob_bytes"]
+              "included); x logits: peak / 4·T·V; formula: activations.chunked_logprob_bytes"]
     return "\n".join(lines)
 
 

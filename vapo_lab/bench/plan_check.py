@@ -52,14 +52,8 @@ from vapo_lab.bench.logits_memory import (
     _status_bytes,
     available_bytes,
 )
-from vapo_lab.models.footprint import (
-    Setup,
-    actor_params,
-    critic_params,
-    estimate,
-    qwen2_pass_activation_bytes,
-    qwen2_saved_bytes,
-)
+from vapo_lab.models.activations import qwen2_pass_activation_bytes, qwen2_saved_bytes
+from vapo_lab.models.footprint import Setup, actor_params, critic_params, estimate
 from vapo_lab.models.shapes import Shape
 
 # refuse a case predicted to need more than this share of the memory available (other jobs share it)
@@ -400,8 +394,8 @@ def format_plan_check(rows: list[dict]) -> str:
               ("measured: VmHWM after the pass − VmRSS before it (gradients resident), one fresh process a "
                "case; state: VmRSS after AdamW's step − before the model; plan: footprint.estimate's "
                "{actor,critic}_activations_{full,ckpt} (16·P for the state); formula: "
-               "footprint.qwen2_pass_activation_bytes; saved: the autograd graph's saved tensors "
-               "against footprint.qwen2_saved_bytes")]
+               "activations.qwen2_pass_activation_bytes; saved: the autograd graph's saved tensors "
+               "against activations.qwen2_saved_bytes")]
     return "\n".join(lines)
 
 

@@ -300,29 +300,23 @@ def fastest_within(plan: RunPlan, seconds: float) -> tuple[int, dict[str, Any], 
     share and ``ENGINE_SHARES``, with and without offload during the rollout.
     """
     s = plan.setup
-    variants: list[dict[str, Any]] = [{}]
+    keys = ("rollout.vllm.tensor_parallel_size", "rollout.vllm.gpu_memory_utilization", "trainer.offload_during_rollout")
+    configured = (s.tensor_parallel_size, s.engine_memory / plan.memory, s.offload)
+    variants = [configured]
     if s.engine == "vllm":
-        share = s.engine_memory / plan.memory
-        variants += [{"rollout.vllm.tensor_parallel_size": tp, "rollout.vllm.gpu_memory_utilization": sh,
-                      "trainer.offload_during_rollout": off}
-                     for off in (s.offload, True) for sh in (share, *ENGINE_SHARES) for tp in TENSOR_PARALLEL]
+        variants += [(tp, share, off) for off in (s.offload, True) for share in (configured[1], *ENGINE_SHARES)
+                     for tp in TENSOR_PARALLEL]
     for n in range(1, plan.prompts_per_step + 1):
         if plan.prompts_per_step % n:
             continue
-        for change in variants:
-            tp = change.get("rollout.vllm.tensor_parallel_size", s.tensor_parallel_size)
+        for tp, share, off in variants:
             if n % tp:
                 continue
-            setup = replace(s, world=n, strategy="fsdp", tensor_parallel_size=tp,
-                            engine_memory=change.get("rollout.vllm.gpu_memory_utilization",
-                                                     s.engine_memory / plan.memory) * plan.memory,
-                            offload=change.get("trainer.offload_during_rollout", s.offload))
+            setup = replace(s, world=n, strategy="fsdp", tensor_parallel_size=tp, engine_memory=share * plan.memory,
+                            offload=off)
             fp = estimate(plan.shape, setup, plan.hardware)
             if fp.fits(plan.memory) and fp.step_seconds < seconds:
-                changed = {k: v for k, v in change.items() if v != {
-                    "rollout.vllm.tensor_parallel_size": s.tensor_parallel_size,
-                    "rollout.vllm.gpu_memory_utilization": s.engine_memory / plan.memory,
-                    "trainer.offload_during_rollout": s.offload}[k]}
+                changed = {k: v for k, v, c in zip(keys, (tp, share, off), configured) if v != c}
                 return n, changed, fp.step_seconds
     return None
 

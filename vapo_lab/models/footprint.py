@@ -15,15 +15,11 @@ Sources:
   parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. vapo-lab
   keeps float32 master weights on every strategy (``vapo_lab.models.precision``): 4 (weights) + 4
   (gradients) + 8 (Adam m, v), the same 16, sharded under ``trainer.strategy=fsdp``.
-* activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-  Models", Eq. 1: s·b·h·(34 + 5·a·s/h) bytes per layer for 16-bit activations (s tokens, b
-  sequences, h hidden, a heads); "full activation recomputation" keeps only each layer's input,
-  2·s·b·h a layer (2·s·b·h·L in all, as the paper puts it), plus one layer's activations while it
-  is recomputed.
+* activations and log-probs: :mod:`vapo_lab.models.activations`, what autograd keeps in a Qwen2
+  pass tensor by tensor and the chunked LM head's peak (both checked against CPU peaks,
+  docs/benchmarks.md).
 * KV cache: 2 (K and V) x L x kv heads x d x bytes per token, as vLLM and the built-in sampler
   allocate it (``vapo_lab.rollout.decoder.FastDecoder``).
-* log-probs: ``chunked_logprob_bytes``, the peak of ``vapo_lab.algo.lm.head_logprobs_and_entropy``
-  (chunks of tokens; measured on CPU to 0.05%, docs/benchmarks.md).
 * time: a roofline. Decoding is bound by memory bandwidth (each step reads the engine's weights and
   its sequences' KV cache once); the update by arithmetic (6 FLOPs per parameter and token forward
   and backward, 2 per forward-only pass or recomputation, plus causal attention's 2·L·s·h per token
@@ -35,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from vapo_lab.models.activations import chunked_logprob_bytes, qwen2_pass_activation_bytes
 from vapo_lab.models.shapes import Shape
 
 GB = 1e9
@@ -93,87 +90,6 @@ def state_bytes_per_param(strategy: str, dtype: str) -> tuple[int, int, int]:
 def sharded(total: float, world: int) -> float:
     """Returns a rank's share of ``total`` bytes sharded over ``world`` ranks: total / N (ZeRO-3)."""
     return total / world
-
-
-# -- activations ---------------------------------------------------------------------------------
-def layer_activation_bytes(s: int, b: int, h: int, a: int, scores_stored: bool = False,
-                           bytes_per_value: int = 2) -> float:
-    """Returns the activations one transformer layer keeps for its backward pass (Korthikanti Eq. 1).
-
-    s·b·h·(34 + 5·a·s/h) bytes for 16-bit activations: 34·s·b·h for the layer's linear inputs,
-    norms, GeLU/dropout tensors, and 5·a·s²·b for the attention scores, softmax and its dropout
-    mask. With flash / SDPA attention (what HF models use here) the scores are recomputed in the
-    backward pass and never stored: ``scores_stored=False`` drops the 5·a·s/h term. The formula is
-    written for GPT's 4h MLP; it is the published reference kept here as is (Qwen2's SwiGLU with
-    i ≈ 5.4h stores more, so without checkpointing it is a lower bound). 32-bit activations
-    (``bytes_per_value=4``) double every term.
-
-    Args:
-        s: tokens per sequence; b: sequences (the micro-batch); h: hidden size; a: attention heads.
-    """
-    per_token = 34 + (5 * a * s / h if scores_stored else 0)
-    return s * b * h * per_token * bytes_per_value / 2
-
-
-def activation_bytes(shape: Shape, s: int, b: int, checkpointing: bool, scores_stored: bool = False,
-                     bytes_per_value: int = 2) -> float:
-    """Returns the activations of the whole layer stack for one micro-batch of b sequences of s tokens.
-
-    Without checkpointing: L · ``layer_activation_bytes``. With full checkpointing (Korthikanti et
-    al.'s "full activation recomputation", 2·s·b·h·L): each layer keeps only its input, 2·s·b·h bytes (16-bit), and
-    the layer being recomputed holds its full activations: L·2·s·b·h + one layer.
-    """
-    one = layer_activation_bytes(s, b, shape.hidden_size, shape.num_heads, scores_stored, bytes_per_value)
-    if not checkpointing:
-        return shape.num_layers * one
-    return shape.num_layers * 2 * s * b * shape.hidden_size * bytes_per_value / 2 + one
-
-
-def logits_bytes(t: int, b: int, vocab: int) -> float:
-    """Returns 4·t·b·V: fp32 logits over the t response tokens of b sequences, what an unchunked
-    log-prob pass would hold (several times over: docs/benchmarks.md); the trainer's chunked pass
-    never does (``chunked_logprob_bytes``)."""
-    return 4 * t * b * vocab
-
-
-def chunked_logprob_bytes(t: int, vocab: int, hidden: int, chunk: int, compute_bytes: int = 2,
-                          entropy_grad: bool = False) -> float:
-    """Returns the peak bytes that the chunked log-prob pass adds, forward + backward over t tokens.
-
-    ``vapo_lab.algo.lm.head_logprobs_and_entropy`` with the entropy (as the trainer asks for it)
-    never holds the (t, V) logits, only chunks of c = min(chunk, t) tokens. Its tensors, with p the
-    compute dtype's bytes (2 for bf16 under autocast, 4 for float32) and fp32 master weights:
-
-    * W in the compute dtype, cast once in forward and once in backward: V·h·p (none when p = 4);
-    * forward, a chunk: its float32 logits z − max and exp(z − max): 8·c·V (the bf16 logits, p·c·V,
-      are freed before the exponential);
-    * backward: the float32 gradient of W, 4·V·h, summed over the chunks (autograd then adds it to
-      W.grad: all of it is extra once an earlier micro-batch's gradient is there); a chunk's float32
-      ∂L/∂z, computed in place in its recomputed logits, and the same in the compute dtype:
-      (4 + p)·c·V (8·c·V with ``entropy_grad``: log p and p at once); then, under p < 4, its share of
-      ∂L/∂W, a block of rows at a time in the compute dtype and in float32 (``weight_block_rows``:
-      at most 4·c·V, and at most (p + 4)·V·h), beside the p·c·V chunk;
-    * per token: log π, H, lse, ∂L/∂log π (4 bytes each) and ∂L/∂h (h·p): t·(16 + h·p).
-
-    peak = t·(16 + h·p) + max(V·h·p' + 8·c·V,
-                              4·V·h + V·h·p' + max(k·c·V, p'·c·V + min(4·c·V, (p' + 4)·V·h)·[p' > 0])),
-    p' = p if p < 4 else 0, k = 8 with ``entropy_grad`` else 4 + p'. Against (t, V) logits this is
-    constant in t but for the per-token term. Not counted: the caller's hidden states and W, and a
-    GEMM library's own scratch (a few MB).
-
-    Args:
-        t: tokens through the head (a micro-batch's response tokens); vocab: V; hidden: h;
-        chunk: ``chunk_tokens`` (``vapo_lab.algo.lm.default_chunk_tokens(V)`` by default, 441 at
-        V = 152,064); compute_bytes: p; entropy_grad: whether H carries gradients.
-    """
-    c = min(chunk, t)
-    low = compute_bytes if compute_bytes < 4 else 0  # p': the narrower copies exist only under autocast
-    copy = vocab * hidden * low  # W in the compute dtype
-    forward = copy + 8 * c * vocab  # z − max and exp(z − max), float32
-    k = 8 if entropy_grad else 4 + low  # log p and p, or ∂L/∂z in float32 and in the compute dtype
-    rows = min(4 * c * vocab, (low + 4) * vocab * hidden) if low else 0  # ∂L/∂W's block, p' and float32
-    backward = 4 * vocab * hidden + copy + max(k * c * vocab, low * c * vocab + rows)
-    return t * (16 + hidden * compute_bytes) + max(forward, backward)
 
 
 # -- KV cache ------------------------------------------------------------------------------------
@@ -467,185 +383,6 @@ def _with_world(setup: Setup, world: int) -> Setup:
     return replace(setup, world=world, strategy="fsdp")
 
 
-__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Hardware", "Setup", "chunked_logprob_bytes", "activation_bytes", "actor_params", "backbone_params",
-           "chunked_logprob_bytes", "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence",
-           "kv_bytes_per_token", "layer_activation_bytes", "layer_params", "logits_bytes", "non_embedding_params",
-           "sharded", "smallest_world", "state_bytes_per_param"]
-
-
-# == Activations tensor by tensor: a Qwen2 pass as vapo-lab runs it ==============================
-# Measured against peak RSS on CPU by ``python -m vapo_lab.bench.plan_check`` (docs/benchmarks.md,
-# "Plan against measured memory"). Korthikanti's Eq. 1 (``layer_activation_bytes``) is written for
-# GPT (a 4h GeLU MLP, LayerNorm, dropout, everything in one 16-bit dtype); these count the tensors
-# that autograd keeps for vapo-lab's Qwen2 passes: the SwiGLU MLP, RMSNorms computed in float32,
-# RoPE, grouped-query attention through torch's SDPA with the packed path's boolean mask, under
-# either mixed precision vapo-lab runs (``vapo_lab.models.precision``):
-#
-# * ``precision="autocast"`` (trainer.strategy=single): float32 parameters, ``torch.autocast`` casts
-#   each linear's input and weight to the compute dtype: the residual stream stays float32, every
-#   linear keeps its own cast of its input, and the casts of the weights live through the pass;
-# * ``precision="cast"`` (trainer.strategy=fsdp: FSDP2's MixedPrecisionPolicy): the parameters
-#   themselves are cast to the compute dtype, so the residual stream, RoPE and the head's input are
-#   in it; no weight copies beyond FSDP's gathered units (``Footprint.gathered``). Its inventory is
-#   checked on CPU on a model cast to bf16 (FSDP computes in float32 on CPU); FSDP's own buffers
-#   (all-gathers, reduce-scatters) are not measured here.
-#
-# At p = 4 (float32) the two coincide.
-
-F32 = 4  # bytes: the RMSNorms' float32 internals, SDPA's logsumexp, float32 gradients
-
-
-def qwen2_layer_activation_bytes(shape: Shape, rows: int, prompt: int, response: int, compute_bytes: int = 2,
-                                 scores_stored: bool = False, layout: str = "packed",
-                                 precision: str = "autocast") -> float:
-    """Returns the bytes that one Qwen2 decoder layer keeps for its backward pass over ``rows``
-    (prompt, response) pairs, every token valid: n = rows·(prompt + response) tokens.
-
-    With p = ``compute_bytes`` (4: float32 throughout; 2: bf16/fp16), r = 4 under autocast (the
-    float32 residual stream and RoPE tables) and p under cast, h hidden, i intermediate, q = a·d
-    (query heads x head_dim), k = kv·d. Per token:
-
-    * two RMSNorms (Qwen2RMSNorm upcasts to float32): x in float32 (4·h), the rsqrt (4) and
-      x·rsqrt (4·h under autocast; under cast its compute-dtype copy, which the weight's product
-      keeps, p·h);
-    * the norms' outputs as the linears keep them: one tensor each (2·p·h), but under autocast with
-      p < 4 a cast per linear, q/k/v and gate/up: 5·p·h;
-    * MLP: gate's output (SiLU's input), SiLU's output, up's output, their product (down's input):
-      4·p·i (GPT's 4h GeLU MLP keeps 4h + 4h + h in Korthikanti's 19·s·b·h);
-    * o_proj's input p·q; SDPA's query p·q and logsumexp 4·a;
-    * ``layout="packed"`` (``vapo_lab.models.packed``): q and k after RoPE (in r: the tables are)
-      and v, which index_copy keeps to spread them into the padded layout, r·(q + k) + p·k; SDPA's
-      output apart from o_proj's input (the valid rows are gathered), p·q. ``"padded"``
-      (Hugging Face's forward): SDPA's output is o_proj's input.
-
-    Per row, over a key position or a (query, key) pair: SDPA's K and V, 2·p·k a key position,
-    and the boolean mask, which torch turns into an additive bias in the compute dtype and keeps,
-    p a pair. Packed: prompt queries see the prompt (prompt keys, prompt² pairs), response queries
-    the prompt and the response ((prompt + response) keys, response·(prompt + response) pairs).
-    Padded: s = prompt + response keys, s² pairs, and K and V repeated to the a query heads, 2·p·q a
-    key position (Hugging Face's SDPA attention repeats them where it passes a mask, i.e. where rows
-    are padded; rows without padding get neither mask nor repeat: an upper bound there).
-    ``scores_stored`` (torch's math backend, e.g. where no fused kernel takes the mask with
-    grouped-query heads): no output, logsumexp or mask, but q·scale (p·q a token), the softmax
-    probabilities (p·a a pair) and K and V repeated to the a query heads (2·p·q a key position).
-
-    Under autocast with p < 4, the compute-dtype copies of the layer's linear weights, which the
-    linears keep: p·(h·(q + 2k) + q·h + 3·h·i).
-
-    Args:
-        shape: the model; rows, prompt, response: the pass's layout (rows x (longest prompt +
-        longest response), as ``trainer.max_tokens_per_micro_batch`` counts it); compute_bytes: p;
-        scores_stored: the attention probabilities are kept (math SDPA); layout: packed | padded;
-        precision: autocast | cast.
-    """
-    h, a, i = shape.hidden_size, shape.num_heads, shape.intermediate_size
-    q, k = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    p, seq = compute_bytes, prompt + response
-    n = rows * seq
-    autocast = precision == "autocast" and p < F32  # casts of inputs and weights, float32 stream
-    r = F32 if precision == "autocast" else p  # the residual stream's and RoPE's bytes
-    normed = F32 * h if precision == "autocast" else p * h  # x·rsqrt as the weight's product keeps it
-    norm_outputs = 5 * p * h if autocast else 2 * p * h  # q/k/v and gate/up casts, or one tensor a norm
-    per_token = 2 * (F32 * h + F32 + normed) + norm_outputs + 4 * p * i + p * q  # norms, MLP, o_proj's input
-    if layout == "packed":
-        per_token += r * (q + k) + p * k  # q, k after RoPE, v: index_copy's sources
-        keys = rows * (prompt + seq)  # prompt attention: the prompt; response attention: prompt + response
-        pairs = rows * (prompt * prompt + response * seq)
-    else:
-        keys, pairs = rows * seq, rows * seq * seq
-    if scores_stored:  # math SDPA: q·scale, softmax(q·Kᵀ), K and V repeated to a heads
-        attention = n * p * q + pairs * p * a + keys * 2 * p * q
-    else:  # fused SDPA: q, logsumexp, K, V, the mask as an additive bias (+ its output when packed)
-        out = n * p * q if layout == "packed" else 0
-        kv = k if layout == "packed" else q  # Hugging Face repeats K and V to the query heads beside a mask
-        attention = n * (p * q + F32 * a) + out + keys * 2 * p * kv + pairs * p
-    weights = p * _linear_weights(shape) if autocast else 0
-    return n * per_token + attention + weights
-
-
-def _linear_weights(shape: Shape) -> int:
-    """Returns one decoder layer's linear weights (no biases, no norms): h·(q + 2k) + q·h + 3·h·i."""
-    h = shape.hidden_size
-    q, k = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    return h * (q + 2 * k) + q * h + 3 * h * shape.intermediate_size
-
-
-def qwen2_saved_bytes(shape: Shape, rows: int, prompt: int, response: int, head: str = "lm",
-                      compute_bytes: int = 2, scores_stored: bool = False, layout: str = "packed",
-                      precision: str = "autocast") -> float:
-    """Returns what autograd keeps through a pass without checkpointing: L layers
-    (``qwen2_layer_activation_bytes``) + the RoPE tables, cos and sin (2·d·r a token, r = 4 under
-    autocast, p under cast; shared by the layers) + the final RMSNorm (4·h + 4 + x·rsqrt as in a
-    layer) and the head's input.
-
-    ``head="lm"`` (the actor): the chunked log-prob pass keeps its input (float32 under autocast,
-    p·h under cast; its own peak, its per-token logsumexp included, is ``chunked_logprob_bytes``);
-    ``"value"`` (the critic): Linear(h, 1) keeps its input in the compute dtype, p·h (and under
-    autocast its weight's copy, p·h once). Packed, the final norm and head see the response tokens
-    only; padded, the norm sees every token, the value head too, the LM head a copy of the response
-    positions. Floating-point tensors only: index and mask tensors (a few bytes a token) are not counted.
-    """
-    h, p = shape.hidden_size, compute_bytes
-    n, t = rows * (prompt + response), rows * response
-    r = F32 if precision == "autocast" else p
-    rope = n * 2 * shape.head_dim * r
-    head_input = r * h if head == "lm" else p * h
-    normed = t if layout == "packed" else n
-    final = normed * (F32 * h + F32 + r * h) + (n if head == "value" and layout == "padded" else t) * head_input
-    head_weight = p * h if head == "value" and precision == "autocast" and p < F32 else 0
-    layers = shape.num_layers * qwen2_layer_activation_bytes(shape, rows, prompt, response, p, scores_stored, layout,
-                                                             precision)
-    return layers + rope + final + head_weight
-
-
-def qwen2_pass_activation_bytes(shape: Shape, rows: int, prompt: int, response: int, checkpointing: bool,
-                                head: str = "lm", compute_bytes: int = 2, scores_stored: bool = False,
-                                layout: str = "packed", logprob_chunk: int | None = None,
-                                precision: str = "autocast") -> float:
-    """Returns the peak bytes that one forward + backward pass adds above the training state
-    (gradients already allocated), the largest of three moments:
-
-    * the head, after the layers' forward: saved (``qwen2_saved_bytes``, or with ``checkpointing``
-      each layer's input, r·h·n a layer (r = 4 under autocast, p under cast), + the RoPE tables,
-      final norm and head input) + the chunked log-prob pass's peak over the rows·response tokens
-      (``chunked_logprob_bytes``, less its copy of W, V·h·p, under cast; ``head="lm"`` only). With
-      checkpointing under autocast (p < 4),
-      autocast's cast cache still holds every layer's compute-dtype weights until the forward ends:
-      + L·p·(linear weights);
-    * the last layer's MLP backward, the final norm's and the head's tensors freed: saved as above,
-      less those, + (with ``checkpointing``) the recomputed layer's activations + the working set:
-      the gradients of the SiLU output and the up output while the product's gradient replaces the
-      product, and the residual stream's gradient: m·(2·p·i + r·h), over the m tokens one MLP call
-      sees (packed: prompts and responses apart, rows·max(prompt, response); padded: n);
-    * the embedding's backward, last: a dense gradient of the (V, h) table for each embedding call,
-      e·V·h in the parameters' dtype (e = 4 under autocast, p under cast; the packed path embeds
-      prompts and responses apart: two, summed by the autograd engine while both exist), + the
-      gradient of its output, r·h·n.
-
-    Not counted: index and mask tensors of a few bytes a token, a GEMM library's scratch (a few MB),
-    the gradient of one weight matrix in flight (4·h·i), FSDP's buffers.
-    """
-    h, p, layers = shape.hidden_size, compute_bytes, shape.num_layers
-    n, t = rows * (prompt + response), rows * response
-    r = F32 if precision == "autocast" else p
-    saved = qwen2_saved_bytes(shape, rows, prompt, response, head, p, scores_stored, layout, precision)
-    one = qwen2_layer_activation_bytes(shape, rows, prompt, response, p, scores_stored, layout, precision)
-    logprob = (chunked_logprob_bytes(t, shape.vocab_size, h, logprob_chunk or t, p) if head == "lm" and t
-               else 0.0)
-    if logprob and precision == "cast" and p < F32:
-        logprob -= shape.vocab_size * h * p  # W is in the compute dtype already: no copy of it
-    mlp_tokens = rows * max(prompt, response) if layout == "packed" else n
-    working = mlp_tokens * (2 * p * shape.intermediate_size + r * h)
-    rope = n * 2 * shape.head_dim * r
-    head_part = saved - layers * one - rope  # the final norm's tensors and the head's input
-    if checkpointing:
-        cache = layers * p * _linear_weights(shape) if precision == "autocast" and p < F32 else 0
-        kept = rope + head_part + layers * r * h * n  # each layer's input instead of its activations
-        peak = max(kept + logprob + cache, kept - head_part + one + working)
-    else:
-        peak = max(saved + logprob, saved - head_part + working)
-    embedding_calls = 2 if layout == "packed" else 1
-    return max(peak, embedding_calls * r * shape.vocab_size * h + r * h * n)
-
-
-__all__ += ["qwen2_layer_activation_bytes", "qwen2_pass_activation_bytes", "qwen2_saved_bytes"]
+__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Hardware", "Setup", "actor_params", "backbone_params",
+           "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence", "kv_bytes_per_token",
+           "layer_params", "non_embedding_params", "sharded", "smallest_world", "state_bytes_per_param"]
