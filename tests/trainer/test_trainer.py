@@ -172,3 +172,29 @@ def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(
     assert sorted(a) == sorted(b) == [0, 1]
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=1e-6, abs=1e-9), step
+
+
+def test_prompt_pool_draws_every_prompt_from_the_first_problems(workdir, monkeypatch):
+    from vapo_lab.trainer import collect
+    from vapo_lab.trainer.setup import task_for
+
+    seen = []
+    take = collect.DataStream.take
+    def record(self, n):  # the RL stream's draws (the reward model and critic draw from their own)
+        out = take(self, n)
+        seen.extend(out if len(self.problems) < 128 else [])
+        return out
+
+    monkeypatch.setattr(collect.DataStream, "take", record)
+    composed = compose_config(overrides=[*SMALL, "trainer.prompt_pool=4", "trainer.total_steps=3"])
+    _train(workdir, "pool", extra=["trainer.prompt_pool=4", "trainer.total_steps=3"])
+    first = list(task_for(composed.cfg).train)[:4]
+    # 4 prompts a step (16 responses, 4 samples each) from a pool of 4: each of them once a step
+    assert len(seen) == 12 and sorted(map(str, seen)) == sorted(map(str, first * 3))
+
+
+@pytest.mark.parametrize("pool, expect", [(3, "must hold one step's 4 prompts"), (129, "at most task.n_train=128")])
+def test_prompt_pool_outside_its_range_is_refused_in_one_line(pool, expect):
+    with pytest.raises(ConfigError, match=expect) as e:
+        compose_config(overrides=[*SMALL, f"trainer.prompt_pool={pool}"])
+    assert "\n" not in str(e.value)

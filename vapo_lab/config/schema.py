@@ -219,6 +219,7 @@ class TrainerConfig:
     nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
     nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
     offload_during_rollout: bool = False  # trainer state in host memory while the rollout generates
+    prompt_pool: Optional[int] = None  # RL prompts from the first N train problems (None: all of them)
 
 
 @dataclass

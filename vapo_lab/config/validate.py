@@ -131,6 +131,11 @@ def _relations(get: Any) -> list[str]:
         problems.append(
             f"rollout.responses_per_step={batch} is not divisible by rollout.n_samples={n} "
             f"(samples per prompt): choose a multiple of {n}, or another rollout.group_size")
+    pool, n_train = get("trainer.prompt_pool"), get("task.n_train")
+    if pool is not None and not batch // max(n, 1) <= pool <= n_train:
+        problems.append(
+            f"trainer.prompt_pool={pool} must hold one step's {batch // max(n, 1)} prompts and at most "
+            f"task.n_train={n_train}: set it in [{batch // max(n, 1)}, {n_train}], or null for every train problem")
     mini = get("trainer.mini_batch_size")
     if batch % mini:
         problems.append(

@@ -118,7 +118,8 @@ class Trainer:
         self.sampling = make_sampling(cfg, policy, self.tokenizer, policy_path, self.task)
         self.scorer = RewardScorer(self.task, self.tokenizer, float(cfg.reward.correct), float(cfg.reward.wrong),
                                    cfg.reward.overlong)
-        self.data = DataStream(self.task.train, int(cfg.seed))
+        pool = cfg.trainer.prompt_pool  # a small pool repeats its prompts (the group-sampling setting)
+        self.data = DataStream(list(self.task.train)[:pool], int(cfg.seed))
         self.ref = self._reference(policy, policy_path) if cfg.kl.coef > 0 else None
         # rank 0 samples as a one-process run does; each other rank from its own stream
         self.gen_rollout = torch.Generator().manual_seed(rollout_seed(int(cfg.seed), world.rank))
