@@ -150,8 +150,10 @@ def test_rank_interval_is_the_exact_percentile_of_all_16_resamples():
 
 
 def _rows(vapo: list[float], dapo: list[float]) -> list[Row]:
-    return [Row(variant="DAPO", scores=dapo, run_ids=["d"] * len(dapo), state="", paper=50.0, other=dapo),
-            Row(variant="VAPO", scores=vapo, run_ids=["v"] * len(vapo), state="", paper=60.0, other=vapo)]
+    return [Row(variant="DAPO", scores=dapo, run_ids=["d"] * len(dapo), state="", paper=50.0, other=dapo,
+                seeds=list(range(len(dapo)))),
+            Row(variant="VAPO", scores=vapo, run_ids=["v"] * len(vapo), state="", paper=60.0, other=vapo,
+                seeds=list(range(len(vapo))))]
 
 
 def test_one_seed_rows_print_no_spread_and_no_separability():
@@ -169,11 +171,13 @@ def test_one_seed_rows_print_no_spread_and_no_separability():
 
 def test_rows_with_seeds_on_both_sides_say_yes_or_no():
     md = to_markdown(_rows(vapo=[50.0, 51.0, 52.0], dapo=[40.0, 41.0, 42.0]), "avg@4 final")
-    assert "| DAPO | 41.0 ± 1.0 | [40.0, 42.0] | 3 | -10.0 [" in md and "] | yes |" in md
+    # every seed 10 below VAPO's: the paired differences have no spread, p = 0
+    assert "| DAPO | 41.0 ± 1.0 | [40.0, 42.0] | 3 | -10.0 [" in md and "] | yes (paired t, Holm p <0.0001; sign-flip p 0.25) |" in md
     # every resample keeps DAPO below VAPO, as the paper has it (50 < 60): ρ = 1, interval [1, 1]
     assert "over 2 rows: Spearman ρ = 1.00 [95% interval 1.00, 1.00], Kendall τ-b = 1.00 [95% interval 1.00, 1.00]" in md
     md = to_markdown(_rows(vapo=[50.0, 51.0, 52.0], dapo=[48.0, 51.0, 54.0]), "avg@4 final")
-    assert "| DAPO | 51.0 ± 3.0 | [48.0, 54.0] | 3 | +0.0 [" in md and "] | no |" in md
+    # paired differences -2, 0, +2: mean 0, p = 1
+    assert "| DAPO | 51.0 ± 3.0 | [48.0, 54.0] | 3 | +0.0 [" in md and "] | no (paired t, Holm p 1; sign-flip p 1) |" in md
     # equal means: no ranking on our side
     assert "Spearman ρ = undefined (one side is constant)" in md
 
@@ -193,3 +197,11 @@ def test_seed_bands_are_min_max_or_one_std_over_seeds():
     assert low == pytest.approx([1.0, 2.0]) and high == pytest.approx([5.0, 2.0])
     _, mean, low, high = mean_band(runs[:1], "m", band="std")  # one seed: no band
     assert low == mean == high
+
+
+def test_a_smoothed_line_is_drawn_over_the_raw_band():
+    runs = [_run(0, [0.0, 2.0, 0.0, 2.0]), _run(1, [2.0, 4.0, 2.0, 4.0])]  # seed means 1, 3, 1, 3: a zig-zag
+    steps, line, low, high = mean_band(runs, "m", smooth=0.5)
+    # EMA α 0.5 of the means by hand: 1, 0.5·3 + 0.5·1 = 2, 0.5·1 + 0.5·2 = 1.5, 0.5·3 + 0.5·1.5 = 2.25
+    assert line == pytest.approx([1.0, 2.0, 1.5, 2.25])
+    assert low == pytest.approx([0.0, 2.0, 0.0, 2.0]) and high == pytest.approx([2.0, 4.0, 2.0, 4.0])

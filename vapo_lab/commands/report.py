@@ -15,10 +15,12 @@ def report(
     out: Annotated[Optional[str], typer.Option(help="Output folder (default reports/<experiment>).")] = None,
     tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow store or server (default: MLFLOW_TRACKING_URI, else ./mlflow.db).")] = None,
     variants: Annotated[Optional[list[str]], typer.Option(help="Figure 2's variants (repeatable), default VAPO and DAPO.")] = None,
-    score: Annotated[str, typer.Option(help="final (last evaluation, default) or best (highest evaluation).")] = "final",
-    ema: Annotated[float, typer.Option(help="EMA smoothing of Figure 2 in (0, 1]; 1 = none.")] = 1.0,
+    score: Annotated[str, typer.Option(help="How a run's held-out curve becomes its score: final (last evaluation, default), best "
+                                   "(highest), plateau (mean of the last 20% of the steps' evaluations) or speed "
+                                   "(area under the curve over the steps).")] = "final",
+    ema: Annotated[float, typer.Option(help="EMA α of Figure 2's lines in (0, 1] (each point α of its step's value); 1 = none.")] = 0.2,
     band: Annotated[str, typer.Option(help="Band around the mean over seeds: minmax or std.")] = "minmax",
-    runs: Annotated[Optional[str], typer.Option(help="Report from a runs export (.json.gz) instead of a store.")] = None,
+    runs: Annotated[Optional[list[str]], typer.Option(help="Report from a runs export (.json.gz) instead of a store; repeat it for the other experiments a plan's families read (the first is reported).")] = None,
     save_runs: Annotated[Optional[str], typer.Option(help="Also export the experiment's runs to this .json.gz.")] = None,
     predictions: Annotated[Optional[str], typer.Option(help="Score the predictions in this YAML against the runs (e.g. reports/table1-cpu-long/predictions.yaml).")] = None,
 ) -> None:

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vapo_lab.report import confirm
 from vapo_lab.report import diagnostics as diag
 from vapo_lab.report import precision
 from vapo_lab.report import predictions as pred
 from vapo_lab.report import stats
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
-from vapo_lab.report.figures import BANDS, band_text, figure1, figure2
-from vapo_lab.report.table import build_table, rank_agreement, table_records, to_csv, to_latex, to_markdown
+from vapo_lab.report.figures import BANDS, FIG2_EMA, band_text, figure1, figure2, smoothing_text
+from vapo_lab.report.table import SCORES, build_table, rank_agreement, table_records, to_csv, to_latex, to_markdown
 from vapo_lab.registry.table1 import row_name
 
 __all__ = ["Report", "ReportError", "make_report", "report_from_export"]
@@ -41,7 +42,7 @@ class Report:
 
 def make_report(experiment: str, out: str | Path | None = None, tracking_uri: str | None = None,
                 variants: list[str] | None = None, fig1_variants: list[str] | None = None,
-                score: str = "final", smooth: float = 1.0, band: str = "minmax",
+                score: str = "final", smooth: float = FIG2_EMA, band: str = "minmax",
                 predictions: str | Path | None = None) -> Report:
     """Writes the report of ``experiment`` to ``out`` (default reports/<experiment>); returns it.
 
@@ -51,8 +52,9 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         tracking_uri: the store (default: tracking.uri resolution: MLFLOW_TRACKING_URI, ./mlflow.db).
         variants: Figure 2's variants (default VAPO and DAPO).
         fig1_variants: Figure 1's variants (default VAPO, DAPO, GRPO and any other preset present).
-        score: "final" (last evaluation, the default) or "best" (the run's highest evaluation).
-        smooth: EMA factor for Figure 2 in (0, 1]; 1 = none.
+        score: how a run's held-out curve becomes its score (``table.SCORES``): "final" (the default),
+            "best", "plateau" or "speed".
+        smooth: the EMA α of Figure 2's lines in (0, 1] (default ``figures.FIG2_EMA``); 1 = none.
         band: the seed band around the mean over seeds in every figure: "minmax" or "std" (``BANDS``).
         predictions: a predictions YAML (``report.predictions``) to score against the runs, written
             to predictions_scored.md and index.md.
@@ -60,15 +62,17 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     Raises:
         ReportError: no runs, no scores, or a bad option (one line, with the fix).
     """
-    if score not in ("final", "best"):
-        raise ReportError(f"--score {score}: choose final or best")
+    if score not in SCORES:
+        raise ReportError(f"--score {score}: choose {', '.join(SCORES)}")
     if band not in BANDS:
         raise ReportError(f"--band {band}: choose {' or '.join(BANDS)}")
     if not 0 < smooth <= 1:
         raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
     from vapo_lab.config.preflight import require_writable
 
-    preds = pred.load(predictions) if predictions else None  # a bad file fails before any store is read
+    # a bad file fails before any store is read; a plan (families, tests, Holm) or the older format
+    plan = confirm.load(predictions) if predictions and confirm.is_plan(predictions) else None
+    preds = pred.load(predictions) if predictions and plan is None else None
 
     require_writable(Path(out or Path("reports") / experiment), f"--out {out}" if out else
                      f"the report folder reports/{experiment}", "give --out a writable folder", ReportError)
@@ -108,7 +112,18 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
         rep.predictions = pred.score(*preds[:2], groups, key)
         (out / "predictions_scored.md").write_text(pred.to_markdown(rep.predictions, preds[2]), encoding="utf-8")
         rep.files.append(out / "predictions_scored.md")
-    (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key, band),
+    if plan:
+        loaded = {experiment: runs}
+
+        def runs_of(name: str) -> list[Any]:
+            if name not in loaded:
+                loaded[name] = load_runs(tracking_uri, name, CURVE_METRICS + CLIP_KEYS)
+            return loaded[name]
+
+        rep.predictions = confirm.score(plan, lambda name: group(runs_of(name)), lambda name: score_key(runs_of(name)))
+        (out / "predictions_scored.md").write_text(confirm.to_markdown(rep.predictions, plan.source), encoding="utf-8")
+        rep.files.append(out / "predictions_scored.md")
+    (out / "index.md").write_text(_index(experiment, runs, groups, rows, rep, label, variants, key, band, smooth),
                                   encoding="utf-8")
     rep.files.append(out / "index.md")
     summary = {"table": rep.table, "rank": rep.rank, "figure1": rep.figure1, "figure2": rep.figure2,
@@ -121,21 +136,23 @@ def make_report(experiment: str, out: str | Path | None = None, tracking_uri: st
     return rep
 
 
-def report_from_export(path: str | Path, out: str | Path | None = None, **kwargs: Any) -> Report:
-    """Imports a runs export (``vapo-lab report --save-runs``) into a temporary MLflow store and
-    reports from it: the committed example report is remade this way from its runs.json.gz."""
+def report_from_export(path: str | Path | list[str | Path], out: str | Path | None = None, **kwargs: Any) -> Report:
+    """Imports runs exports (``vapo-lab report --save-runs``) into a temporary MLflow store and reports
+    on the first one's experiment (the others: the experiments a plan's families also read): the
+    committed reports are remade this way from their runs files."""
     import tempfile
 
     from vapo_lab.track.export import import_runs
 
+    paths = path if isinstance(path, list) else [path]
     with tempfile.TemporaryDirectory(prefix="vapo-report-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
-        experiment, _ = import_runs(path, uri)
+        experiment = [import_runs(p, uri)[0] for p in paths][0]
         return make_report(experiment, out, uri, **kwargs)
 
 
 def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows: list[Any], rep: Report,
-           label: str, variants: list[str], key: str, band: str) -> str:
+           label: str, variants: list[str], key: str, band: str, smooth: float) -> str:
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs})
     seeds = sorted({r.seed for r in runs})
     commands = sorted({c for r in runs for c in r.tags.get("grid_commands", "").split(" ; ")} - {""})
@@ -152,9 +169,10 @@ def _index(experiment: str, runs: list[Any], groups: dict[str, list[Any]], rows:
     lines += ["## Table 1", "", (rep.out / "table1.md").read_text(encoding="utf-8"),
               "Also as [LaTeX](table1.tex) and [CSV](table1.csv).", "",
               "## Figure 2", "", "![Figure 2](figure2.png)", "",
-              f"{' vs '.join(variants)}: mean over seeds at each step. {band_text(band)} [PDF](figure2.pdf)", "",
+              f"{' vs '.join(variants)}: the line is the mean over seeds at each step, {smoothing_text(smooth)}; "
+              f"the band is the seeds' raw values. {band_text(band)} [PDF](figure2.pdf)", "",
               "## Figure 1", "", "![Figure 1](figure1.png)", "",
-              f"Held-out score: mean over seeds at each evaluation. {band_text(band)} [PDF](figure1.pdf)", ""]
+              f"Held-out score: mean over seeds at each evaluation, no smoothing. {band_text(band)} [PDF](figure1.pdf)", ""]
     for name, d in rep.figure1.items():
         reach = "never" if d["reach_90"] is None else f"step {d['reach_90']}"
         lines.append(f"- {name}: final {precision.fixed(d['final'], precision.SCORE)}; "

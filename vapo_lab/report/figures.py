@@ -1,8 +1,9 @@
 """Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score against step).
 
-Curves are the mean over a variant's seeds at each step, with a seed band (``BANDS``: min-max
-over seeds, the default, or the mean ± 1 sample std), and optional EMA smoothing (applied to each
-seed before averaging). With 2 or 3 seeds the min-max band is also the percentile-bootstrap
+Curves are the mean over a variant's seeds at each step, smoothed by an EMA named in the caption
+(Figure 2's default ``FIG2_EMA``; the held-out curves of Figure 1 are not smoothed), drawn over a
+band of the seeds' raw values at each step (``BANDS``: min-max over seeds, the default, or the
+mean ± 1 sample std), as the paper's Figure 2 draws its curves. With 2 or 3 seeds the min-max band is also the percentile-bootstrap
 interval of the mean at each step (``stats``); a variant with one seed has no band. Written as
 PNG and PDF with matplotlib's Agg backend (no display needed).
 """
@@ -17,6 +18,8 @@ from vapo_lab.report.collect import RunData
 from vapo_lab.report.stats import LEVEL
 from vapo_lab.registry.table1 import row_name
 
+# Figure 2's per-step curves zig-zag by ±0.2 reward between steps: an EMA of α 0.2 (a ~9-step memory)
+FIG2_EMA = 0.2
 FIG2_PANELS = [("rollout/response_length", "(a) mean response length (tokens)"),
                ("rollout/reward", "(b) reward score"),
                ("actor/entropy", "(c) generation entropy")]
@@ -57,13 +60,10 @@ def seeds_with(runs: list[RunData], key: str) -> int:
 
 def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
               band: str = "minmax") -> tuple[list[int], list[float], list[float], list[float]]:
-    """Returns (steps, mean, low, high) of ``key`` over ``runs`` at the steps every run logged;
-    low and high are ``spread`` over the seeds at each step."""
-    series = []
-    for r in runs:
-        h = r.history.get(key, [])
-        if h:
-            series.append(dict(zip([s for s, _ in h], ema([v for _, v in h], smooth))))
+    """Returns (steps, line, low, high) of ``key`` over ``runs`` at the steps every run logged: the
+    line is the mean over seeds, smoothed by ``ema`` (``smooth`` 1: none); low and high are ``spread``
+    over the seeds' raw values at each step, so the band shows the step-to-step noise the line smooths."""
+    series = [dict(h) for r in runs if (h := r.history.get(key, []))]
     if not series:
         return [], [], [], []
     steps = sorted(set.intersection(*(set(s) for s in series)))
@@ -74,7 +74,14 @@ def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
         lo, hi = spread(vals, band)
         low.append(lo)
         high.append(hi)
-    return steps, mean, low, high
+    return steps, ema(mean, smooth), low, high
+
+
+def smoothing_text(smooth: float) -> str:
+    """The caption's words for a line's smoothing."""
+    if smooth >= 1:
+        return "no smoothing"
+    return f"EMA with α = {smooth:g} (each point {smooth:g} of its step's value plus {1 - smooth:g} of the line's last)"
 
 
 def _save(fig: Any, out: Path, stem: str) -> list[Path]:
@@ -107,8 +114,8 @@ def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, sm
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.suptitle("Figure 2: " + " vs ".join(variants) + f" (mean over seeds; band: {BANDS[band]}"
-                 + (f"; EMA {smooth}" if smooth < 1 else "") + ")")
+    fig.suptitle("Figure 2: " + " vs ".join(variants) + f" (line: mean over seeds, {smoothing_text(smooth)}; "
+                 f"band: raw {BANDS[band]})", fontsize=9)
     paths = _save(fig, out, "figure2")
     plt.close(fig)
     return paths, plotted

@@ -31,6 +31,16 @@ def fixed(value: float, places: int, signed: bool = False) -> str:
     return f"{value:{'+' if signed else ''}.{places}f}"
 
 
+def p_value(p: float) -> str:
+    """Returns a p-value to two significant digits ("0.031", "0.0004"), "<0.0001" below 1e-4 (where the
+    t distribution's tail, not the seeds, sets the digits), "1" for 1."""
+    if p >= 1:
+        return "1"
+    if p < 1e-4:
+        return "<0.0001"
+    return f"{p:.2g}" if p < 0.001 else f"{p:.2f}" if p >= 0.1 else f"{p:.3f}".rstrip("0")
+
+
 def json_float(value: float) -> float:
     """Returns ``value`` at report.json's precision: ``JSON_DIGITS`` significant digits and no place
     below ``JSON_PLACES``; a zero is written unsigned, NaN and infinities are kept."""

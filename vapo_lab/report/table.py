@@ -31,6 +31,7 @@ class Row:
     state: str  # "" when scored, else "not run" / "running, step k" / "failed"
     paper: float | None
     other: list[float] = field(default_factory=list)  # the same runs' scores by the other criterion
+    seeds: list[int] = field(default_factory=list)  # each score's seed: cells of one grid pair by seed
 
     @property
     def n(self) -> int:
@@ -57,12 +58,31 @@ def _std(xs: list[float]) -> float | None:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
+# what a run's score is (``--score``): its held-out curve read four ways
+SCORES = {"final": "the last evaluation",
+          "best": "the run's highest evaluation (optimistic: it selects on the eval set)",
+          "plateau": "the mean of the evaluations in the last 20% of the training steps",
+          "speed": "the area under the held-out curve (trapezoids) over the steps, divided by them"}
+PLATEAU_FRACTION = 0.2
+
+
 def run_score(run: RunData, key: str, which: str = "final") -> float | None:
-    """Returns a finished run's final (or best) held-out score x100, None when it has none."""
-    h = run.history.get(key, [])
+    """Returns a run's held-out score x100 by ``which`` (``SCORES``), None when it has no evaluation."""
+    h = sorted(run.history.get(key, []))
     if not h:
         return None
-    return 100 * (h[-1][1] if which == "final" else max(v for _, v in h))
+    if which == "final":
+        return 100 * h[-1][1]
+    if which == "best":
+        return 100 * max(v for _, v in h)
+    first, last = h[0][0], h[-1][0]
+    if which == "plateau":
+        tail = [v for s, v in h if s >= last - PLATEAU_FRACTION * last]
+        return 100 * sum(tail) / len(tail)
+    if last == first:
+        return 100 * h[0][1]
+    area = sum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(h, h[1:]))
+    return 100 * area / (last - first)
 
 
 def build_table(groups: dict[str, list[RunData]], key: str, which: str = "final") -> list[Row]:
@@ -82,10 +102,10 @@ def build_table(groups: dict[str, list[RunData]], key: str, which: str = "final"
                 state = "failed" if all(r.status == "FAILED" for r in runs) else "not finished"
             else:
                 state = "not run"
-        other = "best" if which == "final" else "final"
         rows.append(Row(variant=name, scores=[run_score(r, key, which) for r in done],  # type: ignore[misc]
                         run_ids=[r.run_id for r in done], state=state, paper=paper.get(name),
-                        other=[run_score(r, key, other) for r in done]))  # type: ignore[misc]
+                        other=[run_score(r, key, OTHER[which]) for r in done],  # type: ignore[misc]
+                        seeds=[r.seed for r in done]))
     return rows
 
 
@@ -109,31 +129,53 @@ def _fmt(v: float | None, signed: bool = False) -> str:
     return "" if v is None else precision.fixed(v, precision.SCORE, signed)
 
 
+def against_reference(rows: list[Row]) -> dict[str, tuple[stats.Test, float]]:
+    """Returns {variant: (its test against VAPO, the Holm-adjusted p over the rows tested)}: paired
+    by seed where the row and VAPO have the same seeds, else Welch (``stats.compare``); rows or a
+    VAPO with under 2 seeds are not tested."""
+    reference = PRESETS.get(ABLATED).table1_row
+    vapo = next((r for r in rows if r.variant == reference), None)
+    if vapo is None:
+        return {}
+    ref = dict(zip(vapo.seeds, vapo.scores))
+    tests = {r.variant: t for r in rows if r.variant != reference
+             and (t := stats.compare(dict(zip(r.seeds, r.scores)), ref)) is not None}
+    return dict(zip(tests, zip(tests.values(), stats.holm([t.p for t in tests.values()]))))
+
+
 def table_records(rows: list[Row]) -> list[dict[str, Any]]:
     """Returns one dict per row: variant, ours (mean, std, 95% interval, n), delta vs our VAPO with
-    its interval and whether it separates from VAPO, paper, paper delta, the other score."""
+    its bootstrap interval, its test against VAPO (paired or Welch t, Holm-adjusted over the rows) and
+    whether that separates it at ``stats.ALPHA``, paper, paper delta, the other score."""
     reference = PRESETS.get(ABLATED).table1_row  # deltas are against VAPO, ours and the paper's
     vapo = next((r for r in rows if r.variant == reference), None)
     ours_ref = vapo.mean if vapo else None
     paper_ref = paper_scores()[reference]
+    tests = against_reference(rows)
     out = []
     for r in rows:
         is_ref = r.variant == reference
         delta_ci = None if is_ref or vapo is None else stats.difference_interval(r.scores, vapo.scores)
+        test, holm_p = tests.get(r.variant, (None, None))
         out.append({
             "variant": r.variant, "mean": r.mean, "std": r.std, "ci": stats.mean_interval(r.scores),
             "seeds": r.n, "state": r.state,
             "delta": None if r.mean is None or ours_ref is None else r.mean - ours_ref,
-            "delta_ci": delta_ci, "separable": None if is_ref else stats.separable(delta_ci), "reference": is_ref,
+            "delta_ci": delta_ci, "test": None if test is None else test.name, "p": None if test is None else test.p,
+            "holm_p": holm_p, "sign_flip_p": None if test is None else test.sign_flip_p, "separable": None if holm_p is None else holm_p < stats.ALPHA, "reference": is_ref,
             "paper": r.paper, "paper_delta": None if r.paper is None else r.paper - paper_ref,
             "run_ids": r.run_ids, "other_mean": _mean(r.other), "other_std": _std(r.other),
         })
     return out
 
 
+OTHER = {"final": "best", "best": "final", "plateau": "speed", "speed": "plateau"}  # the column beside
+
+
 def _other_label(score_label: str) -> str:
-    """"avg@4 final" -> "avg@4 best" and back: the column beside the table's score."""
-    return score_label.replace("final", "BEST").replace("best", "final").replace("BEST", "best")
+    """"avg@4 final" -> "avg@4 best", "avg@16 plateau" -> "avg@16 speed" and back."""
+    head, which = score_label.rsplit(" ", 1)
+    return f"{head} {OTHER[which]}"
 
 
 NO_INTERVAL = "n=1, no interval"  # one seed: no spread, so neither "± 0.0" nor an interval
@@ -168,7 +210,8 @@ def _separable_cell(d: dict[str, Any], dash: str = "—") -> str:
         return "reference" if d["mean"] is not None else ""
     if d["separable"] is None:
         return dash if d["mean"] is not None else ""
-    return "yes" if d["separable"] else "no"
+    flip = "" if d["sign_flip_p"] is None else f"; sign-flip p {precision.p_value(d['sign_flip_p'])}"
+    return f"{'yes' if d['separable'] else 'no'} ({d['test']}, Holm p {precision.p_value(d['holm_p'])}{flip})"
 
 
 def _rank_text(ra: dict[str, Any]) -> str:
@@ -219,17 +262,23 @@ def _num(v: float | None) -> str:
     return "" if v is None else precision.fixed(v, precision.CSV)
 
 
+def _p(v: float | None) -> str:
+    return "" if v is None else precision.p_value(v)
+
+
 def to_csv(rows: list[Row]) -> str:
     """Returns Table 1 as CSV: numbers to ``precision.CSV`` places; an empty cell where a value does
     not exist (std and interval of a one-seed row, separability not determinable)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["variant", "mean", "std", "ci_low", "ci_high", "seeds", "state", "delta_vs_vapo", "delta_ci_low",
-                "delta_ci_high", "separable_from_vapo", "paper", "paper_delta", "run_ids", "other_mean", "other_std"])
+                "delta_ci_high", "test", "p", "holm_p", "separable_from_vapo", "paper", "paper_delta", "run_ids",
+                "other_mean", "other_std"])
     for d in table_records(rows):
         ci, dci = d["ci"] or (None, None), d["delta_ci"] or (None, None)
         sep = "" if d["separable"] is None else ("yes" if d["separable"] else "no")
         w.writerow([d["variant"], _num(d["mean"]), _num(d["std"]), _num(ci[0]), _num(ci[1]), d["seeds"], d["state"],
-                    _num(d["delta"]), _num(dci[0]), _num(dci[1]), sep, _fmt(d["paper"]),
+                    _num(d["delta"]), _num(dci[0]), _num(dci[1]), d["test"] or "", _p(d["p"]), _p(d["holm_p"]), sep,
+                    _fmt(d["paper"]),
                     _fmt(d["paper_delta"], True), " ".join(d["run_ids"]), _num(d["other_mean"]), _num(d["other_std"])])
     return buf.getvalue()

@@ -1,0 +1,166 @@
+"""The confirmatory scoring (report/confirm.py) and its statistics (report/stats.py) against values
+worked out by hand: paired and Welch t, Holm, TOST, the plateau and learning-speed scores."""
+
+import math
+
+import pytest
+import yaml
+
+from vapo_lab.report import confirm, stats
+from vapo_lab.report.collect import RunData
+from vapo_lab.report.table import run_score
+
+KEY = "eval/avg_at_16"
+
+
+def run(variant, seed, curve, status="FINISHED"):
+    """A run whose held-out curve is ``curve`` (x100) at steps 0, 10, 20, ..."""
+    return RunData(f"{variant}-{seed}", variant, seed, status, {},
+                   {KEY: [(10 * i, v / 100) for i, v in enumerate(curve)]})
+
+
+def test_paired_t_by_hand():
+    d = [1.0, 2.0, -0.5, 3.0, 1.5]  # mean 1.4, squared deviations 6.7, sd sqrt(6.7/4), se sd/sqrt(5)
+    t = stats.paired(d)
+    se = math.sqrt(6.7 / 4) / math.sqrt(5)
+    assert t.name == "paired t" and t.n == 5 and t.difference == pytest.approx(1.4)
+    assert t.se == pytest.approx(se)
+    assert t.p == pytest.approx(2 * stats.stats.t.sf(1.4 / se, 4))
+    # 32 sign patterns; |mean| >= 1.4 for the pattern, its negation and two others with the 0.5 flipped... 4 of 32
+    assert t.sign_flip_p == pytest.approx(4 / 32)
+    assert t.ci95[0] == pytest.approx(1.4 - stats.stats.t.ppf(0.975, 4) * se)
+
+
+def test_welch_t_by_hand():
+    x, y = [1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0]  # variances 1 and 20/3
+    t = stats.welch(x, y)
+    va, vb = 1 / 3, (20 / 3) / 4
+    df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
+    assert t.name == "Welch t" and t.difference == pytest.approx(-3.0) and t.se == pytest.approx(math.sqrt(va + vb))
+    assert t.df == pytest.approx(df) and t.p == pytest.approx(2 * stats.stats.t.sf(3 / math.sqrt(va + vb), df))
+
+
+def test_compare_pairs_only_the_same_seeds():
+    assert stats.compare({0: 1.0, 1: 3.0, 2: 2.0}, {0: 0.0, 1: 1.0, 2: 1.5}).name == "paired t"
+    assert stats.compare({0: 1.0, 1: 3.0, 2: 2.0}, {0: 0.0, 1: 1.0, 3: 1.5}).name == "Welch t"
+
+
+def test_holm_by_hand():
+    # sorted 0.005 x4 = 0.02, 0.01 x3 = 0.03, 0.03 x2 = 0.06, 0.04 x1 = 0.04 -> raised to 0.06
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_tost_is_significant_exactly_when_the_90_interval_is_inside_the_margin():
+    t = stats.paired([0.5, -0.3, 0.2, 0.1, -0.1, 0.4])
+    for margin in (0.2, 0.3, 0.38, 0.39, 1.0):
+        inside = -margin < t.ci90[0] and t.ci90[1] < margin
+        assert (stats.tost_p(t, margin) < 0.05) == inside
+
+
+def test_plateau_and_speed_scores():
+    r = run("VAPO", 0, [50, 60, 80, 90, 94, 96])
+    assert run_score(r, KEY, "plateau") == pytest.approx(95)  # steps 40 and 50: the last 20% of 50
+    # trapezoids: 10 * (55 + 70 + 85 + 92 + 95) = 3970 over 50 steps
+    assert run_score(r, KEY, "speed") == pytest.approx(79.4)
+
+
+def plan_file(tmp_path, predictions, families=None):
+    doc = {"source": "predictions.md", "alpha": 0.05,
+           "families": families or {"F1": {"experiment": "main", "text": "scores"}}, "predictions": predictions}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=True))
+    return path
+
+
+def groups(rows):
+    out = {}
+    for variant, offsets in rows.items():
+        out[variant] = [run(variant, s, [50, 60, 70, 80, 90 + o, 90 + o]) for s, o in enumerate(offsets)]
+    return out
+
+
+def test_verdicts_follow_the_preregistered_rules(tmp_path):
+    vapo = [0.0, 1.0, -1.0, 0.5, -0.5, 0.2]
+    g = groups({"VAPO": vapo,
+                "w/o clip_higher": [v - 5 + e for v, e in zip(vapo, [0.1, -0.2, 0.3, 0.0, -0.1, 0.2])],  # clearly lower
+                "w/o group_sampling": [v + e for v, e in zip(vapo, [0.1, -0.1, 0.05, -0.05, 0.0, 0.1])],  # same
+                "w/o decoupled_gae": [v + 6 + e for v, e in zip(vapo, [0.1, -0.2, 0.3, 0.0, -0.1, 0.2])],  # far off
+                "w/o token_level_loss": [v + e for v, e in zip(vapo, [3.0, -2.0, 1.0, -3.0, 2.0, 0.5])]})  # noise
+    path = plan_file(tmp_path, [
+        {"id": "a", "family": "F1", "row": "clip_higher", "measure": "plateau_score", "expect": "lower", "paper": "lower"},
+        {"id": "b", "family": "F1", "row": "group_sampling", "measure": "plateau_score", "expect": "same", "margin": 2,
+         "paper": "lower"},
+        {"id": "c", "family": "F1", "row": "decoupled_gae", "measure": "plateau_score", "expect": "same", "margin": 2,
+         "paper": "lower"},
+        {"id": "d", "family": "F1", "row": "token_level_loss", "measure": "plateau_score", "expect": "lower",
+         "paper": "lower"},
+        {"id": "e", "family": "F1", "row": "clip_higher", "measure": "plateau_score", "expect": "higher", "paper": "lower"}])
+    result = confirm.score(confirm.load(path), lambda e: g, lambda e: KEY)
+    verdicts = {r["id"]: r["verdict"] for r in result["predictions"]}
+    assert verdicts == {"a": "confirmed", "b": "confirmed", "c": "refuted", "d": "inconclusive", "e": "refuted"}
+    by_id = {r["id"]: r for r in result["predictions"]}
+    assert by_id["a"]["test"] == "paired t" and by_id["a"]["n"] == 6
+    assert by_id["a"]["difference"] == pytest.approx(-5 + 0.3 / 6)
+    # Holm over the five tested p-values (a and e share their two-sided p; b and c are TOST p-values)
+    own = [by_id[i]["p_tested"] for i in "abcde"]
+    assert [by_id[i]["holm_p"] for i in "abcde"] == pytest.approx(stats.holm(own))
+    assert by_id["b"]["p_tested"] == pytest.approx(stats.tost_p(stats.paired(
+        [0.1, -0.1, 0.05, -0.05, 0.0, 0.1]), 2.0))
+    # the goal: clip_higher moved the paper's way (lower), decoupled_gae moved the other way
+    assert result["goal"]["moved"] == ["clip_higher"]
+    assert "paired t (6)" in confirm.to_markdown(result)
+
+
+def test_a_contrast_is_tested_on_its_per_seed_sum(tmp_path):
+    g = groups({"VAPO": [0, 0, 0, 0], "w/o decoupled_gae": [-1, -1.2, -0.8, -1],
+                "w/o length_adaptive_gae": [-3, -3.1, -2.9, -3],
+                "VAPO w/o decoupled_gae, length_adaptive_gae": [-8, -8.5, -7.5, -8.2]})
+    path = plan_file(tmp_path, [{"id": "X3", "family": "F1", "measure": "plateau_score", "expect": "lower",
+                                 "paper": "lower", "counts_for": "decoupled_gae",
+                                 "contrast": {"VAPO w/o decoupled_gae, length_adaptive_gae": 1,
+                                              "length_adaptive_gae": -1, "decoupled_gae": -1, "vapo": 1}}])
+    r = confirm.score(confirm.load(path), lambda e: g, lambda e: KEY)["predictions"][0]
+    # per seed: (-8 + 3) - (-1 - 0) = -4, then -4.2, -3.8, -4.2
+    assert r["difference"] == pytest.approx(-4.05) and r["verdict"] == "confirmed" and r["paper_direction"]
+
+
+def test_plateau_rule_and_missing_experiments(tmp_path):
+    g = groups({"VAPO": [0.0, 1.0]})
+    check = confirm.plateau_check(g["VAPO"], KEY)
+    assert check["flat"] and check["points"] == pytest.approx({40: 90.5, 50: 90.5})
+    rising = [run("VAPO", 0, [50, 60, 70, 80, 85, 90])]
+    assert confirm.plateau_check(rising, KEY)["flat"] is False
+    path = plan_file(tmp_path, [{"id": "G1", "family": "F5", "row": "group_sampling", "measure": "plateau_score",
+                                 "expect": "same", "margin": 2, "paper": "lower"}],
+                     {"F1": {"experiment": "main"}, "F5": {"experiment": "gs"}})
+
+    def groups_of(name):
+        if name == "gs":
+            raise confirm.ReportError("experiment 'gs' not found")
+        return g
+    r = confirm.score(confirm.load(path), groups_of, lambda e: KEY)["predictions"][0]
+    assert r["verdict"] == "not determinable" and "not found" in r["note"]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"id": "z", "family": "F9", "row": "ppo", "measure": "plateau_score", "expect": "lower", "paper": "lower"},
+     "family 'F9' is not one of F1"),
+    ({"id": "z", "family": "F1", "row": "ppo", "measure": "plateau_score", "expect": "same", "paper": "lower"},
+     "needs its equivalence margin"),
+    ({"id": "z", "family": "F1", "measure": "plateau_score", "expect": "lower", "paper": "lower"}, "either row or contrast"),
+])
+def test_a_malformed_plan_entry_is_named_in_one_line(tmp_path, entry, message):
+    with pytest.raises(confirm.ReportError, match=message) as e:
+        confirm.load(plan_file(tmp_path, [entry]))
+    assert "\n" not in str(e.value)
+
+
+def test_the_committed_plan_loads():
+    from pathlib import Path
+
+    plan = confirm.load(Path(__file__).resolve().parents[2] / "reports/table1-plateau/predictions.yaml")
+    assert len(plan.predictions) == 33 and plan.main == "table1-plateau"
+    assert {p.counts_for for p in plan.predictions} == {None, "value_pretraining", "decoupled_gae",
+                                                         "length_adaptive_gae", "clip_higher", "token_level_loss",
+                                                         "positive_lm_loss", "group_sampling"}
