@@ -102,6 +102,19 @@ def test_sweep_seeds_zero_says_the_fix(no_compute):
     _refused(result, "--seeds 0", ">= 1", "--seeds 1")
 
 
+# -- non-finite floats and component names ------------------------------------------------------
+@pytest.mark.parametrize("override", ["rollout.temperature=nan", "rollout.temperature=inf", "trainer.actor_lr=nan"])
+def test_a_non_finite_float_is_refused_before_any_folder(no_compute, override):
+    key = override.split("=")[0]
+    _refused(_invoke("train", override), f"{override} is not a finite number", f"set {key} to a finite value")
+    assert os.listdir(no_compute) == []
+
+
+def test_a_drop_in_capitals_suggests_the_registered_name(no_compute):
+    _refused(_invoke("ablate", "--drop", "CLIP_HIGHER"), "unknown component 'CLIP_HIGHER'", "did you mean clip_higher?")
+    assert os.listdir(no_compute) == []
+
+
 # -- tracking.uri --------------------------------------------------------------------------------
 def _closed_port() -> int:
     with socket.socket() as s:

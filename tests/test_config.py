@@ -156,6 +156,28 @@ def test_unknown_drop_lists_valid_names_and_suggests():
     assert all(name in str(e.value) for name in COMPONENTS.names())
 
 
+@pytest.mark.parametrize("typo", ["CLIP_HIGHER", "Clip-Higher", "clip-higher"])
+def test_a_drop_in_other_case_or_with_dashes_suggests_the_name(typo):
+    with pytest.raises(UnknownComponentError, match="did you mean clip_higher\\?"):
+        compose_config(drop=[typo])
+
+
+def test_every_float_setting_refuses_nan_and_infinity_in_one_line_each(default):
+    """The float settings are found from the composed default (typed by the schema), not listed by hand."""
+    from vapo_lab.config.validate import _float_settings
+
+    keys = [k for k, _ in _float_settings(OmegaConf.to_container(default, resolve=True))]
+    assert {"trainer.actor_lr", "loss.eps_low", "rollout.top_p", "rollout.temperature", "gae.alpha"} <= set(keys)
+    plain = [k for k in keys if "[" not in k]
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(ConfigError) as e:
+            compose_config(overrides=[f"{k}={value}" for k in plain])
+        lines = str(e.value).splitlines()
+        assert sorted(lines) == sorted(f"{k}={value} is not a finite number: set {k} to a finite value" for k in plain)
+    with pytest.raises(ConfigError, match=r"^trainer.adam_betas\[1\]=nan is not a finite number"):
+        compose_config(overrides=["trainer.adam_betas=[0.9,nan]"])
+
+
 def test_drop_of_component_already_off_in_preset():
     with pytest.raises(ConfigError, match="already off in preset 'ppo'"):
         compose_config(algo="ppo", drop=["clip_higher"])

@@ -5,6 +5,7 @@ Runs at compose time, before any model is built, so that a bad value costs nothi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -98,12 +99,16 @@ def validate(cfg: DictConfig) -> list[str]:
             node = node[part]
         return node
 
-    problems: list[str] = []
+    problems: list[str] = [f"{key}={v} is not a finite number: set {key} to a finite value"
+                           for key, v in _float_settings(c) if not math.isfinite(v)]
+    bad_floats = {p.split("=", 1)[0] for p in problems}
     for key, valid in modes().items():
         if get(key) not in valid:
             problems.append(f"{key}={get(key)} is not a valid choice: set {key} to one of {', '.join(valid)}")
     for key, lo, hi, lo_in, hi_in in RANGES:
         v = get(key)
+        if key in bad_floats:  # NaN compares false with every bound: said above, not range-checked
+            continue
         bad = (lo is not None and (v < lo or (v == lo and not lo_in))) or (
             hi is not None and (v > hi or (v == hi and not hi_in)))
         if bad:
@@ -113,6 +118,16 @@ def validate(cfg: DictConfig) -> list[str]:
     if not problems:
         problems += _relations(get)
     return problems
+
+
+def _float_settings(node: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """Returns (dotted key, value) of every float in a resolved config: the schema types each float
+    setting, so this finds all of them (list items as key[i]), whatever their key."""
+    if isinstance(node, dict):
+        return [kv for k, v in node.items() for kv in _float_settings(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")]
+    if isinstance(node, list):
+        return [kv for i, v in enumerate(node) for kv in _float_settings(v, f"{prefix}[{i}]")]
+    return [(prefix, node)] if isinstance(node, float) else []
 
 
 def _relations(get: Any) -> list[str]:

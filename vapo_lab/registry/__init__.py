@@ -24,8 +24,12 @@ T = TypeVar("T", bound=Named)
 
 def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]}?" if close else ""
+    def norm(x: str) -> str:  # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
+        return x.lower().replace("-", "_")
+
+    by_norm = {norm(v): v for v in valid}
+    close = difflib.get_close_matches(norm(name), list(by_norm), n=1, cutoff=0.5)
+    hint = f"; did you mean {by_norm[close[0]]}?" if close else ""
     return f"unknown {kind} {name!r}: valid names are {', '.join(valid)}{hint}"
 
 
