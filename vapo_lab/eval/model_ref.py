@@ -71,11 +71,9 @@ def _find_run(run_id: str, runs_dir: Path, tracking_uri: str | None = None) -> P
         return found_here
     found = None
     try:
-        from mlflow.tracking import MlflowClient
+        from vapo_lab.track import open_client, resolve_tracking_uri
 
-        from vapo_lab.track import resolve_tracking_uri
-
-        run = MlflowClient(tracking_uri=resolve_tracking_uri(tracking_uri)).get_run(run_id)
+        run = open_client(resolve_tracking_uri(tracking_uri)).get_run(run_id)
         found = run.data.tags.get("run_dir")
     except Exception:  # noqa: BLE001 - unknown id or unreachable store: the error below says both
         found = None

@@ -77,16 +77,13 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
         ReportError: no such store (a local one is never created), no such experiment, or no runs
             in it (naming `vapo-lab ablate`).
     """
-    from mlflow.tracking import MlflowClient
-
-    from vapo_lab.track import resolve_tracking_uri
-
     from vapo_lab.config.preflight import require, tracking_problems
+    from vapo_lab.track import open_client, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     # a store that is not there is named, never created empty by MLflow
     require(tracking_problems(tracking_uri, key="--tracking-uri", must_exist=True), ReportError)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)  # under the store's lock, as every opener
     try:
         exp = client.get_experiment_by_name(experiment)
     except Exception as e:  # noqa: BLE001 - one line, whatever the store says

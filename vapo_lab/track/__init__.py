@@ -10,10 +10,12 @@ from vapo_lab.track.mlflow_tracker import (
     NullTracker,
     TrackingError,
     flatten,
+    open_client,
     resolve_tracking_uri,
 )
 
-__all__ = ["MlflowTracker", "NullTracker", "TrackingError", "flatten", "make_tracker", "resolve_tracking_uri"]
+__all__ = ["MlflowTracker", "NullTracker", "TrackingError", "flatten", "make_tracker", "open_client",
+           "resolve_tracking_uri"]
 
 
 def make_tracker(backend: str, uri: str | None = None, experiment: str = "vapo-lab",

@@ -6,7 +6,9 @@ appended to a spool file on disk and training goes on; the user is told once; th
 replayed, in order, when the server answers again (tried at most every ``retry_s`` seconds) and at
 ``finish``, and the user is told once that it caught up. A spool that still cannot be replayed at
 the end is kept and its path reported, so nothing is lost. After a resume, :meth:`backfill` sends
-the steps that a killed process had written to its local record but not sent, and only those.
+the steps that a killed process had written to its local record but not sent, and only those. A
+local sqlite store is opened under a lock beside it (``store_lock``): runs started together in a
+fresh folder never race to create its schema.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import VapoLabError
+from vapo_lab.track.store_lock import store_lock
 
 MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 MAX_METRICS_PER_BATCH = 1000
@@ -55,6 +58,32 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def open_client(uri: str) -> Any:
+    """Returns an MlflowClient of the store at ``uri``. MLflow creates a fresh sqlite store's schema
+    as a client opens it, unlocked: under a lock beside the file, runs started together never race."""
+    from mlflow.tracking import MlflowClient
+
+    with store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
+def first_line(error: BaseException) -> str:
+    """Returns the first line of ``error``'s message, cut to 200 characters (or its type's name)."""
+    lines = str(error).splitlines()
+    return lines[0][:200] if lines else type(error).__name__
+
+
+def read_spool(path: Path) -> list[dict[str, Any]]:
+    """Returns the records of a spool file; a line cut short (a full disk mid-write) is dropped."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
 
 
 def open_experiment(client: Any, name: str) -> str:
@@ -110,11 +139,13 @@ class MlflowTracker:
         # should instead spool and go on, so keep retries short unless the user set them
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        from mlflow.tracking import MlflowClient  # heavy import, only when tracking is on
-
         self.uri = resolve_tracking_uri(uri)
         self.experiment = experiment
-        self.client = MlflowClient(tracking_uri=self.uri)
+        try:  # imports MLflow (heavy) only when tracking is on
+            self.client = open_client(self.uri)
+        except Exception as e:  # noqa: BLE001 - a store that cannot be opened (corrupt, unwritable): one line
+            raise TrackingError(f"cannot open the MLflow tracking store {self.uri}: {first_line(e)}; "
+                                "repair or move it, or set tracking.uri to another store, or tracking=none") from e
         self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd() / ".vapo_cache" / "spool"
         self.run_id: str | None = None
         self.failures = 0
@@ -123,6 +154,7 @@ class MlflowTracker:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._spooling = False  # in an outage (told once per outage)
+        self._told_lost = False  # told that metrics could be neither sent nor spooled
         self._last_try = -math.inf
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -149,7 +181,7 @@ class MlflowTracker:
                     self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
         except Exception as e:  # noqa: BLE001 - any backend failure at start is fatal and clear
             raise TrackingError(
-                f"cannot reach the MLflow tracking store {self.uri}: {str(e).splitlines()[0][:200]}; "
+                f"cannot reach the MLflow tracking store {self.uri}: {first_line(e)}; "
                 "start it (`mlflow server --host 127.0.0.1`) or set tracking.uri / tracking=none") from e
         self._thread = threading.Thread(target=self._sender, name="vapo-lab-mlflow", daemon=True)
         self._thread.start()
@@ -168,12 +200,15 @@ class MlflowTracker:
         (FINISHED, FAILED or KILLED) and returns the path of a spool that could not be sent (None
         when everything was sent)."""
         self.close(wait_s)
-        self._replay(force=True)
-        spool = self._spool_path()
+        try:
+            self._replay(force=True)
+        except Exception:  # noqa: BLE001 - a spool that cannot be read is kept; the status is still set
+            self.failures += 1
         try:
             self.client.set_terminated(self.run_id, status=status)
         except Exception:  # noqa: BLE001 - the metrics are what matters; they are spooled
             self.failures += 1
+        spool = self._spool_path()
         return spool if spool.exists() else None
 
     # -- logging -------------------------------------------------------------------------------
@@ -224,6 +259,8 @@ class MlflowTracker:
                     self._deliver(item)
                 else:
                     self._backfill(item)
+            except Exception as e:  # noqa: BLE001 - e.g. a full disk under the spool: the sender goes on
+                self._lost(e)
             finally:
                 self._queue.task_done()
 
@@ -250,6 +287,15 @@ class MlflowTracker:
             self._spooling = True
             self.log(f"tracking: MLflow at {self.uri} is not answering ({str(e).splitlines()[0][:120]}); "
                      f"spooling metrics to {self._spool_path()}, training goes on; they are sent when it answers")
+
+    def _lost(self, e: Exception) -> None:
+        """Counts metrics neither sent nor spooled; the user is told once (a training run's
+        metrics.jsonl still holds them, and resuming it sends what the store lacks)."""
+        self.failures += 1
+        if not self._told_lost:
+            self._told_lost = True
+            self.log(f"tracking: metrics could be neither sent to {self.uri} nor spooled to {self._spool_path()} "
+                     f"({first_line(e)}); the run's metrics.jsonl keeps them and resume= sends them")
 
     def _backfill(self, records: list[dict[str, Any]]) -> None:
         if self._spool_path().exists() and not self._replay():
@@ -298,7 +344,7 @@ class MlflowTracker:
             return True
         if not force and self._spooling and time.monotonic() - self._last_try < self.retry_s:
             return False
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+        records = read_spool(path)
         try:
             plain = [r for r in records if not r.get("backfill")]
             self._send(plain)
@@ -318,10 +364,8 @@ class MlflowTracker:
 def set_run_status(uri: str, run_id: str, status: str) -> None:
     """Sets the status of MLflow run ``run_id`` at ``uri``: RUNNING, or a final one (FINISHED,
     FAILED, KILLED) with its end time; best effort (a store that does not answer is left as is)."""
-    from mlflow.tracking import MlflowClient
-
     try:
-        client = MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+        client = open_client(resolve_tracking_uri(uri))
         if status == "RUNNING":
             client.update_run(run_id, status=status)
         else:

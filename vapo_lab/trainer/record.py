@@ -8,11 +8,13 @@ local record that never depends on a server) and, for a run that did not finish,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from vapo_lab.errors import ConfigError
 from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir
 from vapo_lab.runs.metrics_log import MetricsLog
 from vapo_lab.track import flatten, make_tracker
+from vapo_lab.track.mlflow_tracker import first_line
 
 
 def git_commit() -> str:
@@ -55,45 +58,57 @@ def folder_to_resume(cfg: DictConfig) -> Path | None:
     return resume_dir
 
 
-def new_run_dir(cfg: DictConfig) -> Path:
-    """Returns a folder for a new run: ``run_name`` or ``<algo>-seed<seed>-<time>``, numbered when taken."""
+def claim_run_dir(cfg: DictConfig) -> Path:
+    """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``, numbered
+    (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two runs started
+    together never share a folder."""
     name = cfg.run_name or f"{cfg.algo.name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path = Path(cfg.output_dir) / name
-    i = 1
-    while path.exists():
-        i += 1
-        path = Path(cfg.output_dir) / f"{name}-{i}"
-    return path
+    root = Path(cfg.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    path, i = root / name, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            i += 1
+            path = root / f"{name}-{i}"
 
 
 class RunRecord:
     """The folder and tracking run of one training run.
 
-    Creating it makes the folder and starts (or, resuming, reopens) the tracking run; ``open()``
-    then writes the run's files. Between the two a failure is recorded with ``close``.
+    Creating it opens the tracking store, claims the folder and starts (or, resuming, reopens) the
+    tracking run; ``open()`` then writes the run's files. Between the two a failure is recorded with
+    ``close``.
     """
 
     def __init__(self, cfg: DictConfig, choices: dict[str, str], resume_dir: Path | None, command: str,
                  tags: dict[str, str] | None, parent_run_id: str | None, log: Callable[[str], None]) -> None:
         self.cfg, self.choices, self.resume_dir, self.log = cfg, choices, resume_dir, log
-        self.run_dir = resume_dir or new_run_dir(cfg)
-        created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.command = command or " ".join(sys.argv)
+        # the store first: a run that cannot open it has claimed no folder to leave behind
         self.tracker = make_tracker(cfg.tracking.backend, cfg.tracking.uri, cfg.tracking.experiment,
                                     cfg.tracking.spool_dir, log=log)
-        previous = json.loads((self.run_dir / RUN_FILE).read_text()) if resume_dir else {}
-        tags = {"algo": cfg.algo.name, "seed": str(cfg.seed), "experiment": cfg.tracking.experiment,
-                "scale": cfg.scale.name, "git_commit": git_commit(), "run_dir": str(self.run_dir),
-                **component_tags(choices), **(tags or {})}
-        params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
-        params["command"] = self.command = command or " ".join(sys.argv)
+        self.run_dir = resume_dir or claim_run_dir(cfg)
         try:
-            self.run_id = self.tracker.start(self.run_dir.name, tags, params,
-                                             resume_run_id=previous.get("run_id"), parent_run_id=parent_run_id)
+            self.run_id = self._start(tags, parent_run_id)
         except BaseException:
-            if created:  # nothing of this run exists anywhere: leave no empty folder behind
+            if resume_dir is None:  # claimed above, nothing of this run anywhere: leave no empty folder
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
+
+    def _start(self, tags: dict[str, str] | None, parent_run_id: str | None) -> str:
+        """Returns the id of the tracking run started (or, resuming, reopened) for the folder."""
+        cfg = self.cfg
+        previous = json.loads((self.run_dir / RUN_FILE).read_text()) if self.resume_dir else {}
+        tags = {"algo": cfg.algo.name, "seed": str(cfg.seed), "experiment": cfg.tracking.experiment,
+                "scale": cfg.scale.name, "git_commit": git_commit(), "run_dir": str(self.run_dir),
+                **component_tags(self.choices), **(tags or {})}
+        params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
+        params["command"] = self.command
+        return self.tracker.start(self.run_dir.name, tags, params,
+                                  resume_run_id=previous.get("run_id"), parent_run_id=parent_run_id)
 
     def open(self) -> None:
         """Writes run.json and config.yaml (a new run) and opens metrics.jsonl; resuming, sends the
@@ -117,25 +132,50 @@ class RunRecord:
 
     def close(self, status: str, step: int, error: BaseException | None = None) -> None:
         """Ends the tracking run as ``status`` (FINISHED, FAILED, KILLED); a run that did not finish
-        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it)."""
-        failure = self.run_dir / "failure.txt"
-        if error is not None:
-            import traceback
-
-            what = "interrupted" if status == "KILLED" else "failed"
-            failure.write_text(
-                f"{what} at step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                f"{type(error).__name__}: {error}\ncontinue it with: vapo-lab train resume={self.run_dir}\n\n"
-                + "".join(traceback.format_exception(error)), encoding="utf-8")
-        elif failure.exists():
-            failure.unlink()
-        spool = self.tracker.finish(status)
-        if spool is not None:
-            self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")
+        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it). Raises nothing
+        of its own: a file that cannot be written (a full disk) is told in a line, and the tracking
+        run is ended whatever happened to the files."""
+        try:
+            self._note_failure(status, step, error)
+        finally:
+            self._end_tracking(status)
 
     def close_on_error(self, error: BaseException, step: int) -> None:
         """Ends the tracking run as KILLED (an interrupt) or FAILED, saying why in failure.txt."""
         self.close("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED", step, error)
+
+    def _note_failure(self, status: str, step: int, error: BaseException | None) -> None:
+        """Writes failure.txt for a run that did not finish, removes an old one for a run that did;
+        an OSError (a full disk) is told in one line, never raised over the run's own error."""
+        failure = self.run_dir / "failure.txt"
+        if error is None:
+            try:
+                failure.unlink(missing_ok=True)
+            except OSError as e:
+                self.log(f"could not remove {failure} of an earlier failure ({e.strerror or e}): the run finished")
+            return
+        what = "interrupted" if status == "KILLED" else "failed"
+        resume = f"continue it with: vapo-lab train resume={self.run_dir}"
+        try:
+            failure.write_text(f"{what} at step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                               f"{type(error).__name__}: {error}\n{resume}\n\n"
+                               + "".join(traceback.format_exception(error)),
+                               encoding="utf-8", errors="backslashreplace")
+        except OSError as e:
+            self.log(f"could not write {failure} ({e.strerror or e}): the run {what} at step {step}; {resume}")
+            with contextlib.suppress(OSError):  # a half-written failure.txt would mislead
+                failure.unlink()
+
+    def _end_tracking(self, status: str) -> None:
+        """Marks the tracking run ``status``; a tracker that fails is told in one line, never raised."""
+        try:
+            spool = self.tracker.finish(status)
+        except Exception as e:  # noqa: BLE001 - never an error on top of the run's own
+            self.log(f"tracking: could not mark run {self.run_id} {status} ({first_line(e)}); its metrics are in "
+                     f"{self.run_dir / METRICS_FILE}")
+            return
+        if spool is not None:
+            self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")
 
 
 class RankRecord:
