@@ -142,9 +142,11 @@ def report_from_export(path: str | Path | list[str | Path], out: str | Path | No
     committed reports are remade this way from their runs files."""
     import tempfile
 
-    from vapo_lab.track.export import import_runs
+    from vapo_lab.track.export import import_runs, read_export
 
     paths = path if isinstance(path, list) else [path]
+    for p in paths:  # every file checked (bounded, schema) before any is imported
+        read_export(p)
     with tempfile.TemporaryDirectory(prefix="vapo-report-") as tmp:
         uri = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
         experiment = [import_runs(p, uri)[0] for p in paths][0]
