@@ -12,14 +12,12 @@ from vapo_lab.commands.output import OverridesArg, cli_errors, peak_rss_mib, std
 
 def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet: bool) -> None:
     """Composes the config, trains with a progress bar (plain lines in a log), prints the closing summary."""
-    from rich.progress import TextColumn
-
-    from vapo_lab.commands.progress import build_progress, default_columns, progress_bar
+    from vapo_lab.commands.progress import build_progress
     from vapo_lab.config.preflight import check_run
     from vapo_lab.config.train import train_config
     from vapo_lab.distributed.world import env_world, world_size
     from vapo_lab.integrity import CACHE_DIR
-    from vapo_lab.launch.signals import sigterm_interrupts
+    from vapo_lab.launch.signals import stop_on_signals
     from vapo_lab.trainer.trainer import Trainer
 
     cfg, choices = train_config(algo, drop, overrides)
@@ -31,9 +29,19 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
         args = [*([f"--algo={algo}"] if algo else []), *[f"--drop={d}" for d in drop], *overrides]
         print_result(cfg, run_ranks(cfg, args, command, quiet))
         return
-    sigterm_interrupts()
-    trainer = Trainer(cfg, choices, progress=build_progress(quiet),
-                      log=lambda msg: stderr.print(msg, highlight=False, markup=False), command=command)
+    log = lambda msg: stderr.print(msg, highlight=False, markup=False)  # noqa: E731
+    with stop_on_signals():  # SIGTERM and Ctrl-C: stop after the step in progress, marked killed
+        result = _train(cfg, Trainer(cfg, choices, progress=build_progress(quiet), log=log, command=command), quiet)
+    print_result(cfg, result.summary())
+
+
+def _train(cfg: Any, trainer: Any, quiet: bool) -> Any:
+    """Trains ``trainer`` (of ``cfg``) to the end under a progress bar (none when ``quiet``); returns its
+    TrainResult."""
+    from rich.progress import TextColumn
+
+    from vapo_lab.commands.progress import default_columns, progress_bar
+
     stderr.print(f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')})",
                  highlight=False, markup=False)
     total = int(cfg.trainer.total_steps)
@@ -48,8 +56,7 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
                      f"len {m.get('rollout/response_length', float('nan')):.0f}")
             bar.update(task, completed=step, stats=stats)
 
-        result = trainer.train(on_step)
-    print_result(cfg, result.summary())
+        return trainer.train(on_step)
 
 
 def print_result(cfg: Any, r: dict[str, Any]) -> None:

@@ -309,8 +309,7 @@ class CellJobRunner:
 
         On USR2 (preemption, the time limit) submitit calls this on global rank 0 only, the other
         ranks log the signal and go on, then it requeues the job, and Slurm stops every task (our
-        SIGTERM handler ends each rank's run; rank 0 leaves first, so the others' next collective
-        fails too). A save here would be a collective of the sharded model (DCP) that the other
+        SIGTERM handler records a stop request, and the ranks stop together at their next safe point). A save here would be a collective of the sharded model (DCP) that the other
         ranks never join: it would hang until Slurm kills the job. So nothing is saved: the requeued
         job resumes from the run's last periodic checkpoint (``trainer.save_every``) and redoes the
         steps since, as any resumed run does (checked on the local Slurm: a 2-task cell sent USR2 at

@@ -130,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
             (folder / f"rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {last}\n\n"
                                                      + traceback.format_exc())
+        if isinstance(e, KeyboardInterrupt):  # a stop: rank 0 said where and how to resume, no traceback
+            return 130
         raise
     finally:
         if trainer is not None:

@@ -1,21 +1,152 @@
-"""How a training process meets SIGTERM (``kill``, a container stop, Slurm's scancel or preemption)."""
+"""How a training process meets SIGTERM (``kill``, a container stop, Slurm's scancel or preemption,
+torchrun stopping its ranks) and Ctrl-C: a stop request, acted on where the run can stop cleanly.
 
+The handler used to raise KeyboardInterrupt itself, and signals were lost: a handler runs wherever
+the main thread is, and an exception raised inside a weakref or garbage-collection callback (one of
+SQLAlchemy's, under MLflow) is printed as "Exception ignored" and dropped, so a run went on until a
+second SIGTERM, and Slurm sends one. Now the handler records the request (which signal, when) and
+the trainer acts on it at its next safe point (``Trainer.train``: before each step, after the one
+before it was logged and saved, and before each evaluation) by raising :class:`StopRequested`, a
+KeyboardInterrupt: the run ends as Ctrl-C ended it, KILLED in MLflow with failure.txt (a grid cell:
+``failed``, with the signal as its error), its last checkpoint intact, resumed by the same command.
+On many ranks every rank asks at the same points and a request on any rank stops them all there.
+
+A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step or set-up), stops
+the run where it is, as the old handler did: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s
+after their SIGTERM by default, and a run stopped before then is still recorded as KILLED.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
 import signal
 import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FORCE_AFTER_S = 10.0  # a request not acted on by then stops the run where it is
+# one stop often comes as two signals at once (Ctrl-C reaches torchrun's ranks from the terminal and
+# again from torchrun, which passes its signals on): a second one this soon is the same request
+SAME_STOP_S = 1.0
+WATCH_EVERY_S = 0.25  # how often the watchdog looks at a waiting request
 
 
-def sigterm_interrupts() -> None:
-    """Makes SIGTERM end the run as Ctrl-C does: the run is marked KILLED in MLflow and says so in its
-    folder (a grid cell: ``failed``, with the signal as its error), instead of staying RUNNING.
+@dataclass(frozen=True)
+class StopRequest:
+    """A stop asked of this process: the signal, and when it came (``time.time()``)."""
+
+    signum: int
+    at: float
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+class StopRequested(KeyboardInterrupt):
+    """A stop request acted on: a KeyboardInterrupt, so that whatever handles Ctrl-C (the run's
+    record: KILLED; a grid cell: failed; a grid: interrupted) handles it the same way. ``reason``
+    is the short form the run's closing line gives ("SIGTERM", "SIGINT twice")."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}")
+
+
+class StopHandler:
+    """The handler of SIGTERM and SIGINT in a training process and the request they share.
+
+    The trainer finds it as the process's SIGTERM handler (``signal.getsignal``): it calls
+    ``stop_point(world)`` at its safe points, which the launch layer's code cannot reach otherwise.
+    The handler itself only sets attributes: it runs between any two bytecodes of the main thread,
+    where taking a lock (starting a thread, setting an Event) could deadlock. A watchdog thread
+    started with the handler forces a request that waits too long.
+    """
+
+    def __init__(self) -> None:
+        self.request: StopRequest | None = None
+        self._forced = False
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="stop-request-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        """Records a first signal; raises StopRequested at once for a second one (or the watchdog's)."""
+        req = self.request
+        if req is None:
+            self.request = StopRequest(signum, time.time())
+        elif self._forced:
+            raise StopRequested(f"{req.name}, no safe point within {FORCE_AFTER_S:.0f} s",
+                                f"signal {req.signum}, the run stopped where it was")
+        elif time.time() - req.at >= SAME_STOP_S:
+            raise StopRequested(f"{signal.Signals(signum).name} twice", f"signal {signum}, the run stopped at once")
+
+    def stop_point(self, world: Any = None) -> None:
+        """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank of
+        ``world`` (a ``World``; every rank must call this at the same points: it is a collective).
+        The request is consumed: a later signal is a new one."""
+        req = self.request
+        signum = req.signum if req else 0
+        if world is not None and world.initialized:
+            signum = int(world.max(float(signum)))
+        if not signum:
+            return
+        self.request, self._forced = None, False
+        when = "by another rank" if req is None else f"{time.time() - req.at:.1f} s before this safe point"
+        raise StopRequested(signal.Signals(signum).name, f"signal {signum}, received {when}")
+
+    def close(self) -> None:
+        """Forgets any request and stops the watchdog (the handler is being replaced)."""
+        self.request, self._forced = None, False
+        self._closed.set()
+
+    def _watch(self) -> None:
+        """Stops the run where it is when a request has waited ``FORCE_AFTER_S`` for a safe point."""
+        while not self._closed.wait(WATCH_EVERY_S):
+            req = self.request
+            if req is not None and not self._forced and time.time() - req.at >= FORCE_AFTER_S:
+                self._forced = True
+                _thread.interrupt_main(req.signum)  # the handler runs in the main thread, as for a signal
+
+
+def sigterm_interrupts() -> StopHandler | None:
+    """Makes SIGTERM and Ctrl-C stop the run at its next safe point (see the module docstring);
+    returns the handler, or None off the main thread (only the main thread can set a handler: there
+    this does nothing).
 
     Under submitit, which ignores SIGTERM so that Slurm's SIGKILL ``KillWait`` seconds later is what
     ends a job, this handler replaces submitit's: a cancelled cell stops within one step, its last
-    checkpoint intact, and the same grid command resumes it. Only the main thread can set a handler;
-    elsewhere this does nothing.
+    checkpoint intact, and the same grid command resumes it. submitit's USR2 handler (checkpoint and
+    requeue) is left alone.
     """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    if isinstance(previous, StopHandler):  # an earlier run's, in a reused process: its request is stale
+        previous.close()
+    handler = StopHandler()
+    for signum in SIGNALS:
+        signal.signal(signum, handler)
+    return handler
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[StopHandler | None]:
+    """``sigterm_interrupts()`` for the body, the previous handlers back after it (a run inside a
+    longer-lived process: a test's, the CLI's in-process runner)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    handler = sigterm_interrupts()
+    try:
+        yield handler
+    finally:
+        if handler is not None:
+            handler.close()
+        for signum, old in previous.items():
+            signal.signal(signum, old)

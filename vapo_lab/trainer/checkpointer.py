@@ -14,15 +14,23 @@ many ranks (``trainer.strategy=fsdp``) write their shards of the models and opti
 torch distributed checkpointing into ``dcp/`` (:mod:`vapo_lab.distributed.dcp`), which re-shards for
 any rank count, and rank 0 commits the folder the same way. A new piece of saved state is a new
 entry in ``stateful`` or ``per_rank`` (or a key of the trainer's own ``state_dict``).
+
+Resuming, :func:`checkpoint_to_resume` picks the checkpoint before anything is loaded (and before
+the run's tracking run is reopened): the newest that matches its checksums, whose models have the
+architecture of the run's (each checkpoint records them in ``trainer_state.json``; an older one's
+model folders hold their ``config.json``). Anything else is refused in one line.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from safetensors import SafetensorError
 from torch import nn
 from torch.optim import Optimizer
 
@@ -30,9 +38,22 @@ from vapo_lab import faults
 from vapo_lab.distributed.dcp import load_sharded, save_sharded
 from vapo_lab.distributed.world import World
 from vapo_lab.errors import CheckpointError
-from vapo_lab.runs.checkpoint import latest_checkpoint, load_state, save_checkpoint, tmp_folder
+from vapo_lab.runs.checkpoint import (
+    META_FILE,
+    first_line,
+    latest_checkpoint,
+    load_state,
+    refuse_unsafe_files,
+    resumable_checkpoint,
+    save_checkpoint,
+    tmp_folder,
+    unsafe_file,
+)
 
 DCP_DIR = "dcp"  # a sharded checkpoint's models and optimiser states
+# the keys of a Hugging Face config that fix its model's parameter names and shapes
+ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
 
 
 class Stateful(Protocol):
@@ -55,20 +76,36 @@ class CheckpointManager:
         if self.world.initialized:
             return self._save_sharded(step)
         state = {**{name: opt.state_dict() for name, (_, opt) in self.optimizers.items()}, **self._shared_state()}
-        return save_checkpoint(self.folder, step, self.models, state,
+        return save_checkpoint(self.folder, step, self.models, state, meta=self._meta(),
                                before_commit=lambda: faults.point("checkpoint", step))
 
-    def load(self) -> Path | None:
-        """Loads the newest usable checkpoint into the parts; returns its path (None: there is none).
+    def load(self, path: Path | None = None) -> Path | None:
+        """Loads checkpoint ``path`` (None: the newest usable one) into the parts; returns its path
+        (None: there is none).
 
         Raises:
-            CheckpointError: a file would run code when loaded, or the checkpoint was written by a
-                sharded run and this one is one process (or the reverse).
+            CheckpointError: a file would run code when loaded, the checkpoint does not fit the
+                parts (another model's), or it was written by a sharded run and this one is one
+                process (or the reverse).
         """
-        path = latest_checkpoint(self.folder, warn=self.log if self.world.main else None)
+        path = path or latest_checkpoint(self.folder, warn=self.log if self.world.main else None)
         if path is None:
             return None
-        state = _current_layout(load_state(path))  # first: it refuses an unsafe file before any model is touched
+        try:
+            self._load(path)
+        except (RuntimeError, ValueError, KeyError) as e:  # a state that does not fit: never a traceback
+            raise CheckpointError(f"{path} does not fit this run's models and optimisers ({first_line(e)}): "
+                                  f"move it out of {self.folder} to resume from the run's own checkpoints") from e
+        return path
+
+    def _meta(self) -> dict[str, Any]:
+        """What ``trainer_state.json`` records beside the step: each model's architecture."""
+        return {"models": {name: architecture(model) for name, model in self.models.items()}}
+
+    def _load(self, path: Path) -> None:
+        """Loads checkpoint ``path`` into the parts, its state file first (an unsafe one is refused
+        before any model is touched)."""
+        state = _current_layout(load_state(path))
         sharded = (path / DCP_DIR).is_dir()
         if sharded != self.world.initialized:
             raise CheckpointError(
@@ -87,7 +124,6 @@ class CheckpointManager:
         for name, part in self.per_rank.items():
             ranks = state[name]
             part.load_state_dict(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
-        return path
 
     def _shared_state(self) -> dict[str, Any]:
         """The stateful parts' states, and every rank's state of each per-rank part (a collective)."""
@@ -119,7 +155,7 @@ class CheckpointManager:
         state = self._shared_state()
         final = self.folder / f"step_{step:06d}"
         if world.main:
-            final = save_checkpoint(self.folder, step, {}, state, tmp=tmp,
+            final = save_checkpoint(self.folder, step, {}, state, tmp=tmp, meta=self._meta(),
                                     before_commit=lambda: faults.point("checkpoint", step))
         world.barrier()
         return final
@@ -140,10 +176,97 @@ class CheckpointManager:
 
 
 def _read_model(model: nn.Module, path: Path) -> nn.Module:
-    """Returns the model saved at ``path``, read by the class of ``model`` (safetensors, no code run)."""
-    if hasattr(model, "save_pretrained"):
-        return type(model).from_pretrained(path, dtype=model.dtype, use_safetensors=True)
-    return type(model).load(path)
+    """Returns the model saved at ``path``, read by the class of ``model`` (safetensors, and tensor
+    files read with ``weights_only``: no code run).
+
+    Raises:
+        CheckpointError: a tensor file holds a pickle of other objects (one line, never torch's
+            advice to load it unsafely), or a file is unreadable.
+    """
+    try:
+        if hasattr(model, "save_pretrained"):
+            return type(model).from_pretrained(path, dtype=model.dtype, use_safetensors=True)
+        return type(model).load(path)
+    except pickle.UnpicklingError as e:
+        files = sorted(path.glob("*.pt"))  # torch's refusal names no file: name the folder's only one
+        raise unsafe_file(files[0] if len(files) == 1 else path) from e
+    except (OSError, EOFError, SafetensorError) as e:
+        raise CheckpointError(f"cannot read the model in {path}: {first_line(e)}") from e
+
+
+def architecture(model: Any) -> dict[str, Any]:
+    """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without one."""
+    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
+    return {k: v for k in ARCH_KEYS if (v := getattr(config, k, None)) is not None} if config is not None else {}
+
+
+def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
+                         warn: Callable[[str], None] | None = None) -> Path | None:
+    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches its
+    checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It reads
+    configs and the structure of the tensor files, no tensor: call it before anything of the run is reopened.
+
+    Args:
+        expected: model name -> the architecture (:func:`architecture`) the run's model has.
+
+    Raises:
+        CheckpointError: the run wrote checkpoints and none is usable, the newest usable one is
+            another model's (one line naming the difference), or one of its tensor files holds more
+            than tensors.
+    """
+    path = resumable_checkpoint(folder, warn)
+    if path is None:
+        return None
+    problem = model_mismatch(path, expected)
+    if problem is not None:
+        raise CheckpointError(f"{path} is not a checkpoint of this run's model: {problem}; move it out of "
+                              f"{folder} to resume from the run's own checkpoints")
+    refuse_unsafe_files(path)
+    return path
+
+
+def model_mismatch(path: Path, expected: dict[str, dict[str, Any]]) -> str | None:
+    """Returns how the models of checkpoint ``path`` differ from ``expected`` (one phrase), or None;
+    a checkpoint that recorded no architecture (a sharded one of an older vapo-lab) is not judged."""
+    saved = saved_architectures(path)
+    if saved is None:
+        return None
+    for name in [*expected, *sorted(set(saved) - set(expected))]:
+        if name not in saved:
+            return f"it has no {name}, and this run has one"
+        if name not in expected:
+            return f"it has a {name}, and this run has none"
+        for key in ARCH_KEYS:
+            theirs, mine = saved[name].get(key), expected[name].get(key)
+            if theirs is not None and mine is not None and theirs != mine:
+                return f"its {name} has {key}={theirs}, this run's has {key}={mine}"
+    return None
+
+
+def saved_architectures(path: Path) -> dict[str, dict[str, Any]] | None:
+    """Returns {model name: architecture} of checkpoint ``path``: as its ``trainer_state.json``
+    records them, each replaced by its folder's config.json where it has one (what loading reads);
+    None: neither says (a sharded checkpoint of an older vapo-lab).
+
+    Raises:
+        CheckpointError: one of those files is not a JSON object.
+    """
+    recorded = _json(path / META_FILE).get("models")
+    saved = {n: a for n, a in recorded.items() if isinstance(a, dict)} if isinstance(recorded, dict) else {}
+    for config in sorted(path.glob("*/config.json")):
+        saved[config.parent.name] = {k: v for k, v in _json(config).items() if k in ARCH_KEYS}
+    return saved or None
+
+
+def _json(file: Path) -> dict[str, Any]:
+    """Returns the JSON object in ``file``."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {file}: {first_line(e)}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"cannot read {file}: it holds no JSON object")
+    return data
 
 
 def _current_layout(state: dict[str, Any]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
 from vapo_lab.trainer.advantages import compute_advantages
-from vapo_lab.trainer.checkpointer import CheckpointManager
+from vapo_lab.trainer.checkpointer import CheckpointManager, architecture, checkpoint_to_resume
 from vapo_lab.trainer.collect import Batch, DataStream, collect
 from vapo_lab.trainer.evaluation import evaluate
 from vapo_lab.trainer.forward import batched_logprobs, batched_values, token_micro_batches
@@ -127,6 +127,8 @@ class Trainer:
         self.critic = self.critic_opt = self.critic_sched = None
         self.step, self.best_eval, self.warned_lambda = 0, None, False
 
+        # chosen before the tracking run is reopened: a refused checkpoint leaves the run's status as it was
+        resume_from = self._checkpoint_to_resume(resume_dir, policy) if resume_dir else None
         self.record = self._record(choices, resume_dir, command, tags, parent_run_id)
         self.run_dir, self.run_id, self.tracker = self.record.run_dir, self.record.run_id, self.record.tracker
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
@@ -151,7 +153,7 @@ class Trainer:
                                    self.gen_update, world)
             self.checkpoints = self._checkpoint_manager()
             if resume_dir:
-                self._resume()
+                self._resume(resume_from)
         except BaseException as e:
             self.record.close_on_error(e, self.step)
             raise
@@ -161,20 +163,32 @@ class Trainer:
     def train(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
         """Returns the result of training from the current step to ``trainer.total_steps``, calling
         ``on_step(step, metrics)`` after each step (rank 0); the tracking run ends FINISHED, or
-        FAILED / KILLED (with failure.txt) when a step raises."""
+        FAILED / KILLED (with failure.txt) when a step raises.
+
+        A stop asked by SIGTERM or Ctrl-C (``vapo_lab.launch.signals``) is acted on at the safe points:
+        before each step (the one before it logged and saved) and before each evaluation; the run
+        ends as an interrupt does, and says in one line where it stopped and how to continue it."""
+        import signal
+
         t = self.cfg.trainer
         total, key = int(t.total_steps), self._eval_key()
         history: list[dict[str, Any]] = []
         base_eval = None
         checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
+        # the launch layer's handler, where one is installed, holds the stop request (this layer cannot
+        # import it); its stop_point raises a KeyboardInterrupt, and on many ranks is a collective
+        stop_point = getattr(signal.getsignal(signal.SIGTERM), "stop_point", lambda world: None)
         try:
             if self.step == 0:
+                stop_point(self.world)
                 e = self.evaluate()
                 base_eval = e[key]
                 self.record.log_metrics(e, 0)
             while self.step < total:
+                stop_point(self.world)
                 metrics = self.train_step()
                 if self.step % int(t.eval_every) == 0 or self.step == total:
+                    stop_point(self.world)  # an evaluation can be long; the step is redone on resume
                     e = self.evaluate()
                     metrics.update(e)
                     self.best_eval = e[key] if self.best_eval is None else max(self.best_eval, e[key])
@@ -186,6 +200,10 @@ class Trainer:
                     on_step(self.step, metrics)
         except BaseException as e:
             self.record.close_on_error(e, self.step)
+            if isinstance(e, KeyboardInterrupt) and self.world.main:  # else the output just stops
+                why = getattr(e, "reason", None) or str(e) or "interrupted"
+                self.log(f"stopped after step {self.step} of {total} ({why}): continue it with: "
+                         f"vapo-lab train resume={self.run_dir}")
             raise
         self.record.close("FINISHED", self.step)
         final = history[-1].get(key) if history else None
@@ -269,15 +287,28 @@ class Trainer:
         return CheckpointManager(self.run_dir / CHECKPOINTS, self.world, models, optimizers, schedulers,
                                  {"trainer": self}, self.log)
 
-    def _resume(self) -> None:
-        """Continues from the latest usable checkpoint of the run's folder (none: from step 0)."""
-        if self.checkpoints.load() is None:
-            self.log(f"no usable checkpoint in {self.run_dir}: starting from step 0")
+    def _resume(self, path: Path | None) -> None:
+        """Continues from checkpoint ``path`` (``_checkpoint_to_resume``'s); None: the run stopped
+        before its first checkpoint, so it starts again from step 0."""
+        if path is None:
+            self.log(f"no checkpoint in {self.run_dir} yet (it stopped before its first): starting from step 0")
             return
+        self.checkpoints.load(path)
         if self.sampling.engine is not None:
             self.sampling.engine.push_weights(self.policy)
         ranks = f" on {self.world.size} rank(s)" if self.world.initialized else ""
         self.log(f"resumed {self.run_dir} at step {self.step}{ranks}")
+
+    def _checkpoint_to_resume(self, run_dir: Path, policy: torch.nn.Module) -> Path | None:
+        """Returns the checkpoint of ``run_dir`` to continue from, checked against the run's models
+        before any is built further (a critic has its policy's architecture, whatever critic.init).
+
+        Raises:
+            CheckpointError: none is usable though the run wrote some, or it is another model's.
+        """
+        arch = architecture(policy)
+        expected = {"policy": arch, **({"critic": arch} if self.cfg.algo.advantage == "gae" else {})}
+        return checkpoint_to_resume(run_dir / CHECKPOINTS, expected, self.log if self.world.main else None)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Returns ``model`` sharded over the run's ranks with FSDP2, under its precision policy
