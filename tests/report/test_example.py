@@ -21,9 +21,16 @@ TEXT = ("table1.md", "table1.tex", "table1.csv", "index.md", "report.json")
 
 
 def remake(runs: Path, folder: Path, out: Path) -> Report:
-    """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made."""
+    """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made: with its
+    predictions.yaml where it has one, and the options of its remake.yaml where it has one (``score``,
+    and ``also``: the other experiments' runs files, relative to the folder, that its plan reads)."""
+    import yaml
+
     predictions = folder / "predictions.yaml"
-    return report_from_export(runs, out, predictions=predictions if predictions.is_file() else None)
+    how = yaml.safe_load((folder / "remake.yaml").read_text()) if (folder / "remake.yaml").is_file() else {}
+    paths = [runs, *(folder / p for p in how.get("also", []))]
+    return report_from_export(paths, out, predictions=predictions if predictions.is_file() else None,
+                              score=how.get("score", "final"))
 
 
 def text_files(folder: Path) -> list[str]:
