@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from vapo_lab.launch import signals
-from vapo_lab.launch.signals import StopHandler, StopRequest, StopRequested, stop_on_signals
+from vapo_lab import stop
 from vapo_lab.runs.metrics_log import record_kind
+from vapo_lab.stop import StopHandler, StopRequest, StopRequested, stop_on_signals, stop_point
 
 from .conftest import RUN, assert_like_reference, records, store, train
 
@@ -81,22 +81,32 @@ def test_a_signal_is_recorded_and_acted_on_at_the_next_stop_point(handler):
 
 
 def test_a_second_signal_stops_at_once(handler):
-    handler.request = StopRequest(signal.SIGTERM, time.time() - signals.SAME_STOP_S)  # the first, a while ago
+    handler.request = StopRequest(signal.SIGTERM, time.time() - stop.SAME_STOP_S)  # the first, a while ago
     with pytest.raises(StopRequested, match="^SIGTERM twice: signal 15, the run stopped at once"):
         handler(signal.SIGTERM, None)
 
 
+def test_the_trainers_stop_point_asks_the_installed_handler_and_nothing_once_it_is_closed():
+    stop_point()  # no handler installed (a run in a library call): nothing happens
+    with stop_on_signals() as handler:
+        handler(signal.SIGTERM, None)
+        with pytest.raises(StopRequested, match="^SIGTERM: "):
+            stop_point()
+        handler(signal.SIGTERM, None)
+    stop_point()  # the handler is gone with its request: a stale request stops nothing
+
+
 def test_a_stop_with_no_safe_point_in_time_stops_where_the_run_is(monkeypatch):
     """A step longer than FORCE_AFTER_S: the run is stopped before SIGKILL (Slurm's KillWait) comes."""
-    monkeypatch.setattr(signals, "FORCE_AFTER_S", 0.2)
-    before = [signal.getsignal(signum) for signum in signals.SIGNALS]
+    monkeypatch.setattr(stop, "FORCE_AFTER_S", 0.2)
+    before = [signal.getsignal(signum) for signum in stop.SIGNALS]
     with stop_on_signals() as handler, pytest.raises(StopRequested, match="^SIGTERM, no safe point within"):
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.time() + 10
         while time.time() < deadline:  # a long step: Python code that never reaches a safe point
             pass
     assert handler.request is None
-    assert [signal.getsignal(signum) for signum in signals.SIGNALS] == before  # the previous handlers are back
+    assert [signal.getsignal(signum) for signum in stop.SIGNALS] == before  # the previous handlers are back
 
 
 @pytest.mark.slow

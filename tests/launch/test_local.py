@@ -57,8 +57,8 @@ def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
     # the broken cell is retried (and fails the same way), no MLflow run is duplicated
     logs.clear()
     with pytest.raises(LaunchError, match="1 cell\\(s\\) failed"):
-        sub = run_grid(load_grid(grid_file), [*SMALL, "launcher.local.workers=2"], "local", False, True,
-                       log=logs.append, out=logs.append)
+        run_grid(load_grid(grid_file), [*SMALL, "launcher.local.workers=2"], "local", False, True,
+                 log=logs.append, out=logs.append)
     assert any("1 cell(s) to run on local, 2 finished" in line for line in logs)
     assert len(_runs(in_tmp, "g")) == len(runs)
 

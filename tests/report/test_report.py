@@ -38,10 +38,10 @@ PPO_OFF = ("value_pretraining,decoupled_gae,length_adaptive_gae,clip_higher,toke
 
 def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
     uri, client, exp = store
-    vapo = [_log(client, exp, "vapo", ALL_ON, s, [(0, 0.40), (10, v)],
-                 curves={"rollout/response_length": [30, 40, 50], "rollout/reward": [0.1, 0.2, 0.3],
-                         "actor/entropy": [0.5, 0.4, 0.3]})
-            for s, v in enumerate([0.50, 0.56, 0.53])]
+    for s, v in enumerate([0.50, 0.56, 0.53]):
+        _log(client, exp, "vapo", ALL_ON, s, [(0, 0.40), (10, v)],
+             curves={"rollout/response_length": [30, 40, 50], "rollout/reward": [0.1, 0.2, 0.3],
+                     "actor/entropy": [0.5, 0.4, 0.3]})
     _log(client, exp, "dapo", DAPO_OFF, 0, [(0, 0.40), (10, 0.48), (20, 0.46)],
          curves={"rollout/response_length": [30, 35, 38], "rollout/reward": [0.1, 0.15, 0.2],
                  "actor/entropy": [0.5, 0.45, 0.44]})

@@ -17,7 +17,7 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
     from vapo_lab.config.train import train_config
     from vapo_lab.distributed.world import env_world, world_size
     from vapo_lab.integrity import CACHE_DIR
-    from vapo_lab.launch.signals import stop_on_signals
+    from vapo_lab.stop import stop_on_signals
     from vapo_lab.trainer.trainer import Trainer
 
     cfg, choices = train_config(algo, drop, overrides)

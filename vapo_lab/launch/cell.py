@@ -163,7 +163,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     the rank that failed first).
     """
     from vapo_lab.distributed.world import close_world
-    from vapo_lab.launch.signals import sigterm_interrupts
+    from vapo_lab.stop import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.trainer.trainer import Trainer
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         return cell_main(argv[1:])
     from vapo_lab.config.train import train_config
     from vapo_lab.distributed.world import close_world
-    from vapo_lab.launch.signals import sigterm_interrupts
+    from vapo_lab.stop import sigterm_interrupts
     from vapo_lab.trainer.trainer import Trainer
 
     rank = int(os.environ.get("RANK", "0"))

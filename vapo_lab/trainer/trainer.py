@@ -60,6 +60,7 @@ from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
+from vapo_lab.stop import stop_point
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.checkpointer import CheckpointManager, architecture, checkpoint_to_resume
 from vapo_lab.trainer.collect import Batch, DataStream, collect
@@ -165,19 +166,14 @@ class Trainer:
         ``on_step(step, metrics)`` after each step (rank 0); the tracking run ends FINISHED, or
         FAILED / KILLED (with failure.txt) when a step raises.
 
-        A stop asked by SIGTERM or Ctrl-C (``vapo_lab.launch.signals``) is acted on at the safe points:
+        A stop asked by SIGTERM or Ctrl-C (``vapo_lab.stop``) is acted on at the safe points:
         before each step (the one before it logged and saved) and before each evaluation; the run
         ends as an interrupt does, and says in one line where it stopped and how to continue it."""
-        import signal
-
         t = self.cfg.trainer
         total, key = int(t.total_steps), self._eval_key()
         history: list[dict[str, Any]] = []
         base_eval = None
         checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
-        # the launch layer's handler, where one is installed, holds the stop request (this layer cannot
-        # import it); its stop_point raises a KeyboardInterrupt, and on many ranks is a collective
-        stop_point = getattr(signal.getsignal(signal.SIGTERM), "stop_point", lambda world: None)
         try:
             if self.step == 0:
                 stop_point(self.world)

@@ -5,8 +5,8 @@ The handler used to raise KeyboardInterrupt itself, and signals were lost: a han
 the main thread is, and an exception raised inside a weakref or garbage-collection callback (one of
 SQLAlchemy's, under MLflow) is printed as "Exception ignored" and dropped, so a run went on until a
 second SIGTERM, and Slurm sends one. Now the handler records the request (which signal, when) and
-the trainer acts on it at its next safe point (``Trainer.train``: before each step, after the one
-before it was logged and saved, and before each evaluation) by raising :class:`StopRequested`, a
+the trainer acts on it at its next safe point (:func:`stop_point`, which ``Trainer.train`` calls
+before each step, after the one before it was logged and saved, and before each evaluation) by raising :class:`StopRequested`, a
 KeyboardInterrupt: the run ends as Ctrl-C ended it, KILLED in MLflow with failure.txt (a grid cell:
 ``failed``, with the signal as its error), its last checkpoint intact, resumed by the same command.
 On many ranks every rank asks at the same points and a request on any rank stops them all there.
@@ -14,6 +14,9 @@ On many ranks every rank asks at the same points and a request on any rank stops
 A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step or set-up), stops
 the run where it is, as the old handler did: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s
 after their SIGTERM by default, and a run stopped before then is still recorded as KILLED.
+
+The launch code installs the handler (``vapo-lab train``, a grid cell, each of torchrun's ranks); the
+module sits below the trainer so that the trainer can ask it without importing the launch layer.
 """
 
 from __future__ import annotations
@@ -60,9 +63,8 @@ class StopRequested(KeyboardInterrupt):
 class StopHandler:
     """The handler of SIGTERM and SIGINT in a training process and the request they share.
 
-    The trainer finds it as the process's SIGTERM handler (``signal.getsignal``): it calls
-    ``stop_point(world)`` at its safe points, which the launch layer's code cannot reach otherwise.
-    The handler itself only sets attributes: it runs between any two bytecodes of the main thread,
+    The trainer calls :func:`stop_point` at its safe points, which asks the installed handler. The
+    handler itself only sets attributes: it runs between any two bytecodes of the main thread,
     where taking a lock (starting a thread, setting an Event) could deadlock. A watchdog thread
     started with the handler forces a request that waits too long.
     """
@@ -101,8 +103,11 @@ class StopHandler:
 
     def close(self) -> None:
         """Forgets any request and stops the watchdog (the handler is being replaced)."""
+        global _installed
         self.request, self._forced = None, False
         self._closed.set()
+        if _installed is self:
+            _installed = None
 
     def _watch(self) -> None:
         """Stops the run where it is when a request has waited ``FORCE_AFTER_S`` for a safe point."""
@@ -111,6 +116,17 @@ class StopHandler:
             if req is not None and not self._forced and time.time() - req.at >= FORCE_AFTER_S:
                 self._forced = True
                 _thread.interrupt_main(req.signum)  # the handler runs in the main thread, as for a signal
+
+
+_installed: StopHandler | None = None  # the handler sigterm_interrupts installed, until it is closed
+
+
+def stop_point(world: Any = None) -> None:
+    """A safe point: raises StopRequested if a stop was asked (see ``StopHandler.stop_point``; on many
+    ranks a collective). Without an installed handler (a run in a library call, a thread) it does
+    nothing, on every rank alike: ranks are started by the same code."""
+    if _installed is not None:
+        _installed.stop_point(world)
 
 
 def sigterm_interrupts() -> StopHandler | None:
@@ -128,9 +144,11 @@ def sigterm_interrupts() -> StopHandler | None:
     previous = signal.getsignal(signal.SIGTERM)
     if isinstance(previous, StopHandler):  # an earlier run's, in a reused process: its request is stale
         previous.close()
+    global _installed
     handler = StopHandler()
     for signum in SIGNALS:
         signal.signal(signum, handler)
+    _installed = handler
     return handler
 
 
