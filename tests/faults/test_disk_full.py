@@ -16,9 +16,12 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
+from tests.distributed.conftest import group  # noqa: F401 (a fixture: a process group of this process)
+from vapo_lab.distributed.fsdp import shard
 from vapo_lab.errors import CheckpointError
 from vapo_lab.integrity import manifest_problem
 from vapo_lab.runs.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from vapo_lab.trainer.checkpointer import CheckpointManager
 
 from .conftest import RUN, assert_like_reference, store, train
 
@@ -108,6 +111,35 @@ def test_a_write_error_that_is_not_space_names_the_error(tmp_path, monkeypatch):
         save_checkpoint(folder, 2, {}, _state(1))
     assert "\n" not in str(e.value)
     assert not list(folder.glob(".tmp_step_*")) and latest_checkpoint(folder) == first
+
+
+def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_and_leaves_the_previous_one(small_disk, group):  # noqa: F811
+    """A sharded run's models and optimisers are written by torch's distributed checkpointing, which
+    raises its own CheckpointException (every rank's failures and stacks) on every rank."""
+    torch.manual_seed(0)
+    net = torch.nn.Module()
+    net.layers = torch.nn.ModuleList([torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)])  # what shard() wraps
+    net.forward = lambda x: net.layers[1](net.layers[0](x))
+    model = shard(net, group, torch.device("cpu"), None)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 512)).sum().backward()
+    opt.step()  # AdamW's state exists: 3 x 1.0 MiB of parameters, moments
+    folder = small_disk / "run" / "checkpoints"
+    manager = CheckpointManager(folder, group, {"policy": model}, {"actor_opt": ("policy", opt)}, {}, {})
+    first = manager.save(1)
+    filler = fill(small_disk, 1 * MB)
+    with pytest.raises(CheckpointError) as raised:
+        manager.save(2)
+    message = str(raised.value)
+    assert "\n" not in message and "CheckpointException" not in message
+    assert message.startswith(f"no space left to write checkpoint step_000002 in {folder}: it needs about 3.0 MiB, "
+                              "1.0 MiB are free; free at least 2.0 MiB there"), message
+    assert f"vapo-lab train resume={folder.parent} (it continues from step_000001)" in message
+    assert not list(folder.glob(".tmp_step_*")) and latest_checkpoint(folder) == first
+    assert manifest_problem(first) is None
+    filler.unlink()  # space freed: the same checkpoint is written
+    second = manager.save(2)
+    assert latest_checkpoint(folder) == second and manifest_problem(second) is None
 
 
 @pytest.mark.slow

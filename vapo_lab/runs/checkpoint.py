@@ -95,9 +95,7 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
     try:
         _write(tmp, step, modules, state, meta, fresh)
     except WRITE_ERRORS as e:
-        _release(e)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _write_failure(folder, final.name, e, written + _tensor_bytes([modules, state])) from e
+        raise abandon(folder, final.name, tmp, e, written + tensor_bytes([modules, state])) from e
     except BaseException:  # an interrupt: no half-written folder is left (the next write would clear it)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -138,6 +136,15 @@ def _write(tmp: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
     write_manifest(tmp)
 
 
+def abandon(folder: Path, name: str, tmp: Path | None, error: BaseException, needed: int | None) -> CheckpointError:
+    """Removes ``tmp``, the partial folder of checkpoint ``name`` that ``error`` stopped (None: another
+    process removes it), and returns the one-line error to raise (:func:`_write_failure`)."""
+    _release(error)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _write_failure(folder, name, error, needed)
+
+
 def _write_failure(folder: Path, name: str, error: BaseException, needed: int | None) -> CheckpointError:
     """Returns the one-line error of checkpoint ``name`` not written to ``folder`` (its partial
     folder already removed, so the free space is what the disk has for the next try); ``needed``:
@@ -174,10 +181,13 @@ def _out_of_space(error: BaseException | None) -> bool:
     return False
 
 
-def _tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
+def tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
     """Returns the bytes of the tensors in ``obj`` (models, via their state dicts; containers), each
-    storage once: what a checkpoint of them writes, give or take its headers."""
+    storage once: what a checkpoint of them writes, give or take its headers. A sharded tensor
+    (DTensor) counts whole: what every rank's shards of it take together."""
     seen = set() if seen is None else seen
+    if hasattr(obj, "placements") and isinstance(obj, torch.Tensor):  # a DTensor: its global size
+        return obj.numel() * obj.element_size()
     if isinstance(obj, torch.Tensor):
         storage = obj.untyped_storage()
         if storage.data_ptr() in seen:
@@ -187,9 +197,9 @@ def _tensor_bytes(obj: Any, seen: set[int] | None = None) -> int:
     if hasattr(obj, "state_dict") and callable(obj.state_dict):
         obj = obj.state_dict()
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(v, seen) for v in obj.values())
+        return sum(tensor_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v, seen) for v in obj)
+        return sum(tensor_bytes(v, seen) for v in obj)
     return 0
 
 

@@ -40,12 +40,14 @@ from vapo_lab.distributed.world import World
 from vapo_lab.errors import CheckpointError
 from vapo_lab.runs.checkpoint import (
     META_FILE,
+    abandon,
     first_line,
     latest_checkpoint,
     load_state,
     refuse_unsafe_files,
     resumable_checkpoint,
     save_checkpoint,
+    tensor_bytes,
     tmp_folder,
     unsafe_file,
 )
@@ -151,9 +153,22 @@ class CheckpointManager:
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
         world.barrier()
-        save_sharded(tmp / DCP_DIR, self._sharded_state())
-        state = self._shared_state()
         final = self.folder / f"step_{step:06d}"
+        shards = self._sharded_state()
+        try:
+            save_sharded(tmp / DCP_DIR, shards)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DCP's CheckpointException (a BaseException), raised on every rank
+            failures = getattr(e, "failures", None)  # {rank: (its exception, its stack)}, the first one told
+            cause = next(iter(failures.values()))[0] if failures else e
+            world.barrier()  # every rank's writes have ended: the main one removes the partial folder,
+            error = abandon(self.folder, final.name, tmp, cause, tensor_bytes(shards)) if world.main else None
+            world.barrier()  # then the others tell the free space it leaves
+            if error is None:
+                error = abandon(self.folder, final.name, None, cause, tensor_bytes(shards))
+            raise error from e
+        state = self._shared_state()
         if world.main:
             final = save_checkpoint(self.folder, step, {}, state, tmp=tmp, meta=self._meta(),
                                     before_commit=lambda: faults.point("checkpoint", step))
