@@ -17,6 +17,7 @@ import json
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import VapoLabError
-from vapo_lab.track.store_lock import store_lock
+from vapo_lab.track.store_lock import set_aside_if_empty, sqlite_file, store_lock
 
 MAX_PARAMS_PER_BATCH = 100  # MLflow's log_batch limit
 MAX_METRICS_PER_BATCH = 1000
@@ -62,11 +63,33 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def open_client(uri: str) -> Any:
     """Returns an MlflowClient of the store at ``uri``. MLflow creates a fresh sqlite store's schema
-    as a client opens it, unlocked: under a lock beside the file, runs started together never race."""
+    as a client opens it, unlocked: under a lock beside the file, runs started together never race.
+    A store left unfinished by a process killed during that creation, holding nothing, is renamed
+    aside (``set_aside_if_empty``) and a new one made, said in one line on stderr."""
     from mlflow.tracking import MlflowClient
 
     with store_lock(uri):
-        return MlflowClient(tracking_uri=uri)
+        try:
+            return MlflowClient(tracking_uri=uri)
+        except Exception:  # a store whose creation was killed midway holds nothing: set it aside
+            aside = set_aside_if_empty(uri)
+            if aside is None:
+                raise
+            _forget_engines(uri)
+            print(f"the MLflow store {sqlite_file(uri)} was left unfinished by a process killed while creating "
+                  f"it and held no run: moved it to {aside.name} and created a new one", file=sys.stderr)
+            return MlflowClient(tracking_uri=uri)
+
+
+def _forget_engines(uri: str) -> None:
+    """Drops MLflow's cached database engine of the sqlite store at ``uri``: its pooled connections
+    still read the file just renamed. The cache is MLflow's own (a class attribute); without it,
+    nothing is cached and nothing needs dropping."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engines = getattr(SqlAlchemyStore, "_engine_map", {})
+    for key in [k for k in engines if sqlite_file(k) == sqlite_file(uri)]:
+        engines.pop(key).dispose()
 
 
 def first_line(error: BaseException) -> str:
