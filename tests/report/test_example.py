@@ -15,8 +15,9 @@ from tests.report.compare import json_mismatches, load_json, report_mismatches, 
 from vapo_lab.report import Report, report_from_export
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
-# the committed reports made from a runs file; a report folder with a predictions.yaml is scored with it
-FOLDERS = sorted(p.parent.name for p in REPORTS.glob("*/runs.json.gz"))
+# the committed reports made from a runs file, a setting's sub-report in its folder too (e.g.
+# "table1-plateau/clip-higher-setting"); a report folder with a predictions.yaml is scored with it
+FOLDERS = sorted(p.parent.relative_to(REPORTS).as_posix() for p in REPORTS.rglob("runs.json.gz"))
 TEXT = ("table1.md", "table1.tex", "table1.csv", "index.md", "report.json")
 
 
