@@ -1,0 +1,49 @@
+"""The core-hours a grid's runs took, from their run folders' metrics.jsonl (one torch thread a run,
+so a run's seconds are core-seconds).
+
+    python reports/table1-plateau/core_hours.py $ROOT/runs/grids/*/
+
+A run's time is its training steps' `time/step_s` (rollout, scoring, updates) plus its held-out
+evaluations. An evaluation at step k is the time between the rows of steps k-1 and k less step k's
+`time/step_s` (the checkpoint and logging of that step are counted with it); the evaluation before
+step 1 has no row before it and counts as the mean of the run's others. Not counted: set-up (models
+from the cache, a few seconds) and the steps a killed run repeated after its resume.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def run_seconds(metrics: Path) -> tuple[float, float, int]:
+    """Returns (training seconds, evaluation seconds, steps) of the run whose metrics.jsonl is ``metrics``."""
+    rows = {}
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["step"]] = row  # a step logged twice (resumed) counts once: the last
+    train = sum(r.get("time/step_s", 0.0) for r in rows.values())
+    evals = [rows[s]["timestamp_ms"] / 1000 - rows[s - 1]["timestamp_ms"] / 1000 - rows[s]["time/step_s"]
+             for s in rows if s > 0 and s - 1 in rows and any(k.startswith("eval/") for k in rows[s])]
+    evals = [e for e in evals if 0 < e < 900]  # a gap of 15 min or more is an interruption, not an evaluation
+    first = statistics.mean(evals) if evals and 0 in rows else 0.0
+    return train, sum(evals) + first, max(rows, default=0)
+
+
+def main(grids: list[str]) -> None:
+    total = 0.0
+    for grid in grids:
+        folders = sorted(p.parent for p in Path(grid).glob("runs/*/metrics.jsonl"))
+        parts = [run_seconds(f / "metrics.jsonl") for f in folders]
+        train, evals = sum(p[0] for p in parts) / 3600, sum(p[1] for p in parts) / 3600
+        total += train + evals
+        print(f"{Path(grid).name}: {len(parts)} runs, {sum(p[2] for p in parts)} steps; training {train:.2f} h, "
+              f"evaluation {evals:.2f} h; {train + evals:.2f} core-hours")
+    print(f"all: {total:.2f} core-hours")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
