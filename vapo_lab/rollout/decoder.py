@@ -16,6 +16,8 @@ LM. ``tests/rollout/test_decoder.py`` checks that both give the logits of a full
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
@@ -150,6 +152,13 @@ class FastDecoder:
         return self.model.lm_head(h)
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """Returns the keyword by which ``model``'s forward takes its KV cache: ``cache`` in recent
+    transformers (5.24 has it and deprecates ``past_key_values``, to be removed in 5.40),
+    ``past_key_values`` in older ones."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
 class HFDecoder:
     """Any HF causal LM through its own forward and a DynamicCache (the general, slower path)."""
 
@@ -160,6 +169,7 @@ class HFDecoder:
         self.cache = DynamicCache()
         self.mask: Tensor | None = None
         self.max_len = max_len
+        self.cache_kw = cache_keyword(model)
 
     def prefill(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Returns the logits (B, V) after the left-padded prompts (B, P)."""
@@ -167,7 +177,7 @@ class HFDecoder:
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self._next_pos = positions[:, -1] + 1
         out = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True)
+                         use_cache=True, **{self.cache_kw: self.cache})
         return out.logits[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -175,7 +185,7 @@ class HFDecoder:
         assert self.mask is not None
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
-                         position_ids=self._next_pos[:, None], past_key_values=self.cache, use_cache=True)
+                         position_ids=self._next_pos[:, None], use_cache=True, **{self.cache_kw: self.cache})
         self._next_pos = self._next_pos + 1
         return out.logits[:, -1]
 
