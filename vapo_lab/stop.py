@@ -7,8 +7,9 @@ SQLAlchemy's, under MLflow) is printed as "Exception ignored" and dropped, so a 
 second SIGTERM, and Slurm sends one. Now the handler records the request (which signal, when) and
 the trainer acts on it at its next safe point (:func:`stop_point`, which ``Trainer.train`` calls
 before each step, after the one before it was logged and saved, and before each evaluation) by
-raising :class:`StopRequested`, a KeyboardInterrupt: the run ends as Ctrl-C ended it, KILLED in MLflow with failure.txt (a grid cell:
-``failed``, with the signal as its error), its last checkpoint intact, resumed by the same command.
+raising :class:`StopRequested`, a KeyboardInterrupt: the run ends as Ctrl-C ended it, KILLED in
+MLflow with failure.txt (a grid cell: ``failed``, with the signal as its error), its last checkpoint
+intact, resumed by the same command.
 On many ranks every rank asks at the same points and a request on any rank stops them all there.
 
 A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step or set-up), stops
