@@ -1,13 +1,14 @@
 """`vapo-lab train` on 2 CPU ranks (torchrun, gloo, FSDP2) end to end: it runs to the end with each
 step logged once (metrics.jsonl and MLflow) and a sharded checkpoint; killed mid-step (SIGKILL on
-every rank) it resumes to the uninterrupted 2-rank history; its checkpoint also loads on 1 rank.
+every rank) it resumes to the uninterrupted 2-rank history; its checkpoint also loads on 1 rank;
+a disk that fills up under its sharded checkpoint fails it in one line, and it resumes once freed.
 Slow (a few minutes): `pytest -m slow tests/distributed`."""
 
 import shutil
 
 import pytest
 
-from tests.faults.conftest import RUN, assert_like_reference, records, store, train
+from tests.faults.conftest import RUN, assert_like_reference, fill, records, small_disk, store, train  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +60,37 @@ def test_killed_on_every_rank_then_resumed_equals_the_uninterrupted_run(ranks_di
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stderr and "on 2 rank(s)" in resumed.stderr
     assert_like_reference(run_dir, ranks_dir / "runs" / "reference", store(ranks_dir))
+
+
+def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(ranks_dir, small_disk):  # noqa: F811
+    """Both ranks write their shards of step 6 (DCP) to a disk with room for half of it."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from vapo_lab.integrity import manifest_problem
+
+    reference = ranks_dir / "runs" / "reference"
+    size = sum(f.stat().st_size for f in (reference / "checkpoints" / "step_000006").rglob("*") if f.is_file())
+    filler = fill(small_disk, int(1.5 * size))  # room for step 3's checkpoint and half of step 6's
+    run_dir = small_disk / "runs" / "full"
+    failed = train(ranks_dir, *RANKS, f"tracking.uri={store(ranks_dir)}", "run_name=full",
+                   f"output_dir={small_disk / 'runs'}")
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: rank ") and "no space left to write checkpoint step_000006" in last, last
+    assert "needs about" in last and f"vapo-lab train resume={run_dir}" in last, last
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(("step_", ".tmp"))) == ["step_000003"]
+    assert manifest_problem(checkpoints / "step_000003") is None
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert MlflowClient(store(ranks_dir)).get_run(run_id).info.status == "FAILED"
+
+    filler.unlink()
+    resumed = train(ranks_dir, f"resume={run_dir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed {run_dir} at step 3 on 2 rank(s)" in resumed.stderr
+    assert_like_reference(run_dir, reference, store(ranks_dir))
 
 
 def test_a_two_rank_checkpoint_resumes_on_one_rank(ranks_dir):

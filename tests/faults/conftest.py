@@ -4,6 +4,7 @@ faulted-then-resumed run ends with the reference's history, each step logged onc
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,36 @@ def workdir(tmp_path_factory):
     done = train(path, *RUN, f"tracking.uri={store(path)}", "run_name=reference")
     assert done.returncode == 0, done.stderr[-3000:]
     return path
+
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 40 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards (skips where mounting is refused)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"cannot mount a tmpfs to fill up ({e}): run as root to test a full disk")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): run as root to test a full disk")
+    try:
+        yield mount
+    finally:  # lazily where a failed write's file is still open (its exception keeps the handle)
+        if subprocess.run(["umount", str(mount)], capture_output=True, timeout=60, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=True, timeout=60)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Writes a file that leaves ``leave`` bytes free on ``disk``; returns it (delete it to free the space)."""
+    filler = disk / "filler"
+    size = shutil.disk_usage(disk).free - leave
+    with filler.open("wb") as f:
+        for _ in range(size // MB):
+            f.write(b"\1" * MB)
+        f.write(b"\1" * (size % MB))
+    return filler

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from tests.trainer.conftest import SMALL
 from vapo_lab.distributed.world import single
@@ -21,6 +21,7 @@ from vapo_lab.trainer.checkpointer import (
     CheckpointManager,
     architecture,
     checkpoint_to_resume,
+    tensor_shapes,
 )
 
 from .conftest import store, train
@@ -105,6 +106,33 @@ def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, dr
     with pytest.raises(CheckpointError, match="it has a critic, and this run has none"):
         checkpoint_to_resume(tmp_path, without_critic)
     assert checkpoint_to_resume(tmp_path, _expected(32)) == path
+
+
+def _mixture(experts):
+    config = Qwen3MoeConfig(vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=experts, num_experts_per_tok=2, max_position_embeddings=64)
+    return Qwen3MoeForCausalLM(config)
+
+
+def test_a_checkpoint_whose_tensors_have_other_shapes_is_refused_where_the_architecture_agrees(tmp_path):
+    saved = _mixture(8)  # the expert count is no ARCH_KEY: only the tensor shapes tell the models apart
+    path = CheckpointManager(tmp_path, single(), {"policy": saved}, {}, {}, {}, log=lambda m: None).save(1)
+    mine = _mixture(4)
+    assert architecture(mine) == architecture(saved)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_to_resume(tmp_path, {"policy": architecture(mine)}, shapes={"policy": tensor_shapes(mine)})
+    assert str(e.value) == (f"{path} is not a checkpoint of this run's model: its policy's "
+                            "model.layers.0.mlp.experts.gate_up_proj is 8x16x16, this run's is 4x16x16; move it out of "
+                            f"{tmp_path} to resume from the run's own checkpoints")
+    same = _mixture(8)
+    assert checkpoint_to_resume(tmp_path, {"policy": architecture(same)},
+                                shapes={"policy": tensor_shapes(same)}) == path
+    meta = json.loads((path / "trainer_state.json").read_text())  # a checkpoint that recorded no shapes
+    (path / "trainer_state.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "shapes"}) + "\n")
+    write_manifest(path)  # as an older vapo-lab wrote it: judged by the architecture alone, which agrees
+    assert checkpoint_to_resume(tmp_path, {"policy": architecture(mine)},
+                                shapes={"policy": tensor_shapes(mine)}) == path
 
 
 def test_a_tensor_file_holding_a_pickle_is_refused_in_one_line_before_and_at_loading(tmp_path):

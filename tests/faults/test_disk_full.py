@@ -7,9 +7,6 @@ skipped, saying so. The end-to-end test is slow: `pytest -m slow tests/faults/te
 """
 
 import json
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,40 +20,7 @@ from vapo_lab.integrity import manifest_problem
 from vapo_lab.runs.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from vapo_lab.trainer.checkpointer import CheckpointManager
 
-from .conftest import RUN, assert_like_reference, store, train
-
-MB = 1 << 20
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 40 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards (skips where mounting is refused)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)],
-                              capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"cannot mount a tmpfs to fill up ({e}): run as root to test a full disk")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): run as root to test a full disk")
-    try:
-        yield mount
-    finally:  # lazily where a failed write's file is still open (its exception keeps the handle)
-        if subprocess.run(["umount", str(mount)], capture_output=True, timeout=60, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], check=True, timeout=60)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """Writes a file that leaves ``leave`` bytes free on ``disk``; returns it (delete it to free the space)."""
-    filler = disk / "filler"
-    size = shutil.disk_usage(disk).free - leave
-    with filler.open("wb") as f:
-        for _ in range(size // MB):
-            f.write(b"\1" * MB)
-        f.write(b"\1" * (size % MB))
-    return filler
-
+from .conftest import MB, RUN, assert_like_reference, fill, store, train
 
 class Weights:
     """A model as the checkpoint writer sees one: ``state_dict`` and ``save`` (one safetensors file)."""

@@ -101,8 +101,9 @@ class CheckpointManager:
         return path
 
     def _meta(self) -> dict[str, Any]:
-        """What ``trainer_state.json`` records beside the step: each model's architecture."""
-        return {"models": {name: architecture(model) for name, model in self.models.items()}}
+        """What ``trainer_state.json`` records beside the step: each model's architecture and tensor shapes."""
+        return {"models": {name: architecture(model) for name, model in self.models.items()},
+                "shapes": {name: tensor_shapes(model) for name, model in self.models.items()}}
 
     def _load(self, path: Path) -> None:
         """Loads checkpoint ``path`` into the parts, its state file first (an unsafe one is refused
@@ -215,14 +216,21 @@ def architecture(model: Any) -> dict[str, Any]:
     return {k: v for k in ARCH_KEYS if (v := getattr(config, k, None)) is not None} if config is not None else {}
 
 
+def tensor_shapes(model: nn.Module) -> dict[str, list[int]]:
+    """Returns the shape of each tensor in ``model``'s state dict (a sharded one's: the whole tensor's)."""
+    return {key: list(value.shape) for key, value in model.state_dict().items()}
+
+
 def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
-                         warn: Callable[[str], None] | None = None) -> Path | None:
+                         warn: Callable[[str], None] | None = None,
+                         shapes: dict[str, dict[str, list[int]]] | None = None) -> Path | None:
     """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches its
     checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It reads
     configs and the structure of the tensor files, no tensor: call it before anything of the run is reopened.
 
     Args:
         expected: model name -> the architecture (:func:`architecture`) the run's model has.
+        shapes: model name -> its :func:`tensor_shapes`, for the models already built.
 
     Raises:
         CheckpointError: the run wrote checkpoints and none is usable, the newest usable one is
@@ -232,7 +240,7 @@ def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
     path = resumable_checkpoint(folder, warn)
     if path is None:
         return None
-    problem = model_mismatch(path, expected)
+    problem = model_mismatch(path, expected, shapes)
     if problem is not None:
         raise CheckpointError(f"{path} is not a checkpoint of this run's model: {problem}; move it out of "
                               f"{folder} to resume from the run's own checkpoints")
@@ -240,9 +248,12 @@ def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
     return path
 
 
-def model_mismatch(path: Path, expected: dict[str, dict[str, Any]]) -> str | None:
-    """Returns how the models of checkpoint ``path`` differ from ``expected`` (one phrase), or None;
-    a checkpoint that recorded no architecture (a sharded one of an older vapo-lab) is not judged."""
+def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
+                   shapes: dict[str, dict[str, list[int]]] | None = None) -> str | None:
+    """Returns how the models of checkpoint ``path`` differ from ``expected`` and ``shapes`` (one
+    phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older vapo-lab)
+    is not judged, nor the shapes of one that recorded none. Shapes are compared for the tensors both
+    name: the ``ARCH_KEYS`` miss some (a mixture of experts' expert count)."""
     saved = saved_architectures(path)
     if saved is None:
         return None
@@ -255,7 +266,18 @@ def model_mismatch(path: Path, expected: dict[str, dict[str, Any]]) -> str | Non
             theirs, mine = saved[name].get(key), expected[name].get(key)
             if theirs is not None and mine is not None and theirs != mine:
                 return f"its {name} has {key}={theirs}, this run's has {key}={mine}"
+    recorded = _json(path / META_FILE).get("shapes")
+    for name, mine in (shapes or {}).items():
+        theirs = recorded.get(name) if isinstance(recorded, dict) else None
+        for key, dims in mine.items() if isinstance(theirs, dict) else ():  # in the model's own order
+            if key in theirs and list(theirs[key]) != dims:
+                return f"its {name}'s {key} is {_dims(theirs[key])}, this run's is {_dims(dims)}"
     return None
+
+
+def _dims(shape: list[int]) -> str:
+    """Returns ``shape`` as a reader writes it: 64x128."""
+    return "x".join(map(str, shape)) or "a scalar"
 
 
 def saved_architectures(path: Path) -> dict[str, dict[str, Any]] | None:

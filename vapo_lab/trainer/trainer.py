@@ -62,7 +62,7 @@ from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
 from vapo_lab.stop import stop_point
 from vapo_lab.trainer.advantages import compute_advantages
-from vapo_lab.trainer.checkpointer import CheckpointManager, architecture, checkpoint_to_resume
+from vapo_lab.trainer.checkpointer import CheckpointManager, architecture, checkpoint_to_resume, tensor_shapes
 from vapo_lab.trainer.collect import Batch, DataStream, collect
 from vapo_lab.trainer.evaluation import evaluate
 from vapo_lab.trainer.forward import batched_logprobs, batched_values, token_micro_batches
@@ -297,14 +297,16 @@ class Trainer:
 
     def _checkpoint_to_resume(self, run_dir: Path, policy: torch.nn.Module) -> Path | None:
         """Returns the checkpoint of ``run_dir`` to continue from, checked against the run's models
-        before any is built further (a critic has its policy's architecture, whatever critic.init).
+        before any is built further (a critic has its policy's architecture, whatever critic.init;
+        the policy's tensor shapes are checked too).
 
         Raises:
             CheckpointError: none is usable though the run wrote some, or it is another model's.
         """
         arch = architecture(policy)
         expected = {"policy": arch, **({"critic": arch} if self.cfg.algo.advantage == "gae" else {})}
-        return checkpoint_to_resume(run_dir / CHECKPOINTS, expected, self.log if self.world.main else None)
+        return checkpoint_to_resume(run_dir / CHECKPOINTS, expected, self.log if self.world.main else None,
+                                    shapes={"policy": tensor_shapes(policy)})
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Returns ``model`` sharded over the run's ranks with FSDP2, under its precision policy
