@@ -254,7 +254,8 @@ def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
     phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older vapo-lab)
     is not judged, nor the shapes of one that recorded none. Shapes are compared for the tensors both
     name: the ``ARCH_KEYS`` miss some (a mixture of experts' expert count)."""
-    saved = saved_architectures(path)
+    meta = _json(path / META_FILE)
+    saved = saved_architectures(path, meta)
     if saved is None:
         return None
     for name in [*expected, *sorted(set(saved) - set(expected))]:
@@ -266,7 +267,7 @@ def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
             theirs, mine = saved[name].get(key), expected[name].get(key)
             if theirs is not None and mine is not None and theirs != mine:
                 return f"its {name} has {key}={theirs}, this run's has {key}={mine}"
-    recorded = _json(path / META_FILE).get("shapes")
+    recorded = meta.get("shapes")
     for name, mine in (shapes or {}).items():
         theirs = recorded.get(name) if isinstance(recorded, dict) else None
         for key, dims in mine.items() if isinstance(theirs, dict) else ():  # in the model's own order
@@ -280,15 +281,15 @@ def _dims(shape: list[int]) -> str:
     return "x".join(map(str, shape)) or "a scalar"
 
 
-def saved_architectures(path: Path) -> dict[str, dict[str, Any]] | None:
-    """Returns {model name: architecture} of checkpoint ``path``: as its ``trainer_state.json``
-    records them, each replaced by its folder's config.json where it has one (what loading reads);
-    None: neither says (a sharded checkpoint of an older vapo-lab).
+def saved_architectures(path: Path, meta: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """Returns {model name: architecture} of checkpoint ``path``: as ``meta`` (its
+    ``trainer_state.json``) records them, each replaced by its folder's config.json where it has one
+    (what loading reads); None: neither says (a sharded checkpoint of an older vapo-lab).
 
     Raises:
         CheckpointError: one of those files is not a JSON object.
     """
-    recorded = _json(path / META_FILE).get("models")
+    recorded = meta.get("models")
     saved = {n: a for n, a in recorded.items() if isinstance(a, dict)} if isinstance(recorded, dict) else {}
     for config in sorted(path.glob("*/config.json")):
         saved[config.parent.name] = {k: v for k, v in _json(config).items() if k in ARCH_KEYS}
