@@ -146,9 +146,13 @@ def init_world(cfg: Any, device: torch.device) -> World:
                           "start the run with `vapo-lab train` or set the two to match the launch")
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        bound = None
         if device.type == "cuda":
             torch.cuda.set_device(local)
-        torch.distributed.init_process_group(backend, rank=rank, world_size=size, timeout=TIMEOUT)
+            # bound to its GPU, NCCL need not guess the device from the global rank (a hang where
+            # ranks and GPUs do not map one to one) and reports a communicator that fails at once
+            bound = torch.device("cuda", local)
+        torch.distributed.init_process_group(backend, rank=rank, world_size=size, timeout=TIMEOUT, device_id=bound)
     return World(rank, size, local, initialized=True, comm_device="cuda" if device.type == "cuda" else "cpu")
 
 
