@@ -208,8 +208,7 @@ def _verdict(p: RunPlan) -> str:
     lines.append("estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), the activations autograd keeps "
                  "for Qwen2 tensor by tensor and the chunked log-prob pass (both within 5% of CPU measurements; "
                  "attention scores not stored, as flash attention); no allowance for the CUDA context, NCCL "
-                 "buffers or fragmentation: on one H200 the reserved peak was 1.25-1.29x this figure, 1.16x "
-                 "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (docs/gpu-runs), so leave 30% headroom. "
-                 "Times: a roofline on an H100 at the stated shares of its peak "
+                 "buffers or fragmentation: leave 30% headroom (reserved against planned memory, measured: "
+                 "docs/gpu-runs). Times: a roofline on an H100 at the stated shares of its peak "
                  "(assumptions, models.footprint.Hardware), an upper bound for the rollout")
     return "\n".join(lines)
