@@ -1,7 +1,9 @@
-"""The core-hours a grid's runs took, from their run folders' metrics.jsonl (one torch thread a run,
-so a run's seconds are core-seconds).
+"""The core-hours a grid's runs took, from their run folders' metrics.jsonl or from a runs export
+(carried/*.json.gz, runs.json.gz: the same rows, as MLflow holds them); one torch thread a run, so
+a run's seconds are core-seconds.
 
     python reports/table1-plateau/core_hours.py $ROOT/runs/grids/*/
+    python reports/table1-plateau/core_hours.py reports/table1-plateau/carried/*.json.gz
 
 A run's time is its training steps' `time/step_s` (rollout, scoring, updates) plus its held-out
 evaluations. An evaluation at step k is the time between the rows of steps k-1 and k less step k's
@@ -18,13 +20,30 @@ import sys
 from pathlib import Path
 
 
-def run_seconds(metrics: Path) -> tuple[float, float, int]:
-    """Returns (training seconds, evaluation seconds, steps) of the run whose metrics.jsonl is ``metrics``."""
+def jsonl_rows(metrics: Path) -> dict[int, dict]:
+    """Returns {step: row} of a run folder's metrics.jsonl."""
     rows = {}
     for line in metrics.read_text(encoding="utf-8").splitlines():
         if line.strip():
             row = json.loads(line)
             rows[row["step"]] = row  # a step logged twice (resumed) counts once: the last
+    return rows
+
+
+def export_rows(run: dict) -> dict[int, dict]:
+    """Returns {step: row} of one run of a runs export, with the metrics run_seconds reads: the trainer
+    logs a step's metrics (its evaluation's included) with one timestamp, to metrics.jsonl and MLflow
+    alike. Value pretraining's history shares the step numbers, so it is left out."""
+    rows: dict[int, dict] = {}
+    for key in sorted(run["metrics"], key=lambda k: k != "time/step_s"):  # a step's time first
+        if key == "time/step_s" or key.startswith("eval/"):
+            for step, ms, value in run["metrics"][key]:
+                rows.setdefault(step, {"step": step, "timestamp_ms": ms})[key] = value
+    return rows
+
+
+def run_seconds(rows: dict[int, dict]) -> tuple[float, float, int]:
+    """Returns (training seconds, evaluation seconds, steps) of the run whose rows are ``rows``."""
     train = sum(r.get("time/step_s", 0.0) for r in rows.values())
     evals = [rows[s]["timestamp_ms"] / 1000 - rows[s - 1]["timestamp_ms"] / 1000 - rows[s]["time/step_s"]
              for s in rows if s > 0 and s - 1 in rows and any(k.startswith("eval/") for k in rows[s])]
@@ -36,8 +55,12 @@ def run_seconds(metrics: Path) -> tuple[float, float, int]:
 def main(grids: list[str]) -> None:
     total = 0.0
     for grid in grids:
-        folders = sorted(p.parent for p in Path(grid).glob("runs/*/metrics.jsonl"))
-        parts = [run_seconds(f / "metrics.jsonl") for f in folders]
+        if grid.endswith(".json.gz"):
+            from vapo_lab.track.export import read_export
+
+            parts = [run_seconds(export_rows(r)) for r in read_export(grid)["runs"] if "cell_key" in r["tags"]]
+        else:
+            parts = [run_seconds(jsonl_rows(p)) for p in sorted(Path(grid).glob("runs/*/metrics.jsonl"))]
         train, evals = sum(p[0] for p in parts) / 3600, sum(p[1] for p in parts) / 3600
         total += train + evals
         print(f"{Path(grid).name}: {len(parts)} runs, {sum(p[2] for p in parts)} steps; training {train:.2f} h, "

@@ -1,0 +1,122 @@
+"""Carries the grids' finished runs from one machine to the next through git.
+
+A session's machine can be replaced by a fresh one with only the repository on it (2026-11-28: the
+grid folder and its 138 finished runs were gone). So the finished runs travel in this folder:
+
+    python reports/table1-plateau/carry.py save $ROOT      # finished runs -> carried/<grid>.json.gz
+    python reports/table1-plateau/carry.py restore $ROOT   # on a new machine, before run.sh
+
+``save`` exports, from a consistent copy of $ROOT/mlflow.db, every cell run that MLflow marks
+FINISHED and whose status file says finished (a run cut short is left out: it starts again on the
+next machine). ``restore`` imports the carried runs that the store lacks (``vapo-lab report --runs``'s
+import: each keeps its original id as ``vapo.source_run_id``) and writes their cells' status files
+as finished, so run.sh skips them. Both are idempotent. The files are raw runs of unfinished grids,
+kept only to continue them: no table is made from them until make.sh's grids are complete.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vapo_lab.launch.status import FINISHED, read_status, write_status
+from vapo_lab.track.export import FORMAT, SOURCE_TAG, export_runs, import_runs, read_export
+from vapo_lab.track.mlflow_tracker import open_client
+
+CARRIED = Path(__file__).resolve().parent / "carried"
+
+
+def grid_dir(root: Path, tags: dict[str, str]) -> Path:
+    return root / "runs" / "grids" / tags["grid_id"]
+
+
+def is_cell(run: dict[str, Any]) -> bool:
+    return run["tags"].get("kind") != "grid" and "cell_key" in run["tags"] and "grid_id" in run["tags"]
+
+
+def source_id(run: dict[str, Any]) -> str:
+    return run["tags"].get(SOURCE_TAG, run["run_id"])
+
+
+def write(path: Path, experiment: str, runs: list[dict[str, Any]]) -> None:
+    """Writes ``runs`` as export_runs does (sorted JSON, gzip mtime 0: the same runs, the same bytes)."""
+    data = json.dumps({"format": FORMAT, "experiment": experiment, "runs": runs}, sort_keys=True).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
+        gz.write(data)
+    tmp.replace(path)
+
+
+def save(root: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="vapo-carry-") as tmp:
+        copy = Path(tmp) / "mlflow.db"  # the grid goes on writing its store: read a copy of one instant
+        source = sqlite3.connect(f"file:{root / 'mlflow.db'}?mode=ro", uri=True)
+        with sqlite3.connect(copy) as target:
+            source.backup(target)
+        source.close()
+        uri = f"sqlite:///{copy}"
+        names = [e.name for e in open_client(uri).search_experiments() if e.name != "Default"]
+        CARRIED.mkdir(exist_ok=True)
+        for name in sorted(names):
+            export_runs(uri, name, Path(tmp) / f"{name}.json.gz")
+            runs = read_export(Path(tmp) / f"{name}.json.gz")["runs"]
+            done = [r for r in runs if is_cell(r) and r["status"] == "FINISHED"
+                    and read_status(grid_dir(root, r["tags"]), r["tags"]["cell_key"]).get("state") == FINISHED]
+            path = CARRIED / f"{name}.json.gz"
+            kept = read_export(path)["runs"] if path.is_file() else []
+            # a run carried from an earlier machine is in `done` again, imported: its first record stays
+            known = {source_id(r) for r in kept}
+            merged = sorted(kept + [r for r in done if source_id(r) not in known],
+                            key=lambda r: (r["tags"]["cell_key"], source_id(r)))
+            write(path, name, merged)
+            print(f"{name}: {len(merged)} finished runs carried ({len(merged) - len(kept)} new)")
+
+
+def restore(root: Path) -> None:
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    root.mkdir(parents=True, exist_ok=True)
+    for path in sorted(CARRIED.glob("*.json.gz")):
+        data = read_export(path)
+        client = open_client(uri)
+        exp = client.get_experiment_by_name(data["experiment"])
+        have = set()
+        if exp is not None:
+            have = {r.data.tags.get(SOURCE_TAG, r.info.run_id)
+                    for r in client.search_runs([exp.experiment_id], max_results=10000)}
+        missing = [r for r in data["runs"] if source_id(r) not in have]
+        if missing:
+            with tempfile.TemporaryDirectory(prefix="vapo-carry-") as tmp:
+                write(Path(tmp) / "missing.json.gz", data["experiment"], missing)
+                import_runs(Path(tmp) / "missing.json.gz", uri)
+        ids = {r.data.tags.get(SOURCE_TAG): r.info.run_id
+               for r in client.search_runs([client.get_experiment_by_name(data["experiment"]).experiment_id],
+                                           max_results=10000)}
+        marked = 0
+        for r in data["runs"]:
+            tags, directory = r["tags"], grid_dir(root, r["tags"])
+            if read_status(directory, tags["cell_key"]).get("state") == FINISHED:
+                continue
+            evals = [v for _, _, v in sorted(r["metrics"].get(f"eval/avg_at_{_samples(r)}", []))]
+            write_status(directory, tags["cell_key"], state=FINISHED, run_id=ids[source_id(r)],
+                         carried_from=source_id(r), step=max((p[0] for pts in r["metrics"].values() for p in pts),
+                                                              default=0),
+                         base_eval=evals[0] if evals else None, final_eval=evals[-1] if evals else None,
+                         best_eval=max(evals) if evals else None)
+            marked += 1
+        print(f"{data['experiment']}: {len(missing)} runs imported, {marked} cells marked finished")
+
+
+def _samples(run: dict[str, Any]) -> int:
+    keys = [k for k in run["metrics"] if k.startswith("eval/avg_at_")]
+    return max((int(k.rsplit("_", 1)[1]) for k in keys), default=0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("save", "restore"):
+        sys.exit("usage: python reports/table1-plateau/carry.py save|restore ROOT")
+    {"save": save, "restore": restore}[sys.argv[1]](Path(sys.argv[2]).resolve())
