@@ -3,7 +3,7 @@
 A session's machine can be replaced by a fresh one with only the repository on it (2026-11-28: the
 grid folder and its 138 finished runs were gone). So the finished runs travel in this folder:
 
-    python reports/table1-plateau/carry.py save $ROOT      # finished runs -> carried/<grid>.json.gz
+    python reports/table1-plateau/carry.py save $ROOT      # finished runs -> carried/<grid>/<cell>.json.gz
     python reports/table1-plateau/carry.py restore $ROOT   # on a new machine, before run.sh
 
 ``save`` exports, from a consistent copy of $ROOT/mlflow.db, every cell run that MLflow marks
@@ -61,54 +61,55 @@ def save(root: Path) -> None:
         source.close()
         uri = f"sqlite:///{copy}"
         names = [e.name for e in open_client(uri).search_experiments() if e.name != "Default"]
-        CARRIED.mkdir(exist_ok=True)
         for name in sorted(names):
             export_runs(uri, name, Path(tmp) / f"{name}.json.gz")
-            runs = read_export(Path(tmp) / f"{name}.json.gz")["runs"]
-            done = [r for r in runs if is_cell(r) and r["status"] == "FINISHED"
+            done = [r for r in read_export(Path(tmp) / f"{name}.json.gz")["runs"]
+                    if is_cell(r) and r["status"] == "FINISHED"
                     and read_status(grid_dir(root, r["tags"]), r["tags"]["cell_key"]).get("state") == FINISHED]
-            path = CARRIED / f"{name}.json.gz"
-            kept = read_export(path)["runs"] if path.is_file() else []
-            # a run carried from an earlier machine is in `done` again, imported: its first record stays
-            known = {source_id(r) for r in kept}
-            merged = sorted(kept + [r for r in done if source_id(r) not in known],
-                            key=lambda r: (r["tags"]["cell_key"], source_id(r)))
-            write(path, name, merged)
-            print(f"{name}: {len(merged)} finished runs carried ({len(merged) - len(kept)} new)")
+            folder = CARRIED / name
+            folder.mkdir(parents=True, exist_ok=True)
+            new = 0
+            for r in done:
+                # one file a run, written once (a run carried before is here again, imported): git keeps
+                # each run's bytes once however often the grid is saved
+                path = folder / f"{r['tags']['cell_key']}.json.gz"
+                if not path.exists():
+                    write(path, name, [r])
+                    new += 1
+            print(f"{name}: {len(list(folder.glob('*.json.gz')))} finished runs carried ({new} new)")
 
 
 def restore(root: Path) -> None:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     root.mkdir(parents=True, exist_ok=True)
-    for path in sorted(CARRIED.glob("*.json.gz")):
-        data = read_export(path)
+    for folder in sorted(p for p in CARRIED.glob("*") if p.is_dir()):
+        runs = [r for path in sorted(folder.glob("*.json.gz")) for r in read_export(path)["runs"]]
+        experiment = folder.name
         client = open_client(uri)
-        exp = client.get_experiment_by_name(data["experiment"])
+        exp = client.get_experiment_by_name(experiment)
         have = set()
         if exp is not None:
             have = {r.data.tags.get(SOURCE_TAG, r.info.run_id)
                     for r in client.search_runs([exp.experiment_id], max_results=10000)}
-        missing = [r for r in data["runs"] if source_id(r) not in have]
+        missing = [r for r in runs if source_id(r) not in have]
         if missing:
             with tempfile.TemporaryDirectory(prefix="vapo-carry-") as tmp:
-                write(Path(tmp) / "missing.json.gz", data["experiment"], missing)
+                write(Path(tmp) / "missing.json.gz", experiment, missing)
                 import_runs(Path(tmp) / "missing.json.gz", uri)
-        ids = {r.data.tags.get(SOURCE_TAG): r.info.run_id
-               for r in client.search_runs([client.get_experiment_by_name(data["experiment"]).experiment_id],
-                                           max_results=10000)}
+        exp_id = client.get_experiment_by_name(experiment).experiment_id
+        ids = {r.data.tags.get(SOURCE_TAG): r.info.run_id for r in client.search_runs([exp_id], max_results=10000)}
         marked = 0
-        for r in data["runs"]:
+        for r in runs:
             tags, directory = r["tags"], grid_dir(root, r["tags"])
             if read_status(directory, tags["cell_key"]).get("state") == FINISHED:
                 continue
             evals = [v for _, _, v in sorted(r["metrics"].get(f"eval/avg_at_{_samples(r)}", []))]
+            last = max((p[0] for pts in r["metrics"].values() for p in pts), default=0)
             write_status(directory, tags["cell_key"], state=FINISHED, run_id=ids[source_id(r)],
-                         carried_from=source_id(r), step=max((p[0] for pts in r["metrics"].values() for p in pts),
-                                                              default=0),
-                         base_eval=evals[0] if evals else None, final_eval=evals[-1] if evals else None,
-                         best_eval=max(evals) if evals else None)
+                         carried_from=source_id(r), step=last, base_eval=evals[0] if evals else None,
+                         final_eval=evals[-1] if evals else None, best_eval=max(evals) if evals else None)
             marked += 1
-        print(f"{data['experiment']}: {len(missing)} runs imported, {marked} cells marked finished")
+        print(f"{experiment}: {len(missing)} runs imported, {marked} cells marked finished")
 
 
 def _samples(run: dict[str, Any]) -> int:

@@ -1,9 +1,9 @@
-"""The core-hours a grid's runs took, from their run folders' metrics.jsonl or from a runs export
-(carried/*.json.gz, runs.json.gz: the same rows, as MLflow holds them); one torch thread a run, so
-a run's seconds are core-seconds.
+"""The core-hours a grid's runs took, from their run folders' metrics.jsonl or from runs exports
+(a runs.json.gz, or a carried/ folder of them: the same rows, as MLflow holds them); one torch
+thread a run, so a run's seconds are core-seconds.
 
     python reports/table1-plateau/core_hours.py $ROOT/runs/grids/*/
-    python reports/table1-plateau/core_hours.py reports/table1-plateau/carried/*.json.gz
+    python reports/table1-plateau/core_hours.py reports/table1-plateau/carried/*/
 
 A run's time is its training steps' `time/step_s` (rollout, scoring, updates) plus its held-out
 evaluations. An evaluation at step k is the time between the rows of steps k-1 and k less step k's
@@ -55,10 +55,12 @@ def run_seconds(rows: dict[int, dict]) -> tuple[float, float, int]:
 def main(grids: list[str]) -> None:
     total = 0.0
     for grid in grids:
-        if grid.endswith(".json.gz"):
+        exports = [Path(grid)] if grid.endswith(".json.gz") else sorted(Path(grid).glob("*.json.gz"))
+        if exports:
             from vapo_lab.track.export import read_export
 
-            parts = [run_seconds(export_rows(r)) for r in read_export(grid)["runs"] if "cell_key" in r["tags"]]
+            parts = [run_seconds(export_rows(r)) for e in exports for r in read_export(e)["runs"]
+                     if "cell_key" in r["tags"]]
         else:
             parts = [run_seconds(jsonl_rows(p)) for p in sorted(Path(grid).glob("runs/*/metrics.jsonl"))]
         train, evals = sum(p[0] for p in parts) / 3600, sum(p[1] for p in parts) / 3600
