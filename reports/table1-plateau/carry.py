@@ -97,14 +97,15 @@ def restore(root: Path) -> None:
                 write(Path(tmp) / "missing.json.gz", experiment, missing)
                 import_runs(Path(tmp) / "missing.json.gz", uri)
         exp_id = client.get_experiment_by_name(experiment).experiment_id
-        ids = {r.data.tags.get(SOURCE_TAG): r.info.run_id for r in client.search_runs([exp_id], max_results=10000)}
+        ids = {r.data.tags.get(SOURCE_TAG, r.info.run_id): r.info.run_id
+               for r in client.search_runs([exp_id], max_results=10000)}
         marked = 0
         for r in runs:
             tags, directory = r["tags"], grid_dir(root, r["tags"])
             if read_status(directory, tags["cell_key"]).get("state") == FINISHED:
                 continue
             evals = [v for _, _, v in sorted(r["metrics"].get(f"eval/avg_at_{_samples(r)}", []))]
-            last = max((p[0] for pts in r["metrics"].values() for p in pts), default=0)
+            last = max((p[0] for p in r["metrics"].get("time/step_s", [])), default=0)  # training steps only
             write_status(directory, tags["cell_key"], state=FINISHED, run_id=ids[source_id(r)],
                          carried_from=source_id(r), step=last, base_eval=evals[0] if evals else None,
                          final_eval=evals[-1] if evals else None, best_eval=max(evals) if evals else None)
