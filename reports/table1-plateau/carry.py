@@ -16,8 +16,6 @@ kept only to continue them: no table is made from them until make.sh's grids are
 
 from __future__ import annotations
 
-import gzip
-import json
 import sqlite3
 import sys
 import tempfile
@@ -25,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.launch.status import FINISHED, read_status, write_status
-from vapo_lab.track.export import FORMAT, SOURCE_TAG, export_runs, import_runs, read_export
+from vapo_lab.track.export import SOURCE_TAG, export_runs, import_runs, read_export, write_export
 from vapo_lab.track.mlflow_tracker import open_client
 
 CARRIED = Path(__file__).resolve().parent / "carried"
@@ -41,15 +39,6 @@ def is_cell(run: dict[str, Any]) -> bool:
 
 def source_id(run: dict[str, Any]) -> str:
     return run["tags"].get(SOURCE_TAG, run["run_id"])
-
-
-def write(path: Path, experiment: str, runs: list[dict[str, Any]]) -> None:
-    """Writes ``runs`` as export_runs does (sorted JSON, gzip mtime 0: the same runs, the same bytes)."""
-    data = json.dumps({"format": FORMAT, "experiment": experiment, "runs": runs}, sort_keys=True).encode()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
-        gz.write(data)
-    tmp.replace(path)
 
 
 def save(root: Path) -> None:
@@ -74,7 +63,7 @@ def save(root: Path) -> None:
                 # each run's bytes once however often the grid is saved
                 path = folder / f"{r['tags']['cell_key']}.json.gz"
                 if not path.exists():
-                    write(path, name, [r])
+                    write_export(path, name, [r])
                     new += 1
             print(f"{name}: {len(list(folder.glob('*.json.gz')))} finished runs carried ({new} new)")
 
@@ -94,7 +83,7 @@ def restore(root: Path) -> None:
         missing = [r for r in runs if source_id(r) not in have]
         if missing:
             with tempfile.TemporaryDirectory(prefix="vapo-carry-") as tmp:
-                write(Path(tmp) / "missing.json.gz", experiment, missing)
+                write_export(Path(tmp) / "missing.json.gz", experiment, missing)
                 import_runs(Path(tmp) / "missing.json.gz", uri)
         exp_id = client.get_experiment_by_name(experiment).experiment_id
         ids = {r.data.tags.get(SOURCE_TAG, r.info.run_id): r.info.run_id

@@ -61,6 +61,12 @@ def export_runs(tracking_uri: str, experiment: str, path: str | Path) -> int:
                      "start_time": r.info.start_time, "end_time": r.info.end_time,
                      "tags": dict(sorted(r.data.tags.items())), "params": dict(sorted(r.data.params.items())),
                      "metrics": metrics})
+    write_export(path, experiment, runs)
+    return len(runs)
+
+
+def write_export(path: str | Path, experiment: str, runs: list[dict[str, Any]]) -> None:
+    """Writes ``runs`` (as export_runs reads them) to ``path`` (.json.gz), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.dumps({"format": FORMAT, "experiment": experiment, "runs": runs}, sort_keys=True).encode()
@@ -68,7 +74,6 @@ def export_runs(tracking_uri: str, experiment: str, path: str | Path) -> int:
     with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:  # mtime 0: same runs, same bytes
         gz.write(data)
     tmp.replace(path)
-    return len(runs)
 
 
 def read_export(path: str | Path) -> dict[str, Any]:
