@@ -137,9 +137,12 @@ def test_default_recipe_meets_its_targets_and_a_fresh_build_matches_the_shipped_
 # Run in a fresh interpreter: the gradients of one training batch of the default-sized tiny model,
 # hashed before and after a base build. torch.set_num_threads, even with the current count, makes
 # later kernels round differently (measured), so a build that called it would leave a run that built
-# its base in-process different from the same run with the base cached.
+# its base in-process different from the same run with the base cached. Under load MKL's dynamic
+# threading now and then rounds one pass differently too (measured: 1 hash in about 70 with the
+# machine's two cores busy; a CI run failed on it), so each side is the most common of 7 hashes.
 _BUILD_LEAVES_NUMERICS = """
 import hashlib, sys
+from collections import Counter
 from vapo_lab.basemodel import build as B, recipe as R
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
@@ -156,10 +159,24 @@ def grad_hash():
     R._response_loss(model, ids, labels, tok.pad_token_id).backward()
     return hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest()
 
-before = grad_hash()
+def modal_hash():
+    return Counter(grad_hash() for _ in range(7)).most_common(1)[0][0]
+
+before = modal_hash()
 B.build_base(sys.argv[1], **SMALL)
-print(before == grad_hash())
+print(before == modal_hash())
 """
+
+
+def test_a_build_sets_torch_threads_only_when_asked_and_restores_them(tmp_path, monkeypatch):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    build_base(tmp_path / "default", shipped_dir=None, **SMALL)
+    assert calls == []  # None: MKL's dynamic threading and the thread count left as they were
+    build_base(tmp_path / "one", shipped_dir=None, num_threads=1, **SMALL)
+    assert calls == [1, torch.get_num_threads()]
 
 
 def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
