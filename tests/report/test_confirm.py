@@ -3,6 +3,7 @@ worked out by hand: paired and Welch t, Holm, TOST, the plateau and learning-spe
 
 import math
 
+import numpy as np
 import pytest
 import yaml
 
@@ -29,6 +30,21 @@ def test_paired_t_by_hand():
     # 32 sign patterns; |mean| >= 1.4 for the pattern, its negation and two others with the 0.5 flipped... 4 of 32
     assert t.sign_flip_p == pytest.approx(4 / 32)
     assert t.ci95[0] == pytest.approx(1.4 - stats.stats.t.ppf(0.975, 4) * se)
+
+
+def test_sign_flip_p_by_hand_and_its_ties_survive_the_last_bits():
+    # [1, 2, 3]: only all-plus and all-minus reach |sum| 6: 2 of 8
+    assert stats.sign_flip_p([1.0, 2.0, 3.0]) == 2 / 8
+    # [0.1, 0.1, -0.1]: every pattern's |sum| is 0.1 or 0.3: all 8 reach 0.1
+    assert stats.sign_flip_p([0.1, 0.1, -0.1]) == 1.0
+    # the same differences with the last one from a cancellation (100.1 - 100.0 = 0.0999999999999943):
+    # scipy's permutation_test reads 0.5 here; the tie is a tie
+    assert stats.sign_flip_p([0.1, 0.1, -(100.1 - 100.0)]) == 1.0
+    assert stats.sign_flip_p([0.0, 0.0]) == 1.0
+    d = [0.3, -0.1, 0.7, 0.2, -0.4, 0.5, 0.1, 0.6, -0.2, 0.4]  # plain differences: as scipy reads them
+    exact = stats.stats.permutation_test((np.array(d),), lambda x, axis=-1: x.mean(axis=axis), vectorized=True,
+                                         permutation_type="samples", n_resamples=np.inf).pvalue
+    assert stats.sign_flip_p(d) == pytest.approx(exact)
 
 
 def test_welch_t_by_hand():
