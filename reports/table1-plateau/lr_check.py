@@ -1,0 +1,61 @@
+"""The learning-rate check of predictions.md: each preset's plateau score and learning speed at each
+actor lr, seeds 0-2, from runs exports (the main grid's seeds 0-2 give lr 2e-5), scored by the
+report's own `run_score`; then whether VAPO's best lr beats PPO's and DAPO's best, and by how much.
+
+    python reports/table1-plateau/lr_check.py reports/table1-plateau/runs.json.gz \
+        reports/table1-plateau/lr-half/runs.json.gz reports/table1-plateau/lr-double/runs.json.gz
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+from vapo_lab.report.collect import RunData
+from vapo_lab.report.table import run_score
+
+KEY = "eval/avg_at_16"
+PRESETS = ("ppo", "dapo", "vapo")  # run names are <preset>-s<seed>-<hash> in these grids
+SEEDS = (0, 1, 2)
+
+
+def cells(paths: list[str]) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
+    """Returns {(preset, actor lr): {seed: (plateau score, learning speed)}} of the presets' runs."""
+    found: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
+    for path in paths:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            runs = json.load(f)["runs"]
+        for run in runs:
+            preset, seed = run["run_name"].rsplit("-s", 1)[0], run["params"].get("seed")
+            if preset not in PRESETS or seed is None or int(seed) not in SEEDS or run["status"] != "FINISHED":
+                continue
+            history = {KEY: [(step, value) for step, _, value in run["metrics"][KEY]]}
+            data = RunData(run["run_id"], preset, int(seed), run["status"], run["tags"], history)
+            found[(preset, run["params"]["trainer.actor_lr"])][int(seed)] = (
+                run_score(data, KEY, "plateau"), run_score(data, KEY, "speed"))
+    return found
+
+
+def main(paths: list[str]) -> None:
+    table = cells(paths)
+    best = {}
+    for (preset, lr), seeds in sorted(table.items(), key=lambda kv: (PRESETS.index(kv[0][0]), float(kv[0][1]))):
+        plateau = [seeds[s][0] for s in sorted(seeds)]
+        speed = statistics.mean(seeds[s][1] for s in seeds)
+        mean = statistics.mean(plateau)
+        print(f"{preset:5s} lr {float(lr):.0e}: plateau {mean:5.1f} (seeds {sorted(seeds)}: "
+              f"{', '.join(f'{x:.1f}' for x in plateau)}), speed {speed:5.1f}")
+        if len(seeds) == len(SEEDS) and mean > best.get(preset, (None, -1.0))[1]:
+            best[preset] = (lr, mean)
+    for preset in ("ppo", "dapo"):
+        if "vapo" in best and preset in best:
+            (lr_v, v), (lr_o, o) = best["vapo"], best[preset]
+            print(f"best VAPO ({v:.1f} at {float(lr_v):.0e}) - best {preset} ({o:.1f} at {float(lr_o):.0e})"
+                  f" = {v - o:+.1f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

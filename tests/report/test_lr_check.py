@@ -1,0 +1,38 @@
+"""reports/table1-plateau/lr_check.py against values worked out by hand: plateau score (steps 40 and
+50 of 50) and learning speed (trapezoids / 50) of each preset at each lr, and the best-lr comparison."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "reports" / "table1-plateau" / "lr_check.py"
+
+
+def _run(preset, seed, lr, curve, status="FINISHED"):
+    points = [[10 * i, 0, v / 100] for i, v in enumerate(curve)]  # [step, timestamp, value]
+    return {"run_id": f"{preset}{seed}{lr}", "run_name": f"{preset}-s{seed}-abc", "status": status, "tags": {},
+            "params": {"seed": str(seed), "trainer.actor_lr": lr}, "metrics": {"eval/avg_at_16": points}}
+
+
+def test_lr_check_by_hand(tmp_path, capsys):
+    flat = [50.0, 60.0, 70.0, 80.0, 90.0, 90.0]  # plateau (90 + 90) / 2 = 90; speed: 10*(55+65+75+85+90)/50 = 74
+    low = [50.0, 50.0, 50.0, 50.0, 60.0, 80.0]  # plateau 70; speed 10*(50+50+50+55+70)/50 = 55
+    runs = [_run(p, s, "2e-05", flat) for p in ("vapo", "dapo") for s in (0, 1, 2)]
+    runs += [_run("ppo", s, "2e-05", low) for s in (0, 1, 2)]
+    runs += [_run("ppo", s, "4e-05", flat if s else low) for s in (0, 1, 2)]  # (70 + 90 + 90) / 3
+    runs += [_run("ppo", 3, "4e-05", flat), _run("vapo", 0, "1e-05", low, status="KILLED"),
+             _run("lr-half-grid", 0, "1e-05", low)]  # not counted: seed 3, killed, not a preset
+    path = tmp_path / "runs.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"runs": runs}, f)
+    spec = importlib.util.spec_from_file_location("lr_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([str(path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "ppo   lr 2e-05: plateau  70.0 (seeds [0, 1, 2]: 70.0, 70.0, 70.0), speed  55.0"
+    assert out[1].startswith("ppo   lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7")
+    assert out[-2:] == ["best VAPO (90.0 at 2e-05) - best ppo (83.3 at 4e-05) = +6.7",
+                        "best VAPO (90.0 at 2e-05) - best dapo (90.0 at 2e-05) = +0.0"]
+    assert len(out) == 6
