@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-# The embedded default's held-out avg@4 before and after its 80 steps on the 2-core EPYC (README; a
-# 2-core Xeon ended at 42.0), printed beside the GPU's for comparison, not as a threshold.
+# The embedded default's held-out avg@4 before and after its 80 steps on 2-core CPUs (README: 44.8 up to
+# 2026-11-28, 42.0 on a 2-core Xeon since), printed beside the GPU's for comparison, not as a threshold.
 CPU_BASE, CPU_FINAL = 23.5, 44.8
 TAIL_LINES = 15  # a failed step keeps this many of its last log lines
 
