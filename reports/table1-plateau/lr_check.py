@@ -8,14 +8,13 @@ report's own `run_score`; then whether VAPO's best lr beats PPO's and DAPO's bes
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 import sys
 from collections import defaultdict
 
 from vapo_lab.report.collect import RunData
 from vapo_lab.report.table import run_score
+from vapo_lab.track.export import read_export
 
 KEY = "eval/avg_at_16"
 PRESETS = ("ppo", "dapo", "vapo")  # run names are <preset>-s<seed>-<hash> in these grids
@@ -26,9 +25,7 @@ def cells(paths: list[str]) -> dict[tuple[str, str], dict[int, tuple[float, floa
     """Returns {(preset, actor lr): {seed: (plateau score, learning speed)}} of the presets' runs."""
     found: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
     for path in paths:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            runs = json.load(f)["runs"]
-        for run in runs:
+        for run in read_export(path)["runs"]:  # the checked reader: a runs file is untrusted input
             preset, seed = run["run_name"].rsplit("-s", 1)[0], run["params"].get("seed")
             if preset not in PRESETS or seed is None or int(seed) not in SEEDS or run["status"] != "FINISHED":
                 continue

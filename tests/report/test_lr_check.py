@@ -1,10 +1,10 @@
 """reports/table1-plateau/lr_check.py against values worked out by hand: plateau score (steps 40 and
 50 of 50) and learning speed (trapezoids / 50) of each preset at each lr, and the best-lr comparison."""
 
-import gzip
 import importlib.util
-import json
 from pathlib import Path
+
+from vapo_lab.track.export import write_export
 
 SCRIPT = Path(__file__).resolve().parents[2] / "reports" / "table1-plateau" / "lr_check.py"
 
@@ -12,6 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "reports" / "table1-plateau" / "l
 def _run(preset, seed, lr, curve, status="FINISHED"):
     points = [[10 * i, 0, v / 100] for i, v in enumerate(curve)]  # [step, timestamp, value]
     return {"run_id": f"{preset}{seed}{lr}", "run_name": f"{preset}-s{seed}-abc", "status": status, "tags": {},
+            "start_time": 0, "end_time": 1,
             "params": {"seed": str(seed), "trainer.actor_lr": lr}, "metrics": {"eval/avg_at_16": points}}
 
 
@@ -24,8 +25,7 @@ def test_lr_check_by_hand(tmp_path, capsys):
     runs += [_run("ppo", 3, "4e-05", flat), _run("vapo", 0, "1e-05", low, status="KILLED"),
              _run("lr-half-grid", 0, "1e-05", low)]  # not counted: seed 3, killed, not a preset
     path = tmp_path / "runs.json.gz"
-    with gzip.open(path, "wt") as f:
-        json.dump({"runs": runs}, f)
+    write_export(path, "lr-check", runs)
     spec = importlib.util.spec_from_file_location("lr_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
