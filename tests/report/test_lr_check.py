@@ -16,6 +16,17 @@ def _run(preset, seed, lr, curve, status="FINISHED"):
             "params": {"seed": str(seed), "trainer.actor_lr": lr}, "metrics": {"eval/avg_at_16": points}}
 
 
+def _printed(tmp_path, runs, capsys) -> list[str]:
+    """The lines lr_check.py prints for ``runs``, written as a runs file."""
+    path = tmp_path / "runs.json.gz"
+    write_export(path, "lr-check", runs)
+    spec = importlib.util.spec_from_file_location("lr_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main([str(path)])
+    return capsys.readouterr().out.splitlines()
+
+
 def test_lr_check_by_hand(tmp_path, capsys):
     flat = [50.0, 60.0, 70.0, 80.0, 90.0, 90.0]  # plateau (90 + 90) / 2 = 90; speed: 10*(55+65+75+85+90)/50 = 74
     low = [50.0, 50.0, 50.0, 50.0, 60.0, 80.0]  # plateau 70; speed 10*(50+50+50+55+70)/50 = 55
@@ -24,15 +35,24 @@ def test_lr_check_by_hand(tmp_path, capsys):
     runs += [_run("ppo", s, "4e-05", flat if s else low) for s in (0, 1, 2)]  # (70 + 90 + 90) / 3
     runs += [_run("ppo", 3, "4e-05", flat), _run("vapo", 0, "1e-05", low, status="KILLED"),
              _run("lr-half-grid", 0, "1e-05", low)]  # not counted: seed 3, killed, not a preset
-    path = tmp_path / "runs.json.gz"
-    write_export(path, "lr-check", runs)
-    spec = importlib.util.spec_from_file_location("lr_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main([str(path)])
-    out = capsys.readouterr().out.splitlines()
+    out = _printed(tmp_path, runs, capsys)
     assert out[0] == "ppo   lr 2e-05: plateau  70.0 (seeds [0, 1, 2]: 70.0, 70.0, 70.0), speed  55.0"
     assert out[1].startswith("ppo   lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7")
-    assert out[-2:] == ["best VAPO (90.0 at 2e-05) - best ppo (83.3 at 4e-05) = +6.7",
-                        "best VAPO (90.0 at 2e-05) - best dapo (90.0 at 2e-05) = +0.0"]
+    assert out[-2:] == [
+        "best VAPO (90.0 at 2e-05) - best ppo (83.3 at 4e-05) = +6.7: VAPO above ppo does not depend on the step size",
+        "best VAPO (90.0 at 2e-05) - best dapo (90.0 at 2e-05) = +0.0: VAPO above dapo does not depend on the "
+        "step size"]
     assert len(out) == 6
+
+
+def test_a_rival_best_at_another_lr_within_two_points_makes_the_verdict_depend_on_the_step_size(tmp_path, capsys):
+    vapo = [50.0, 60.0, 70.0, 80.0, 90.0, 90.0]  # plateau 90
+    near = [50.0, 60.0, 70.0, 80.0, 88.5, 88.5]  # plateau 88.5: 1.5 points below, at 4e-5
+    far = [50.0, 60.0, 70.0, 80.0, 87.0, 87.0]  # plateau 87: 3 points below, at 4e-5
+    runs = [_run("vapo", s, "2e-05", vapo) for s in (0, 1, 2)]
+    runs += [_run("ppo", s, "4e-05", far) for s in (0, 1, 2)] + [_run("dapo", s, "4e-05", near) for s in (0, 1, 2)]
+    runs += [_run(p, s, "2e-05", [50.0] * 6) for p in ("ppo", "dapo") for s in (0, 1, 2)]
+    out = _printed(tmp_path, runs, capsys)
+    assert out[-2:] == [
+        "best VAPO (90.0 at 2e-05) - best ppo (87.0 at 4e-05) = +3.0: VAPO above ppo does not depend on the step size",
+        "best VAPO (90.0 at 2e-05) - best dapo (88.5 at 4e-05) = +1.5: VAPO above dapo depends on the step size"]
