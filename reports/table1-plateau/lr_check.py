@@ -13,12 +13,12 @@ import statistics
 import sys
 from collections import defaultdict
 
-from vapo_lab.report.collect import RunData
+from vapo_lab.report.collect import RunData, last_per_step, variant_of
 from vapo_lab.report.table import run_score
 from vapo_lab.track.export import read_export
 
 KEY = "eval/avg_at_16"
-PRESETS = ("ppo", "dapo", "vapo")  # run names are <preset>-s<seed>-<hash> in these grids
+PRESETS = ("Vanilla PPO", "DAPO", "VAPO")  # the presets' Table 1 rows, as the report names a run's row
 SEEDS = (0, 1, 2)
 MAIN_LR = "2e-05"  # the main grid's actor lr, as its runs record it
 MARGIN = 2.0  # points of plateau score: predictions.md's "within 2 points"
@@ -29,12 +29,12 @@ def cells(paths: list[str]) -> dict[tuple[str, str], dict[int, tuple[float, floa
     found: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
     for path in paths:
         for run in read_export(path)["runs"]:  # the checked reader: a runs file is untrusted input
-            preset, seed = run["run_name"].rsplit("-s", 1)[0], run["params"].get("seed")
-            if preset not in PRESETS or seed is None or int(seed) not in SEEDS or run["status"] != "FINISHED":
+            tags = run["tags"]
+            preset, seed = variant_of(tags), int(tags.get("seed", -1))
+            if preset not in PRESETS or seed not in SEEDS or run["status"] != "FINISHED":
                 continue
-            history = {KEY: [(step, value) for step, _, value in run["metrics"][KEY]]}
-            data = RunData(run["run_id"], preset, int(seed), run["status"], run["tags"], history)
-            found[(preset, run["params"]["trainer.actor_lr"])][int(seed)] = (
+            data = RunData(run["run_id"], preset, seed, run["status"], tags, {KEY: last_per_step(run["metrics"][KEY])})
+            found[(preset, run["params"]["trainer.actor_lr"])][seed] = (
                 run_score(data, KEY, "plateau"), run_score(data, KEY, "speed"))
     return found
 
@@ -46,13 +46,13 @@ def main(paths: list[str]) -> None:
         plateau = [seeds[s][0] for s in sorted(seeds)]
         speed = statistics.mean(seeds[s][1] for s in seeds)
         mean = statistics.mean(plateau)
-        print(f"{preset:5s} lr {float(lr):.0e}: plateau {mean:5.1f} (seeds {sorted(seeds)}: "
+        print(f"{preset:11s} lr {float(lr):.0e}: plateau {mean:5.1f} (seeds {sorted(seeds)}: "
               f"{', '.join(f'{x:.1f}' for x in plateau)}), speed {speed:5.1f}")
         if len(seeds) == len(SEEDS) and mean > best.get(preset, (None, -1.0))[1]:
             best[preset] = (lr, mean)
-    for preset in ("ppo", "dapo"):
-        if "vapo" in best and preset in best:
-            (lr_v, v), (lr_o, o) = best["vapo"], best[preset]
+    for preset in ("Vanilla PPO", "DAPO"):
+        if "VAPO" in best and preset in best:
+            (lr_v, v), (lr_o, o) = best["VAPO"], best[preset]
             # predictions.md's rule: another preset's best at another lr than the main grid's, within 2 points
             depends = lr_o != MAIN_LR and v - o <= MARGIN
             verdict = "depends on the step size" if depends else "does not depend on the step size"

@@ -4,14 +4,19 @@
 import importlib.util
 from pathlib import Path
 
+from vapo_lab.registry.presets import PRESETS
 from vapo_lab.track.export import write_export
 
 SCRIPT = Path(__file__).resolve().parents[2] / "reports" / "table1-plateau" / "lr_check.py"
 
 
-def _run(preset, seed, lr, curve, status="FINISHED"):
+def _run(algo, seed, lr, curve, status="FINISHED", repeat=None):
+    """A run of preset ``algo`` as the trainer tags it; ``repeat``: (step, value) logged again later."""
     points = [[10 * i, 0, v / 100] for i, v in enumerate(curve)]  # [step, timestamp, value]
-    return {"run_id": f"{preset}{seed}{lr}", "run_name": f"{preset}-s{seed}-abc", "status": status, "tags": {},
+    if repeat:
+        points.append([repeat[0], 1, repeat[1] / 100])
+    tags = {"algo": algo, "components_off": ",".join(PRESETS.get(algo).off()) or "none", "seed": str(seed)}
+    return {"run_id": f"{algo}{seed}{lr}", "run_name": f"{algo}-s{seed}-abc", "status": status, "tags": tags,
             "start_time": 0, "end_time": 1,
             "params": {"seed": str(seed), "trainer.actor_lr": lr}, "metrics": {"eval/avg_at_16": points}}
 
@@ -34,13 +39,14 @@ def test_lr_check_by_hand(tmp_path, capsys):
     runs += [_run("ppo", s, "2e-05", low) for s in (0, 1, 2)]
     runs += [_run("ppo", s, "4e-05", flat if s else low) for s in (0, 1, 2)]  # (70 + 90 + 90) / 3
     runs += [_run("ppo", 3, "4e-05", flat), _run("vapo", 0, "1e-05", low, status="KILLED"),
-             _run("lr-half-grid", 0, "1e-05", low)]  # not counted: seed 3, killed, not a preset
+             _run("grpo", 0, "1e-05", low)]  # not counted: seed 3, killed, not one of the three presets
     out = _printed(tmp_path, runs, capsys)
-    assert out[0] == "ppo   lr 2e-05: plateau  70.0 (seeds [0, 1, 2]: 70.0, 70.0, 70.0), speed  55.0"
-    assert out[1].startswith("ppo   lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7")
+    assert out[0] == "Vanilla PPO lr 2e-05: plateau  70.0 (seeds [0, 1, 2]: 70.0, 70.0, 70.0), speed  55.0"
+    assert out[1].startswith("Vanilla PPO lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7")
     assert out[-2:] == [
-        "best VAPO (90.0 at 2e-05) - best ppo (83.3 at 4e-05) = +6.7: VAPO above ppo does not depend on the step size",
-        "best VAPO (90.0 at 2e-05) - best dapo (90.0 at 2e-05) = +0.0: VAPO above dapo does not depend on the "
+        "best VAPO (90.0 at 2e-05) - best Vanilla PPO (83.3 at 4e-05) = +6.7: VAPO above Vanilla PPO does not "
+        "depend on the step size",
+        "best VAPO (90.0 at 2e-05) - best DAPO (90.0 at 2e-05) = +0.0: VAPO above DAPO does not depend on the "
         "step size"]
     assert len(out) == 6
 
@@ -54,5 +60,13 @@ def test_a_rival_best_at_another_lr_within_two_points_makes_the_verdict_depend_o
     runs += [_run(p, s, "2e-05", [50.0] * 6) for p in ("ppo", "dapo") for s in (0, 1, 2)]
     out = _printed(tmp_path, runs, capsys)
     assert out[-2:] == [
-        "best VAPO (90.0 at 2e-05) - best ppo (87.0 at 4e-05) = +3.0: VAPO above ppo does not depend on the step size",
-        "best VAPO (90.0 at 2e-05) - best dapo (88.5 at 4e-05) = +1.5: VAPO above dapo depends on the step size"]
+        "best VAPO (90.0 at 2e-05) - best Vanilla PPO (87.0 at 4e-05) = +3.0: VAPO above Vanilla PPO does not "
+        "depend on the step size",
+        "best VAPO (90.0 at 2e-05) - best DAPO (88.5 at 4e-05) = +1.5: VAPO above DAPO depends on the step size"]
+
+
+def test_a_step_logged_twice_counts_once_with_its_later_value(tmp_path, capsys):
+    # a resumed run logged step 50 again (70 first, then 90): plateau (90 + 90) / 2, not (90 + 70 + 90) / 3
+    curve = [50.0, 60.0, 70.0, 80.0, 90.0, 70.0]
+    out = _printed(tmp_path, [_run("vapo", s, "2e-05", curve, repeat=(50, 90.0)) for s in (0, 1, 2)], capsys)
+    assert out == ["VAPO        lr 2e-05: plateau  90.0 (seeds [0, 1, 2]: 90.0, 90.0, 90.0), speed  74.0"]

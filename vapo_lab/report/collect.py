@@ -9,7 +9,7 @@ one component off is "w/o <component>", PPO with every component off is "Vanilla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.registry.presets import PRESETS
@@ -102,10 +102,7 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
         history = {}
         for key in sorted(wanted & set(r.data.metrics)):
             points = client.get_metric_history(r.info.run_id, key)
-            by_step: dict[int, float] = {}
-            for m in sorted(points, key=lambda m: (m.step, m.timestamp)):
-                by_step[int(m.step)] = float(m.value)  # a resumed run may log a step twice: keep the last
-            history[key] = sorted(by_step.items())
+            history[key] = last_per_step((m.step, m.timestamp, m.value) for m in points)
         tags["grid_commands"] = " ; ".join(commands)  # the submissions that made the grid
         run_id = tags.get(SOURCE_TAG, r.info.run_id)  # an imported run keeps its original id
         runs.append(RunData(run_id=run_id, variant=variant_of(tags), seed=int(tags.get("seed", 0)),
@@ -115,6 +112,15 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
         raise ReportError(f"experiment {experiment!r} in {uri} has no training runs yet: "
                           "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3")
     return runs
+
+
+def last_per_step(points: Iterable[tuple[int, int, float]]) -> list[tuple[int, float]]:
+    """Returns a metric's [(step, value)] by step from its [(step, timestamp, value)]: a resumed run
+    may log a step twice, and the later value counts."""
+    by_step: dict[int, float] = {}
+    for step, _, value in sorted(points, key=lambda p: (p[0], p[1])):
+        by_step[int(step)] = float(value)
+    return sorted(by_step.items())
 
 
 def _one_per_config(found: list[Any]) -> list[Any]:
