@@ -32,6 +32,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from vapo_lab.basemodel import freerecipe
+from vapo_lab.basemodel.freerecipe import FREE_DEFAULTS
+from vapo_lab.basemodel.freerecipe import TASK_NAME as FREE_TASK
 from vapo_lab.basemodel.recipe import DEFAULTS, RECIPE_VERSION, measure_accuracy, pretrain
 from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import CACHE_DIR, find_entry, manifest_problem, write_manifest
@@ -69,8 +72,9 @@ class BaseModel:
 
 
 def base_config(**overrides: Any) -> dict[str, Any]:
-    """Returns the full build config: :func:`build_base`'s defaults with ``overrides`` applied."""
-    config = dict(DEFAULTS)
+    """Returns the full build config: :func:`build_base`'s defaults with ``overrides`` applied
+    (``task="arithfree"``: that task's defaults, :data:`~vapo_lab.basemodel.freerecipe.FREE_DEFAULTS`)."""
+    config = dict(FREE_DEFAULTS if overrides.get("task") == FREE_TASK else DEFAULTS)
     unknown = sorted(set(overrides) - set(config))
     if unknown:
         raise ConfigError(f"unknown base-model options {unknown} (model.base.*): valid are {sorted(config)}")
@@ -146,7 +150,8 @@ def build_base(
 
     build_start = time.perf_counter()
     with _threads(num_threads), (progress() if progress is not None else nullcontext()) as bar:
-        task = ArithTask(
+        free = config.get("task") == FREE_TASK  # task=arithfree: its own traces and measurement
+        task = freerecipe.make_task(config) if free else ArithTask(
             config["task_seed"], config["n_train"], config["n_eval"], min_digits=config["min_digits"],
             max_digits=config["max_digits"], length_exponent=config["length_exponent"],
             readout=config["readout"],
@@ -165,13 +170,17 @@ def build_base(
             seed=config["seed"],
         )
         start = time.perf_counter()
-        final_loss = pretrain(model, tokenizer, task, config, bar)
+        view = freerecipe.PretrainView(task, freerecipe.length_choice(config)) if free else task
+        final_loss = pretrain(model, tokenizer, view, config, bar)
         train_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        accuracy = measure_accuracy(model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar)
+        measure = freerecipe.measure if free else measure_accuracy
+        accuracy = measure(model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar)
         eval_seconds = time.perf_counter() - start
 
     lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in task.train + task.eval]  # + eos
+    if free:  # the shortest response is a direct answer
+        lengths += [len(tokenizer(task.trace(p, columns=0)).input_ids) + 1 for p in task.train + task.eval]
     metrics = {
         "accuracy": accuracy,
         "final_loss": round(final_loss, 4),
@@ -241,12 +250,13 @@ def base_options_for(cfg: DictConfig) -> dict[str, Any]:
     if cfg.model.name != "tiny":
         raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
                           "has a base model to build")
-    if cfg.task.name != "arith":
-        raise ConfigError(f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
-                          "use task=arith, or a real model (model=hf model.path=...) for other tasks")
+    if cfg.task.name not in ("arith", FREE_TASK):
+        raise ConfigError(f"the tiny base model is pre-trained on task=arith or {FREE_TASK}, not "
+                          f"task={cfg.task.name}: use one of them, or a real model (model=hf model.path=...)")
     arch, opts = cfg.model.arch, dict(cfg.task.options)
+    free = {"task": FREE_TASK} if cfg.task.name == FREE_TASK else {}
     return dict(
-        task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
+        **free, task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
         **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent", "readout") if k in opts},
         hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
         num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),

@@ -59,6 +59,7 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
 # dependencies, e.g. math-verify, that the others do not need).
 _BUILTIN: dict[str, str] = {
     "arith": "vapo_lab.tasks.arith:ArithTask",
+    "arithfree": "vapo_lab.tasks.arithfree:ArithFreeTask",
     "math": "vapo_lab.tasks.math:MathTask",
 }
 _REGISTERED: dict[str, Callable[..., Any]] = {}

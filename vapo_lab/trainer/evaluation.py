@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from vapo_lab.distributed.world import World, single
 from vapo_lab.eval.metrics import avg_at_k, pass_at_k_table
+from vapo_lab.eval.strata import response_labels, stratum_metrics
 from vapo_lab.rollout import Generate
 from vapo_lab.rollout.prompts import encode_prompts
 from vapo_lab.seeds import chunk_seed
@@ -35,17 +36,23 @@ def evaluate(generate: Generate, tokenizer: Any, task: Any, score: RewardScorer,
     per_problem: list[list[bool]] = []
     lengths: list[int] = []
     truncated: list[bool] = []
+    labels: list = []  # (stratum, mode) per response, for a task with strata (eval.strata)
     if mine:
         gen = torch.Generator().manual_seed(chunk_seed(seed, world.rank))
         s = generate(encode_prompts(tokenizer, mine, cfg.model.chat_template), k,
                      float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen).cpu()
-        _, correct, _ = score(s, [p for p in mine for _ in range(k)])
+        _, correct, texts = score(s, [p for p in mine for _ in range(k)])
         per_problem, lengths, truncated = correct.view(len(mine), k).tolist(), s.lengths.tolist(), s.truncated.tolist()
-    parts = world.gather((per_problem, lengths, truncated))
+        labels = response_labels(task, mine, texts, k) or []
+    parts = world.gather((per_problem, lengths, truncated, labels))
     per_problem = [row for part in parts for row in part[0]]
     lengths = [n for part in parts for n in part[1]]
     truncated = [t for part in parts for t in part[2]]
-    return {f"eval/avg_at_{k}": avg_at_k(per_problem),
-            f"eval/pass_at_{k}": pass_at_k_table(per_problem)[k],
-            "eval/response_length": float(torch.tensor(lengths).float().mean()),
-            "eval/truncated_frac": float(torch.tensor(truncated).float().mean())}
+    labels = [label for part in parts for label in part[3]]
+    out = {f"eval/avg_at_{k}": avg_at_k(per_problem),
+           f"eval/pass_at_{k}": pass_at_k_table(per_problem)[k],
+           "eval/response_length": float(torch.tensor(lengths).float().mean()),
+           "eval/truncated_frac": float(torch.tensor(truncated).float().mean())}
+    if labels:  # the task has strata: accuracy, length and mode by stratum (eval.strata)
+        out.update(stratum_metrics(labels, [c for row in per_problem for c in row], lengths))
+    return out
