@@ -147,8 +147,7 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--runs", default="probe_runs")
     ap.add_argument("--out", default="probe.json")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
+    args, args.overrides = ap.parse_known_args(argv)  # the rest: Hydra overrides
     {"base": base, "critic": critic}[args.what](args)
 
 

@@ -176,7 +176,7 @@ class PretrainConfig:
 class CriticConfig:
     """The value model: initialisation, pretraining, loss."""
 
-    init: str = "reward_model"  # reward_model | policy | random
+    init: str = "reward_model"  # reward_model | reward_model_prefix | policy | random
     rm_steps: int = 20  # reward model: rounds of sampling the base policy and regressing its rewards
     rm_batch: int = 64  # samples per round
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)

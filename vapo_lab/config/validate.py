@@ -35,7 +35,7 @@ def modes() -> dict[str, tuple[str, ...]]:
         "gae.lam_critic_mode": LAMBDA_CRITIC_MODES,
         "loss.agg": LOSS_AGG_MODES,
         "critic.loss_agg": LOSS_AGG_MODES,
-        "critic.init": ("reward_model", "policy", "random"),
+        "critic.init": ("reward_model", "reward_model_prefix", "policy", "random"),
         "kl.estimator": KL_ESTIMATORS,
         "kl.target": KL_TARGETS,
         "tracking.backend": tuple(options("tracking")),

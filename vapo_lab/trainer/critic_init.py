@@ -39,6 +39,11 @@ from vapo_lab.trainer.metrics import critic_metrics
 # 5: packed training passes (models.packed.packed_states) round differently
 # 6: GAE's compiled CPU scan (algo.gae_cpu) rounds the critic's targets differently
 CACHE_VERSION = 7  # 7: micro-batches of trainer.max_tokens_per_micro_batch tokens (were rows)
+# critic.init=reward_model_prefix: the reward model is also taught that every unfinished prefix of a
+# response scores 0 (the verifier's verdict on a response cut there), so a critic started from it
+# values early tokens low: the bias VC-PPO and VAPO describe (docs/cpu-task-design.md)
+PREFIX_RM = "reward_model_prefix"
+RM_INITS = ("reward_model", PREFIX_RM)
 
 
 def cache_key(*parts: Any) -> str:
@@ -65,7 +70,8 @@ def reward_model_key(policy_key: str, cfg: DictConfig) -> str:
     """Returns the reward model's cache key: the base policy and every setting that shapes it."""
     return cache_key("rm", policy_key, _resolved(cfg.task), _resolved(cfg.reward), float(cfg.rollout.temperature),
                      int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch,
-                     int(cfg.trainer.max_tokens_per_micro_batch), *_ranks(cfg))
+                     int(cfg.trainer.max_tokens_per_micro_batch), *_ranks(cfg),
+                     *([PREFIX_RM] if cfg.critic.init == PREFIX_RM else []))
 
 
 def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
@@ -83,7 +89,7 @@ def critic_start_key(policy_key: str, cfg: DictConfig) -> str:
     or the policy's key for a critic started from the policy or at random; part of the pretrained
     critic's key."""
     init = cfg.critic.init
-    return f"rm:{reward_model_key(policy_key, cfg)}" if init == "reward_model" else f"{init}:{policy_key}"
+    return f"rm:{reward_model_key(policy_key, cfg)}" if init in RM_INITS else f"{init}:{policy_key}"
 
 
 def critic_cache_keys(policy_key: str, cfg: DictConfig) -> dict[str, str]:
@@ -91,7 +97,7 @@ def critic_cache_keys(policy_key: str, cfg: DictConfig) -> dict[str, str]:
     ``policy_key``: "reward_model" when the critic starts from it, "pretrained_critic" when value
     pretraining is on (the keys ``init_critic`` looks up; ``vapo-lab base ship`` ships these entries)."""
     keys = {}
-    if cfg.critic.init == "reward_model":
+    if cfg.critic.init in RM_INITS:
         keys["reward_model"] = reward_model_key(policy_key, cfg)
     if cfg.critic.pretrain.enabled:
         keys["pretrained_critic"] = pretrained_critic_key(critic_start_key(policy_key, cfg), cfg)
@@ -200,9 +206,15 @@ def build_reward_model(start: Callable[[], ValueModel], generate: Generate, poli
                 loss = dummy.sum() * 0.0
                 rows_all = world.sum(0.0)
             else:
-                pred = value_forward(rm, rows.take(mb))[torch.arange(len(mb)), last[mb]]
+                values = value_forward(rm, rows.take(mb))
+                pred = values[torch.arange(len(mb)), last[mb]]
                 rows_all = world.sum(float(len(mb)))
                 loss = ((pred - scores[mb].to(pred.device)) ** 2).sum() / float(rows_all)
+                if cfg.critic.init == PREFIX_RM:  # every unfinished prefix scored 0, as the verifier scores it
+                    prefix = rows.take(mb).response_mask.to(values.device).clone()
+                    prefix[torch.arange(len(mb)), last[mb]] = False
+                    per_row = (values * prefix).pow(2).sum(1) / prefix.sum(1).clamp(min=1)
+                    loss = loss + per_row.sum() / float(rows_all)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(rm.parameters(), float(cfg.trainer.grad_clip))

@@ -33,6 +33,7 @@ from vapo_lab.rollout.prompts import encode_prompts
 from vapo_lab.tasks import build_task
 from vapo_lab.trainer.collect import DataStream, Sampling
 from vapo_lab.trainer.critic_init import (
+    RM_INITS,
     build_reward_model,
     cached_pretrained_critic,
     critic_start_key,
@@ -219,7 +220,7 @@ def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampli
         if found is not None:
             return found
     init = cfg.critic.init
-    if init == "reward_model":
+    if init in RM_INITS:
         draw_rng = DataStream(task.train, int(cfg.task.seed) + 99)
         critic = load(build_reward_model(rm_start, sampling.generate, policy_key, cfg, draw_rng.take, score,
                                          sampling.encode, CACHE_DIR, log=log, world=world))
