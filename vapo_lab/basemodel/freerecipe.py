@@ -36,7 +36,7 @@ FREE_DEFAULTS: dict[str, Any] = {
     "task": TASK_NAME,
     # the task: conf/task/arithfree.yaml's generator settings, so RL sees these very splits
     "max_digits": 32,
-    "length_exponent": 0.0,
+    "length_exponent": 0.5,
     # the length mixture (tasks.arithfree.LengthChoice): see docs/cpu-task-design.md for the measurements
     "direct_rate": 0.3,
     "stop_rate": 0.06,
