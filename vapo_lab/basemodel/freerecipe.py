@@ -38,8 +38,8 @@ FREE_DEFAULTS: dict[str, Any] = {
     "max_digits": 32,
     "length_exponent": 0.0,
     # the length mixture (tasks.arithfree.LengthChoice): see docs/cpu-task-design.md for the measurements
-    "direct_rate": 0.4,
-    "stop_rate": 0.08,
+    "direct_rate": 0.3,
+    "stop_rate": 0.06,
     # the worked columns' noise (tasks.arith.TraceNoise): forget the carry in when x + y is 9 or 10
     "bug_rate": 0.8,
     "bug_sums": [9, 10],
