@@ -45,9 +45,13 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: Path) -> None:
     """Writes ``folder/manifest.json``: {relative path: {sha256, bytes}} of every other file in it."""
-    entries = {p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
-               for p in _files(folder)}
-    (folder / MANIFEST).write_text(json.dumps({"version": 1, "files": entries}, indent=1, sort_keys=True) + "\n")
+    entries = {
+        p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+        for p in _files(folder)
+    }
+    (folder / MANIFEST).write_text(
+        json.dumps({"version": 1, "files": entries}, indent=1, sort_keys=True) + "\n"
+    )
 
 
 def manifest_problem(folder: Path) -> str | None:
@@ -74,8 +78,13 @@ def manifest_problem(folder: Path) -> str | None:
     return None
 
 
-def find_entry(key: str, what: str, cache_dir: Path | None, shipped_dir: Path | None,
-               log: Callable[[str], None] | None = None) -> tuple[Path, bool] | None:
+def find_entry(
+    key: str,
+    what: str,
+    cache_dir: Path | None,
+    shipped_dir: Path | None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Path, bool] | None:
     """Returns (folder, shipped?) of the usable entry ``key``: ``<cache_dir>/<key>`` (the folder's
     cache of one kind, e.g. ``.vapo_cache/reward_model``) first, then ``<shipped_dir>/<key>`` (the
     package's, e.g. ``SHIPPED_DIR / "reward_model"``); None when neither has one that matches its
@@ -91,7 +100,9 @@ def find_entry(key: str, what: str, cache_dir: Path | None, shipped_dir: Path | 
         if problem is None:
             return path, shipped
         if log is not None:  # the caller then tries the shipped entry, else builds anew
-            log(f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): not using it")
+            log(
+                f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): not using it"
+            )
     return None
 
 

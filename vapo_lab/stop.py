@@ -74,7 +74,9 @@ class StopHandler:
         self.request: StopRequest | None = None
         self._forced = False
         self._closed = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="stop-request-watchdog", daemon=True)
+        self._watchdog = threading.Thread(
+            target=self._watch, name="stop-request-watchdog", daemon=True
+        )
         self._watchdog.start()
 
     def __call__(self, signum: int, frame: Any) -> None:
@@ -83,10 +85,14 @@ class StopHandler:
         if req is None:
             self.request = StopRequest(signum, time.time())
         elif self._forced:
-            raise StopRequested(f"{req.name}, no safe point within {FORCE_AFTER_S:.0f} s",
-                                f"signal {req.signum}, the run stopped where it was")
+            raise StopRequested(
+                f"{req.name}, no safe point within {FORCE_AFTER_S:.0f} s",
+                f"signal {req.signum}, the run stopped where it was",
+            )
         elif time.time() - req.at >= SAME_STOP_S:
-            raise StopRequested(f"{signal.Signals(signum).name} twice", f"signal {signum}, the run stopped at once")
+            raise StopRequested(
+                f"{signal.Signals(signum).name} twice", f"signal {signum}, the run stopped at once"
+            )
 
     def stop_point(self, world: Any = None) -> None:
         """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank of
@@ -99,7 +105,11 @@ class StopHandler:
         if not signum:
             return
         self.request, self._forced = None, False
-        when = "by another rank" if req is None else f"{time.time() - req.at:.1f} s before this safe point"
+        when = (
+            "by another rank"
+            if req is None
+            else f"{time.time() - req.at:.1f} s before this safe point"
+        )
         raise StopRequested(signal.Signals(signum).name, f"signal {signum}, received {when}")
 
     def close(self) -> None:
@@ -116,10 +126,14 @@ class StopHandler:
             req = self.request
             if req is not None and not self._forced and time.time() - req.at >= FORCE_AFTER_S:
                 self._forced = True
-                _thread.interrupt_main(req.signum)  # the handler runs in the main thread, as for a signal
+                _thread.interrupt_main(
+                    req.signum
+                )  # the handler runs in the main thread, as for a signal
 
 
-_installed: StopHandler | None = None  # the handler sigterm_interrupts installed, until it is closed
+_installed: StopHandler | None = (
+    None  # the handler sigterm_interrupts installed, until it is closed
+)
 
 
 def stop_point(world: Any = None) -> None:
@@ -143,7 +157,9 @@ def sigterm_interrupts() -> StopHandler | None:
     if threading.current_thread() is not threading.main_thread():
         return None
     previous = signal.getsignal(signal.SIGTERM)
-    if isinstance(previous, StopHandler):  # an earlier run's, in a reused process: its request is stale
+    if isinstance(
+        previous, StopHandler
+    ):  # an earlier run's, in a reused process: its request is stale
         previous.close()
     global _installed
     handler = StopHandler()

@@ -45,9 +45,14 @@ def export_rows(run: dict) -> dict[int, dict]:
 def run_seconds(rows: dict[int, dict]) -> tuple[float, float, int]:
     """Returns (training seconds, evaluation seconds, steps) of the run whose rows are ``rows``."""
     train = sum(r.get("time/step_s", 0.0) for r in rows.values())
-    evals = [rows[s]["timestamp_ms"] / 1000 - rows[s - 1]["timestamp_ms"] / 1000 - rows[s]["time/step_s"]
-             for s in rows if s > 0 and s - 1 in rows and any(k.startswith("eval/") for k in rows[s])]
-    evals = [e for e in evals if 0 < e < 900]  # a gap of 15 min or more is an interruption, not an evaluation
+    evals = [
+        rows[s]["timestamp_ms"] / 1000 - rows[s - 1]["timestamp_ms"] / 1000 - rows[s]["time/step_s"]
+        for s in rows
+        if s > 0 and s - 1 in rows and any(k.startswith("eval/") for k in rows[s])
+    ]
+    evals = [
+        e for e in evals if 0 < e < 900
+    ]  # a gap of 15 min or more is an interruption, not an evaluation
     first = statistics.mean(evals) if evals and 0 in rows else 0.0
     return train, sum(evals) + first, max(rows, default=0)
 
@@ -55,18 +60,28 @@ def run_seconds(rows: dict[int, dict]) -> tuple[float, float, int]:
 def main(grids: list[str]) -> None:
     total = 0.0
     for grid in grids:
-        exports = [Path(grid)] if grid.endswith(".json.gz") else sorted(Path(grid).glob("*.json.gz"))
+        exports = (
+            [Path(grid)] if grid.endswith(".json.gz") else sorted(Path(grid).glob("*.json.gz"))
+        )
         if exports:
             from vapo_lab.track.export import read_export
 
-            parts = [run_seconds(export_rows(r)) for e in exports for r in read_export(e)["runs"]
-                     if "cell_key" in r["tags"]]
+            parts = [
+                run_seconds(export_rows(r))
+                for e in exports
+                for r in read_export(e)["runs"]
+                if "cell_key" in r["tags"]
+            ]
         else:
-            parts = [run_seconds(jsonl_rows(p)) for p in sorted(Path(grid).glob("runs/*/metrics.jsonl"))]
+            parts = [
+                run_seconds(jsonl_rows(p)) for p in sorted(Path(grid).glob("runs/*/metrics.jsonl"))
+            ]
         train, evals = sum(p[0] for p in parts) / 3600, sum(p[1] for p in parts) / 3600
         total += train + evals
-        print(f"{Path(grid).name}: {len(parts)} runs, {sum(p[2] for p in parts)} steps; training {train:.2f} h, "
-              f"evaluation {evals:.2f} h; {train + evals:.2f} core-hours")
+        print(
+            f"{Path(grid).name}: {len(parts)} runs, {sum(p[2] for p in parts)} steps; training {train:.2f} h, "
+            f"evaluation {evals:.2f} h; {train + evals:.2f} core-hours"
+        )
     print(f"all: {total:.2f} core-hours")
 
 

@@ -18,7 +18,11 @@ from vapo_lab.report.table import run_score
 from vapo_lab.track.export import read_export
 
 KEY = "eval/avg_at_16"
-PRESETS = ("Vanilla PPO", "DAPO", "VAPO")  # the presets' Table 1 rows, as the report names a run's row
+PRESETS = (
+    "Vanilla PPO",
+    "DAPO",
+    "VAPO",
+)  # the presets' Table 1 rows, as the report names a run's row
 SEEDS = (0, 1, 2)
 MAIN_LR = "2e-05"  # the main grid's actor lr, as its runs record it
 MARGIN = 2.0  # points of plateau score: predictions.md's "within 2 points"
@@ -33,21 +37,34 @@ def cells(paths: list[str]) -> dict[tuple[str, str], dict[int, tuple[float, floa
             preset, seed = variant_of(tags), int(tags.get("seed", -1))
             if preset not in PRESETS or seed not in SEEDS or run["status"] != "FINISHED":
                 continue
-            data = RunData(run["run_id"], preset, seed, run["status"], tags, {KEY: last_per_step(run["metrics"][KEY])})
+            data = RunData(
+                run["run_id"],
+                preset,
+                seed,
+                run["status"],
+                tags,
+                {KEY: last_per_step(run["metrics"][KEY])},
+            )
             found[(preset, run["params"]["trainer.actor_lr"])][seed] = (
-                run_score(data, KEY, "plateau"), run_score(data, KEY, "speed"))
+                run_score(data, KEY, "plateau"),
+                run_score(data, KEY, "speed"),
+            )
     return found
 
 
 def main(paths: list[str]) -> None:
     table = cells(paths)
     best = {}
-    for (preset, lr), seeds in sorted(table.items(), key=lambda kv: (PRESETS.index(kv[0][0]), float(kv[0][1]))):
+    for (preset, lr), seeds in sorted(
+        table.items(), key=lambda kv: (PRESETS.index(kv[0][0]), float(kv[0][1]))
+    ):
         plateau = [seeds[s][0] for s in sorted(seeds)]
         speed = statistics.mean(seeds[s][1] for s in seeds)
         mean = statistics.mean(plateau)
-        print(f"{preset:11s} lr {float(lr):.0e}: plateau {mean:5.1f} (seeds {sorted(seeds)}: "
-              f"{', '.join(f'{x:.1f}' for x in plateau)}), speed {speed:5.1f}")
+        print(
+            f"{preset:11s} lr {float(lr):.0e}: plateau {mean:5.1f} (seeds {sorted(seeds)}: "
+            f"{', '.join(f'{x:.1f}' for x in plateau)}), speed {speed:5.1f}"
+        )
         if len(seeds) == len(SEEDS) and mean > best.get(preset, (None, -1.0))[1]:
             best[preset] = (lr, mean)
     for preset in ("Vanilla PPO", "DAPO"):
@@ -56,8 +73,10 @@ def main(paths: list[str]) -> None:
             # predictions.md's rule: another preset's best at another lr than the main grid's, within 2 points
             depends = lr_o != MAIN_LR and v - o <= MARGIN
             verdict = "depends on the step size" if depends else "does not depend on the step size"
-            print(f"best VAPO ({v:.1f} at {float(lr_v):.0e}) - best {preset} ({o:.1f} at {float(lr_o):.0e})"
-                  f" = {v - o:+.1f}: VAPO above {preset} {verdict}")
+            print(
+                f"best VAPO ({v:.1f} at {float(lr_v):.0e}) - best {preset} ({o:.1f} at {float(lr_o):.0e})"
+                f" = {v - o:+.1f}: VAPO above {preset} {verdict}"
+            )
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.algo.helpers import F32, F64, close
 from vapo_lab.algo.lm import (
     default_chunk_tokens,
     head_logprobs_and_entropy,
@@ -20,8 +20,6 @@ from vapo_lab.algo.lm import (
     weight_block_rows,
 )
 from vapo_lab.models.activations import chunked_logprob_bytes
-
-from tests.algo.helpers import F32, F64, close
 
 LN3 = math.log(3.0)
 
@@ -34,8 +32,14 @@ def _problem(n, hidden, vocab, dtype, seed, scale=1.0, bias=True):
     """
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(n, hidden, generator=gen, dtype=dtype).requires_grad_(True)
-    w = (torch.randn(vocab, hidden, generator=gen, dtype=dtype) * scale / math.sqrt(hidden)).requires_grad_(True)
-    b = (torch.randn(vocab, generator=gen, dtype=dtype) * 0.1).requires_grad_(True) if bias else None
+    w = (
+        torch.randn(vocab, hidden, generator=gen, dtype=dtype) * scale / math.sqrt(hidden)
+    ).requires_grad_(True)
+    b = (
+        (torch.randn(vocab, generator=gen, dtype=dtype) * 0.1).requires_grad_(True)
+        if bias
+        else None
+    )
     y = torch.randint(0, vocab, (n,), generator=gen)
     mean = 1.0 / max(n, 1)
     g_lp = torch.randn(n, generator=gen, dtype=dtype) * mean
@@ -95,7 +99,9 @@ def test_head_logprobs_by_hand(tau):
     h = torch.tensor([[tau * LN3]], dtype=F64, requires_grad=True)
     w = torch.tensor([[1.0], [0.0]], dtype=F64, requires_grad=True)
     y = torch.tensor([0])
-    logprobs, entropy = head_logprobs_and_entropy(h, w, y, temperature=tau, entropy_grad=True, chunk_tokens=1)
+    logprobs, entropy = head_logprobs_and_entropy(
+        h, w, y, temperature=tau, entropy_grad=True, chunk_tokens=1
+    )
     close(logprobs, [math.log(0.75)])
     close(entropy, [math.log(4.0) - 0.75 * LN3])
     gh, gw = torch.autograd.grad(logprobs.sum(), [h, w], retain_graph=True)
@@ -103,7 +109,7 @@ def test_head_logprobs_by_hand(tau):
     close(gw, [[LN3 / 4], [-LN3 / 4]])
     gh, gw = torch.autograd.grad(entropy.sum(), [h, w])
     close(gh, [[-(3 / 16) * LN3 / tau]])
-    close(gw, [[-(3 / 16) * LN3 ** 2], [(3 / 16) * LN3 ** 2]])
+    close(gw, [[-(3 / 16) * LN3**2], [(3 / 16) * LN3**2]])
 
 
 def test_default_chunk_tokens_by_hand():
@@ -131,8 +137,10 @@ def test_matches_unchunked_float32(chunk, tau, entropy_grad):
     assert lp.dtype == ent.dtype == F32
     close(lp, ref_lp)
     close(ent, ref_h)
-    for got, want in zip(_grads(lp, ent, params, g_lp, g_h, entropy_grad),
-                         _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad)):
+    for got, want in zip(
+        _grads(lp, ent, params, g_lp, g_h, entropy_grad),
+        _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad),
+    ):
         close(got, want)
 
 
@@ -148,8 +156,10 @@ def test_matches_unchunked_float64(chunk, tau, entropy_grad):
     assert lp.dtype == ent.dtype == F64
     close(lp, ref_lp, atol=1e-12)
     close(ent, ref_h, atol=1e-12)
-    for got, want in zip(_grads(lp, ent, params, g_lp, g_h, entropy_grad),
-                         _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad)):
+    for got, want in zip(
+        _grads(lp, ent, params, g_lp, g_h, entropy_grad),
+        _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad),
+    ):
         close(got, want, atol=1e-12)
 
 
@@ -161,7 +171,9 @@ def test_entropy_without_entropy_grad_is_detached():
     # H joins no graph, so a loss with it has log π's gradient alone
     (lp * g_lp + ent).sum().backward()
     ref_lp, _, ref_params = _reference(h, w, b, y, 1.0, False)
-    for got, want in zip([h.grad, w.grad, b.grad], _grads(ref_lp, None, ref_params, g_lp, None, False)):
+    for got, want in zip(
+        [h.grad, w.grad, b.grad], _grads(ref_lp, None, ref_params, g_lp, None, False)
+    ):
         close(got, want, atol=1e-12)
 
 
@@ -225,7 +237,7 @@ def test_bf16_autocast_matches_linear_under_autocast(chunk, entropy_grad):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lp, ent, params = _chunked(h, w, b, y, tau, entropy_grad, chunk)
     assert lp.dtype == ent.dtype == F32
-    u = 2.0 ** -8
+    u = 2.0**-8
     z_max = float((torch.nn.functional.linear(h, w, b) / tau).detach().abs().max())
     close(lp, ref_lp, atol=2 * u * z_max)
     close(ent, ref_h, atol=2 * u * z_max)
@@ -310,9 +322,26 @@ def test_peak_memory_chunked_is_4x_lower():
     # Peak RSS of forward + backward in fresh subprocesses (vapo_lab.bench.logits_memory), a small
     # setup: T = 1024, V = 32,768, h = 256, chunks of 128: the fp32 logits are 134 MB; measured on
     # a 2-core AMD EPYC: 554 MB unchunked, 76 MB chunked (the formula: 76 MB).
-    out = subprocess.run([sys.executable, "-m", "vapo_lab.bench.logits_memory", "--tokens", "1024",
-                          "--vocab", "32768", "--hidden", "256", "--chunk", "128", "--json"],
-                         capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lab.bench.logits_memory",
+            "--tokens",
+            "1024",
+            "--vocab",
+            "32768",
+            "--hidden",
+            "256",
+            "--chunk",
+            "128",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     rows = json.loads(out.stdout)
     before = next(r for r in rows if r["case"] == "unchunked")
     after = next(r for r in rows if r["case"] == "chunked")

@@ -13,10 +13,9 @@ import sys
 import pytest
 import torch
 
+from tests.algo.helpers import F32, F64, prefix_mask
 from vapo_lab.algo.gae import decoupled_gae, gae, length_adaptive_lambda
 from vapo_lab.algo.gae_cpu import scan_kernel
-
-from tests.algo.helpers import F32, F64, prefix_mask
 
 
 @pytest.fixture(params=["compiled", "torch"], autouse=True)
@@ -121,7 +120,9 @@ def test_length_adaptive_lambda_float64_lengths_keep_float64():
     lam = length_adaptive_lambda(lengths, 0.05)
     assert lam.dtype == F64
     # l = 25: α·l = 1.25 -> 1 − 0.8 = 0.2; l = −3 -> 0 (l ≤ 0)
-    torch.testing.assert_close(lam, torch.tensor([0.5, 0.8, 0.2, 0.0], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        lam, torch.tensor([0.5, 0.8, 0.2, 0.0], dtype=F64), atol=1e-6, rtol=0
+    )
 
 
 def test_length_adaptive_lambda_always_in_unit_interval():
@@ -160,8 +161,12 @@ def test_gae_hand_case_lambda_half():
     # λ = 0.5: A_2 = 0.5; A_1 = 0 + 0.5·0.5 = 0.25; A_0 = 0 + 0.5·0.25 = 0.125
     # returns = A + V = [0.625, 0.75, 1.0]
     adv, ret = gae(HAND_R, HAND_V, HAND_M, 0.5, gamma=1.0)
-    torch.testing.assert_close(adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0)
-    torch.testing.assert_close(ret, torch.tensor([[0.625, 0.75, 1.0]], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        ret, torch.tensor([[0.625, 0.75, 1.0]], dtype=F64), atol=1e-6, rtol=0
+    )
 
 
 def test_gae_hand_case_lambda_one_gives_monte_carlo_return():
@@ -187,8 +192,12 @@ def test_gae_hand_case_gamma_not_one():
     #   γλ = 0.45: A_2 = 0.5; A_1 = −0.05 + 0.45·0.5 = 0.175; A_0 = −0.05 + 0.45·0.175 = 0.02875
     #   returns = A + V = [0.52875, 0.675, 1.0]
     adv, ret = gae(HAND_R, HAND_V, HAND_M, 0.5, gamma=0.9)
-    torch.testing.assert_close(adv, torch.tensor([[0.02875, 0.175, 0.5]], dtype=F64), atol=1e-6, rtol=0)
-    torch.testing.assert_close(ret, torch.tensor([[0.52875, 0.675, 1.0]], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.02875, 0.175, 0.5]], dtype=F64), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        ret, torch.tensor([[0.52875, 0.675, 1.0]], dtype=F64), atol=1e-6, rtol=0
+    )
     # γ = 0.9, λ = 1: returns = discounted Monte-Carlo return Σ γ^(s−t) r_s = [0.81, 0.9, 1.0]
     _, ret1 = gae(HAND_R, HAND_V, HAND_M, 1.0, gamma=0.9)
     torch.testing.assert_close(ret1, torch.tensor([[0.81, 0.9, 1.0]], dtype=F64), atol=1e-6, rtol=0)
@@ -222,8 +231,10 @@ def test_gae_length_one_response_T1_B1():
     # single token: δ_0 = r_0 − V_0 = 1 − 0.3 = 0.7 = A_0 for every λ; returns = 1
     for lam in [0.0, 0.5, 0.95, 1.0]:
         adv, ret = gae(
-            torch.tensor([[1.0]], dtype=F64), torch.tensor([[0.3]], dtype=F64),
-            torch.ones(1, 1, dtype=torch.bool), lam,
+            torch.tensor([[1.0]], dtype=F64),
+            torch.tensor([[0.3]], dtype=F64),
+            torch.ones(1, 1, dtype=torch.bool),
+            lam,
         )
         assert adv.shape == (1, 1) and ret.shape == (1, 1)
         torch.testing.assert_close(adv, torch.tensor([[0.7]], dtype=F64), atol=1e-6, rtol=0)
@@ -418,7 +429,9 @@ def test_decoupled_gae_hand_case():
     torch.manual_seed(700)
     # λ_policy = 0.5 -> A = [0.125, 0.25, 0.5]; λ_critic = 1 -> returns = [1, 1, 1]
     adv, ret = decoupled_gae(HAND_R, HAND_V, HAND_M, 0.5, 1.0)
-    torch.testing.assert_close(adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0
+    )
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0]], dtype=F64), atol=1e-6, rtol=0)
 
 
@@ -427,7 +440,12 @@ def test_decoupled_gae_equals_two_gae_calls():
     B, T = 7, 41
     r, v, m, lengths = random_batch(B, T, dense=True)
     lam_p_tensor = length_adaptive_lambda(lengths.double(), 0.05)
-    for lam_p, lam_c in [(0.95, 1.0), (lam_p_tensor, 1.0), (0.9, torch.rand(B, dtype=F64)), (0.0, 0.5)]:
+    for lam_p, lam_c in [
+        (0.95, 1.0),
+        (lam_p_tensor, 1.0),
+        (0.9, torch.rand(B, dtype=F64)),
+        (0.0, 0.5),
+    ]:
         for gamma in [1.0, 0.9]:
             adv, ret = decoupled_gae(r, v, m, lam_p, lam_c, gamma=gamma)
             a_p, _ = gae(r, v, m, lam_p, gamma=gamma)

@@ -8,10 +8,8 @@ import math
 import pytest
 import torch
 
-from vapo_lab.algo.group import dynamic_sampling_keep, group_advantages, overlong_penalty
-
 from tests.algo.helpers import F64, close
-
+from vapo_lab.algo.group import dynamic_sampling_keep, group_advantages, overlong_penalty
 
 # ---------------------------------------------------------------------------------------
 # group_advantages
@@ -98,7 +96,16 @@ def test_dynamic_sampling_keep_other_scores():
     torch.manual_seed(11)
     # ±1 rewards and non-binary scores: any group with two distinct values is kept
     scores = torch.tensor([-1.0, -1.0, 0.5, 0.5, 0.5, 0.25, 1.0, -1.0])
-    assert dynamic_sampling_keep(scores, 2).tolist() == [False, False, False, False, True, True, True, True]
+    assert dynamic_sampling_keep(scores, 2).tolist() == [
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
     # G = 1: a single sample never has differing scores
     assert dynamic_sampling_keep(torch.tensor([0.0, 1.0]), 1).tolist() == [False, False]
 

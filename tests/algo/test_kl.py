@@ -9,9 +9,8 @@ import math
 import pytest
 import torch
 
-from vapo_lab.algo.kl import KL_ESTIMATORS, kl_estimate
-
 from tests.algo.helpers import F64, close
+from vapo_lab.algo.kl import KL_ESTIMATORS, kl_estimate
 
 
 def test_estimators_exported():

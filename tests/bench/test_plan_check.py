@@ -25,8 +25,17 @@ from vapo_lab.models.activations import qwen2_layer_activation_bytes, qwen2_save
 from vapo_lab.models.shapes import Shape
 
 # h = 8, a = 2 query heads and kv = 1 key-value head of d = 4 (q = 8, k = 4), i = 16
-HAND = Shape(hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
-             vocab_size=32, tie_word_embeddings=False, max_position_embeddings=64)
+HAND = Shape(
+    hidden_size=8,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    vocab_size=32,
+    tie_word_embeddings=False,
+    max_position_embeddings=64,
+)
 
 
 def test_a_packed_float32_layer_by_hand():
@@ -58,23 +67,41 @@ def test_stored_scores_and_the_padded_layout_by_hand():
 
 
 # a tiny model: h = 64, L = 2, 4 query / 2 key-value heads of 16, i = 176, V = 256
-TINY = CheckSpec(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=176, vocab=256, rows=2, prompt=3,
-                 response=5)
+TINY = CheckSpec(
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    intermediate=176,
+    vocab=256,
+    rows=2,
+    prompt=3,
+    response=5,
+)
 
 
 @pytest.mark.parametrize("model", ["actor", "critic"])
 # (math SDPA only in float32: on CPU it computes bf16 inputs in float32, which the formula, written
 # for a GPU's compute dtype, does not count)
-@pytest.mark.parametrize("layout,dtype,attention,precision", [
-    ("packed", "float32", "default", "autocast"), ("packed", "bfloat16", "default", "autocast"),
-    ("packed", "bfloat16", "default", "cast"), ("packed", "float32", "math", "autocast"),
-    ("padded", "float32", "default", "autocast"),
-    ("padded", "bfloat16", "default", "autocast"), ("padded", "bfloat16", "default", "cast")])
+@pytest.mark.parametrize(
+    "layout,dtype,attention,precision",
+    [
+        ("packed", "float32", "default", "autocast"),
+        ("packed", "bfloat16", "default", "autocast"),
+        ("packed", "bfloat16", "default", "cast"),
+        ("packed", "float32", "math", "autocast"),
+        ("padded", "float32", "default", "autocast"),
+        ("padded", "bfloat16", "default", "autocast"),
+        ("padded", "bfloat16", "default", "cast"),
+    ],
+)
 def test_saved_tensors_are_the_formulas_to_the_byte(model, layout, dtype, attention, precision):
     """Every floating-point tensor autograd keeps for a pass's backward (parameters aside) is one the
     formula counts: the sums agree exactly, in both layouts, dtypes, precisions and SDPA backends."""
     torch.manual_seed(0)
-    case = Case("tiny", model, "pass", dtype=dtype, layout=layout, attention=attention, precision=precision)
+    case = Case(
+        "tiny", model, "pass", dtype=dtype, layout=layout, attention=attention, precision=precision
+    )
     net = training_model(case, TINY)
     # packed: every token valid (the formula's worst case, counted exactly); padded: rows with padding
     # (row 1: a 2-token prompt, a 4-token response), so that Hugging Face passes a mask
@@ -84,10 +111,21 @@ def test_saved_tensors_are_the_formulas_to_the_byte(model, layout, dtype, attent
     saved, _ = saved_by_autograd(output, net)
     head = "lm" if model == "actor" else "value"
     p = 4 if dtype == "float32" else 2
-    expected = qwen2_saved_bytes(TINY.shape(), TINY.rows, TINY.prompt, TINY.response, head, p, attention == "math",
-                                 layout, precision)
+    expected = qwen2_saved_bytes(
+        TINY.shape(),
+        TINY.rows,
+        TINY.prompt,
+        TINY.response,
+        head,
+        p,
+        attention == "math",
+        layout,
+        precision,
+    )
     if model == "actor":
-        expected += 4 * TINY.rows * TINY.response  # the chunked head's float32 logsumexp (in chunked_logprob_bytes)
+        expected += (
+            4 * TINY.rows * TINY.response
+        )  # the chunked head's float32 logsumexp (in chunked_logprob_bytes)
     assert saved == expected
 
 
@@ -102,10 +140,26 @@ def test_cpu_runs_its_flash_kernel_with_the_packed_mask():
 
 # A reduced size for the RSS test: h = 512, L = 2, 8 / 2 heads of 64, i = 1408, V = 16,000 (actor 22.0M,
 # critic 13.8M parameters); 2 rows x (64 + 448) = 1,024 tokens.
-SMALL = CheckSpec(hidden=512, layers=2, heads=8, kv_heads=2, intermediate=1408, vocab=16_000, rows=2, prompt=64,
-                  response=448)
-SLOW_CASES = ("actor state", "actor pass", "actor pass ckpt", "critic pass", "critic pass ckpt", "actor pass bf16 ckpt",
-              "critic pass bf16-cast ckpt")
+SMALL = CheckSpec(
+    hidden=512,
+    layers=2,
+    heads=8,
+    kv_heads=2,
+    intermediate=1408,
+    vocab=16_000,
+    rows=2,
+    prompt=64,
+    response=448,
+)
+SLOW_CASES = (
+    "actor state",
+    "actor pass",
+    "actor pass ckpt",
+    "critic pass",
+    "critic pass ckpt",
+    "actor pass bf16 ckpt",
+    "critic pass bf16-cast ckpt",
+)
 
 
 @pytest.mark.slow
@@ -114,11 +168,27 @@ def test_measured_peaks_are_within_15_percent_of_the_formulas():
     16·P, each pass against qwen2_pass_activation_bytes. Measured on a 2-core AMD EPYC, 2026-11-27:
     the state 1.020 x 16·P (params alone 1.001 x 4·P); the passes 0.969-1.054 x the formula (the
     plan's Korthikanti figures: 0.80-1.83 x); about 110 s."""
-    spec_args = [f"--{f.name.replace('_', '-')}={getattr(SMALL, f.name)}" for f in dataclasses.fields(SMALL)
-                 if f.name != "seed"]
+    spec_args = [
+        f"--{f.name.replace('_', '-')}={getattr(SMALL, f.name)}"
+        for f in dataclasses.fields(SMALL)
+        if f.name != "seed"
+    ]
     assert set(SLOW_CASES) <= {c.name for c in CASES}
-    out = subprocess.run([sys.executable, "-m", "vapo_lab.bench.plan_check", *spec_args, "--cases",
-                          ",".join(SLOW_CASES), "--json"], capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lab.bench.plan_check",
+            *spec_args,
+            "--cases",
+            ",".join(SLOW_CASES),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     rows = {r["case"]: r for r in json.loads(out.stdout)}
     assert set(rows) == set(SLOW_CASES) and not any("skipped" in r for r in rows.values())
     state = rows["actor state"]

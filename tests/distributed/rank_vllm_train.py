@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
 
 import fake_vllm  # noqa: E402
 
+from tests.distributed.ranks import leave  # noqa: E402
 from vapo_lab.config.compose import compose_config  # noqa: E402
 from vapo_lab.distributed.fsdp import is_sharded  # noqa: E402
 from vapo_lab.trainer import setup  # noqa: E402
 from vapo_lab.trainer.trainer import Trainer  # noqa: E402
-from tests.distributed.ranks import leave  # noqa: E402
 
 
 def main() -> None:
@@ -42,21 +42,57 @@ def main() -> None:
     setup.load_policy = load_policy
     Path(a.out).mkdir(parents=True, exist_ok=True)
     os.chdir(a.out)  # the caches (.vapo_cache) are this run's own
-    critic = ["critic.rm_steps=2", "critic.rm_batch=16", "critic.pretrain.steps=2"] if a.algo == "vapo" else []
-    cfg = compose_config(algo=a.algo, overrides=[*critic,
-        "rollout=vllm", "model=hf", f"model.path={a.model}", "task.options.max_digits=3", "task.n_train=64",
-        "task.n_eval=8", "rollout.responses_per_step=16", "rollout.group_size=4", "rollout.max_new_tokens=12",
-        "rollout.eval_samples=1", "trainer.mini_batch_size=8", "trainer.max_tokens_per_micro_batch=64",
-        "trainer.total_steps=2", "trainer.eval_every=2", "trainer.save_every=2", "trainer.threads=1",
-        "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.device=cpu", "tracking=none",
-        f"output_dir={a.out}/runs", "run_name=run", "model.chat_template=none"]).cfg
+    critic = (
+        ["critic.rm_steps=2", "critic.rm_batch=16", "critic.pretrain.steps=2"]
+        if a.algo == "vapo"
+        else []
+    )
+    cfg = compose_config(
+        algo=a.algo,
+        overrides=[
+            *critic,
+            "rollout=vllm",
+            "model=hf",
+            f"model.path={a.model}",
+            "task.options.max_digits=3",
+            "task.n_train=64",
+            "task.n_eval=8",
+            "rollout.responses_per_step=16",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=12",
+            "rollout.eval_samples=1",
+            "trainer.mini_batch_size=8",
+            "trainer.max_tokens_per_micro_batch=64",
+            "trainer.total_steps=2",
+            "trainer.eval_every=2",
+            "trainer.save_every=2",
+            "trainer.threads=1",
+            "trainer.strategy=fsdp",
+            "trainer.nproc_per_node=2",
+            "trainer.device=cpu",
+            "tracking=none",
+            f"output_dir={a.out}/runs",
+            "run_name=run",
+            "model.chat_template=none",
+        ],
+    ).cfg
     trainer = Trainer(cfg, log=lambda text: None)
     result = trainer.train()
     rank = int(os.environ["RANK"])
-    Path(a.out, f"rank{rank}.json").write_text(json.dumps({
-        "asked_sharded": built_sharded, "policy_sharded": is_sharded(trainer.policy),
-        "ref_sharded": is_sharded(trainer.ref), "critic_sharded": is_sharded(trainer.critic),
-        "metrics": [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in result.metrics]}))
+    Path(a.out, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "asked_sharded": built_sharded,
+                "policy_sharded": is_sharded(trainer.policy),
+                "ref_sharded": is_sharded(trainer.ref),
+                "critic_sharded": is_sharded(trainer.critic),
+                "metrics": [
+                    {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}
+                    for m in result.metrics
+                ],
+            }
+        )
+    )
     leave()
 
 

@@ -85,8 +85,15 @@ def workdir(tmp_path, monkeypatch):
 # the embedded default, whose base model is shipped (nothing is built): a critic started from the
 # policy with no value pretraining (their caches would be built for a smaller batch), one prompt
 # (8 samples) a step, short responses
-EMBEDDED = ["tracking=none", "value_pretraining=off", "critic.init=policy", "rollout.responses_per_step=8",
-            "trainer.mini_batch_size=8", "rollout.max_new_tokens=64", "trainer.threads=2"]
+EMBEDDED = [
+    "tracking=none",
+    "value_pretraining=off",
+    "critic.init=policy",
+    "rollout.responses_per_step=8",
+    "trainer.mini_batch_size=8",
+    "rollout.max_new_tokens=64",
+    "trainer.threads=2",
+]
 
 
 def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
@@ -100,21 +107,33 @@ def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
     monkeypatch.setattr(trainer_module, "on_host", spy)
 
     def run(offload: bool) -> tuple[list[dict], Trainer]:
-        composed = compose_config(overrides=[*EMBEDDED, f"run_name=offload-{offload}",
-                                             f"trainer.offload_during_rollout={offload}"])
+        composed = compose_config(
+            overrides=[
+                *EMBEDDED,
+                f"run_name=offload-{offload}",
+                f"trainer.offload_during_rollout={offload}",
+            ]
+        )
         trainer = Trainer(composed.cfg, composed.choices, log=lambda m: None)
         # 2 steps: the first offload finds no AdamW state yet, the second finds it and the gradients
         steps = [trainer.train_step() for _ in range(2)]
-        return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in steps], trainer
+        return [
+            {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in steps
+        ], trainer
 
     plain, a = run(False)
     assert moved == []  # off by default
     offloaded, b = run(True)
-    assert moved == [(2, 2), (2, 2)]  # the policy and the critic (no reference: kl.coef=0), both AdamWs
+    assert moved == [
+        (2, 2),
+        (2, 2),
+    ]  # the policy and the critic (no reference: kl.coef=0), both AdamWs
     assert "critic/value_loss" in plain[1] and "actor/grad_norm" in plain[1]
     assert json.dumps(offloaded, sort_keys=True) == json.dumps(plain, sort_keys=True)
     for x, y in [(a.policy, b.policy), (a.critic, b.critic)]:
         assert all(torch.equal(p, q) for p, q in zip(x.parameters(), y.parameters(), strict=True))
     for x, y in [(a.actor_opt, b.actor_opt), (a.critic_opt, b.critic_opt)]:
         sx, sy = x.state_dict()["state"], y.state_dict()["state"]
-        assert sx.keys() == sy.keys() and all(torch.equal(sx[i][k], sy[i][k]) for i in sx for k in sx[i])
+        assert sx.keys() == sy.keys() and all(
+            torch.equal(sx[i][k], sy[i][k]) for i in sx for k in sx[i]
+        )

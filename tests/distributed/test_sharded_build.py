@@ -23,16 +23,30 @@ def test_a_vllm_run_over_two_ranks_builds_sharded_and_trains_as_the_whole_build(
     save_tiny_model(vllm_config(), model)
     runs = {}
     for name, extra in (("sharded", ()), ("whole", ("--whole",))):
-        torchrun(2, HERE / "rank_vllm_train.py", algo, str(model), str(tmp_path / name), *extra, timeout=600)
+        torchrun(
+            2,
+            HERE / "rank_vllm_train.py",
+            algo,
+            str(model),
+            str(tmp_path / name),
+            *extra,
+            timeout=600,
+        )
         runs[name] = [json.loads((tmp_path / name / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank in runs["sharded"]:
         assert rank["asked_sharded"] == [True] and rank["policy_sharded"]
-        assert rank["ref_sharded"] == (algo == "grpo") and rank["critic_sharded"] == (algo == "vapo")
+        assert rank["ref_sharded"] == (algo == "grpo") and rank["critic_sharded"] == (
+            algo == "vapo"
+        )
     assert [m["step"] for m in runs["sharded"][0]["metrics"]] == [1, 2]
     if algo == "vapo":
         assert "critic/value_loss" in runs["sharded"][0]["metrics"][-1]
         for name in ("sharded", "whole"):  # the ranks built and cached both entries
             cache = tmp_path / name / ".vapo_cache"
-            assert len(list((cache / "reward_model").iterdir())) == len(list((cache / "pretrained_critic").iterdir())) == 1
+            assert (
+                len(list((cache / "reward_model").iterdir()))
+                == len(list((cache / "pretrained_critic").iterdir()))
+                == 1
+            )
     # the same shards, so the same samples, updates and metrics, to the last bit
     assert runs["sharded"][0]["metrics"] == runs["whole"][0]["metrics"]

@@ -22,8 +22,13 @@ SCRIPT = Path(__file__).with_name("rank_update.py")
 
 
 def _one_process(preset: str, out: Path) -> dict:
-    subprocess.run([sys.executable, str(SCRIPT), preset, str(out), "--single"], check=True, cwd=REPO,
-                   capture_output=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [sys.executable, str(SCRIPT), preset, str(out), "--single"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     return torch.load(out, weights_only=True)
 
 
@@ -49,7 +54,9 @@ def test_two_ranks_update_equals_one_process(preset, tmp_path):
         # float64: largest seen 2.4e-15 (PPO's critic gradient); in float32 it was up to 5.0e-5
         assert _relative(ref[g], two[g]) < 1e-12, g
     # real gradients (a model that got none would match trivially)
-    assert all(float(ref[g][k].abs().max()) > 0 for g in groups if g.endswith("_grad") for k in ref[g])
+    assert all(
+        float(ref[g][k].abs().max()) > 0 for g in groups if g.endswith("_grad") for k in ref[g]
+    )
 
 
 def test_the_check_catches_gradients_averaged_over_ranks(tmp_path):

@@ -9,15 +9,20 @@ from vapo_lab.distributed.world import init_world
 
 
 def _cfg(nodes: int, per_node: int):
-    return OmegaConf.create({"trainer": {"strategy": "fsdp", "nodes": nodes, "nproc_per_node": per_node}})
+    return OmegaConf.create(
+        {"trainer": {"strategy": "fsdp", "nodes": nodes, "nproc_per_node": per_node}}
+    )
 
 
 @pytest.fixture
 def calls(monkeypatch):
     seen: dict = {}
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    monkeypatch.setattr(torch.distributed, "init_process_group",
-                        lambda backend, **kw: seen.update(backend=backend, **kw))
+    monkeypatch.setattr(
+        torch.distributed,
+        "init_process_group",
+        lambda backend, **kw: seen.update(backend=backend, **kw),
+    )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: seen.update(set_device=i))
     return seen
 

@@ -28,7 +28,11 @@ def test_pass_at_k_equals_brute_force_enumeration():
     for n in range(1, 9):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (
+                    n,
+                    c,
+                    k,
+                )
 
 
 def test_pass_at_k_is_stable_for_large_n():
@@ -79,7 +83,9 @@ def test_bootstrap_ci_contains_the_mean_shrinks_and_is_seeded():
     # 3000 problems, drawn in blocks of 4M indices: SE = 0.2041/√3000 = 0.0037, width ≈ 4·SE
     big = bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0)
     assert big[0] < 0.25 < big[1] and big[1] - big[0] < 0.02
-    assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0) == big  # the same seed, the same interval
+    assert (
+        bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0) == big
+    )  # the same seed, the same interval
     assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=1) != big
 
 
@@ -106,9 +112,16 @@ def test_maj_at_k():
         [None, None, None],  # no answer: wrong
         ["1", "2", "2"],  # majority 2, correct; with k = 1 only "1" votes: wrong
     ]
-    correct = [[True, True, False], [True, False, False], [False, False, False], [False, True, True]]
+    correct = [
+        [True, True, False],
+        [True, False, False],
+        [False, False, False],
+        [False, True, True],
+    ]
     assert maj_at_k(answers, correct, integer=True) == pytest.approx(2 / 4, abs=1e-12)
-    assert maj_at_k(answers, correct, k=1, integer=True) == pytest.approx(2 / 4, abs=1e-12)  # 1, 2 right
+    assert maj_at_k(answers, correct, k=1, integer=True) == pytest.approx(
+        2 / 4, abs=1e-12
+    )  # 1, 2 right
     # without integer keys "025" and "25" vote apart; the tie goes to "025", also correct
     assert maj_at_k(answers, correct) == pytest.approx(2 / 4, abs=1e-12)
     with pytest.raises(ValueError):

@@ -20,13 +20,21 @@ STEPS = ["trainer.total_steps=8", "trainer.eval_every=4", "trainer.save_every=3"
 RUN = [o for o in SMALL if o != "tracking=none"] + STEPS
 
 
-def train(workdir: Path, *args: str, fault: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def train(
+    workdir: Path, *args: str, fault: str | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
     """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL point)."""
     env = {k: v for k, v in os.environ.items() if k != "VAPO_FAULT"}
     if fault:
         env["VAPO_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def store(workdir: Path) -> str:
@@ -90,16 +98,28 @@ def small_disk(tmp_path):
     mount = tmp_path / "disk"
     mount.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)],
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs to fill up ({e}): run as root to test a full disk")
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): run as root to test a full disk")
+        pytest.skip(
+            f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): run as root to test a full disk"
+        )
     try:
         yield mount
     finally:  # lazily where a failed write's file is still open (its exception keeps the handle)
-        if subprocess.run(["umount", str(mount)], capture_output=True, timeout=60, check=False).returncode != 0:
+        if (
+            subprocess.run(
+                ["umount", str(mount)], capture_output=True, timeout=60, check=False
+            ).returncode
+            != 0
+        ):
             subprocess.run(["umount", "-l", str(mount)], check=True, timeout=60)
 
 

@@ -73,7 +73,9 @@ def test_a_signal_is_recorded_and_acted_on_at_the_next_stop_point(handler):
     handler(signal.SIGTERM, None)  # inside a weakref callback this must not raise: it records
     assert handler.request.name == "SIGTERM"
     handler(signal.SIGINT, None)  # the same stop, arriving twice at once (terminal and torchrun)
-    with pytest.raises(StopRequested, match=r"^SIGTERM: signal 15, received [\d.]+ s before this safe point$") as e:
+    with pytest.raises(
+        StopRequested, match=r"^SIGTERM: signal 15, received [\d.]+ s before this safe point$"
+    ) as e:
         handler.stop_point()
     assert isinstance(e.value, KeyboardInterrupt) and e.value.reason == "SIGTERM"
     assert handler.request is None  # consumed: a later signal is a new stop
@@ -81,7 +83,9 @@ def test_a_signal_is_recorded_and_acted_on_at_the_next_stop_point(handler):
 
 
 def test_a_second_signal_stops_at_once(handler):
-    handler.request = StopRequest(signal.SIGTERM, time.time() - stop.SAME_STOP_S)  # the first, a while ago
+    handler.request = StopRequest(
+        signal.SIGTERM, time.time() - stop.SAME_STOP_S
+    )  # the first, a while ago
     with pytest.raises(StopRequested, match="^SIGTERM twice: signal 15, the run stopped at once"):
         handler(signal.SIGTERM, None)
 
@@ -100,22 +104,34 @@ def test_a_stop_with_no_safe_point_in_time_stops_where_the_run_is(monkeypatch):
     """A step longer than FORCE_AFTER_S: the run is stopped before SIGKILL (Slurm's KillWait) comes."""
     monkeypatch.setattr(stop, "FORCE_AFTER_S", 0.2)
     before = [signal.getsignal(signum) for signum in stop.SIGNALS]
-    with stop_on_signals() as handler, pytest.raises(StopRequested, match="^SIGTERM, no safe point within"):
+    with (
+        stop_on_signals() as handler,
+        pytest.raises(StopRequested, match="^SIGTERM, no safe point within"),
+    ):
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.time() + 10
         while time.time() < deadline:  # a long step: Python code that never reaches a safe point
             pass
     assert handler.request is None
-    assert [signal.getsignal(signum) for signum in stop.SIGNALS] == before  # the previous handlers are back
+    assert [
+        signal.getsignal(signum) for signum in stop.SIGNALS
+    ] == before  # the previous handlers are back
 
 
 @pytest.mark.slow
-def test_one_sigterm_inside_a_gc_callback_stops_the_run_after_that_step_and_resume_finishes_it(workdir):
+def test_one_sigterm_inside_a_gc_callback_stops_the_run_after_that_step_and_resume_finishes_it(
+    workdir,
+):
     name = "sigterm-in-callback"
     marker = workdir / f"{name}.marker"
     args = [*RUN, f"tracking.uri={store(workdir)}", f"run_name={name}"]
-    proc = subprocess.Popen([sys.executable, "-c", IN_A_CALLBACK, str(marker), "train", "--quiet", *args],
-                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IN_A_CALLBACK, str(marker), "train", "--quiet", *args],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 600
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -130,14 +146,21 @@ def test_one_sigterm_inside_a_gc_callback_stops_the_run_after_that_step_and_resu
     assert "Exception ignored" not in err, err[-3000:]  # before the fix: the signal dropped there
     assert proc.returncode == 130, err[-3000:]  # KeyboardInterrupt's, as for Ctrl-C
     steps = sorted(s for kind, s in records(run_dir) if kind == "train")
-    assert steps == [0, 1, 2, 3], err[-3000:]  # the step in progress finished and was logged, no further
+    assert steps == [0, 1, 2, 3], err[
+        -3000:
+    ]  # the step in progress finished and was logged, no further
     assert (run_dir / "checkpoints" / "step_000003").is_dir()  # save_every=3: saved before stopping
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(store(workdir)).get_run(run_id).info.status == "KILLED"
     failure = (run_dir / "failure.txt").read_text()
-    assert failure.startswith("interrupted at step 3") and "StopRequested: SIGTERM: signal 15" in failure
+    assert (
+        failure.startswith("interrupted at step 3")
+        and "StopRequested: SIGTERM: signal 15" in failure
+    )
     lines = [ln for ln in err.splitlines() if ln.startswith("stopped")]
-    assert lines == [f"stopped after step 3 of 8 (SIGTERM): continue it with: vapo-lab train resume=runs/{name}"]
+    assert lines == [
+        f"stopped after step 3 of 8 (SIGTERM): continue it with: vapo-lab train resume=runs/{name}"
+    ]
     assert err.rstrip().endswith(lines[0])  # the run's last word
     print(f"stopped {latency:.1f} s after the signal")  # the rest of step 3 and the close
 
@@ -149,7 +172,10 @@ def test_one_sigterm_inside_a_gc_callback_stops_the_run_after_that_step_and_resu
 
 
 RANKS = [o for o in RUN if not o.startswith("trainer.threads")] + [
-    "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.threads=1"]
+    "trainer.strategy=fsdp",
+    "trainer.nproc_per_node=2",
+    "trainer.threads=1",
+]
 
 
 def _rank_pid(parent: int, rank: int) -> int | None:
@@ -198,16 +224,31 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
     whose rank 1 alone is signalled stops cleanly on both (before: rank 0 failed in its next collective)."""
     name = "sigterm-rank1"
     run_dir = workdir / "runs" / name
-    proc = subprocess.Popen([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *RANKS,
-                             f"tracking.uri={store(workdir)}", f"run_name={name}"],
-                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lab.cli",
+            "train",
+            "--quiet",
+            *RANKS,
+            f"tracking.uri={store(workdir)}",
+            f"run_name={name}",
+        ],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 900
     while _logged(run_dir) < 2 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     rank1 = _rank_pid(proc.pid, 1)
     assert rank1 is not None, proc.communicate()[1][-3000:]
     os.kill(rank1, signal.SIGTERM)
-    at = _logged(run_dir)  # the signal came in step at + 1 at the latest: the ranks meet before each step
+    at = _logged(
+        run_dir
+    )  # the signal came in step at + 1 at the latest: the ranks meet before each step
     out, err = proc.communicate(timeout=600)
 
     assert proc.returncode != 0
@@ -215,10 +256,14 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
     assert at <= last <= at + 1 < 8, err[-3000:]
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(store(workdir)).get_run(run_id).info.status == "KILLED", err[-3000:]
-    (line,) = [ln for ln in err.splitlines() if ln.startswith("stopped after step")]  # rank 0's alone
+    (line,) = [
+        ln for ln in err.splitlines() if ln.startswith("stopped after step")
+    ]  # rank 0's alone
     stopped = int(line.split()[3])
-    assert line == (f"stopped after step {stopped} of 8 (SIGTERM): continue it with: "
-                    f"vapo-lab train resume=runs/{name}")
+    assert line == (
+        f"stopped after step {stopped} of 8 (SIGTERM): continue it with: "
+        f"vapo-lab train resume=runs/{name}"
+    )
     # after the last logged step, or after the next one's update when it stopped before its evaluation
     assert stopped == last or (stopped == last + 1 and stopped % 4 == 0), (stopped, last)
     assert (run_dir / "failure.txt").read_text().startswith(f"interrupted at step {stopped}")

@@ -4,7 +4,6 @@ import time
 
 from vapo_lab.grading import grade, grade_many, symbolic
 
-
 # --- large and pathological answers -------------------------------------------------
 # math-verify's time grows with an answer's length and steeply with its nesting, and sympy expands
 # integer powers: before the pre-checks each of these ran into the 5 s limit (and counted wrong).
@@ -29,8 +28,13 @@ def test_huge_and_deeply_nested_answers_are_graded_wrong_fast():
 
 def test_grade_many_grades_them_within_the_limit():
     # status "ok" (graded: wrong) for all 8, where all but the 30-deep fractions were a "timeout"
-    results = grade_many([r for r, _ in PATHOLOGICAL], [g for _, g in PATHOLOGICAL], integer=False,
-                         timeout_s=5.0, workers=2)
+    results = grade_many(
+        [r for r, _ in PATHOLOGICAL],
+        [g for _, g in PATHOLOGICAL],
+        integer=False,
+        timeout_s=5.0,
+        workers=2,
+    )
     assert [(r.status, r.correct) for r in results] == [("ok", False)] * len(PATHOLOGICAL)
 
 
@@ -59,6 +63,9 @@ def test_pre_check_measures():
     assert symbolic._power_digits(r"9^{9^{9}}") == 369_693_100
     assert symbolic._power_digits(r"9^{9^{9^{9}}}") == float("inf")
     # the limit is 10,000 digits: 2^33219 has floor(9999.92) + 1 = 10,000, 2^33220 has 10,001
-    assert symbolic._power_digits(r"2^{33219}") == 10_000 and symbolic._power_digits(r"2^{33220}") == 10_001
+    assert (
+        symbolic._power_digits(r"2^{33219}") == 10_000
+        and symbolic._power_digits(r"2^{33220}") == 10_001
+    )
     # only integer powers count: in x^{9^{9}} that is 9^9 = 387,420,489 (9 digits); 9^{x} has none
     assert symbolic._power_digits(r"x^{9^{9}}") == 9 and symbolic._power_digits(r"9^{x}") == 0

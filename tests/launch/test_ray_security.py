@@ -36,7 +36,9 @@ PROBE = textwrap.dedent("""
 
 
 def _listening(mode):
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return [line.split()[1] for line in out.stdout.splitlines() if line.startswith("LISTEN")]
 

@@ -12,14 +12,13 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from vapo_lab.launch.base import LaunchError
+from tests.trainer.conftest import last_metrics
 from vapo_lab.launch.actions import run_grid
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 from vapo_lab.launch.record import find_grid
 from vapo_lab.track.server import MlflowServer
-
-from tests.trainer.conftest import last_metrics
 
 from .conftest import SMALL
 
@@ -40,10 +39,14 @@ def server(tmp_path_factory):
         yield srv
 
 
-def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(slurm, in_tmp, server):
+def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(
+    slurm, in_tmp, server
+):
     """The issue's "done when": `vapo-lab ablate --table1 --seeds 1 --launcher slurm` with a few steps."""
     overrides = [*SMALL, *SLURM, f"tracking.uri={server.url}"]
-    sub = run_grid(load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print)
+    sub = run_grid(
+        load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print
+    )
     assert len(sub.submitted) == 10 and set(sub.results.values()) == {"finished"}
     assert "prepare" in sub.job_ids
     assert len({sub.job_ids[k].split("_")[0] for k in sub.submitted}) == 1  # one job array
@@ -67,11 +70,17 @@ def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_not
     jobs = {r["cell"]: r for r in grid_table(sub.grid_dir)}
     assert all(r["state"].startswith("finished") and r["job_id"] for r in jobs.values())
 
-    before = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
-    again = run_grid(load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print)
+    before = subprocess.run(
+        ["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True
+    ).stdout.split()
+    again = run_grid(
+        load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print
+    )
     assert again.submitted == [] and sorted(again.skipped_finished) == sorted(sub.submitted)
     assert "prepare" not in again.job_ids
-    after = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
+    after = subprocess.run(
+        ["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True
+    ).stdout.split()
     assert after == before  # not a single new job
     assert len(client.search_runs([exp.experiment_id])) == len(runs)
 
@@ -120,19 +129,40 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
 def test_unknown_partition_fails_in_one_line_before_submitting(slurm, in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:1]
-    with pytest.raises(LaunchError, match=r"unknown Slurm partition launcher.slurm.partition='nope': this "
-                                          r"cluster has debug; nothing was submitted"):
-        run_grid(grid, [*SMALL, *SLURM, "launcher.slurm.partition=nope"], "slurm", False, True, log=print,
-                 out=print)
+    with pytest.raises(
+        LaunchError,
+        match=r"unknown Slurm partition launcher.slurm.partition='nope': this "
+        r"cluster has debug; nothing was submitted",
+    ):
+        run_grid(
+            grid,
+            [*SMALL, *SLURM, "launcher.slurm.partition=nope"],
+            "slurm",
+            False,
+            True,
+            log=print,
+            out=print,
+        )
 
 
 def test_rejected_sbatch_reports_what_was_submitted(slurm, in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:2]
-    with pytest.raises(LaunchError, match=r"sbatch refused the grid's prepare job: .*; submitted: none of 2 cells"):
-        run_grid(grid, [*SMALL, *SLURM, "launcher.slurm.mem_gb=100000"], "slurm", False, True, log=print,
-                 out=print)
+    with pytest.raises(
+        LaunchError, match=r"sbatch refused the grid's prepare job: .*; submitted: none of 2 cells"
+    ):
+        run_grid(
+            grid,
+            [*SMALL, *SLURM, "launcher.slurm.mem_gb=100000"],
+            "slurm",
+            False,
+            True,
+            log=print,
+            out=print,
+        )
     grid_dir = find_grid("runs", None)
     # nothing ran: each cell says why, not "pending" for ever (resubmitting starts them afresh)
-    assert all(r["state"].startswith("failed: launch failed: sbatch refused") and not r["job_id"]
-               for r in grid_table(grid_dir))
+    assert all(
+        r["state"].startswith("failed: launch failed: sbatch refused") and not r["job_id"]
+        for r in grid_table(grid_dir)
+    )

@@ -28,8 +28,17 @@ from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 from vapo_lab.models.value import ValueModel
 
 # h 8, L 2, 2 query heads and 1 kv head of d 4, SwiGLU width 16, 10 tokens
-SMALL = Shape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
-              vocab_size=10, tie_word_embeddings=True, max_position_embeddings=64)
+SMALL = Shape(
+    hidden_size=8,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    vocab_size=10,
+    tie_word_embeddings=True,
+    max_position_embeddings=64,
+)
 
 
 def _count(module: torch.nn.Module) -> int:
@@ -52,8 +61,16 @@ def test_parameter_counts_of_a_small_shape_by_hand():
 @pytest.mark.parametrize("head_dim", [None, 6])
 def test_counts_equal_a_real_qwen2_built_from_its_config(tied, head_dim):
     extra = {"head_dim": head_dim} if head_dim else {}
-    config = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied, **extra)
+    config = Qwen2Config(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        **extra,
+    )
     shape = Shape.from_hf_config(config.to_dict())
     assert shape.head_dim == (head_dim or 4) and shape.qkv_bias
     torch.manual_seed(0)
@@ -71,7 +88,9 @@ def test_the_embedded_model_has_the_count_the_plan_gives():
 
     shape, _ = model_shape(compose_config().cfg)
     model = build_tiny_model(build_tokenizer(ArithTask(seed=0, n_train=4, n_eval=4).vocabulary()))
-    assert _count(model) == actor_params(shape) == 1_101_312  # "1.10M in all" (vapo_lab/models/tiny.py)
+    assert (
+        _count(model) == actor_params(shape) == 1_101_312
+    )  # "1.10M in all" (vapo_lab/models/tiny.py)
     assert shape.vocab_size == model.config.vocab_size == 2827
 
 
@@ -94,9 +113,17 @@ def test_qwen25_counts_match_the_published_figures():
 
 
 def test_read_shape_reads_a_local_config_json(tmp_path):
-    config = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40,
-              "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
-              "max_position_embeddings": 131072, "tie_word_embeddings": False}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 5120,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "intermediate_size": 27648,
+        "vocab_size": 152064,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert read_shape(tmp_path) == KNOWN_ARCHS["Qwen2.5-32B"]
     with pytest.raises(ConfigError, match="no config.json"):
@@ -133,9 +160,21 @@ def test_kv_cache_by_hand():
 
 
 # -- a run ---------------------------------------------------------------------------------------
-PAPER = Setup(world=128, strategy="fsdp", dtype="bfloat16", micro_tokens=8 * 20992, responses_per_step=8192,
-              prompt_tokens=512, max_new_tokens=20480, gradient_checkpointing=True, mini_batch_size=512,
-              engine="vllm", tensor_parallel_size=1, engine_memory=0.5 * 80e9, logprob_chunk=441)
+PAPER = Setup(
+    world=128,
+    strategy="fsdp",
+    dtype="bfloat16",
+    micro_tokens=8 * 20992,
+    responses_per_step=8192,
+    prompt_tokens=512,
+    max_new_tokens=20480,
+    gradient_checkpointing=True,
+    mini_batch_size=512,
+    engine="vllm",
+    tensor_parallel_size=1,
+    engine_memory=0.5 * 80e9,
+    logprob_chunk=441,
+)
 
 
 def test_paper_setup_adds_up():
@@ -147,16 +186,22 @@ def test_paper_setup_adds_up():
     # a mini-batch is a random draw of 512 of the 8192 responses: a rank's share averages 4 but can
     # reach all its 64, so a pass can fill its whole budget of 8 x 20,992 tokens
     assert fp.pass_tokens == 167_936 and fp.micro_batch == 8
-    assert (fp.weights, fp.gradients, fp.optimizer) == (4 * trained / 128, 4 * trained / 128, 8 * trained / 128)
+    assert (fp.weights, fp.gradients, fp.optimizer) == (
+        4 * trained / 128,
+        4 * trained / 128,
+        8 * trained / 128,
+    )
     assert fp.state == 16 * trained / 128
     # the pass's response tokens 8 x 20,480 = 163,840 through the chunked LM head
     assert fp.logprob == chunked_logprob_bytes(163_840, 152064, 5120, 441, 2) == 6_754_110_464
     # a pass: 8 rows of 512 + 20,480 tokens, checkpointed, bf16 copies of the shards (FSDP2's "cast"):
     # the tensors autograd keeps (qwen2_pass_activation_bytes, by hand in tests/bench/test_plan_check.py)
-    assert fp.actor_activations == qwen2_pass_activation_bytes(q32, 8, 512, 20480, True, "lm", 2, False, "packed",
-                                                              441, "cast")
-    assert fp.critic_activations == qwen2_pass_activation_bytes(q32, 8, 512, 20480, True, "value", 2, False,
-                                                               "packed", 441, "cast")
+    assert fp.actor_activations == qwen2_pass_activation_bytes(
+        q32, 8, 512, 20480, True, "lm", 2, False, "packed", 441, "cast"
+    )
+    assert fp.critic_activations == qwen2_pass_activation_bytes(
+        q32, 8, 512, 20480, True, "value", 2, False, "packed", 441, "cast"
+    )
     assert fp.actor_activations > fp.logprob
     layer = layer_params(q32)
     assert fp.gathered == (32_763_876_352 - 64 * layer + 2 * layer) * 2
@@ -192,8 +237,16 @@ def test_smallest_world_is_the_first_divisor_that_fits():
 
 def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     tiny = replace(SMALL, max_position_embeddings=4096)
-    setup = Setup(world=2, strategy="fsdp", dtype="float32", micro_tokens=4 * 500, responses_per_step=600,
-                  prompt_tokens=100, max_new_tokens=400, gradient_checkpointing=False)
+    setup = Setup(
+        world=2,
+        strategy="fsdp",
+        dtype="float32",
+        micro_tokens=4 * 500,
+        responses_per_step=600,
+        prompt_tokens=100,
+        max_new_tokens=400,
+        gradient_checkpointing=False,
+    )
     fp = estimate(tiny, setup)
     assert fp.replica == 4 * actor_params(tiny)
     # 300 responses a rank; the sampler decodes at most 256 rows at once

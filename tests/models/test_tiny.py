@@ -62,7 +62,11 @@ def test_position_matching_head_attends_to_the_same_column(tokenizer, task):
         attention = model(torch.tensor([ids]), output_attentions=True).attentions[0][0, 0]
     for column in (2, 17, 29):
         query = tokens.index(f"c{column}_{task.trace(problem).split(f' c{column}_')[1][0]}")
-        same = [i for i, t in enumerate(tokens[: query + 1]) if t[:1] in "xyzc" and t[1:].split("_")[0] == str(column)]
+        same = [
+            i
+            for i, t in enumerate(tokens[: query + 1])
+            if t[:1] in "xyzc" and t[1:].split("_")[0] == str(column)
+        ]
         assert attention[query, same].sum() > 0.8, (column, attention[query, same])
 
 

@@ -21,7 +21,9 @@ def _rows(lengths):
 
 def _cost(rows, idx):
     """The tokens of the layout a pass runs ``idx`` in: rows x (longest prompt + longest response)."""
-    return len(idx) * int(rows.prompt_mask[idx].sum(-1).max() + rows.response_mask[idx].sum(-1).max())
+    return len(idx) * int(
+        rows.prompt_mask[idx].sum(-1).max() + rows.response_mask[idx].sum(-1).max()
+    )
 
 
 def test_rows_that_fit_are_one_micro_batch_in_their_order():
@@ -70,7 +72,9 @@ def test_batched_log_probs_are_the_same_whatever_the_split():
     one = batched_logprobs(policy, rows, [torch.arange(16)], 1.0)
     split = batched_logprobs(policy, rows, token_micro_batches(torch.arange(16), rows, 30), 1.0)
     assert one.dtype == torch.float64
-    torch.testing.assert_close(split * rows.response_mask, one * rows.response_mask, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        split * rows.response_mask, one * rows.response_mask, rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("preset", ["vapo", "grpo"])
@@ -80,25 +84,45 @@ def test_the_update_is_the_same_with_many_micro_batches_as_with_one(preset):
     torch.set_default_dtype(torch.float64)
     try:
         results = []
-        for budget in (10 ** 9, 30):
+        for budget in (10**9, 30):
             cfg = config(preset)
             cfg.trainer.max_tokens_per_micro_batch = budget
             policy, critic = models()
             rows, scores = global_batch(16)
-            batch = Batch(rows=rows, problems=[None] * 16, scores=scores, correct=scores > 0,
-                          lengths=rows.response_mask.sum(-1), truncated=torch.zeros(16, dtype=torch.bool),
-                          old_logprobs=batched_logprobs(policy, rows, [torch.arange(16)], 1.0) - 0.05)
-            batch.advantages = torch.randn(rows.response_ids.shape, generator=torch.Generator().manual_seed(3))
+            batch = Batch(
+                rows=rows,
+                problems=[None] * 16,
+                scores=scores,
+                correct=scores > 0,
+                lengths=rows.response_mask.sum(-1),
+                truncated=torch.zeros(16, dtype=torch.bool),
+                old_logprobs=batched_logprobs(policy, rows, [torch.arange(16)], 1.0) - 0.05,
+            )
+            batch.advantages = torch.randn(
+                rows.response_ids.shape, generator=torch.Generator().manual_seed(3)
+            )
             batch.values = torch.zeros(rows.response_ids.shape)
             batch.returns = batch.advantages.clone()
             sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731
-            up = Updater(cfg, policy, critic, None, sgd(policy), sgd(critic), torch.Generator().manual_seed(1))
+            up = Updater(
+                cfg,
+                policy,
+                critic,
+                None,
+                sgd(policy),
+                sgd(critic),
+                torch.Generator().manual_seed(1),
+            )
             if budget == 30:  # (a twin's mini-batches: drawing them advances the generator)
-                twin = Updater(cfg, policy, critic, None, None, None, torch.Generator().manual_seed(1))
+                twin = Updater(
+                    cfg, policy, critic, None, None, None, torch.Generator().manual_seed(1)
+                )
                 assert min(len(twin.micro(mb, rows)) for mb, _ in twin.minibatches(16)) > 2
             up.actor_update(batch, 0)
             up.critic_update(batch, 0)
-            results.append(copy.deepcopy([p.detach() for m in (policy, critic) for p in m.parameters()]))
+            results.append(
+                copy.deepcopy([p.detach() for m in (policy, critic) for p in m.parameters()])
+            )
         for a, b in zip(*results):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     finally:

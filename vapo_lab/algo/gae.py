@@ -175,7 +175,11 @@ def gae(
     else:
         advantages, returns = out
         for name, tensor in (("advantages", advantages), ("returns", returns)):
-            if tensor.shape != (batch, length) or tensor.dtype != out_dtype or tensor.device != device:
+            if (
+                tensor.shape != (batch, length)
+                or tensor.dtype != out_dtype
+                or tensor.device != device
+            ):
                 raise ValueError(
                     f"out's {name} is {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}; gae "
                     f"writes ({batch}, {length}) {out_dtype} on {device}. Pass matching tensors or "
@@ -213,8 +217,15 @@ def gae(
 
 
 def _gae_on_cpu(
-    kernel, rewards: Tensor, values: Tensor, mask: Tensor, coef: Tensor, gamma: float,
-    dtype: torch.dtype, advantages: Tensor, returns: Tensor,
+    kernel,
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    coef: Tensor,
+    gamma: float,
+    dtype: torch.dtype,
+    advantages: Tensor,
+    returns: Tensor,
 ) -> None:
     """Runs the compiled CPU scan (`gae_cpu.scan_kernel`) in `dtype` into advantages and returns.
 
@@ -234,8 +245,13 @@ def _gae_on_cpu(
     adv = advantages if direct[0] else torch.empty_like(values)
     ret = returns if direct[1] else torch.empty_like(values)
     bad_row = kernel(
-        rewards.numpy(), values.numpy(), mask.contiguous().numpy(), coef.numpy(),
-        coef.numpy().dtype.type(gamma), adv.numpy(), ret.numpy(),
+        rewards.numpy(),
+        values.numpy(),
+        mask.contiguous().numpy(),
+        coef.numpy(),
+        coef.numpy().dtype.type(gamma),
+        adv.numpy(),
+        ret.numpy(),
     )
     if bad_row >= 0:
         raise ValueError(

@@ -73,7 +73,9 @@ def base_config(**overrides: Any) -> dict[str, Any]:
     config = dict(DEFAULTS)
     unknown = sorted(set(overrides) - set(config))
     if unknown:
-        raise ConfigError(f"unknown base-model options {unknown} (model.base.*): valid are {sorted(config)}")
+        raise ConfigError(
+            f"unknown base-model options {unknown} (model.base.*): valid are {sorted(config)}"
+        )
     config.update(overrides)
     return config
 
@@ -138,17 +140,30 @@ def build_base(
     config = base_config(**options)
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     path = root / config_hash(config)
-    found = None if force else find_entry(path.name, "base model", root, shipped_dir and Path(shipped_dir), log)
+    found = (
+        None
+        if force
+        else find_entry(path.name, "base model", root, shipped_dir and Path(shipped_dir), log)
+    )
     if found is not None:
         meta = json.loads((found[0] / META_FILE).read_text())
-        return BaseModel(path=found[0], config=meta["config"], metrics=meta["metrics"], cached=True,
-                         shipped=found[1])
+        return BaseModel(
+            path=found[0],
+            config=meta["config"],
+            metrics=meta["metrics"],
+            cached=True,
+            shipped=found[1],
+        )
 
     build_start = time.perf_counter()
-    with _threads(num_threads), (progress() if progress is not None else nullcontext()) as bar:
+    with _threads(num_threads), progress() if progress is not None else nullcontext() as bar:
         task = ArithTask(
-            config["task_seed"], config["n_train"], config["n_eval"], min_digits=config["min_digits"],
-            max_digits=config["max_digits"], length_exponent=config["length_exponent"],
+            config["task_seed"],
+            config["n_train"],
+            config["n_eval"],
+            min_digits=config["min_digits"],
+            max_digits=config["max_digits"],
+            length_exponent=config["length_exponent"],
             readout=config["readout"],
         )
         tokenizer = build_tokenizer(task.vocabulary())
@@ -168,7 +183,9 @@ def build_base(
         final_loss = pretrain(model, tokenizer, task, config, bar)
         train_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        accuracy = measure_accuracy(model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar)
+        accuracy = measure_accuracy(
+            model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar
+        )
         eval_seconds = time.perf_counter() - start
 
     lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in task.train + task.eval]  # + eos
@@ -239,24 +256,49 @@ def base_options_for(cfg: DictConfig) -> dict[str, Any]:
         ConfigError: ``cfg`` has no base model to build (not model=tiny on task=arith).
     """
     if cfg.model.name != "tiny":
-        raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
-                          "has a base model to build")
+        raise ConfigError(
+            f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
+            "has a base model to build"
+        )
     if cfg.task.name != "arith":
-        raise ConfigError(f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
-                          "use task=arith, or a real model (model=hf model.path=...) for other tasks")
+        raise ConfigError(
+            f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
+            "use task=arith, or a real model (model=hf model.path=...) for other tasks"
+        )
     arch, opts = cfg.model.arch, dict(cfg.task.options)
     return dict(
-        task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
-        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent", "readout") if k in opts},
-        hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
-        num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
-        max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))
+        task_seed=int(cfg.task.seed),
+        n_train=int(cfg.task.n_train),
+        n_eval=int(cfg.task.n_eval),
+        **{
+            k: opts[k]
+            for k in ("min_digits", "max_digits", "length_exponent", "readout")
+            if k in opts
+        },
+        hidden_size=int(arch.hidden_size),
+        num_layers=int(arch.num_layers),
+        num_heads=int(arch.num_heads),
+        num_kv_heads=int(arch.num_kv_heads),
+        intermediate_size=int(arch.intermediate_size),
+        max_position_embeddings=int(arch.max_position_embeddings),
+        **OmegaConf.to_container(cfg.model.base),
+    )
 
 
-def build_base_for(cfg: DictConfig, progress: ProgressFactory | None, force: bool = False,
-                   log: Callable[[str], None] | None = None) -> BaseModel:
+def build_base_for(
+    cfg: DictConfig,
+    progress: ProgressFactory | None,
+    force: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> BaseModel:
     """Returns the embedded default's base model for ``cfg`` (a ``BaseModel``), building it on first
     use (``progress``: see :func:`build_base`); the cache key covers the task, ``model.arch`` and
     ``model.base`` (:func:`base_options_for`)."""
-    return build_base(cache_dir=DEFAULT_CACHE_DIR, progress=progress, num_threads=cfg.trainer.threads, force=force,
-                      log=log, **base_options_for(cfg))
+    return build_base(
+        cache_dir=DEFAULT_CACHE_DIR,
+        progress=progress,
+        num_threads=cfg.trainer.threads,
+        force=force,
+        log=log,
+        **base_options_for(cfg),
+    )

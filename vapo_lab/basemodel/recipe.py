@@ -99,14 +99,17 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Any
     bucketed by length (8 batches' worth sorted together) to cut padding.
     """
     rng = random.Random(f"vapo-lab/base/{config['seed']}")
-    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=config["bug_sums"])
+    noise = TraceNoise(
+        bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=config["bug_sums"]
+    )
     prompt_ids = [tokenizer(p.prompt).input_ids for p in task.train]
     steps, batch_size = config["steps"], config["batch_size"]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config["lr"], betas=(0.9, 0.95), weight_decay=config["weight_decay"]
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: _warmup_cosine(s, steps, config["warmup_steps"], config["min_lr_ratio"])
+        optimizer,
+        lambda s: _warmup_cosine(s, steps, config["warmup_steps"], config["min_lr_ratio"]),
     )
     task_id = bar.add_task("pre-training base", total=steps, info="") if bar else None
     model.train()
@@ -133,13 +136,19 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Any
             tokens += int((labels != -100).sum())
             if bar:
                 rate = tokens / (time.perf_counter() - start)
-                bar.update(task_id, advance=1, info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f} · {rate:,.0f} tok/s")
+                bar.update(
+                    task_id,
+                    advance=1,
+                    info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f} · {rate:,.0f} tok/s",
+                )
     model.eval()
     tail = losses[-50:]
     return sum(tail) / len(tail)
 
 
-def _response_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+def _response_loss(
+    model, input_ids: torch.Tensor, labels: torch.Tensor, pad_id: int
+) -> torch.Tensor:
     """Returns the mean next-token cross-entropy over the labelled (response and eos) positions.
 
     The output layer runs on those positions only: over the prompt and padding its 2823-way
@@ -160,15 +169,21 @@ def _warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> floa
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _bucketed_batches(rng: random.Random, n: int, batch_size: int, prompt_ids: list[list[int]]) -> list[list[int]]:
+def _bucketed_batches(
+    rng: random.Random, n: int, batch_size: int, prompt_ids: list[list[int]]
+) -> list[list[int]]:
     """Returns 8 batches of random problem indices (< n), each of similar length, in random order."""
-    pool = sorted((rng.randrange(n) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i]))
+    pool = sorted(
+        (rng.randrange(n) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i])
+    )
     batches = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
     rng.shuffle(batches)
     return batches
 
 
-def _collate(prompts: list[list[int]], responses: list[list[int]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def _collate(
+    prompts: list[list[int]], responses: list[list[int]], tokenizer
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns right-padded (input_ids, labels); labels are -100 on prompt and padding."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     rows = [p + r + [eos] for p, r in zip(prompts, responses)]
@@ -183,8 +198,14 @@ def _collate(prompts: list[list[int]], responses: list[list[int]], tokenizer) ->
 
 @torch.no_grad()
 def measure_accuracy(
-    model, tokenizer, task: ArithTask, problems: list[Problem], samples: int, seed: int,
-    bar: Any = None, batch_size: int = 64,
+    model,
+    tokenizer,
+    task: ArithTask,
+    problems: list[Problem],
+    samples: int,
+    seed: int,
+    bar: Any = None,
+    batch_size: int = 64,
 ) -> dict[str, dict[str, float]]:
     """Returns accuracy ("greedy" and "t1", temperature 1 over ``samples`` draws) by digit bucket.
 
@@ -193,21 +214,32 @@ def measure_accuracy(
     """
     order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    task_id = bar.add_task("measuring accuracy", total=len(batches) * (1 + samples), info="",
-                           unit="batch") if bar else None
+    task_id = (
+        bar.add_task(
+            "measuring accuracy", total=len(batches) * (1 + samples), info="", unit="batch"
+        )
+        if bar
+        else None
+    )
     correct = {"greedy": [0.0] * len(problems), "t1": [0.0] * len(problems)}
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for index in batches:
-                enc = tokenizer([problems[i].prompt for i in index], return_tensors="pt", padding=True)
+                enc = tokenizer(
+                    [problems[i].prompt for i in index], return_tensors="pt", padding=True
+                )
                 longest = max(problems[i].meta["n_digits"] for i in index)
                 for mode, repeats in (("greedy", 1), ("t1", samples)):
                     for _ in range(repeats):
                         # sampling: plain temperature 1 (transformers 5 applies no top-k/top-p
                         # unless asked), the setting of the trainer's avg@k evaluation
-                        sampling = {"do_sample": True, "temperature": 1.0} if mode == "t1" else {"do_sample": False}
+                        sampling = (
+                            {"do_sample": True, "temperature": 1.0}
+                            if mode == "t1"
+                            else {"do_sample": False}
+                        )
                         out = model.generate(
                             **enc,
                             **sampling,
@@ -215,7 +247,9 @@ def measure_accuracy(
                             pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id,
                         )
-                        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+                        texts = tokenizer.batch_decode(
+                            out[:, enc.input_ids.shape[1] :], skip_special_tokens=True
+                        )
                         for i, text in zip(index, texts):
                             correct[mode][i] += task.verify(text, problems[i]) / repeats
                         if bar:
@@ -230,4 +264,3 @@ def measure_accuracy(
             if bucket:
                 result[mode][f"{lo}-{hi}"] = round(sum(bucket) / len(bucket), 4)
     return result
-

@@ -90,7 +90,9 @@ def _benchmark_batch(
     return rewards, values, mask, lam
 
 
-def memory_floor(rewards: Tensor, values: Tensor, response_mask: Tensor, out: tuple[Tensor, Tensor]) -> None:
+def memory_floor(
+    rewards: Tensor, values: Tensor, response_mask: Tensor, out: tuple[Tensor, Tensor]
+) -> None:
     """The least work any GAE must do: read rewards, values and the mask once, write two (B, T) outputs.
 
     Done with torch's cheapest streaming ops, so that the time is memory traffic and nothing else:
@@ -173,7 +175,9 @@ def run_gae_benchmark(
             out = (torch.empty_like(values), torch.empty_like(values))
 
             def new_floor() -> None:
-                memory_floor(rewards, values, mask, (torch.empty_like(values), torch.empty_like(values)))
+                memory_floor(
+                    rewards, values, mask, (torch.empty_like(values), torch.empty_like(values))
+                )
 
             ms = _interleaved_medians(
                 {
@@ -185,7 +189,9 @@ def run_gae_benchmark(
                 },
                 repeats,
             )
-            loop_ms = _interleaved_medians({"loop": functools.partial(gae_loop, *args)}, repeats)["loop"]
+            loop_ms = _interleaved_medians({"loop": functools.partial(gae_loop, *args)}, repeats)[
+                "loop"
+            ]
             rows.append(
                 {
                     "B": batch,
@@ -214,8 +220,10 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     for part in text.split(","):
         b, sep, t = part.strip().lower().partition("x")
         if not sep or not b.isdigit() or not t.isdigit() or int(b) < 1 or int(t) < 1:
-            raise ConfigError(f"--shapes {text!r}: {part.strip()!r} is not BxT with positive integers, "
-                              "e.g. --shapes 512x4096,8192x1024")
+            raise ConfigError(
+                f"--shapes {text!r}: {part.strip()!r} is not BxT with positive integers, "
+                "e.g. --shapes 512x4096,8192x1024"
+            )
         shapes.append((int(b), int(t)))
     return shapes
 
@@ -235,7 +243,8 @@ def format_gae_benchmark(rows: Sequence[dict[str, float | int | str]]) -> str:
         )
     scan = rows[0]["scan"] if rows else "compiled"
     lines += [
-        f"gae: its {scan} scan" + (" (numba is not importable: the torch scan)" if scan == "torch" else "")
+        f"gae: its {scan} scan"
+        + (" (numba is not importable: the torch scan)" if scan == "torch" else "")
         + ", into preallocated outputs (out=); torch scan: the same call with scan='torch' (the code "
         "before the compiled CPU scan); loop: the reverse-time loop over steps; speedup = loop / gae",
         "floor: reading rewards, values and the mask once and writing two (B, T) outputs, no scan "

@@ -48,8 +48,9 @@ def _median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), out
 
 
-def build_bench_model(hidden_size: int = 128, num_layers: int = 4, intermediate_size: int = 352,
-                      max_digits: int = 40) -> tuple[Any, Any, Any]:
+def build_bench_model(
+    hidden_size: int = 128, num_layers: int = 4, intermediate_size: int = 352, max_digits: int = 40
+) -> tuple[Any, Any, Any]:
     """Returns (tiny Qwen2 model, its tokenizer, the arith task) at the embedded default's shape."""
     from vapo_lab.models.tiny import build_tiny_model
     from vapo_lab.models.tokenizer import build_tokenizer
@@ -57,14 +58,26 @@ def build_bench_model(hidden_size: int = 128, num_layers: int = 4, intermediate_
 
     task = ArithTask(seed=0, n_train=0, n_eval=256, max_digits=max_digits)
     tokenizer = build_tokenizer(task.vocabulary())
-    model = build_tiny_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers,
-                             intermediate_size=intermediate_size).eval()
+    model = build_tiny_model(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        intermediate_size=intermediate_size,
+    ).eval()
     return model, tokenizer, task
 
 
-def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: int = 128, repeats: int = 3,
-                           threads: int | None = 1, seed: int = 0, hidden_size: int = 128, num_layers: int = 4,
-                           intermediate_size: int = 352) -> dict[str, Any]:
+def run_generate_benchmark(
+    prompts: int = 8,
+    samples: int = 8,
+    max_new_tokens: int = 128,
+    repeats: int = 3,
+    threads: int | None = 1,
+    seed: int = 0,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    intermediate_size: int = 352,
+) -> dict[str, Any]:
     """Returns the timings of the built-in sampler and HF ``generate`` on one batch, and their ratio.
 
     Args:
@@ -85,8 +98,12 @@ def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: i
         ConfigError: a size below 1.
         RuntimeError: an engine did not generate exactly ``max_new_tokens`` tokens per row.
     """
-    for name, value in (("prompts", prompts), ("samples", samples), ("max_new_tokens", max_new_tokens),
-                        ("repeats", repeats)):
+    for name, value in (
+        ("prompts", prompts),
+        ("samples", samples),
+        ("max_new_tokens", max_new_tokens),
+        ("repeats", repeats),
+    ):
         if value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= 1")
     from transformers import GenerationConfig
@@ -106,43 +123,79 @@ def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: i
 
         def ours() -> int:
             g = torch.Generator().manual_seed(seed)
-            s = sample(model, ids, n=samples, max_new_tokens=max_new_tokens, temperature=TEMPERATURE,
-                       top_p=TOP_P, eos_id=no_eos, pad_id=pad, generator=g, max_batch=max(256, rows))
+            s = sample(
+                model,
+                ids,
+                n=samples,
+                max_new_tokens=max_new_tokens,
+                temperature=TEMPERATURE,
+                top_p=TOP_P,
+                eos_id=no_eos,
+                pad_id=pad,
+                generator=g,
+                max_batch=max(256, rows),
+            )
             return int(s.lengths.sum())
 
         width = max(len(x) for x in ids)
         input_ids = torch.full((prompts, width), pad, dtype=torch.long)
         attention = torch.zeros(prompts, width, dtype=torch.long)
         for i, x in enumerate(ids):
-            input_ids[i, width - len(x):] = torch.tensor(x)
-            attention[i, width - len(x):] = 1
+            input_ids[i, width - len(x) :] = torch.tensor(x)
+            attention[i, width - len(x) :] = 1
         # top_k=0: HF's default top_k=50 would otherwise cut the vocabulary before top-p (less work,
         # and another distribution than ours)
-        config = GenerationConfig(do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, top_k=0,
-                                  max_new_tokens=max_new_tokens, num_return_sequences=samples,
-                                  eos_token_id=None, pad_token_id=pad, bos_token_id=None)
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=TEMPERATURE,
+            top_p=TOP_P,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=samples,
+            eos_token_id=None,
+            pad_token_id=pad,
+            bos_token_id=None,
+        )
         model.generation_config.eos_token_id = None
 
         def hf() -> int:
             torch.manual_seed(seed)
             with torch.no_grad():
-                out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+                out = model.generate(
+                    input_ids=input_ids, attention_mask=attention, generation_config=config
+                )
             return int(out.shape[0] * (out.shape[1] - width))
 
         engines = []
         for name, fn in (("built-in sampler", ours), ("HF generate", hf)):
             seconds, tokens = _median_s(fn, repeats)
             if tokens != rows * max_new_tokens:
-                raise RuntimeError(f"{name} generated {tokens} tokens, not {rows} rows x {max_new_tokens}: "
-                                   "the comparison would be unfair")
-            engines.append({"engine": name, "seconds": seconds, "samples_per_s": rows / seconds,
-                            "tokens_per_s": tokens / seconds})
+                raise RuntimeError(
+                    f"{name} generated {tokens} tokens, not {rows} rows x {max_new_tokens}: "
+                    "the comparison would be unfair"
+                )
+            engines.append(
+                {
+                    "engine": name,
+                    "seconds": seconds,
+                    "samples_per_s": rows / seconds,
+                    "tokens_per_s": tokens / seconds,
+                }
+            )
         ratio = engines[0]["tokens_per_s"] / engines[1]["tokens_per_s"]
-        return {"rows": rows, "prompts": prompts, "samples": samples, "max_new_tokens": max_new_tokens,
-                "prompt_tokens": sum(map(len, ids)) / len(ids), "threads": torch.get_num_threads(),
-                "repeats": repeats, "n_params": sum(p.numel() for p in model.parameters()), "engines": engines,
-                "ratio_tokens_per_s": ratio,
-                "ratio_samples_per_s": engines[0]["samples_per_s"] / engines[1]["samples_per_s"]}
+        return {
+            "rows": rows,
+            "prompts": prompts,
+            "samples": samples,
+            "max_new_tokens": max_new_tokens,
+            "prompt_tokens": sum(map(len, ids)) / len(ids),
+            "threads": torch.get_num_threads(),
+            "repeats": repeats,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "engines": engines,
+            "ratio_tokens_per_s": ratio,
+            "ratio_samples_per_s": engines[0]["samples_per_s"] / engines[1]["samples_per_s"],
+        }
     finally:
         torch.set_num_threads(previous)
 
@@ -150,15 +203,23 @@ def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: i
 def format_generate_benchmark(result: dict[str, Any]) -> str:
     """Returns the plain-text report of ``run_generate_benchmark``: settings, one line per engine, the ratio."""
     r = result
-    lines = [(f"tiny Qwen2 ({r['n_params'] / 1e6:.2f}M params, float32, CPU, {r['threads']} threads); "
-             f"{r['prompts']} prompts x {r['samples']} samples = {r['rows']} rows, prompts {r['prompt_tokens']:.0f} "
-             f"tokens on average; exactly {r['max_new_tokens']} new tokens per row (eos disabled in both); "
-             f"temperature {TEMPERATURE}, top_p {TOP_P}; median of {r['repeats']} runs after a warm-up"),
-             f"{'engine':<18} {'seconds':>9} {'samples/s':>10} {'tokens/s':>10}"]
+    lines = [
+        (
+            f"tiny Qwen2 ({r['n_params'] / 1e6:.2f}M params, float32, CPU, {r['threads']} threads); "
+            f"{r['prompts']} prompts x {r['samples']} samples = {r['rows']} rows, prompts {r['prompt_tokens']:.0f} "
+            f"tokens on average; exactly {r['max_new_tokens']} new tokens per row (eos disabled in both); "
+            f"temperature {TEMPERATURE}, top_p {TOP_P}; median of {r['repeats']} runs after a warm-up"
+        ),
+        f"{'engine':<18} {'seconds':>9} {'samples/s':>10} {'tokens/s':>10}",
+    ]
     for e in r["engines"]:
-        lines.append(f"{e['engine']:<18} {e['seconds']:>9.3f} {e['samples_per_s']:>10.1f} {e['tokens_per_s']:>10.0f}")
-    lines.append(f"ratio built-in / HF generate: {r['ratio_tokens_per_s']:.2f}x tokens/s "
-                 f"({r['ratio_samples_per_s']:.2f}x samples/s)")
+        lines.append(
+            f"{e['engine']:<18} {e['seconds']:>9.3f} {e['samples_per_s']:>10.1f} {e['tokens_per_s']:>10.0f}"
+        )
+    lines.append(
+        f"ratio built-in / HF generate: {r['ratio_tokens_per_s']:.2f}x tokens/s "
+        f"({r['ratio_samples_per_s']:.2f}x samples/s)"
+    )
     return "\n".join(lines)
 
 

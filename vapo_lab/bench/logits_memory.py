@@ -38,7 +38,11 @@ import time
 
 import torch
 
-from vapo_lab.algo.lm import default_chunk_tokens, head_logprobs_and_entropy, token_logprobs_and_entropy
+from vapo_lab.algo.lm import (
+    default_chunk_tokens,
+    head_logprobs_and_entropy,
+    token_logprobs_and_entropy,
+)
 from vapo_lab.models.activations import chunked_logprob_bytes
 
 CASES = ("unchunked", "chunked")
@@ -78,8 +82,9 @@ def unchunked_need(tokens: int, vocab: int, hidden: int) -> float:
     return 4.5 * 4 * tokens * vocab + 8 * vocab * hidden
 
 
-def _unchunked_forward(head: torch.nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor,
-                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _unchunked_forward(
+    head: torch.nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``_policy_forward``'s packed path from the hidden states on: lm_head, wide, /τ, log-softmax."""
     logits = head(hidden)
     logits = logits.float() if logits.element_size() < 4 else logits  # vapo_lab.models.value.wide
@@ -88,25 +93,40 @@ def _unchunked_forward(head: torch.nn.Linear, hidden: torch.Tensor, tokens: torc
     return token_logprobs_and_entropy(logits, tokens, False)
 
 
-def _pass(case: str, head: torch.nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor, chunk: int,
-          temperature: float) -> None:
+def _pass(
+    case: str,
+    head: torch.nn.Linear,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    chunk: int,
+    temperature: float,
+) -> None:
     """One forward (under bf16 autocast) + backward (outside it) of ``case``, loss Σ log π."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
         if case == "unchunked":
             logprobs, entropy = _unchunked_forward(head, hidden, tokens, temperature)
         else:
-            logprobs, entropy = head_logprobs_and_entropy(hidden, head.weight, tokens, temperature=temperature,
-                                                          with_entropy=True, entropy_grad=False,
-                                                          chunk_tokens=chunk)
+            logprobs, entropy = head_logprobs_and_entropy(
+                hidden,
+                head.weight,
+                tokens,
+                temperature=temperature,
+                with_entropy=True,
+                entropy_grad=False,
+                chunk_tokens=chunk,
+            )
     assert entropy is not None
     logprobs.sum().backward()
 
 
-def measure_case(case: str, tokens: int, vocab: int, hidden: int, chunk: int, temperature: float,
-                 seed: int) -> dict:
+def measure_case(
+    case: str, tokens: int, vocab: int, hidden: int, chunk: int, temperature: float, seed: int
+) -> dict:
     """Runs one pass of ``case`` in this process and returns its measurements (see the module docstring)."""
     torch.manual_seed(seed)
-    head = torch.nn.Linear(hidden, vocab, bias=False)  # float32 master weights, initialised in place
+    head = torch.nn.Linear(
+        hidden, vocab, bias=False
+    )  # float32 master weights, initialised in place
     h = torch.empty(tokens, hidden, dtype=torch.bfloat16).normal_().requires_grad_(True)
     y = torch.randint(0, vocab, (tokens,))
     warm = min(tokens, chunk)
@@ -120,14 +140,32 @@ def measure_case(case: str, tokens: int, vocab: int, hidden: int, chunk: int, te
     seconds = time.perf_counter() - start
     after = _status_bytes("VmHWM")
     assert head.weight.grad is not None and h.grad is not None
-    return {"case": case, "tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk": chunk,
-            "temperature": temperature, "rss_before": before, "hwm_after": after, "peak_bytes": after - before,
-            "seconds": seconds, "threads": torch.get_num_threads()}
+    return {
+        "case": case,
+        "tokens": tokens,
+        "vocab": vocab,
+        "hidden": hidden,
+        "chunk": chunk,
+        "temperature": temperature,
+        "rss_before": before,
+        "hwm_after": after,
+        "peak_bytes": after - before,
+        "seconds": seconds,
+        "threads": torch.get_num_threads(),
+    }
 
 
-def run_logits_memory(tokens: list[int], vocab: int, hidden: int, chunk: int | None, temperature: float = 1.0,
-                      seed: int = 0, threads: int | None = None, cases: tuple[str, ...] = CASES,
-                      log=lambda text: None) -> list[dict]:
+def run_logits_memory(
+    tokens: list[int],
+    vocab: int,
+    hidden: int,
+    chunk: int | None,
+    temperature: float = 1.0,
+    seed: int = 0,
+    threads: int | None = None,
+    cases: tuple[str, ...] = CASES,
+    log=lambda text: None,
+) -> list[dict]:
     """Measures each case at each T in a fresh subprocess; returns one dict per measurement.
 
     An unchunked case predicted (``unchunked_need``) to need more than ``SAFE_SHARE`` of the
@@ -140,14 +178,38 @@ def run_logits_memory(tokens: list[int], vocab: int, hidden: int, chunk: int | N
             need = unchunked_need(t, vocab, hidden) if case == "unchunked" else 0.0
             free = available_bytes()
             if need > SAFE_SHARE * free:
-                rows.append({"case": case, "tokens": t, "vocab": vocab, "hidden": hidden, "chunk": chunk,
-                             "skipped": f"needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available"})
+                rows.append(
+                    {
+                        "case": case,
+                        "tokens": t,
+                        "vocab": vocab,
+                        "hidden": hidden,
+                        "chunk": chunk,
+                        "skipped": f"needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB available",
+                    }
+                )
                 log(f"{case} T={t}: skipped ({rows[-1]['skipped']})")
                 continue
             log(f"{case} T={t}: running")
-            command = [sys.executable, "-m", "vapo_lab.bench.logits_memory", "--child", case, "--tokens", str(t),
-                       "--vocab", str(vocab), "--hidden", str(hidden), "--chunk", str(chunk),
-                       "--temperature", str(temperature), "--seed", str(seed)]
+            command = [
+                sys.executable,
+                "-m",
+                "vapo_lab.bench.logits_memory",
+                "--child",
+                case,
+                "--tokens",
+                str(t),
+                "--vocab",
+                str(vocab),
+                "--hidden",
+                str(hidden),
+                "--chunk",
+                str(chunk),
+                "--temperature",
+                str(temperature),
+                "--seed",
+                str(seed),
+            ]
             if threads:
                 command += ["--threads", str(threads)]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
@@ -164,25 +226,34 @@ def run_logits_memory(tokens: list[int], vocab: int, hidden: int, chunk: int | N
 
 def format_logits_memory(rows: list[dict]) -> str:
     """Plain-text table of ``run_logits_memory``'s rows, the before/after ratio per T and a legend."""
-    lines = [f"{'case':<10} {'T':>6} {'chunk':>6} {'peak MB':>10} {'x logits':>9} {'formula MB':>11} "
-             f"{'measured/formula':>17} {'s':>6}"]
+    lines = [
+        f"{'case':<10} {'T':>6} {'chunk':>6} {'peak MB':>10} {'x logits':>9} {'formula MB':>11} "
+        f"{'measured/formula':>17} {'s':>6}"
+    ]
     for row in rows:
         if "skipped" in row:
             lines.append(f"{row['case']:<10} {row['tokens']:>6} {'':>6} skipped: {row['skipped']}")
             continue
         formula = row.get("predicted_bytes")
         chunk = row["chunk"] if row["case"] == "chunked" else "-"
-        predicted = (f"{formula / 1e6:>11.0f} {row['peak_bytes'] / formula:>17.3f}" if formula
-                     else f"{'-':>11} {'-':>17}")
-        lines.append(f"{row['case']:<10} {row['tokens']:>6} {chunk:>6} {row['peak_bytes'] / 1e6:>10.0f} "
-                     f"{row['x_logits']:>8.2f}x {predicted} {row['seconds']:>6.1f}")
+        predicted = (
+            f"{formula / 1e6:>11.0f} {row['peak_bytes'] / formula:>17.3f}"
+            if formula
+            else f"{'-':>11} {'-':>17}"
+        )
+        lines.append(
+            f"{row['case']:<10} {row['tokens']:>6} {chunk:>6} {row['peak_bytes'] / 1e6:>10.0f} "
+            f"{row['x_logits']:>8.2f}x {predicted} {row['seconds']:>6.1f}"
+        )
     for t in sorted({r["tokens"] for r in rows}):
         by = {r["case"]: r for r in rows if r["tokens"] == t and "peak_bytes" in r}
         if len(by) == 2:
             ratio = by["unchunked"]["peak_bytes"] / by["chunked"]["peak_bytes"]
             lines.append(f"T={t}: unchunked / chunked peak = {ratio:.2f}x")
-    lines += ["peak: VmHWM after the pass − VmRSS before it, one fresh process per case (W's gradient "
-              "included); x logits: peak / 4·T·V; formula: activations.chunked_logprob_bytes"]
+    lines += [
+        "peak: VmHWM after the pass − VmRSS before it, one fresh process per case (W's gradient "
+        "included); x logits: peak / 4·T·V; formula: activations.chunked_logprob_bytes"
+    ]
     return "\n".join(lines)
 
 
@@ -192,30 +263,61 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", default="2048,4096", help="comma-separated T values")
     parser.add_argument("--vocab", type=int, default=152_064, help="V (Qwen2.5's 152,064)")
     parser.add_argument("--hidden", type=int, default=896, help="h (Qwen2.5-0.5B's 896)")
-    parser.add_argument("--chunk", type=int, default=None, help="chunk_tokens (default: default_chunk_tokens(V))")
-    parser.add_argument("--temperature", type=float, default=1.0, help="τ (the default config's 1.0)")
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="chunk_tokens (default: default_chunk_tokens(V))"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="τ (the default config's 1.0)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: unchunked, chunked")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--cases", default=",".join(CASES), help="comma-separated: unchunked, chunked"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the rows as JSON instead of the table"
+    )
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
-        print(json.dumps(measure_case(args.child, int(args.tokens), args.vocab, args.hidden, args.chunk,
-                                      args.temperature, args.seed)))
+        print(
+            json.dumps(
+                measure_case(
+                    args.child,
+                    int(args.tokens),
+                    args.vocab,
+                    args.hidden,
+                    args.chunk,
+                    args.temperature,
+                    args.seed,
+                )
+            )
+        )
         return
     tokens = [int(t) for t in args.tokens.split(",")]
-    rows = run_logits_memory(tokens, args.vocab, args.hidden, args.chunk, args.temperature, args.seed,
-                             args.threads, tuple(args.cases.split(",")),
-                             log=lambda text: print(text, file=sys.stderr))
+    rows = run_logits_memory(
+        tokens,
+        args.vocab,
+        args.hidden,
+        args.chunk,
+        args.temperature,
+        args.seed,
+        args.threads,
+        tuple(args.cases.split(",")),
+        log=lambda text: print(text, file=sys.stderr),
+    )
     if args.json:
         print(json.dumps(rows))
         return
-    print(f"LM-head log-prob pass, bf16 autocast on CPU, V = {args.vocab:,}, h = {args.hidden}; torch "
-          f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"LM-head log-prob pass, bf16 autocast on CPU, V = {args.vocab:,}, h = {args.hidden}; torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} CPUs"
+    )
     print(format_logits_memory(rows))
 
 

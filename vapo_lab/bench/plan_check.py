@@ -77,10 +77,17 @@ class CheckSpec:
 
     def shape(self) -> Shape:
         """Returns the model's ``Shape`` (untied, Qwen2's q/k/v biases)."""
-        return Shape(hidden_size=self.hidden, num_layers=self.layers, num_heads=self.heads,
-                     num_kv_heads=self.kv_heads, head_dim=self.hidden // self.heads,
-                     intermediate_size=self.intermediate, vocab_size=self.vocab, tie_word_embeddings=False,
-                     max_position_embeddings=4096)
+        return Shape(
+            hidden_size=self.hidden,
+            num_layers=self.layers,
+            num_heads=self.heads,
+            num_kv_heads=self.kv_heads,
+            head_dim=self.hidden // self.heads,
+            intermediate_size=self.intermediate,
+            vocab_size=self.vocab,
+            tie_word_embeddings=False,
+            max_position_embeddings=4096,
+        )
 
 
 @dataclass(frozen=True)
@@ -111,9 +118,23 @@ CASES = (
     Case("critic pass bf16", "critic", "pass", dtype="bfloat16"),
     Case("critic pass bf16 ckpt", "critic", "pass", checkpointing=True, dtype="bfloat16"),
     Case("actor pass bf16-cast", "actor", "pass", dtype="bfloat16", precision="cast"),
-    Case("actor pass bf16-cast ckpt", "actor", "pass", checkpointing=True, dtype="bfloat16", precision="cast"),
+    Case(
+        "actor pass bf16-cast ckpt",
+        "actor",
+        "pass",
+        checkpointing=True,
+        dtype="bfloat16",
+        precision="cast",
+    ),
     Case("critic pass bf16-cast", "critic", "pass", dtype="bfloat16", precision="cast"),
-    Case("critic pass bf16-cast ckpt", "critic", "pass", checkpointing=True, dtype="bfloat16", precision="cast"),
+    Case(
+        "critic pass bf16-cast ckpt",
+        "critic",
+        "pass",
+        checkpointing=True,
+        dtype="bfloat16",
+        precision="cast",
+    ),
 )
 BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -122,10 +143,19 @@ def plan_setup(spec: CheckSpec, checkpointing: bool, dtype: str) -> Setup:
     """Returns the one-rank ``Setup`` whose pass is the measured micro-batch (chunked head as preflight sets it)."""
     from vapo_lab.algo.lm import default_chunk_tokens
 
-    return Setup(world=1, strategy="single", dtype=dtype, micro_tokens=spec.rows * (spec.prompt + spec.response),
-                 responses_per_step=spec.rows, prompt_tokens=spec.prompt, max_new_tokens=spec.response,
-                 gradient_checkpointing=checkpointing, mini_batch_size=spec.rows, critic=True,
-                 logprob_chunk=default_chunk_tokens(spec.vocab))
+    return Setup(
+        world=1,
+        strategy="single",
+        dtype=dtype,
+        micro_tokens=spec.rows * (spec.prompt + spec.response),
+        responses_per_step=spec.rows,
+        prompt_tokens=spec.prompt,
+        max_new_tokens=spec.response,
+        gradient_checkpointing=checkpointing,
+        mini_batch_size=spec.rows,
+        critic=True,
+        logprob_chunk=default_chunk_tokens(spec.vocab),
+    )
 
 
 def predicted(case: Case, spec: CheckSpec) -> dict:
@@ -139,10 +169,22 @@ def predicted(case: Case, spec: CheckSpec) -> dict:
     field = f"{case.model}_activations_{'ckpt' if case.checkpointing else 'full'}"
     head = "lm" if case.model == "actor" else "value"
     p, scores = BYTES[case.dtype], case.attention == "math"
-    formula = qwen2_pass_activation_bytes(shape, spec.rows, spec.prompt, spec.response, case.checkpointing, head, p,
-                                          scores, case.layout, setup.logprob_chunk, case.precision)
-    saved = qwen2_saved_bytes(shape, spec.rows, spec.prompt, spec.response, head, p, scores, case.layout,
-                              case.precision)
+    formula = qwen2_pass_activation_bytes(
+        shape,
+        spec.rows,
+        spec.prompt,
+        spec.response,
+        case.checkpointing,
+        head,
+        p,
+        scores,
+        case.layout,
+        setup.logprob_chunk,
+        case.precision,
+    )
+    saved = qwen2_saved_bytes(
+        shape, spec.rows, spec.prompt, spec.response, head, p, scores, case.layout, case.precision
+    )
     assert fp.pass_tokens == spec.rows * (spec.prompt + spec.response)
     return {"plan_bytes": getattr(fp, field), "formula_bytes": formula, "saved_formula": saved}
 
@@ -154,9 +196,12 @@ def full_rows(spec: CheckSpec, rows: int, prompt: int, response: int, seed: int)
     from vapo_lab.trainer.forward import Rows
 
     g = torch.Generator().manual_seed(seed)
-    return Rows(torch.randint(0, spec.vocab, (rows, prompt), generator=g), torch.ones(rows, prompt, dtype=torch.bool),
-                torch.randint(0, spec.vocab, (rows, response), generator=g),
-                torch.ones(rows, response, dtype=torch.bool))
+    return Rows(
+        torch.randint(0, spec.vocab, (rows, prompt), generator=g),
+        torch.ones(rows, prompt, dtype=torch.bool),
+        torch.randint(0, spec.vocab, (rows, response), generator=g),
+        torch.ones(rows, response, dtype=torch.bool),
+    )
 
 
 def pass_rows(spec: CheckSpec, layout: str, seed: int):
@@ -198,9 +243,16 @@ def build_model(case: Case, spec: CheckSpec):
     from vapo_lab.models.value import ValueModel
 
     torch.manual_seed(spec.seed)
-    config = Qwen2Config(hidden_size=spec.hidden, num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                         num_key_value_heads=spec.kv_heads, intermediate_size=spec.intermediate,
-                         vocab_size=spec.vocab, max_position_embeddings=4096, tie_word_embeddings=False)
+    config = Qwen2Config(
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        intermediate_size=spec.intermediate,
+        vocab_size=spec.vocab,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     if case.model == "actor":
         return Qwen2ForCausalLM(config)
     return ValueModel(Qwen2Model(config), spec.hidden)
@@ -276,8 +328,11 @@ def saved_by_autograd(output, model) -> tuple[int, list[str]]:
             values = list(node.saved_tensors)
         for value in values:
             for t in value if isinstance(value, (tuple, list)) else (value,):
-                if (isinstance(t, torch.Tensor) and t.is_floating_point()
-                        and t.untyped_storage().data_ptr() not in params):
+                if (
+                    isinstance(t, torch.Tensor)
+                    and t.is_floating_point()
+                    and t.untyped_storage().data_ptr() not in params
+                ):
                     sizes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         stack.extend(next_node for next_node, _ in node.next_functions)
     return sum(sizes.values()), sorted(attention)
@@ -310,8 +365,12 @@ def measure_case(case: Case, spec: CheckSpec) -> dict:
         gc.collect()
         after = _status_bytes("VmRSS")
         assert all(len(optimizer.state[p]) for p in model.parameters())
-        return {"case": case.name, "params_bytes": built - base, "measured_bytes": after - base,
-                "params": sum(p.numel() for p in model.parameters())}
+        return {
+            "case": case.name,
+            "params_bytes": built - base,
+            "measured_bytes": after - base,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
     model = training_model(case, spec)
     attention = sdpa_backend(case.attention)
     with pass_layout(case.layout), attention:
@@ -330,12 +389,21 @@ def measure_case(case: Case, spec: CheckSpec) -> dict:
         loss.backward()
         seconds = time.perf_counter() - start
         after = _status_bytes("VmHWM")
-    return {"case": case.name, "measured_bytes": after - before, "saved_bytes": saved, "sdpa_nodes": backends,
-            "seconds": seconds}
+    return {
+        "case": case.name,
+        "measured_bytes": after - before,
+        "saved_bytes": saved,
+        "sdpa_nodes": backends,
+        "seconds": seconds,
+    }
 
 
-def run_plan_check(spec: CheckSpec = CheckSpec(), cases: tuple[Case, ...] = CASES, threads: int | None = None,
-                   log=lambda text: None) -> list[dict]:
+def run_plan_check(
+    spec: CheckSpec = CheckSpec(),
+    cases: tuple[Case, ...] = CASES,
+    threads: int | None = None,
+    log=lambda text: None,
+) -> list[dict]:
     """Measures each case in a fresh subprocess; returns one dict per case with the plan's and the
     formula's figures beside the measurement (``measured/plan``, ``measured/formula``). A case
     predicted to need more than ``SAFE_SHARE`` of the memory available is skipped, the reason in its row."""
@@ -344,12 +412,21 @@ def run_plan_check(spec: CheckSpec = CheckSpec(), cases: tuple[Case, ...] = CASE
         row = {"case": case.name, **asdict(case), **predicted(case, spec)}
         need = 2 * (16 * actor_params(spec.shape()) + row.get("formula_bytes", 0))
         if need > SAFE_SHARE * available_bytes():
-            row["skipped"] = f"needs ~{need / 1e9:.1f} GB, {available_bytes() / 1e9:.1f} GB available"
+            row["skipped"] = (
+                f"needs ~{need / 1e9:.1f} GB, {available_bytes() / 1e9:.1f} GB available"
+            )
             out.append(row)
             continue
         log(f"{case.name}: running")
-        command = [sys.executable, "-m", "vapo_lab.bench.plan_check", "--child", json.dumps(asdict(case)),
-                   "--spec", json.dumps(asdict(spec))]
+        command = [
+            sys.executable,
+            "-m",
+            "vapo_lab.bench.plan_check",
+            "--child",
+            json.dumps(asdict(case)),
+            "--spec",
+            json.dumps(asdict(spec)),
+        ]
         if threads:
             command += ["--threads", str(threads)]
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
@@ -370,32 +447,49 @@ def _mb(b: float) -> str:
 
 def format_plan_check(rows: list[dict]) -> str:
     """Plain-text table of ``run_plan_check``'s rows and a legend."""
-    lines = [(f"{'quantity':<34} {'measured MB':>12} {'plan MB':>10} {'/plan':>6} {'formula MB':>11} "
-              f"{'/formula':>9} {'saved MB':>9} {'/formula':>9} {'s':>5}")]
+    lines = [
+        (
+            f"{'quantity':<34} {'measured MB':>12} {'plan MB':>10} {'/plan':>6} {'formula MB':>11} "
+            f"{'/formula':>9} {'saved MB':>9} {'/formula':>9} {'s':>5}"
+        )
+    ]
     for r in rows:
         if "skipped" in r:
             lines.append(f"{r['case']:<34} skipped: {r['skipped']}")
             continue
         if r["kind"] == "state":
-            lines.append(f"{r['case']:<34} {_mb(r['measured_bytes']):>12} {_mb(r['plan_bytes']):>10} "
-                         f"{r['measured/plan']:>6.3f} {'(16·P)':>11} {'':>9} {'':>9} {'':>9} {'':>5}")
+            lines.append(
+                f"{r['case']:<34} {_mb(r['measured_bytes']):>12} {_mb(r['plan_bytes']):>10} "
+                f"{r['measured/plan']:>6.3f} {'(16·P)':>11} {'':>9} {'':>9} {'':>9} {'':>5}"
+            )
             continue
-        saved = (f"{_mb(r['saved_bytes']):>9} {r['saved/formula']:>9.4f}" if r.get("saved_bytes")
-                 else f"{'-':>9} {'-':>9}")
-        lines.append(f"{r['case']:<34} {_mb(r['measured_bytes']):>12} {_mb(r['plan_bytes']):>10} "
-                     f"{r['measured/plan']:>6.3f} {_mb(r['formula_bytes']):>11} {r['measured/formula']:>9.3f} "
-                     f"{saved} {r['seconds']:>5.1f}")
+        saved = (
+            f"{_mb(r['saved_bytes']):>9} {r['saved/formula']:>9.4f}"
+            if r.get("saved_bytes")
+            else f"{'-':>9} {'-':>9}"
+        )
+        lines.append(
+            f"{r['case']:<34} {_mb(r['measured_bytes']):>12} {_mb(r['plan_bytes']):>10} "
+            f"{r['measured/plan']:>6.3f} {_mb(r['formula_bytes']):>11} {r['measured/formula']:>9.3f} "
+            f"{saved} {r['seconds']:>5.1f}"
+        )
     backends = sorted({b for r in rows for b in r.get("sdpa_nodes", [])})
     states = [r for r in rows if r.get("kind") == "state" and "params_bytes" in r]
     for r in states:
-        lines.append(f"{r['case']}: params alone {_mb(r['params_bytes'])} MB = {r['params_bytes'] / r['params_formula']:.3f}"
-                     f" x 4·P (P = {r['params']:,})")
-    lines += [f"SDPA backward nodes seen: {', '.join(backends) or '-'}",
-              ("measured: VmHWM after the pass − VmRSS before it (gradients resident), one fresh process a "
-               "case; state: VmRSS after AdamW's step − before the model; plan: footprint.estimate's "
-               "{actor,critic}_activations_{full,ckpt} (16·P for the state); formula: "
-               "activations.qwen2_pass_activation_bytes; saved: the autograd graph's saved tensors "
-               "against activations.qwen2_saved_bytes")]
+        lines.append(
+            f"{r['case']}: params alone {_mb(r['params_bytes'])} MB = {r['params_bytes'] / r['params_formula']:.3f}"
+            f" x 4·P (P = {r['params']:,})"
+        )
+    lines += [
+        f"SDPA backward nodes seen: {', '.join(backends) or '-'}",
+        (
+            "measured: VmHWM after the pass − VmRSS before it (gradients resident), one fresh process a "
+            "case; state: VmRSS after AdamW's step − before the model; plan: footprint.estimate's "
+            "{actor,critic}_activations_{full,ckpt} (16·P for the state); formula: "
+            "activations.qwen2_pass_activation_bytes; saved: the autograd graph's saved tensors "
+            "against activations.qwen2_saved_bytes"
+        ),
+    ]
     return "\n".join(lines)
 
 
@@ -403,11 +497,27 @@ def main(argv: list[str] | None = None) -> None:
     """Print the table (`python -m vapo_lab.bench.plan_check`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = CheckSpec()
-    for field in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "rows", "prompt", "response"):
-        parser.add_argument(f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field))
+    for field in (
+        "hidden",
+        "layers",
+        "heads",
+        "kv_heads",
+        "intermediate",
+        "vocab",
+        "rows",
+        "prompt",
+        "response",
+    ):
+        parser.add_argument(
+            f"--{field.replace('_', '-')}", type=int, default=getattr(defaults, field)
+        )
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the rows as JSON instead of the table"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -416,25 +526,48 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
-        print(json.dumps(measure_case(Case(**json.loads(args.child)), CheckSpec(**json.loads(args.spec)))))
+        print(
+            json.dumps(
+                measure_case(Case(**json.loads(args.child)), CheckSpec(**json.loads(args.spec)))
+            )
+        )
         return
-    spec = replace(defaults, **{f: getattr(args, f) for f in ("hidden", "layers", "heads", "kv_heads", "intermediate",
-                                                              "vocab", "rows", "prompt", "response")})
+    spec = replace(
+        defaults,
+        **{
+            f: getattr(args, f)
+            for f in (
+                "hidden",
+                "layers",
+                "heads",
+                "kv_heads",
+                "intermediate",
+                "vocab",
+                "rows",
+                "prompt",
+                "response",
+            )
+        },
+    )
     names = args.cases.split(",") if args.cases else [c.name for c in CASES]
     unknown = [n for n in names if n not in {c.name for c in CASES}]
     if unknown:
-        parser.error(f"unknown case(s) {', '.join(map(repr, unknown))}: choose from {', '.join(c.name for c in CASES)}")
+        parser.error(
+            f"unknown case(s) {', '.join(map(repr, unknown))}: choose from {', '.join(c.name for c in CASES)}"
+        )
     cases = tuple(c for c in CASES if c.name in names)
     rows = run_plan_check(spec, cases, args.threads, log=lambda text: print(text, file=sys.stderr))
     if args.json:
         print(json.dumps(rows))
         return
     shape = spec.shape()
-    print(f"Plan against measured memory: Qwen2 h = {spec.hidden}, L = {spec.layers}, {spec.heads} / {spec.kv_heads} "
-          f"heads of {shape.head_dim}, i = {spec.intermediate}, V = {spec.vocab:,} (actor {actor_params(shape):,}, "
-          f"critic {critic_params(shape):,} parameters); {spec.rows} rows x ({spec.prompt} + {spec.response}) tokens; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
+    print(
+        f"Plan against measured memory: Qwen2 h = {spec.hidden}, L = {spec.layers}, {spec.heads} / {spec.kv_heads} "
+        f"heads of {shape.head_dim}, i = {spec.intermediate}, V = {spec.vocab:,} (actor {actor_params(shape):,}, "
+        f"critic {critic_params(shape):,} parameters); {spec.rows} rows x ({spec.prompt} + {spec.response}) tokens; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+    )
     print(format_plan_check(rows))
 
 

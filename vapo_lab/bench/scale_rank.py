@@ -30,8 +30,14 @@ from typing import Any
 STARTED = time.perf_counter()
 
 # the step's metrics a record keeps (all reduced over ranks by the trainer)
-KEPT = ("time/step_s", "time/rollout_s", "time/critic_s", "time/actor_s", "rollout/responses",
-        "rollout/response_length")
+KEPT = (
+    "time/step_s",
+    "time/rollout_s",
+    "time/critic_s",
+    "time/actor_s",
+    "rollout/responses",
+    "rollout/response_length",
+)
 
 
 def _step_record(wall: float, cpu: float, m: dict[str, float]) -> dict[str, Any]:
@@ -39,7 +45,11 @@ def _step_record(wall: float, cpu: float, m: dict[str, float]) -> dict[str, Any]
     phase seconds, the step's response tokens over all ranks."""
     nan = float("nan")
     kept = {k.split("/")[1]: float(m.get(k, nan)) for k in KEPT}
-    tokens = round(kept["responses"] * kept["response_length"]) if kept["responses"] == kept["responses"] else 0
+    tokens = (
+        round(kept["responses"] * kept["response_length"])
+        if kept["responses"] == kept["responses"]
+        else 0
+    )
     return {"wall_s": wall, "cpu_s": cpu, **kept, "tokens": tokens}
 
 
@@ -60,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     from vapo_lab.trainer.trainer import Trainer
 
     cfg, choices = train_config(None, [], overrides)
-    trainer = Trainer(cfg, choices, progress=None, log=lambda text: None, command="vapo-lab bench scale")
+    trainer = Trainer(
+        cfg, choices, progress=None, log=lambda text: None, command="vapo-lab bench scale"
+    )
     world = trainer.world
     setup_s = time.perf_counter() - STARTED
     warmup, timed, profiled = [], [], None
@@ -90,12 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         close_world(world)
     if world.main:
-        args.out.write_text(json.dumps({
-            "world_size": world.size, "threads": torch.get_num_threads(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "setup_s": setup_s,
-            "warmup": warmup, "steps": timed, "profiled": profiled,
-            "peak_rss_mib": float(m.get("perf/peak_rss_mb", float("nan"))),
-        }))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "world_size": world.size,
+                    "threads": torch.get_num_threads(),
+                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                    "setup_s": setup_s,
+                    "warmup": warmup,
+                    "steps": timed,
+                    "profiled": profiled,
+                    "peak_rss_mib": float(m.get("perf/peak_rss_mb", float("nan"))),
+                }
+            )
+        )
     return 0
 
 

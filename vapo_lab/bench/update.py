@@ -44,7 +44,9 @@ def padded_path():
         packed.shares_prompts = original
 
 
-def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any, list[list[torch.Tensor]]]:
+def step_batch(
+    seed: int = 0, overrides: tuple[str, ...] = ()
+) -> tuple[Any, Any, list[list[torch.Tensor]]]:
     """Returns (policy, the step's rows, micro-batch indices per mini-batch) of one default step.
 
     The policy is the config's base model (shipped for the default: no build); the rows are one
@@ -64,15 +66,28 @@ def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any
     task = task_for(cfg)
     generator = torch.Generator().manual_seed(seed)
     n = int(cfg.rollout.group_size)
-    prompts = [tokenizer(p.prompt).input_ids for p in task.train[:int(cfg.rollout.responses_per_step) // n]]
+    prompts = [
+        tokenizer(p.prompt).input_ids
+        for p in task.train[: int(cfg.rollout.responses_per_step) // n]
+    ]
     with torch.no_grad():
-        s = sample(policy.eval(), prompts, n=n, max_new_tokens=int(cfg.rollout.max_new_tokens),
-                   temperature=float(cfg.rollout.temperature), top_p=1.0, eos_id=tokenizer.eos_token_id,
-                   pad_id=tokenizer.pad_token_id, generator=generator)
+        s = sample(
+            policy.eval(),
+            prompts,
+            n=n,
+            max_new_tokens=int(cfg.rollout.max_new_tokens),
+            temperature=float(cfg.rollout.temperature),
+            top_p=1.0,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
     rows = Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask)
     budget = int(cfg.trainer.max_tokens_per_micro_batch)
-    split = [token_micro_batches(mb, rows, budget)
-             for mb in minibatches(len(s.lengths), int(cfg.trainer.mini_batch_size), generator)]
+    split = [
+        token_micro_batches(mb, rows, budget)
+        for mb in minibatches(len(s.lengths), int(cfg.trainer.mini_batch_size), generator)
+    ]
     return policy, rows, split
 
 
@@ -86,9 +101,13 @@ def real_token_share(rows: Any, micro_batches: list[torch.Tensor]) -> float:
     return valid / positions
 
 
-def _timed(module: Any, rows: Any, split: list[list[torch.Tensor]],
-           output: Callable[[Any], torch.Tensor], loss: Callable[[torch.Tensor], torch.Tensor]
-           ) -> tuple[float, torch.Tensor]:
+def _timed(
+    module: Any,
+    rows: Any,
+    split: list[list[torch.Tensor]],
+    output: Callable[[Any], torch.Tensor],
+    loss: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[float, torch.Tensor]:
     """Forward (``output(rows)``) and backward (``loss(output)``) over every micro-batch of
     ``split``; returns (seconds, the outputs at valid positions, concatenated)."""
     module.zero_grad(set_to_none=True)
@@ -109,18 +128,29 @@ def _passes(model: Any, critic: Any, rows: Any, split: list[list[torch.Tensor]])
     from vapo_lab.trainer.forward import policy_forward, value_forward
 
     out: dict[str, Any] = {}
-    out["actor_s"], out["logprobs"] = _timed(model, rows, split,
-                                             lambda r: policy_forward(model, r, 1.0, with_entropy=True)[0],
-                                             lambda x: x.sum())
-    out["critic_s"], out["values"] = _timed(critic, rows, split, lambda r: value_forward(critic, r),
-                                            lambda x: x.square().sum())
-    out["grads"] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]
-                             + [p.grad.flatten() for p in critic.parameters() if p.grad is not None])
+    out["actor_s"], out["logprobs"] = _timed(
+        model,
+        rows,
+        split,
+        lambda r: policy_forward(model, r, 1.0, with_entropy=True)[0],
+        lambda x: x.sum(),
+    )
+    out["critic_s"], out["values"] = _timed(
+        critic, rows, split, lambda r: value_forward(critic, r), lambda x: x.square().sum()
+    )
+    out["grads"] = torch.cat(
+        [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        + [p.grad.flatten() for p in critic.parameters() if p.grad is not None]
+    )
     return out
 
 
-def run_update_benchmark(repeats: int = 7, seed: int = 0, threads: int | None = None,
-                         log: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+def run_update_benchmark(
+    repeats: int = 7,
+    seed: int = 0,
+    threads: int | None = None,
+    log: Callable[[str], None] = lambda text: None,
+) -> dict[str, Any]:
     """Times packed and padded training passes over one default step, interleaved ``repeats`` times.
 
     Returns {"share_padded", "tokens", "rows", "packed": {actor_s, critic_s lists}, "padded": ...,
@@ -138,13 +168,18 @@ def run_update_benchmark(repeats: int = 7, seed: int = 0, threads: int | None = 
     critic = ValueModel.from_causal_lm(policy).train()
     torch.nn.init.normal_(critic.head.weight, std=0.1)
     micros = [idx for micro in split for idx in micro]
-    result: dict[str, Any] = {"share_padded": real_token_share(rows, micros), "rows": len(rows.response_ids),
-                              "tokens": int(rows.prompt_mask.sum() + rows.response_mask.sum()),
-                              "response_tokens": int(rows.response_mask.sum()), "micro_batches": len(micros),
-                              "packed": {"actor_s": [], "critic_s": []}, "padded": {"actor_s": [], "critic_s": []}}
+    result: dict[str, Any] = {
+        "share_padded": real_token_share(rows, micros),
+        "rows": len(rows.response_ids),
+        "tokens": int(rows.prompt_mask.sum() + rows.response_mask.sum()),
+        "response_tokens": int(rows.response_mask.sum()),
+        "micro_batches": len(micros),
+        "packed": {"actor_s": [], "critic_s": []},
+        "padded": {"actor_s": [], "critic_s": []},
+    }
     last: dict[str, Any] = {}
     for i in range(repeats + 1):  # the first round is a warm-up
-        for name in (("packed", "padded") if i % 2 else ("padded", "packed")):
+        for name in ("packed", "padded") if i % 2 else ("padded", "packed"):
             if name == "padded":
                 with padded_path():
                     out = _passes(policy, critic, rows, split)
@@ -155,35 +190,55 @@ def run_update_benchmark(repeats: int = 7, seed: int = 0, threads: int | None = 
                 result[name]["actor_s"].append(out["actor_s"])
                 result[name]["critic_s"].append(out["critic_s"])
         if i:
-            log(f"repeat {i}/{repeats}: " + ", ".join(
-                f"{n} actor {result[n]['actor_s'][-1]:.2f}s critic {result[n]['critic_s'][-1]:.2f}s"
-                for n in ("padded", "packed")))
-    result["max_abs_diff"] = {k: float((last["packed"][k] - last["padded"][k]).abs().max())
-                              for k in ("logprobs", "values", "grads")}
-    result["max_abs"] = {k: float(last["padded"][k].abs().max()) for k in ("logprobs", "values", "grads")}
+            log(
+                f"repeat {i}/{repeats}: "
+                + ", ".join(
+                    f"{n} actor {result[n]['actor_s'][-1]:.2f}s critic {result[n]['critic_s'][-1]:.2f}s"
+                    for n in ("padded", "packed")
+                )
+            )
+    result["max_abs_diff"] = {
+        k: float((last["packed"][k] - last["padded"][k]).abs().max())
+        for k in ("logprobs", "values", "grads")
+    }
+    result["max_abs"] = {
+        k: float(last["padded"][k].abs().max()) for k in ("logprobs", "values", "grads")
+    }
     return result
 
 
 def format_update_benchmark(result: dict[str, Any]) -> str:
     """Plain-text report of ``run_update_benchmark``: timings, ratios with their spread, the share."""
+
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
 
-    lines = [f"training passes over one default step: {result['rows']} responses, {result['tokens']} valid tokens "
-             f"({result['response_tokens']} in responses), {result['micro_batches']} micro-batches; "
-             f"torch threads {torch.get_num_threads()}",
-             f"real-token share of the padded layout: {100 * result['share_padded']:.1f}% "
-             "(packed: every token-wise op sees valid tokens only; attention keeps the padded layout)", "",
-             f"{'pass':<8} {'padded s':>9} {'packed s':>9} {'ratio (median)':>15} {'ratio range':>14}"]
+    lines = [
+        f"training passes over one default step: {result['rows']} responses, {result['tokens']} valid tokens "
+        f"({result['response_tokens']} in responses), {result['micro_batches']} micro-batches; "
+        f"torch threads {torch.get_num_threads()}",
+        f"real-token share of the padded layout: {100 * result['share_padded']:.1f}% "
+        "(packed: every token-wise op sees valid tokens only; attention keeps the padded layout)",
+        "",
+        f"{'pass':<8} {'padded s':>9} {'packed s':>9} {'ratio (median)':>15} {'ratio range':>14}",
+    ]
     for part in ("actor_s", "critic_s"):
         a, b = result["padded"][part], result["packed"][part]
         ratios = [x / y for x, y in zip(a, b)]
-        lines.append(f"{part[:-2]:<8} {med(a):>9.3f} {med(b):>9.3f} {med(ratios):>14.2f}x "
-                     f"{min(ratios):>6.2f}-{max(ratios):.2f}x")
-    lines += ["", "ratio: padded seconds / packed seconds of the same repeat (interleaved, order alternating); "
-              f"median and range over {len(result['packed']['actor_s'])} repeats after one warm-up.",
-              "max |packed - padded|: " + ", ".join(f"{k} {v:.1e} (of |{k}| up to {result['max_abs'][k]:.1e})"
-                                                  for k, v in result["max_abs_diff"].items())]
+        lines.append(
+            f"{part[:-2]:<8} {med(a):>9.3f} {med(b):>9.3f} {med(ratios):>14.2f}x "
+            f"{min(ratios):>6.2f}-{max(ratios):.2f}x"
+        )
+    lines += [
+        "",
+        "ratio: padded seconds / packed seconds of the same repeat (interleaved, order alternating); "
+        f"median and range over {len(result['packed']['actor_s'])} repeats after one warm-up.",
+        "max |packed - padded|: "
+        + ", ".join(
+            f"{k} {v:.1e} (of |{k}| up to {result['max_abs'][k]:.1e})"
+            for k, v in result["max_abs_diff"].items()
+        ),
+    ]
     return "\n".join(lines)
 
 

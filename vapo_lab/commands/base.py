@@ -30,20 +30,29 @@ def base_build(
     from vapo_lab.integrity import CACHE_DIR
 
     cfg = compose_config(overrides=overrides or ()).cfg
-    require_writable(CACHE_DIR / "base", f"the base-model cache {CACHE_DIR / 'base'}",
-                     "run vapo-lab from a writable folder")
+    require_writable(
+        CACHE_DIR / "base",
+        f"the base-model cache {CACHE_DIR / 'base'}",
+        "run vapo-lab from a writable folder",
+    )
     base = build_base_for(cfg, progress=build_progress(quiet), force=force)
     m = base.metrics
     buckets = list(m["accuracy"]["t1"])
-    cols = [Col("held-out accuracy")] + [Col("all digits" if b == "all" else f"{b} digits", justify="right")
-                                          for b in buckets]
-    rows = [(label, *(f"{100 * m['accuracy'][mode][b]:.1f}%" for b in buckets))
-            for mode, label in (("t1", "temperature 1"), ("greedy", "greedy"))]
+    cols = [Col("held-out accuracy")] + [
+        Col("all digits" if b == "all" else f"{b} digits", justify="right") for b in buckets
+    ]
+    rows = [
+        (label, *(f"{100 * m['accuracy'][mode][b]:.1f}%" for b in buckets))
+        for mode, label in (("t1", "temperature 1"), ("greedy", "greedy"))
+    ]
     where = "(shipped) " if base.shipped else "(cached) " if base.cached else ""
     print_table(f"base model {where}{base.path}", cols, rows)
-    stdout.print(f"{m['n_params']:,} parameters; responses {m['response_tokens']['min']}-"
-               f"{m['response_tokens']['max']} tokens; final loss {m['final_loss']}; "
-               f"built in {m.get('build_seconds', m['train_seconds'] + m['eval_seconds'])} s", highlight=False)
+    stdout.print(
+        f"{m['n_params']:,} parameters; responses {m['response_tokens']['min']}-"
+        f"{m['response_tokens']['max']} tokens; final loss {m['final_loss']}; "
+        f"built in {m.get('build_seconds', m['train_seconds'] + m['eval_seconds'])} s",
+        highlight=False,
+    )
 
 
 @cli_errors
@@ -66,16 +75,28 @@ def base_ship(overrides: OverridesArg = None) -> None:
     base_key = config_hash(base_config(**base_options_for(cfg)))
     entries = {"base": base_key, **critic_cache_keys(base_key, cfg)}
     # an entry only the package has (already shipped, e.g. the base model a run loaded) stays as it is
-    already = {kind for kind, key in entries.items()
-               if not (CACHE_DIR / kind / key).is_dir() and (SHIPPED_DIR / kind / key).is_dir()}
-    missing = [f"{kind}/{key}" for kind, key in entries.items()
-               if kind not in already and not (CACHE_DIR / kind / key).is_dir()]
+    already = {
+        kind
+        for kind, key in entries.items()
+        if not (CACHE_DIR / kind / key).is_dir() and (SHIPPED_DIR / kind / key).is_dir()
+    }
+    missing = [
+        f"{kind}/{key}"
+        for kind, key in entries.items()
+        if kind not in already and not (CACHE_DIR / kind / key).is_dir()
+    ]
     if missing:
         words = " ".join(overrides or ())
-        raise ConfigError(f"this folder's {CACHE_DIR} has no {', '.join(missing)} for this config: build them "
-                          f"here first with `vapo-lab train {words}`".rstrip() + ", then ship")
-    require_writable(SHIPPED_DIR, f"the package's shipped entries {SHIPPED_DIR}",
-                     "ship from an editable install of a source checkout (pip install -e .)")
+        raise ConfigError(
+            f"this folder's {CACHE_DIR} has no {', '.join(missing)} for this config: build them "
+            f"here first with `vapo-lab train {words}`".rstrip()
+            + ", then ship"
+        )
+    require_writable(
+        SHIPPED_DIR,
+        f"the package's shipped entries {SHIPPED_DIR}",
+        "ship from an editable install of a source checkout (pip install -e .)",
+    )
     rows = [(kind, f"{SHIPPED_DIR / kind / entries[kind]} (shipped already)") for kind in already]
     for kind, key in entries.items():
         if kind in already:
@@ -83,5 +104,7 @@ def base_ship(overrides: OverridesArg = None) -> None:
         try:
             rows.append((kind, str(ship_entry(CACHE_DIR / kind / key, SHIPPED_DIR / kind))))
         except ValueError as e:
-            raise ConfigError(f"{e}: rebuild it (delete {CACHE_DIR / kind / key} and rerun vapo-lab train)") from None
+            raise ConfigError(
+                f"{e}: rebuild it (delete {CACHE_DIR / kind / key} and rerun vapo-lab train)"
+            ) from None
     print_table("shipped (commit vapo_lab/shipped/)", [Col("entry"), Col("folder")], rows)

@@ -15,13 +15,25 @@ if TYPE_CHECKING:
 @cli_errors
 def plan(
     overrides: OverridesArg = None,
-    algo: Annotated[Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")] = None,
-    drop: Annotated[Optional[list[str]], typer.Option(
-        help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher.")] = None,
-    gpu_memory_gb: Annotated[float, typer.Option(
-        "--gpu-memory-gb", help="Memory of one GPU in GB (10^9 bytes); 80 for an A100/H100 80GB.")] = 80.0,
-    prompt_tokens: Annotated[Optional[int], typer.Option(
-        help="Estimate of the longest prompt in tokens (default 512).")] = None,
+    algo: Annotated[
+        Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")
+    ] = None,
+    drop: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher."
+        ),
+    ] = None,
+    gpu_memory_gb: Annotated[
+        float,
+        typer.Option(
+            "--gpu-memory-gb",
+            help="Memory of one GPU in GB (10^9 bytes); 80 for an A100/H100 80GB.",
+        ),
+    ] = 80.0,
+    prompt_tokens: Annotated[
+        Optional[int], typer.Option(help="Estimate of the longest prompt in tokens (default 512).")
+    ] = None,
 ) -> None:
     """Print the resources a config needs: parameter counts, memory per GPU (weights, gradients,
     optimizer state, activations with and without checkpointing), KV cache, tokens per step, and
@@ -35,12 +47,16 @@ def plan(
     from vapo_lab.errors import ConfigError
 
     if gpu_memory_gb <= 0:
-        raise ConfigError(f"--gpu-memory-gb {gpu_memory_gb:g} is not a memory size: give the GB of one GPU, e.g. 80")
+        raise ConfigError(
+            f"--gpu-memory-gb {gpu_memory_gb:g} is not a memory size: give the GB of one GPU, e.g. 80"
+        )
     if prompt_tokens is not None and prompt_tokens < 1:
         raise ConfigError(f"--prompt-tokens {prompt_tokens} is not a length: give at least 1")
     cfg = compose_config(algo=algo, drop=drop or (), overrides=overrides or (), check=False).cfg
     _validate_without_files(cfg)
-    result = plan_run(cfg, gpu_memory_gb * 1e9, PROMPT_TOKENS if prompt_tokens is None else prompt_tokens)
+    result = plan_run(
+        cfg, gpu_memory_gb * 1e9, PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
+    )
     title, rows = plan_rows(result)
     print_table(title, (Col("quantity"), Col("value", justify="right"), Col("how")), rows)
     stdout.print(_verdict(result), highlight=False, soft_wrap=True)
@@ -72,27 +88,52 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     big = lambda n: f"{n / 1e9:.2f}B ({n:,})" if n >= 1e8 else f"{n / 1e6:.2f}M ({n:,})"  # noqa: E731
     per = "/ N" if world > 1 else "unsharded"
     w, g, o = state_bytes_per_param(s.strategy, s.dtype)
-    title = (f"Resource plan: {p.model}, {s.strategy} over N = {world} rank{'s' if world > 1 else ''}, "
-             f"{s.dtype}, {p.memory / GB:g} GB a GPU")
-    shape_text = (f"h {shape.hidden_size}, L {shape.num_layers}, heads {shape.num_heads}/{shape.num_kv_heads} kv, "
-                  f"d {shape.head_dim}, i {shape.intermediate_size}, V {shape.vocab_size}, "
-                  f"{'tied' if shape.tie_word_embeddings else 'untied'}")
+    title = (
+        f"Resource plan: {p.model}, {s.strategy} over N = {world} rank{'s' if world > 1 else ''}, "
+        f"{s.dtype}, {p.memory / GB:g} GB a GPU"
+    )
+    shape_text = (
+        f"h {shape.hidden_size}, L {shape.num_layers}, heads {shape.num_heads}/{shape.num_kv_heads} kv, "
+        f"d {shape.head_dim}, i {shape.intermediate_size}, V {shape.vocab_size}, "
+        f"{'tied' if shape.tie_word_embeddings else 'untied'}"
+    )
     rows = [
         ("model shape", shape_text, p.model),
-        ("parameters: actor", big(fp.actor_params),
-         "V·h + L·layer + h" + ("" if shape.tie_word_embeddings else " + V·h (lm_head)")),
+        (
+            "parameters: actor",
+            big(fp.actor_params),
+            "V·h + L·layer + h" + ("" if shape.tie_word_embeddings else " + V·h (lm_head)"),
+        ),
         ("  non-embedding", big(non_embedding_params(shape)), "L·layer + h"),
-        ("parameters: critic", big(fp.critic_params) if fp.critic_params else "none",
-         "backbone + value head (h + 1)" if fp.critic_params else "algo.advantage=group: no critic"),
-        ("parameters: reference", big(fp.reference_params) if fp.reference_params else "none",
-         "a frozen copy of the actor (kl.coef > 0)" if fp.reference_params else "kl.coef = 0"),
-        ("tokens per sequence s", f"{fp.sequence:,}", f"prompt ~{s.prompt_tokens} + rollout.max_new_tokens "
-         f"{s.max_new_tokens}, at most the context {shape.max_position_embeddings:,}"),
-        ("tokens per step", f"{fp.generated_tokens:,} generated; {fp.step_tokens:,} in all",
-         f"{s.responses_per_step:,} responses x max_new_tokens; x s"),
+        (
+            "parameters: critic",
+            big(fp.critic_params) if fp.critic_params else "none",
+            "backbone + value head (h + 1)"
+            if fp.critic_params
+            else "algo.advantage=group: no critic",
+        ),
+        (
+            "parameters: reference",
+            big(fp.reference_params) if fp.reference_params else "none",
+            "a frozen copy of the actor (kl.coef > 0)" if fp.reference_params else "kl.coef = 0",
+        ),
+        (
+            "tokens per sequence s",
+            f"{fp.sequence:,}",
+            f"prompt ~{s.prompt_tokens} + rollout.max_new_tokens "
+            f"{s.max_new_tokens}, at most the context {shape.max_position_embeddings:,}",
+        ),
+        (
+            "tokens per step",
+            f"{fp.generated_tokens:,} generated; {fp.step_tokens:,} in all",
+            f"{s.responses_per_step:,} responses x max_new_tokens; x s",
+        ),
         ("responses per rank", f"{fp.responses_per_rank:,}", "ceil(B / N)"),
-        ("tokens a pass", f"{fp.pass_tokens:,}",
-         "max(s, min(max_tokens_per_micro_batch, s x min(mini_batch_size, responses a rank)))"),
+        (
+            "tokens a pass",
+            f"{fp.pass_tokens:,}",
+            "max(s, min(max_tokens_per_micro_batch, s x min(mini_batch_size, responses a rank)))",
+        ),
         ("weights", _size(fp.weights), f"{w} B/param x (actor + critic) {per}"),
         ("gradients", _size(fp.gradients), f"{g} B/param {per}"),
         ("optimizer state", _size(fp.optimizer), f"{o} B/param (AdamW m, v) {per}"),
@@ -100,50 +141,113 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     if fp.reference_params:
         rows.append(("reference weights", _size(fp.reference), f"{w} B/param {per}"))
     if fp.gathered:
-        rows.append(("gathered units (transient)", _size(fp.gathered), "FSDP root + 2 layers in the compute dtype"))
+        rows.append(
+            (
+                "gathered units (transient)",
+                _size(fp.gathered),
+                "FSDP root + 2 layers in the compute dtype",
+            )
+        )
     if fp.replica:
-        rows.append(("sampling replica", _size(fp.replica), "builtin under fsdp: the actor, unsharded"))
+        rows.append(
+            ("sampling replica", _size(fp.replica), "builtin under fsdp: the actor, unsharded")
+        )
     ckpt = "on" if s.gradient_checkpointing else "off"
     rows += [
-        ("activations: actor, checkpointing off", _size(fp.actor_activations_full),
-         "a pass's peak, tensor by tensor as autograd keeps them, log-probs included (measured on CPU: 0.97-1.05)"),
-        ("activations: actor, checkpointing on", _size(fp.actor_activations_ckpt),
-         "each layer's input + one layer recomputed, or the log-prob pass"),
-        ("  of which log-probs", _size(fp.logprob),
-         f"LM head over chunks of {s.logprob_chunk or 'all'} tokens (algo.lm.head_logprobs_and_entropy)"),
+        (
+            "activations: actor, checkpointing off",
+            _size(fp.actor_activations_full),
+            "a pass's peak, tensor by tensor as autograd keeps them, log-probs included (measured on CPU: 0.97-1.05)",
+        ),
+        (
+            "activations: actor, checkpointing on",
+            _size(fp.actor_activations_ckpt),
+            "each layer's input + one layer recomputed, or the log-prob pass",
+        ),
+        (
+            "  of which log-probs",
+            _size(fp.logprob),
+            f"LM head over chunks of {s.logprob_chunk or 'all'} tokens (algo.lm.head_logprobs_and_entropy)",
+        ),
     ]
     if fp.critic_params:
-        rows += [("activations: critic, checkpointing off", _size(fp.critic_activations_full), "the same, a value head"),
-                 ("activations: critic, checkpointing on", _size(fp.critic_activations_ckpt), "the same, checkpointed")]
+        rows += [
+            (
+                "activations: critic, checkpointing off",
+                _size(fp.critic_activations_full),
+                "the same, a value head",
+            ),
+            (
+                "activations: critic, checkpointing on",
+                _size(fp.critic_activations_ckpt),
+                "the same, checkpointed",
+            ),
+        ]
     rows += [
-        ("KV cache per sequence", _size(fp.kv_per_sequence),
-         "2·L·kv·d·bytes·s" + (f" / tp {s.tensor_parallel_size}" if fp.vllm and s.tensor_parallel_size > 1 else "")),
-        ("KV cache, a rank's responses at once", _size(fp.kv_cache), f"x {fp.responses_per_rank:,}"),
+        (
+            "KV cache per sequence",
+            _size(fp.kv_per_sequence),
+            "2·L·kv·d·bytes·s"
+            + (f" / tp {s.tensor_parallel_size}" if fp.vllm and s.tensor_parallel_size > 1 else ""),
+        ),
+        (
+            "KV cache, a rank's responses at once",
+            _size(fp.kv_cache),
+            f"x {fp.responses_per_rank:,}",
+        ),
     ]
     if fp.vllm:
         rows += [
             ("vLLM weights a GPU", _size(fp.engine_weights), "actor in the compute dtype / tp"),
-            ("vLLM share a GPU", _size(fp.engine_memory),
-             f"rollout.vllm.gpu_memory_utilization {fp.engine_memory / p.memory:g}"
-             f" ({'asleep' if fp.engine_sleeps else 'kept'} in the update)"),
-            ("  sequences decoded at once", f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
-             "(share - weights) / KV per sequence, of an engine's t ranks' responses; vLLM queues the rest"),
+            (
+                "vLLM share a GPU",
+                _size(fp.engine_memory),
+                f"rollout.vllm.gpu_memory_utilization {fp.engine_memory / p.memory:g}"
+                f" ({'asleep' if fp.engine_sleeps else 'kept'} in the update)",
+            ),
+            (
+                "  sequences decoded at once",
+                f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
+                "(share - weights) / KV per sequence, of an engine's t ranks' responses; vLLM queues the rest",
+            ),
         ]
     else:
-        rows.append(("  sequences decoded at once", f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
-                     "the built-in sampler's batch (<= 256)"))
+        rows.append(
+            (
+                "  sequences decoded at once",
+                f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
+                "the built-in sampler's batch (<= 256)",
+            )
+        )
     rows += [
-        (f"update phase (checkpointing {ckpt})", _size(fp.train_peak), "state + gathered + max(actor, critic) activations"),
-        ("rollout phase", _size(fp.rollout_peak),
-         ("vLLM share (state offloaded to host)" if fp.offload else "state + vLLM share") if fp.vllm
-         else "state + KV cache decoded at once"),
+        (
+            f"update phase (checkpointing {ckpt})",
+            _size(fp.train_peak),
+            "state + gathered + max(actor, critic) activations",
+        ),
+        (
+            "rollout phase",
+            _size(fp.rollout_peak),
+            ("vLLM share (state offloaded to host)" if fp.offload else "state + vLLM share")
+            if fp.vllm
+            else "state + KV cache decoded at once",
+        ),
         ("need a GPU", _size(fp.need), "max of the two phases"),
-        ("time: a decoding step", f"{fp.decode_step_seconds * 1e3:,.1f} ms",
-         f"(weights + KV cache read) / ({p.hardware.bandwidth / 1e12:g} TB/s x {p.hardware.bandwidth_share:g})"),
-        ("time: rollout a step", _duration(fp.rollout_seconds),
-         "ceil(requests / at once) x max_new_tokens decoding steps (every response at full length)"),
-        ("time: update a step", _duration(fp.update_seconds),
-         f"(6-8 P + attention) FLOPs a token / ({p.hardware.flops / 1e12:g} TFLOP/s x {p.hardware.flops_share:g})"),
+        (
+            "time: a decoding step",
+            f"{fp.decode_step_seconds * 1e3:,.1f} ms",
+            f"(weights + KV cache read) / ({p.hardware.bandwidth / 1e12:g} TB/s x {p.hardware.bandwidth_share:g})",
+        ),
+        (
+            "time: rollout a step",
+            _duration(fp.rollout_seconds),
+            "ceil(requests / at once) x max_new_tokens decoding steps (every response at full length)",
+        ),
+        (
+            "time: update a step",
+            _duration(fp.update_seconds),
+            f"(6-8 P + attention) FLOPs a token / ({p.hardware.flops / 1e12:g} TFLOP/s x {p.hardware.flops_share:g})",
+        ),
     ]
     return title, rows
 
@@ -171,44 +275,64 @@ def _verdict(p: RunPlan) -> str:
     fp, s = p.footprint, p.setup
     world = s.world if s.strategy == "fsdp" else 1
     memory = p.memory
-    lines = [f"fits {memory / GB:g} GB GPUs at N = {world}: {'yes' if fp.fits(memory) else 'no'} "
-             f"(needs {fp.need / GB:.2f} GB a GPU)"]
+    lines = [
+        f"fits {memory / GB:g} GB GPUs at N = {world}: {'yes' if fp.fits(memory) else 'no'} "
+        f"(needs {fp.need / GB:.2f} GB a GPU)"
+    ]
     fewest = fewest_ranks(p)
     where = f"trainer.strategy=fsdp; N divides the {p.prompts_per_step} prompts per step"
     if fewest is not None:
         lines.append(f"fewest GPUs that fit: {fewest} ({where})")
     elif fp.vllm and fewest_ranks(p, engine_at_minimum=True) is not None:
-        lines.append(f"fewest GPUs that fit: {fewest_ranks(p, engine_at_minimum=True)} with "
-                     f"rollout.vllm.gpu_memory_utilization={fp.engine_minimum / memory:.2f}, vLLM's least; none at "
-                     f"{fp.engine_memory / memory:g} ({where})")
+        lines.append(
+            f"fewest GPUs that fit: {fewest_ranks(p, engine_at_minimum=True)} with "
+            f"rollout.vllm.gpu_memory_utilization={fp.engine_minimum / memory:.2f}, vLLM's least; none at "
+            f"{fp.engine_memory / memory:g} ({where})"
+        )
     else:
-        lines.append(f"fewest GPUs that fit: none ({where}): what does not shrink with N is too large (the "
-                     "activations of a micro-batch, the gathered units, the sampling engine)")
-    lines.append(f"estimated step at N = {world}: {_duration(fp.step_seconds)} (rollout "
-                 f"{_duration(fp.rollout_seconds)}, update {_duration(fp.update_seconds)})")
+        lines.append(
+            f"fewest GPUs that fit: none ({where}): what does not shrink with N is too large (the "
+            "activations of a micro-batch, the gathered units, the sampling engine)"
+        )
+    lines.append(
+        f"estimated step at N = {world}: {_duration(fp.step_seconds)} (rollout "
+        f"{_duration(fp.rollout_seconds)}, update {_duration(fp.update_seconds)})"
+    )
     hour = fastest_within(p, 3600.0)
     if hour is not None:
         n, change, seconds = hour
-        extra = "".join(f" {k}={str(v).lower() if isinstance(v, bool) else f'{v:g}'}" for k, v in change.items())
-        lines.append(f"smallest setting whose step takes under an hour: N = {n}{' with' + extra if extra else ''} "
-                     f"(estimated {_duration(seconds)} a step)")
+        extra = "".join(
+            f" {k}={str(v).lower() if isinstance(v, bool) else f'{v:g}'}" for k, v in change.items()
+        )
+        lines.append(
+            f"smallest setting whose step takes under an hour: N = {n}{' with' + extra if extra else ''} "
+            f"(estimated {_duration(seconds)} a step)"
+        )
     else:
         lines.append(f"smallest setting whose step takes under an hour: none that fits ({where})")
     if fp.vllm:
         # the rest of the GPU holds the training state, and the update too when vLLM stays awake
         # (nothing of the training state with offload: it is in host memory while vLLM samples)
-        rest = fp.train_peak - fp.engine_memory if not fp.engine_sleeps else (0.0 if fp.offload else fp.state)
+        rest = (
+            fp.train_peak - fp.engine_memory
+            if not fp.engine_sleeps
+            else (0.0 if fp.offload else fp.state)
+        )
         low, high = fp.engine_minimum / memory, (memory - rest) / memory
         verdict = "works" if low <= fp.engine_memory / memory <= high else "does not work"
-        lines.append(f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] at N = {world} "
-                     f"(weights + one sequence's KV cache; the rest of the GPU for training): "
-                     f"{fp.engine_memory / memory:g} {verdict}")
+        lines.append(
+            f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] at N = {world} "
+            f"(weights + one sequence's KV cache; the rest of the GPU for training): "
+            f"{fp.engine_memory / memory:g} {verdict}"
+        )
     if not fp.fits(memory):
         lines.append(f"to fit, {fixes(p)}")
-    lines.append("estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), the activations autograd keeps "
-                 "for Qwen2 tensor by tensor and the chunked log-prob pass (both within 5% of CPU measurements; "
-                 "attention scores not stored, as flash attention); no allowance for the CUDA context, NCCL "
-                 "buffers or fragmentation: leave 30% headroom (reserved against planned memory, measured: "
-                 "docs/gpu-runs). Times: a roofline on an H100 at the stated shares of its peak "
-                 "(assumptions, models.footprint.Hardware), an upper bound for the rollout")
+    lines.append(
+        "estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), the activations autograd keeps "
+        "for Qwen2 tensor by tensor and the chunked log-prob pass (both within 5% of CPU measurements; "
+        "attention scores not stored, as flash attention); no allowance for the CUDA context, NCCL "
+        "buffers or fragmentation: leave 30% headroom (reserved against planned memory, measured: "
+        "docs/gpu-runs). Times: a roofline on an H100 at the stated shares of its peak "
+        "(assumptions, models.footprint.Hardware), an upper bound for the rollout"
+    )
     return "\n".join(lines)

@@ -84,8 +84,12 @@ def store_path(uri: str) -> tuple[str, Path | None]:
         return "server", None
     if parsed.scheme == "sqlite":
         # sqlite:///relative.db and sqlite:////absolute.db (SQLAlchemy); sqlite:// is in memory
-        rest = uri[len("sqlite://"):].split("?", 1)[0]
-        return ("sqlite", Path(rest[1:])) if rest.startswith("/") and len(rest) > 1 else ("other", None)
+        rest = uri[len("sqlite://") :].split("?", 1)[0]
+        return (
+            ("sqlite", Path(rest[1:]))
+            if rest.startswith("/") and len(rest) > 1
+            else ("other", None)
+        )
     if parsed.scheme == "file":
         return "file", Path(parsed.path)
     if parsed.scheme == "" or len(parsed.scheme) == 1:  # a plain path (a Windows drive letter too)
@@ -93,8 +97,9 @@ def store_path(uri: str) -> tuple[str, Path | None]:
     return "other", None
 
 
-def tracking_problems(uri: str | None, key: str = "tracking.uri", must_exist: bool = False,
-                      timeout: float = 3.0) -> list[str]:
+def tracking_problems(
+    uri: str | None, key: str = "tracking.uri", must_exist: bool = False, timeout: float = 3.0
+) -> list[str]:
     """Returns the problems of the MLflow store ``uri`` (None: $MLFLOW_TRACKING_URI, else ./mlflow.db).
 
     Args:
@@ -107,8 +112,11 @@ def tracking_problems(uri: str | None, key: str = "tracking.uri", must_exist: bo
     from vapo_lab.track.mlflow_tracker import TrackingError, check_server, resolve_tracking_uri
 
     resolved = resolve_tracking_uri(uri)
-    shown = (f"{key} {resolved}" if key.startswith("--") else f"{key}={resolved}") if uri else \
-        f"the default tracking store {resolved}"
+    shown = (
+        (f"{key} {resolved}" if key.startswith("--") else f"{key}={resolved}")
+        if uri
+        else f"the default tracking store {resolved}"
+    )
     kind, path = store_path(resolved)
     if kind == "server":
         try:
@@ -116,20 +124,32 @@ def tracking_problems(uri: str | None, key: str = "tracking.uri", must_exist: bo
         except TrackingError as e:
             if key == "tracking.uri":
                 return [str(e)]
-            return [str(e).replace("set tracking.uri", f"give {key}").replace(", or tracking=none", "")]
+            return [
+                str(e).replace("set tracking.uri", f"give {key}").replace(", or tracking=none", "")
+            ]
         return []
     if path is None:
         return []
     if must_exist:
         if kind == "sqlite" and not path.is_file():
-            return [f"{shown} does not exist (no file {path.absolute()}): give --tracking-uri the store the runs "
-                    "logged to (their run.json says which), e.g. sqlite:///mlflow.db in the folder they ran from"]
+            return [
+                f"{shown} does not exist (no file {path.absolute()}): give --tracking-uri the store the runs "
+                "logged to (their run.json says which), e.g. sqlite:///mlflow.db in the folder they ran from"
+            ]
         if kind == "file" and not path.is_dir():
-            return [f"{shown} does not exist (no folder {path.absolute()}): give --tracking-uri the store the "
-                    "runs logged to (their run.json says which)"]
+            return [
+                f"{shown} does not exist (no folder {path.absolute()}): give --tracking-uri the store the "
+                "runs logged to (their run.json says which)"
+            ]
         return []
-    fix = (f"set {key} to a store in a writable folder (e.g. {key}=sqlite:////tmp/mlflow.db), "
-           "or tracking=none") if key == "tracking.uri" else f"give {key} a store in a writable folder"
+    fix = (
+        (
+            f"set {key} to a store in a writable folder (e.g. {key}=sqlite:////tmp/mlflow.db), "
+            "or tracking=none"
+        )
+        if key == "tracking.uri"
+        else f"give {key} a store in a writable folder"
+    )
     if kind == "sqlite" and path.exists() and not path.is_file():
         return [f"{shown} is not a database: {path} is a folder; {fix}"]
     if kind == "sqlite" and path.is_file() and not os.access(path, os.R_OK | os.W_OK):
@@ -149,13 +169,25 @@ def run_problems(cfg: Any, cache_dir: str | Path) -> list[str]:
 
 def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]]:
     """Returns (problems of folders, including a local store's, problems of a tracking server)."""
-    needs = [Need(Path(cache_dir), f"the caches in {cache_dir}", "run vapo-lab from a writable folder")]
+    needs = [
+        Need(Path(cache_dir), f"the caches in {cache_dir}", "run vapo-lab from a writable folder")
+    ]
     if cfg.resume:
-        needs.append(Need(Path(cfg.resume), f"resume={cfg.resume}",
-                          "copy the run to a writable folder and resume it there"))
+        needs.append(
+            Need(
+                Path(cfg.resume),
+                f"resume={cfg.resume}",
+                "copy the run to a writable folder and resume it there",
+            )
+        )
     else:
-        needs.append(Need(Path(cfg.output_dir), f"output_dir={cfg.output_dir}",
-                          "set output_dir=/a/writable/folder"))
+        needs.append(
+            Need(
+                Path(cfg.output_dir),
+                f"output_dir={cfg.output_dir}",
+                "set output_dir=/a/writable/folder",
+            )
+        )
     store: list[str] = []  # an existing database's own problems
     server: list[str] = []
     if cfg.tracking.backend == "mlflow":
@@ -168,9 +200,16 @@ def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]
         elif kind == "sqlite" and path is not None and path.exists():
             store = tracking_problems(cfg.tracking.uri)
         elif path is not None:  # a local store, made on first use: its folder joins the others
-            shown = f"tracking.uri={resolved}" if cfg.tracking.uri else f"the MLflow store {path.name}"
-            needs.append(Need(path.parent if kind == "sqlite" else path, shown,
-                              "set tracking.uri=sqlite:////a/writable/folder/mlflow.db, or tracking=none"))
+            shown = (
+                f"tracking.uri={resolved}" if cfg.tracking.uri else f"the MLflow store {path.name}"
+            )
+            needs.append(
+                Need(
+                    path.parent if kind == "sqlite" else path,
+                    shown,
+                    "set tracking.uri=sqlite:////a/writable/folder/mlflow.db, or tracking=none",
+                )
+            )
     return writable_problems(needs) + store, server
 
 
@@ -221,17 +260,26 @@ def model_shape(cfg: Any) -> tuple[Shape, str]:
     if m.name == "tiny":
         a = m.arch
         # build_tiny_model: Qwen2 with q/k/v biases and tied embeddings, head size h / a
-        shape = Shape(hidden_size=int(a.hidden_size), num_layers=int(a.num_layers), num_heads=int(a.num_heads),
-                      num_kv_heads=int(a.num_kv_heads), head_dim=int(a.hidden_size) // int(a.num_heads),
-                      intermediate_size=int(a.intermediate_size), vocab_size=_tiny_vocab(cfg),
-                      tie_word_embeddings=True, max_position_embeddings=int(a.max_position_embeddings))
+        shape = Shape(
+            hidden_size=int(a.hidden_size),
+            num_layers=int(a.num_layers),
+            num_heads=int(a.num_heads),
+            num_kv_heads=int(a.num_kv_heads),
+            head_dim=int(a.hidden_size) // int(a.num_heads),
+            intermediate_size=int(a.intermediate_size),
+            vocab_size=_tiny_vocab(cfg),
+            tie_word_embeddings=True,
+            max_position_embeddings=int(a.max_position_embeddings),
+        )
         return shape, "the embedded tiny model (model.arch)"
     if m.path:
         return read_shape(m.path), f"{m.path}/config.json"
     if m.get("arch_name"):
         return known_arch(m.arch_name), f"{m.arch_name} (model.arch_name)"
-    raise ConfigError(f"model={m.name} has no shape to plan with: set model.path to a local checkpoint, or "
-                      f"model.arch_name to one of {', '.join(KNOWN_ARCHS)}")
+    raise ConfigError(
+        f"model={m.name} has no shape to plan with: set model.path to a local checkpoint, or "
+        f"model.arch_name to one of {', '.join(KNOWN_ARCHS)}"
+    )
 
 
 def _tiny_vocab(cfg: Any) -> int:
@@ -242,11 +290,15 @@ def _tiny_vocab(cfg: Any) -> int:
 
     words: list[str] = []
     if cfg.task.name == "arith":  # its words depend on the digit options only: no problems needed
-        words = build_task("arith", seed=int(cfg.task.seed), n_train=0, n_eval=0, **dict(cfg.task.options)).vocabulary()
+        words = build_task(
+            "arith", seed=int(cfg.task.seed), n_train=0, n_eval=0, **dict(cfg.task.options)
+        ).vocabulary()
     return len(build_tokenizer(words))
 
 
-def plan_run(cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device: str = "cuda") -> RunPlan:
+def plan_run(
+    cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device: str = "cuda"
+) -> RunPlan:
     """Returns the plan of run ``cfg`` for ``device`` (cuda or cpu) ranks of ``memory`` bytes each.
 
     The world is trainer.nodes x trainer.nproc_per_node; vLLM takes
@@ -262,17 +314,27 @@ def plan_run(cfg: Any, memory: float, prompt_tokens: int = PROMPT_TOKENS, device
     # .get: a run saved before these keys existed resumes with its own config.yaml
     strategy = str(t.get("strategy", "single"))
     dtype = "float32" if strategy == "fsdp" and device == "cpu" else str(cfg.model.dtype)
-    setup = Setup(world=int(t.get("nodes", 1)) * int(t.get("nproc_per_node", 1)), strategy=strategy, dtype=dtype,
-                  micro_tokens=int(t.max_tokens_per_micro_batch), responses_per_step=int(r.responses_per_step),
-                  prompt_tokens=int(prompt_tokens), max_new_tokens=int(r.max_new_tokens),
-                  gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
-                  mini_batch_size=int(t.mini_batch_size), critic=cfg.algo.advantage == "gae",
-                  reference=float(cfg.kl.coef) > 0, engine="vllm" if vllm else "builtin", builtin_rows=BUILTIN_ROWS,
-                  tensor_parallel_size=int(v.get("tensor_parallel_size", 1)),
-                  engine_memory=float(v.get("gpu_memory_utilization", 0.0)) * memory if vllm else 0.0,
-                  engine_sleeps=bool(v.get("enable_sleep_mode", True)),
-                  offload=bool(t.get("offload_during_rollout", False)),
-                  logprob_chunk=default_chunk_tokens(shape.vocab_size), ppo_epochs=int(t.ppo_epochs))
+    setup = Setup(
+        world=int(t.get("nodes", 1)) * int(t.get("nproc_per_node", 1)),
+        strategy=strategy,
+        dtype=dtype,
+        micro_tokens=int(t.max_tokens_per_micro_batch),
+        responses_per_step=int(r.responses_per_step),
+        prompt_tokens=int(prompt_tokens),
+        max_new_tokens=int(r.max_new_tokens),
+        gradient_checkpointing=bool(cfg.model.gradient_checkpointing),
+        mini_batch_size=int(t.mini_batch_size),
+        critic=cfg.algo.advantage == "gae",
+        reference=float(cfg.kl.coef) > 0,
+        engine="vllm" if vllm else "builtin",
+        builtin_rows=BUILTIN_ROWS,
+        tensor_parallel_size=int(v.get("tensor_parallel_size", 1)),
+        engine_memory=float(v.get("gpu_memory_utilization", 0.0)) * memory if vllm else 0.0,
+        engine_sleeps=bool(v.get("enable_sleep_mode", True)),
+        offload=bool(t.get("offload_during_rollout", False)),
+        logprob_chunk=default_chunk_tokens(shape.vocab_size),
+        ppo_epochs=int(t.ppo_epochs),
+    )
     prompts = max(1, int(r.responses_per_step) // int(r.n_samples))
     return RunPlan(model, shape, setup, estimate(shape, setup), memory, prompts)
 
@@ -281,8 +343,13 @@ def fewest_ranks(plan: RunPlan, engine_at_minimum: bool = False) -> int | None:
     """Returns the fewest fsdp ranks (GPUs) on which ``plan``'s run fits its memory, a divisor of the
     prompts per step (each rank samples an equal share of whole groups); None when no count does.
     ``engine_at_minimum``: with vLLM's share at the least it needs, not as configured."""
-    return smallest_world(plan.shape, plan.setup, plan.memory, divides=plan.prompts_per_step,
-                          engine_at_minimum=engine_at_minimum)
+    return smallest_world(
+        plan.shape,
+        plan.setup,
+        plan.memory,
+        divides=plan.prompts_per_step,
+        engine_at_minimum=engine_at_minimum,
+    )
 
 
 # the vLLM settings ``fastest_within`` tries beside the configured ones: verl's DAPO-32B recipe gives
@@ -300,20 +367,34 @@ def fastest_within(plan: RunPlan, seconds: float) -> tuple[int, dict[str, Any], 
     share and ``ENGINE_SHARES``, with and without offload during the rollout.
     """
     s = plan.setup
-    keys = ("rollout.vllm.tensor_parallel_size", "rollout.vllm.gpu_memory_utilization", "trainer.offload_during_rollout")
+    keys = (
+        "rollout.vllm.tensor_parallel_size",
+        "rollout.vllm.gpu_memory_utilization",
+        "trainer.offload_during_rollout",
+    )
     configured = (s.tensor_parallel_size, s.engine_memory / plan.memory, s.offload)
     variants = [configured]
     if s.engine == "vllm":
-        variants += [(tp, share, off) for off in (s.offload, True) for share in (configured[1], *ENGINE_SHARES)
-                     for tp in TENSOR_PARALLEL]
+        variants += [
+            (tp, share, off)
+            for off in (s.offload, True)
+            for share in (configured[1], *ENGINE_SHARES)
+            for tp in TENSOR_PARALLEL
+        ]
     for n in range(1, plan.prompts_per_step + 1):
         if plan.prompts_per_step % n:
             continue
         for tp, share, off in variants:
             if n % tp:
                 continue
-            setup = replace(s, world=n, strategy="fsdp", tensor_parallel_size=tp, engine_memory=share * plan.memory,
-                            offload=off)
+            setup = replace(
+                s,
+                world=n,
+                strategy="fsdp",
+                tensor_parallel_size=tp,
+                engine_memory=share * plan.memory,
+                offload=off,
+            )
             fp = estimate(plan.shape, setup, plan.hardware)
             if fp.fits(plan.memory) and fp.step_seconds < seconds:
                 changed = {k: v for k, v, c in zip(keys, (tp, share, off), configured) if v != c}
@@ -375,23 +456,32 @@ def fit_problems(cfg: Any) -> list[str]:
     fp = plan.footprint
     if fp.fits(memory):
         return []
-    return [f"{_need_text(plan)} but each rank has {memory / GB:.1f} GB ({what}): {fixes(plan)}; "
-            f"`vapo-lab plan` shows the numbers"]
+    return [
+        f"{_need_text(plan)} but each rank has {memory / GB:.1f} GB ({what}): {fixes(plan)}; "
+        f"`vapo-lab plan` shows the numbers"
+    ]
 
 
 def _need_text(plan: RunPlan) -> str:
     """Returns 'the run needs X GB a rank (...)' with the phase that sets it."""
     fp, s = plan.footprint, plan.setup
     acts = max(fp.actor_activations, fp.critic_activations)
-    update = (f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations {acts / GB:.1f} "
-              f"for a pass of {fp.pass_tokens} tokens" + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else ""))
+    update = (
+        f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations {acts / GB:.1f} "
+        f"for a pass of {fp.pass_tokens} tokens"
+        + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else "")
+    )
     if fp.vllm:
-        rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: {'' if fp.offload else 'state + '}vLLM's "
-                   f"{s.engine_memory / GB:.1f}, which must hold "
-                   f"{fp.engine_minimum / GB:.1f} (weights + one sequence's KV cache)")
+        rollout = (
+            f"rollout {fp.rollout_peak / GB:.1f} GB: {'' if fp.offload else 'state + '}vLLM's "
+            f"{s.engine_memory / GB:.1f}, which must hold "
+            f"{fp.engine_minimum / GB:.1f} (weights + one sequence's KV cache)"
+        )
     else:
-        rollout = (f"rollout {fp.rollout_peak / GB:.1f} GB: state + KV cache of {fp.sequences_at_once} x "
-                   f"{fp.sequence} tokens")
+        rollout = (
+            f"rollout {fp.rollout_peak / GB:.1f} GB: state + KV cache of {fp.sequences_at_once} x "
+            f"{fp.sequence} tokens"
+        )
     return f"the run needs {fp.need / GB:.1f} GB a rank ({update}; {rollout})"
 
 
@@ -405,23 +495,38 @@ def fixes(plan: RunPlan) -> str:
     if fewest is not None and fewest > s.world:
         fixes.append(f"{ranks}: at least {fewest}")
     elif fewest is None and fp.vllm and fewest_ranks(plan, engine_at_minimum=True) is not None:
-        fixes.append(f"{ranks}: at least {fewest_ranks(plan, engine_at_minimum=True)} with "
-                     f"rollout.vllm.gpu_memory_utilization={share:.2f}")
+        fixes.append(
+            f"{ranks}: at least {fewest_ranks(plan, engine_at_minimum=True)} with "
+            f"rollout.vllm.gpu_memory_utilization={share:.2f}"
+        )
     if not s.gradient_checkpointing:
-        fixes.append(f"model.gradient_checkpointing=true (actor activations {fp.actor_activations_full / GB:.1f} -> "
-                     f"{fp.actor_activations_ckpt / GB:.1f} GB)")
-    smaller = [b * fp.sequence for b in range(fp.pass_tokens // fp.sequence - 1, 0, -1)
-               if estimate(plan.shape, replace(s, micro_tokens=b * fp.sequence)).train_peak <= plan.memory]
+        fixes.append(
+            f"model.gradient_checkpointing=true (actor activations {fp.actor_activations_full / GB:.1f} -> "
+            f"{fp.actor_activations_ckpt / GB:.1f} GB)"
+        )
+    smaller = [
+        b * fp.sequence
+        for b in range(fp.pass_tokens // fp.sequence - 1, 0, -1)
+        if estimate(plan.shape, replace(s, micro_tokens=b * fp.sequence)).train_peak <= plan.memory
+    ]
     if smaller:
-        fixes.append(f"trainer.max_tokens_per_micro_batch={smaller[0]} (the update then fits; "
-                     f"{fp.pass_tokens} tokens a pass now)")
+        fixes.append(
+            f"trainer.max_tokens_per_micro_batch={smaller[0]} (the update then fits; "
+            f"{fp.pass_tokens} tokens a pass now)"
+        )
     if fp.vllm and not fp.offload and fp.rollout_peak > plan.memory:
-        fixes.append("trainer.offload_during_rollout=true (the training state in host memory while vLLM samples)")
+        fixes.append(
+            "trainer.offload_during_rollout=true (the training state in host memory while vLLM samples)"
+        )
     if fp.vllm and fp.engine_memory < fp.engine_minimum:
-        fixes.append(f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger rollout.vllm.tensor_parallel_size")
+        fixes.append(
+            f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger rollout.vllm.tensor_parallel_size"
+        )
     elif not fp.vllm and fp.rollout_peak > plan.memory:
         fixes.append("fewer rollout.responses_per_step or rollout.max_new_tokens")
-    return "fix with one or more of: " + "; ".join(fixes) if fixes else "use a device with more memory"
+    return (
+        "fix with one or more of: " + "; ".join(fixes) if fixes else "use a device with more memory"
+    )
 
 
 def check_fits(cfg: Any) -> None:
@@ -429,11 +534,31 @@ def check_fits(cfg: Any) -> None:
     require(fit_problems(cfg))
 
 
-def require_writable(path: str | Path, what: str, fix: str, error: type[VapoLabError] = ConfigError) -> None:
+def require_writable(
+    path: str | Path, what: str, fix: str, error: type[VapoLabError] = ConfigError
+) -> None:
     """Raises ``error`` when the folder ``path`` cannot be made or written, naming ``what`` and ``fix``."""
     require(writable_problems([Need(Path(path), what, fix)]), error)
 
 
-__all__ = ["BUILTIN_ROWS", "PROMPT_TOKENS", "Need", "RunPlan", "check_fits", "check_run", "device_memory",
-           "fewest_ranks", "fit_problems", "fixes", "model_shape", "plan_run", "require", "require_writable", "run_problems",
-           "store_path", "tracking_problems", "unwritable", "writable_problems"]
+__all__ = [
+    "BUILTIN_ROWS",
+    "PROMPT_TOKENS",
+    "Need",
+    "RunPlan",
+    "check_fits",
+    "check_run",
+    "device_memory",
+    "fewest_ranks",
+    "fit_problems",
+    "fixes",
+    "model_shape",
+    "plan_run",
+    "require",
+    "require_writable",
+    "run_problems",
+    "store_path",
+    "tracking_problems",
+    "unwritable",
+    "writable_problems",
+]

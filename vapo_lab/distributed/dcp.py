@@ -23,11 +23,22 @@ import torch
 from vapo_lab.errors import CheckpointError
 
 # the modules whose classes a DCP .metadata file may name (and torch.Size, torch dtypes)
-_SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                 "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-_SAFE_BUILTINS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                  ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("builtins", "set"),
-                  ("builtins", "frozenset"), ("builtins", "slice")}
+_SAFE_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint.planner",
+    "torch.distributed.checkpoint._extension",
+)
+_SAFE_BUILTINS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -50,8 +61,10 @@ def _reader(path: Path) -> Any:
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
             except (pickle.UnpicklingError, AttributeError, EOFError, OSError) as e:
-                self.refusal = (f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
-                                "use a checkpoint written by vapo-lab")
+                self.refusal = (
+                    f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
+                    "use a checkpoint written by vapo-lab"
+                )
                 raise CheckpointError(self.refusal) from e
             from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -74,9 +87,13 @@ def _planner() -> Any:
             try:
                 obj = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as e:
-                raise CheckpointError(f"refusing a checkpoint entry {fqn}: it holds Python objects beyond "
-                                      "tensors and plain containers") from e
-            if self.flatten_state_dict:  # as DefaultLoadPlanner: into the nested dict the caller holds
+                raise CheckpointError(
+                    f"refusing a checkpoint entry {fqn}: it holds Python objects beyond "
+                    "tensors and plain containers"
+                ) from e
+            if (
+                self.flatten_state_dict
+            ):  # as DefaultLoadPlanner: into the nested dict the caller holds
                 from torch.distributed.checkpoint._traverse import set_element
 
                 set_element(self.original_state_dict, self.mappings[fqn], obj)
@@ -102,7 +119,9 @@ def load_sharded(path: Path, state: dict[str, Any]) -> None:
     reader = _reader(path)
     try:
         dcp.load(state, storage_reader=reader, planner=_planner())
-    except BaseException as e:  # DCP wraps a rank's error in its CheckpointException (a BaseException)
+    except (
+        BaseException
+    ) as e:  # DCP wraps a rank's error in its CheckpointException (a BaseException)
         if reader.refusal:
             raise CheckpointError(reader.refusal) from e
         raise

@@ -34,8 +34,10 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
             obj = getattr(obj, attr, None)
         if isinstance(obj, nn.ModuleList):
             return list(obj)
-    raise TypeError(f"cannot find the decoder layers of {type(model).__name__} to shard (no .model.layers, "
-                    ".backbone.layers or .layers)")
+    raise TypeError(
+        f"cannot find the decoder layers of {type(model).__name__} to shard (no .model.layers, "
+        ".backbone.layers or .layers)"
+    )
 
 
 def shard(model: nn.Module, world: World, device: torch.device, mp: Any = None) -> nn.Module:

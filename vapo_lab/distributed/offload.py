@@ -52,8 +52,11 @@ class Offloaded:
     host: torch.device = torch.device("cpu")
 
 
-def to_host(modules: Iterable[nn.Module | None], optimizers: Iterable[torch.optim.Optimizer | None],
-            host: str | torch.device = "cpu") -> Offloaded:
+def to_host(
+    modules: Iterable[nn.Module | None],
+    optimizers: Iterable[torch.optim.Optimizer | None],
+    host: str | torch.device = "cpu",
+) -> Offloaded:
     """Returns the record of moving ``modules`` (parameters, their gradients, buffers) and the state
     tensors of ``optimizers`` into fresh storage on ``host``; None entries are skipped.
 
@@ -74,8 +77,10 @@ def to_host(modules: Iterable[nn.Module | None], optimizers: Iterable[torch.opti
                 continue
             params = {id(p) for p in module.parameters()}
             if params & seen:
-                raise ValueError(f"{type(module).__name__} shares parameters with a module offloaded before it: "
-                                 "pass each parameter's module once")
+                raise ValueError(
+                    f"{type(module).__name__} shares parameters with a module offloaded before it: "
+                    "pass each parameter's module once"
+                )
             seen |= params
             done.modules.append((module, _device_of(module)))
             _move_module(module, host)
@@ -109,8 +114,11 @@ def to_device(offloaded: Offloaded) -> None:
 
 
 @contextlib.contextmanager
-def on_host(modules: Iterable[nn.Module | None], optimizers: Iterable[torch.optim.Optimizer | None],
-            host: str | torch.device = "cpu") -> Iterator[Offloaded]:
+def on_host(
+    modules: Iterable[nn.Module | None],
+    optimizers: Iterable[torch.optim.Optimizer | None],
+    host: str | torch.device = "cpu",
+) -> Iterator[Offloaded]:
     """Runs the body with ``modules`` and ``optimizers`` on ``host`` (:func:`to_host`), and puts
     them back (:func:`to_device`) when it ends, raising or not."""
     offloaded = to_host(modules, optimizers, host)
@@ -133,11 +141,17 @@ def _device_of(module: nn.Module) -> torch.device:
     Raises:
         ValueError: they are on more than one device.
     """
-    tensors = [*module.parameters(), *module.buffers(), *(p.grad for p in module.parameters() if p.grad is not None)]
+    tensors = [
+        *module.parameters(),
+        *module.buffers(),
+        *(p.grad for p in module.parameters() if p.grad is not None),
+    ]
     devices = {_local(t).device for t in tensors}
     if len(devices) > 1:
-        raise ValueError(f"{type(module).__name__} has tensors on {sorted(map(str, devices))}: offloading "
-                         "moves one module from one device and back; put it on one device first")
+        raise ValueError(
+            f"{type(module).__name__} has tensors on {sorted(map(str, devices))}: offloading "
+            "moves one module from one device and back; put it on one device first"
+        )
     return devices.pop() if devices else torch.device("cpu")
 
 
@@ -149,9 +163,11 @@ def _move_module(module: nn.Module, device: torch.device) -> None:
         # FSDPModule overrides _apply (pitfall 1): it reshards and re-points its shards' storage
         module._apply(lambda t: _copy(t, device))
     if [id(p) for p in module.parameters()] != params:
-        raise RuntimeError("moving the module replaced its parameter objects (torch.__future__."
-                           "set_overwrite_module_params_on_conversion(True)?), so its optimiser would "
-                           "hold stale ones: leave that flag off to offload")
+        raise RuntimeError(
+            "moving the module replaced its parameter objects (torch.__future__."
+            "set_overwrite_module_params_on_conversion(True)?), so its optimiser would "
+            "hold stale ones: leave that flag off to offload"
+        )
 
 
 def _copy(t: Tensor, device: torch.device) -> Tensor:
@@ -161,8 +177,9 @@ def _copy(t: Tensor, device: torch.device) -> Tensor:
 
     if isinstance(t, DTensor):
         local = _copy(t.to_local(), device)
-        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                  stride=t.stride())
+        return DTensor.from_local(
+            local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+        )
     if t.is_cuda and device.type == "cpu":
         return torch.empty_like(t, device=device, pin_memory=True).copy_(t, non_blocking=True)
     return t.to(device, copy=True, non_blocking=t.is_pinned())

@@ -41,7 +41,11 @@ class World:
 
     def sum(self, x: Tensor | float) -> Tensor:
         """Returns the sum of ``x`` over ranks (a float64 tensor for a Python number)."""
-        t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
+        t = (
+            x.detach().clone()
+            if isinstance(x, Tensor)
+            else torch.tensor(float(x), dtype=torch.float64)
+        )
         return self._all_reduce(t, torch.distributed.ReduceOp.SUM) if self.initialized else t
 
     def mean(self, x: Tensor) -> float:
@@ -56,12 +60,20 @@ class World:
         if not self.initialized:
             return float(x.std()) if x.numel() > 1 else 0.0
         x = x.double()
-        n, s1, s2 = self.sum(torch.stack([torch.tensor(float(x.numel()), dtype=torch.float64), x.sum(), (x * x).sum()]))
+        n, s1, s2 = self.sum(
+            torch.stack(
+                [torch.tensor(float(x.numel()), dtype=torch.float64), x.sum(), (x * x).sum()]
+            )
+        )
         return float(((s2 - s1 * s1 / n) / (n - 1)).clamp(min=0).sqrt()) if n > 1 else 0.0
 
     def max(self, x: Tensor | float) -> Tensor:
         """Returns the maximum of ``x`` over ranks."""
-        t = x.detach().clone() if isinstance(x, Tensor) else torch.tensor(float(x), dtype=torch.float64)
+        t = (
+            x.detach().clone()
+            if isinstance(x, Tensor)
+            else torch.tensor(float(x), dtype=torch.float64)
+        )
         return self._all_reduce(t, torch.distributed.ReduceOp.MAX) if self.initialized else t
 
     def _all_reduce(self, t: Tensor, op: Any) -> Tensor:
@@ -112,8 +124,11 @@ def env_world() -> tuple[int, int, int] | None:
     ``submitit.helpers.TorchDistributedEnvironment``) set; None outside such a launch."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
-    return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-            int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    return (
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
+    )
 
 
 def world_size(cfg: Any) -> int:
@@ -135,15 +150,19 @@ def init_world(cfg: Any, device: torch.device) -> World:
     found = env_world()
     if found is None:
         if want > 1:
-            raise ConfigError(f"trainer.strategy=fsdp with {want} ranks needs a launcher: run `vapo-lab train` "
-                              "(it starts torchrun), or torchrun / a Slurm multi-task job, not this process alone")
+            raise ConfigError(
+                f"trainer.strategy=fsdp with {want} ranks needs a launcher: run `vapo-lab train` "
+                "(it starts torchrun), or torchrun / a Slurm multi-task job, not this process alone"
+            )
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         found = (0, 1, 0)
     rank, size, local = found
     if size != want:
-        raise ConfigError(f"this process is one of {size} ranks but trainer.nodes x trainer.nproc_per_node = {want}: "
-                          "start the run with `vapo-lab train` or set the two to match the launch")
+        raise ConfigError(
+            f"this process is one of {size} ranks but trainer.nodes x trainer.nproc_per_node = {want}: "
+            "start the run with `vapo-lab train` or set the two to match the launch"
+        )
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         bound = None
@@ -152,8 +171,12 @@ def init_world(cfg: Any, device: torch.device) -> World:
             # bound to its GPU, NCCL need not guess the device from the global rank (a hang where
             # ranks and GPUs do not map one to one) and reports a communicator that fails at once
             bound = torch.device("cuda", local)
-        torch.distributed.init_process_group(backend, rank=rank, world_size=size, timeout=TIMEOUT, device_id=bound)
-    return World(rank, size, local, initialized=True, comm_device="cuda" if device.type == "cuda" else "cpu")
+        torch.distributed.init_process_group(
+            backend, rank=rank, world_size=size, timeout=TIMEOUT, device_id=bound
+        )
+    return World(
+        rank, size, local, initialized=True, comm_device="cuda" if device.type == "cuda" else "cpu"
+    )
 
 
 def close_world(world: World) -> None:

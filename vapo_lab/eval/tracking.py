@@ -19,8 +19,13 @@ from vapo_lab.eval.settings import file_safe
 EVAL_EXPERIMENT = "eval"
 
 
-def log_metrics_to_mlflow(summary: dict[str, Any], ref: ModelRef | None, bench: str, tracking_uri: str | None,
-                          warnings: list[str]) -> dict[str, Any] | None:
+def log_metrics_to_mlflow(
+    summary: dict[str, Any],
+    ref: ModelRef | None,
+    bench: str,
+    tracking_uri: str | None,
+    warnings: list[str],
+) -> dict[str, Any] | None:
     """Logs ``eval/<bench>/...`` metrics: into the training run at the checkpoint's step, else a new run.
 
     Returns where they went ({"run_id", "uri", "step", "new_run"}), or None with a warning when the
@@ -38,31 +43,55 @@ def log_metrics_to_mlflow(summary: dict[str, Any], ref: ModelRef | None, bench: 
             tracker.log_metrics(metrics, int(ref.step or 0))
             tracker.log_text(json.dumps(summary, indent=2), artifact)
             if tracker.failures:
-                warnings.append(f"MLflow store {tracker.uri} did not take the metrics: kept in "
-                                f"{tracker.spool_dir / (ref.run_id + '.jsonl')} (sent with the next log to that run)")
-            return {"run_id": ref.run_id, "uri": tracker.uri, "step": int(ref.step or 0), "new_run": False}
+                warnings.append(
+                    f"MLflow store {tracker.uri} did not take the metrics: kept in "
+                    f"{tracker.spool_dir / (ref.run_id + '.jsonl')} (sent with the next log to that run)"
+                )
+            return {
+                "run_id": ref.run_id,
+                "uri": tracker.uri,
+                "step": int(ref.step or 0),
+                "new_run": False,
+            }
         tracker = MlflowTracker(uri=tracking_uri, experiment=EVAL_EXPERIMENT)
-        tags = {"benchmark": bench, "model": summary["model"]["path"] or "responses",
-                "run_dir": summary["model"]["run_dir"] or "", "engine": str(gen["engine"])}
+        tags = {
+            "benchmark": bench,
+            "model": summary["model"]["path"] or "responses",
+            "run_dir": summary["model"]["run_dir"] or "",
+            "engine": str(gen["engine"]),
+        }
         params = {k: v for k, v in gen.items() if k not in ("engine_version",)}
         run_id = tracker.start(f"{bench}-n{gen['samples']}", tags, params)
         tracker.log_metrics(metrics, int(ref.step or 0) if ref is not None else 0)
         tracker.log_text(json.dumps(summary, indent=2), artifact)
         tracker.finish("FINISHED")
-        return {"run_id": run_id, "uri": tracker.uri, "step": int(ref.step or 0) if ref else 0, "new_run": True}
+        return {
+            "run_id": run_id,
+            "uri": tracker.uri,
+            "step": int(ref.step or 0) if ref else 0,
+            "new_run": True,
+        }
     except TrackingError as e:
         warnings.append(f"not logged to MLflow ({str(e).splitlines()[0]}); the results are on disk")
         return None
 
 
-def save_result(out: Path, summary: dict[str, Any], ref: ModelRef | None, bench: str, track: bool,
-                tracking_uri: str | None) -> EvalResult:
+def save_result(
+    out: Path,
+    summary: dict[str, Any],
+    ref: ModelRef | None,
+    bench: str,
+    track: bool,
+    tracking_uri: str | None,
+) -> EvalResult:
     """Returns the evaluation's result: logs it to MLflow when ``track``, then writes ``summary.json``.
 
     ``summary["warnings"]`` receives the tracking's own warnings, so the file records them too.
     """
     warnings = summary["warnings"]
-    summary["tracking"] = log_metrics_to_mlflow(summary, ref, bench, tracking_uri, warnings) if track else None
+    summary["tracking"] = (
+        log_metrics_to_mlflow(summary, ref, bench, tracking_uri, warnings) if track else None
+    )
     write_json(out / SUMMARY_FILE, summary)
     return EvalResult(out, summary, warnings)
 

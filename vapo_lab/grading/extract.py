@@ -14,10 +14,21 @@ _BOX_COMMANDS = ("\\boxed", "\\fbox")
 # Greedy to the end of the line (`.` stops at a newline), stripped afterwards: a lazy `(.+?)\s*$`
 # backtracks quadratically on a long run of spaces. Markdown bold may close between "Answer" and
 # its colon (`**Answer**: 73`); the optional group is tried once per "Answer", so this stays linear.
-_ANSWER_LINE = re.compile(r"Answer(?:[ \t]*(?:\*{1,3}|_{1,3}))?[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
+_ANSWER_LINE = re.compile(
+    r"Answer(?:[ \t]*(?:\*{1,3}|_{1,3}))?[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE
+)
 _EMPHASIS = "*_ \t"  # Markdown bold/italic markers (and the spaces beside them) around an answer line's value
 # Whole-string wrappers whose content is the answer.
-_WRAPPERS = ("\\text", "\\textbf", "\\textrm", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed", "\\fbox")
+_WRAPPERS = (
+    "\\text",
+    "\\textbf",
+    "\\textrm",
+    "\\mathrm",
+    "\\mathbf",
+    "\\mbox",
+    "\\boxed",
+    "\\fbox",
+)
 # Spacing and sizing commands that never change a value (`\!` and `\,` also separate thousands).
 _NOISE = re.compile(r"\\left(?![a-zA-Z])|\\right(?![a-zA-Z])|\\displaystyle|\\[!,;:]|\\ |\\\$")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°")
@@ -74,7 +85,7 @@ def last_boxed(text: str) -> str | None:
         j += 1
     if j < len(text) and text[j] == "{":
         end = matching_brace(text, j)
-        return text[j + 1:end] if end >= 0 else None
+        return text[j + 1 : end] if end >= 0 else None
     if j == i:  # `\boxed` at the very end or followed by a symbol: truncated
         return None
     k = j
@@ -106,9 +117,9 @@ def _strip_emphasis(value: str) -> str:
     """
     s = value.strip().lstrip(_EMPHASIS)
     period = "." if s.endswith(".") else ""
-    core = s[:len(s) - len(period)]
+    core = s[: len(s) - len(period)]
     kept = core.rstrip(_EMPHASIS)
-    if kept.endswith("^") and core[len(kept):].startswith("*"):
+    if kept.endswith("^") and core[len(kept) :].startswith("*"):
         kept += "*"
     return kept + period if kept else ""
 
@@ -117,14 +128,14 @@ def _unwrap(s: str) -> str:
     r"""Returns ``s`` without one layer of ``$...$``, ``\(...\)``, ``\[...\]`` or ``\text{...}``-like wrapper."""
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            return s[len(left):len(s) - len(right)]
+            return s[len(left) : len(s) - len(right)]
     for name in _WRAPPERS:
-        if s.startswith(name) and not s[len(name):len(name) + 1].isalpha():
+        if s.startswith(name) and not s[len(name) : len(name) + 1].isalpha():
             j = len(name)
             while j < len(s) and s[j].isspace():
                 j += 1
             if j < len(s) and s[j] == "{" and matching_brace(s, j) == len(s) - 1:
-                return s[j + 1:-1]
+                return s[j + 1 : -1]
     return s
 
 
@@ -162,7 +173,9 @@ def normalize_answer(answer: str, integer: bool = False) -> str:
 def as_int(key: str) -> int | None:
     """Returns the integer a normalised key spells (``-12``, ``007``, ``3.00``), else None."""
     match = _INTEGER.fullmatch(key)
-    if not match or len(match.group(1)) > 4000:  # int() refuses > 4300 digits; no answer is that long
+    if (
+        not match or len(match.group(1)) > 4000
+    ):  # int() refuses > 4300 digits; no answer is that long
         return None
     return int(match.group(1))
 

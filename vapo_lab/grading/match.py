@@ -45,12 +45,16 @@ def _symbolic_equal(answer: str, reference: str, timeout_s: float | None) -> boo
         return math_verify_equal(answer, reference, timeout_s)
     verdict = OFF_MAIN_THREAD.equal(answer, reference, timeout_s)
     if verdict is None:
-        _log.warning("grading took over %s s (off the main thread): counted wrong: %.200s", timeout_s, answer)
+        _log.warning(
+            "grading took over %s s (off the main thread): counted wrong: %.200s", timeout_s, answer
+        )
         return False
     return verdict
 
 
-def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: float | None = 5) -> bool:
+def match_answer(
+    answer: str, reference: str, integer: bool = False, timeout_s: float | None = 5
+) -> bool:
     """Returns True iff the extracted ``answer`` equals ``reference``.
 
     Equal normalised keys → True. Both integers → exact integer comparison. Otherwise, with
@@ -75,7 +79,9 @@ def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: 
     return _symbolic_equal(compact, reference, timeout_s)
 
 
-def grade(response: str, reference: str, integer: bool = False, timeout_s: float | None = 5) -> bool:
+def grade(
+    response: str, reference: str, integer: bool = False, timeout_s: float | None = 5
+) -> bool:
     """Returns True iff the final answer of ``response`` equals ``reference`` (see ``match_answer``).
 
     In-process (the reward's path), bounded by ``timeout_s`` on any thread (math-verify's alarm
@@ -113,8 +119,9 @@ class GradeResult:
 _match_in_worker = functools.partial(match_answer, timeout_s=None)
 
 
-def _grade_one(response: str, reference: str, integer: bool,
-               match_fn: Callable[[str, str, bool], bool]) -> tuple[str | None, bool, str, str]:
+def _grade_one(
+    response: str, reference: str, integer: bool, match_fn: Callable[[str, str, bool], bool]
+) -> tuple[str | None, bool, str, str]:
     """Returns the fields of a GradeResult for one sample; exceptions become status "error"."""
     answer = None
     try:
@@ -126,10 +133,15 @@ def _grade_one(response: str, reference: str, integer: bool,
         return answer, False, "error", f"{type(e).__name__}: {e}"[:500]
 
 
-def grade_many(responses: Sequence[str], references: Sequence[str], integer: bool,
-               timeout_s: float = 5.0, workers: int | None = None,
-               match_fn: Callable[[str, str, bool], bool] | None = None,
-               start_timeout_s: float = 120.0) -> list[GradeResult]:
+def grade_many(
+    responses: Sequence[str],
+    references: Sequence[str],
+    integer: bool,
+    timeout_s: float = 5.0,
+    workers: int | None = None,
+    match_fn: Callable[[str, str, bool], bool] | None = None,
+    start_timeout_s: float = 120.0,
+) -> list[GradeResult]:
     """Returns one GradeResult per response, graded in worker processes with a per-sample time limit.
 
     Samples go to the workers in chunks (few round trips for the common, fast case); each sample
@@ -178,7 +190,7 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
         results[slot.chunk[slot.pos]] = GradeResult(None, False, status, detail)
         remaining -= 1
         if slot.pos + 1 < len(slot.chunk):
-            queue.appendleft(slot.chunk[slot.pos + 1:])
+            queue.appendleft(slot.chunk[slot.pos + 1 :])
         slots[k] = start()
 
     def limit(slot: Slot) -> float:
@@ -197,10 +209,17 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
                         slot.stop(kill=True)
                         slots[k] = start()
                         continue
-                    slot.chunk, slot.pos, slot.state, slot.since = chunk, 0, "busy", time.monotonic()
+                    slot.chunk, slot.pos, slot.state, slot.since = (
+                        chunk,
+                        0,
+                        "busy",
+                        time.monotonic(),
+                    )
             active = [k for k, s in enumerate(slots) if s.state != "idle"]
             deadline = min(limit(slots[k]) for k in active)
-            ready = wait([slots[k].conn for k in active], timeout=max(0.0, deadline - time.monotonic()))
+            ready = wait(
+                [slots[k].conn for k in active], timeout=max(0.0, deadline - time.monotonic())
+            )
             for k in active:
                 slot = slots[k]
                 if slot.conn not in ready:
@@ -222,7 +241,8 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
                     slot.proc.join()
                     if slot.state == "starting":
                         raise RuntimeError(
-                            f"a grading worker exited with code {slot.proc.exitcode} before it was ready") from None
+                            f"a grading worker exited with code {slot.proc.exitcode} before it was ready"
+                        ) from None
                     retire(k, "error", f"grading process died (exit code {slot.proc.exitcode})")
             now = time.monotonic()
             for k, slot in enumerate(slots):

@@ -67,7 +67,7 @@ def _tower_log10(text: str, at: int) -> tuple[float, int] | None:
         end = matching_brace(text, j)
         if end < 0:
             return None
-        exponent, stop = text[j + 1:end].strip(), end + 1
+        exponent, stop = text[j + 1 : end].strip(), end + 1
     else:
         run = _DIGITS.match(text, j)
         if run is None:
@@ -84,7 +84,7 @@ def _tower_log10(text: str, at: int) -> tuple[float, int] | None:
     if base_log10 <= 0 or exp_log10 == -math.inf:  # 0^E, 1^E or b^0: 0 or 1
         return 0.0, stop
     # log10(b^E) = E·log10(b), with E = 10^log10(E)
-    return (math.inf if exp_log10 > 300 else 10.0 ** exp_log10 * base_log10), stop
+    return (math.inf if exp_log10 > 300 else 10.0**exp_log10 * base_log10), stop
 
 
 def _power_digits(text: str) -> float:

@@ -41,7 +41,9 @@ def _worker(conn: Connection, job: Job, warm_up: bool) -> None:
     """
     # math-verify warns once per process that its own alarm is off: here that is by design
     for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).addFilter(lambda record: "Timeout is disabled" not in record.getMessage())
+        logging.getLogger(name).addFilter(
+            lambda record: "Timeout is disabled" not in record.getMessage()
+        )
     if warm_up:
         job("\\boxed{\\frac{1}{2}}", "0.5", False)
     conn.send("ready")
@@ -126,7 +128,9 @@ class _OffMainThread:
             _, verdict, status, detail = slot.conn.recv()
         except (EOFError, OSError):
             slot.stop(kill=True)
-            raise RuntimeError(f"the grading process died (exit code {slot.proc.exitcode})") from None
+            raise RuntimeError(
+                f"the grading process died (exit code {slot.proc.exitcode})"
+            ) from None
         with self._lock:
             self._idle.append(slot)
         if status != "ok":
@@ -138,16 +142,20 @@ class _OffMainThread:
         try:
             slot = Slot(mp_context(), _compare_one, warm_up=True)
         except Exception as e:  # e.g. a daemonic process may not have children
-            raise RuntimeError(f"could not start a grading process for a thread other than the main one "
-                               f"({type(e).__name__}: {e}); grade from the main thread, or use grade_many") from e
+            raise RuntimeError(
+                f"could not start a grading process for a thread other than the main one "
+                f"({type(e).__name__}: {e}); grade from the main thread, or use grade_many"
+            ) from e
         try:
             ready = slot.conn.poll(self.start_timeout_s) and slot.conn.recv() == "ready"
         except (EOFError, OSError):
             ready = False
         if not ready:
             slot.stop(kill=True)
-            raise RuntimeError(f"a grading process did not start within {self.start_timeout_s} s "
-                               f"(exit code {slot.proc.exitcode})")
+            raise RuntimeError(
+                f"a grading process did not start within {self.start_timeout_s} s "
+                f"(exit code {slot.proc.exitcode})"
+            )
         slot.state = "idle"
         return slot
 

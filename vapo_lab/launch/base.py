@@ -73,7 +73,9 @@ class Launcher(Protocol):
         (commands missing, cluster unreachable, bad settings, a cell it cannot run: a many-rank cell
         on Ray); called before anything is written or submitted."""
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
         """Runs (or queues) the prepare job, then ``run_cell`` of every job; records job ids, and the
         result of each cell that ended, in ``sub``."""
 
@@ -81,7 +83,9 @@ class Launcher(Protocol):
         """Waits until every cell that ``submit`` queued has ended, recording each result in ``sub``
         (nothing to do for a launcher whose ``submit`` runs the cells to their end)."""
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         """Returns what ``--dry-run`` shows beyond the cells of a submission of the cells ``specs``
         (Slurm: its sbatch scripts), or an empty string."""
 
@@ -105,5 +109,9 @@ def log_folder(grid_dir: Path) -> Path:
 
 def cell_failed(sub: Submission, grid_dir: Path, key: str, log: Log) -> None:
     """Records in ``sub`` a cell whose worker raised: the error its status file holds, and its log."""
-    sub.failed(key, str(read_status(grid_dir, key).get("error")), log,
-               where=f" (log {grid_dir / 'logs' / (key + '.log')})")
+    sub.failed(
+        key,
+        str(read_status(grid_dir, key).get("error")),
+        log,
+        where=f" (log {grid_dir / 'logs' / (key + '.log')})",
+    )

@@ -114,7 +114,10 @@ def rank_error_path(grid_dir: Path, key: str, rank: int) -> Path:
 def first_rank_error(grid_dir: Path, key: str) -> str | None:
     """Returns the error line of the rank of cell ``key`` that failed first (its file written first),
     None when no other rank failed; removes the files it read."""
-    files = sorted(status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"), key=lambda p: p.stat().st_mtime)
+    files = sorted(
+        status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"),
+        key=lambda p: p.stat().st_mtime,
+    )
     first = files[0].read_text().strip() if files else None
     for f in files:
         f.unlink(missing_ok=True)
@@ -148,9 +151,14 @@ def cell_config(job: CellJob) -> tuple[DictConfig, dict[str, str]]:
 
 def cell_tags(job: CellJob) -> dict[str, str]:
     s = job.spec
-    return {"grid_id": s.grid_id, "cell": s.name, "config_hash": s.config_hash, "cell_key": s.key,
-            "dropped": ",".join(s.drop) or "none",
-            **{f"sweep.{k}": v for k, v in s.sweep.items()}}
+    return {
+        "grid_id": s.grid_id,
+        "cell": s.name,
+        "config_hash": s.config_hash,
+        "cell_key": s.key,
+        "dropped": ",".join(s.drop) or "none",
+        **{f"sweep.{k}": v for k, v in s.sweep.items()},
+    }
 
 
 def run_cell(job: CellJob) -> dict[str, Any]:
@@ -163,8 +171,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     the rank that failed first).
     """
     from vapo_lab.distributed.world import close_world
-    from vapo_lab.stop import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
+    from vapo_lab.stop import sigterm_interrupts
     from vapo_lab.trainer.trainer import Trainer
 
     os.chdir(job.cwd)
@@ -174,12 +182,23 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     if status.get("state") == FINISHED:
         return status
     if writer:
-        for stale in status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"):  # an earlier attempt's
+        for stale in status_path(grid_dir, key).parent.glob(
+            f"{key}.rank*.error"
+        ):  # an earlier attempt's
             stale.unlink(missing_ok=True)
         attempts = int(status.get("attempts", 0)) + 1
-        write_status(grid_dir, key, state=RUNNING, step=status.get("step", 0), attempts=attempts,
-                     host=socket.gethostname(), pid=os.getpid(), job_id=slurm_job_id() or status.get("job_id"),
-                     error=None, traceback=None)
+        write_status(
+            grid_dir,
+            key,
+            state=RUNNING,
+            step=status.get("step", 0),
+            attempts=attempts,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            job_id=slurm_job_id() or status.get("job_id"),
+            error=None,
+            traceback=None,
+        )
     sigterm_interrupts()  # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
 
     def log(text: str) -> None:
@@ -197,10 +216,24 @@ def run_cell(job: CellJob) -> dict[str, Any]:
                 shutil.rmtree(job.run_dir, ignore_errors=True)
             cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
-        trainer = Trainer(cfg, choices, progress=None, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
-                          command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})")
+        trainer = Trainer(
+            cfg,
+            choices,
+            progress=None,
+            log=log,
+            tags=cell_tags(job),
+            parent_run_id=job.parent_run_id,
+            command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})",
+        )
         if writer:
-            write_status(grid_dir, key, run_id=trainer.run_id, run_dir=str(trainer.run_dir), step=trainer.step, total=total)
+            write_status(
+                grid_dir,
+                key,
+                run_id=trainer.run_id,
+                run_dir=str(trainer.run_dir),
+                step=trainer.step,
+                total=total,
+            )
 
         def on_step(step: int, metrics: dict[str, float]) -> None:
             if writer:
@@ -213,8 +246,13 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             line = f"rank {rank}: {line}"
         if writer:
             # a rank that failed first (its error file was written before this rank saw the run break)
-            write_status(grid_dir, key, state=FAILED, error=(first_rank_error(grid_dir, key) or line)[:500],
-                         traceback=traceback.format_exc()[-4000:])
+            write_status(
+                grid_dir,
+                key,
+                state=FAILED,
+                error=(first_rank_error(grid_dir, key) or line)[:500],
+                traceback=traceback.format_exc()[-4000:],
+            )
         else:
             path = rank_error_path(grid_dir, key, rank)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,9 +263,16 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             close_world(trainer.world)
     if not writer:
         return {"state": FINISHED, "rank": rank, "step": result.steps}
-    return write_status(grid_dir, key, state=FINISHED, step=result.steps, final_eval=result.final_eval,
-                        best_eval=result.best_eval, base_eval=result.base_eval,
-                        checkpoint=str(result.checkpoint) if result.checkpoint else None)
+    return write_status(
+        grid_dir,
+        key,
+        state=FINISHED,
+        step=result.steps,
+        final_eval=result.final_eval,
+        best_eval=result.best_eval,
+        base_eval=result.base_eval,
+        checkpoint=str(result.checkpoint) if result.checkpoint else None,
+    )
 
 
 def prepare(jobs: list[CellJob]) -> list[str]:
@@ -275,8 +320,10 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
 
         t0 = time.perf_counter()
         build_base_for(cfg, None, log=lambda text: print(text, file=sys.stderr))
-        return (f"prepared {job.spec.name}: base model, {time.perf_counter() - t0:.0f}s (its {nodes * per_node} "
-                "ranks build the critic caches together)")
+        return (
+            f"prepared {job.spec.name}: base model, {time.perf_counter() - t0:.0f}s (its {nodes * per_node} "
+            "ranks build the critic caches together)"
+        )
     one = {"strategy": "single", "nodes": 1, "nproc_per_node": 1}
     with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
         with open_dict(cfg):

@@ -40,11 +40,15 @@ class LocalLauncher:
         for s in specs:
             nodes, per_node = cell_ranks(s.config)
             if nodes > 1:
-                raise LaunchError(f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
-                                  f"the ranks of this machine only; use --launcher slurm (it submits {nodes} nodes "
-                                  f"x {per_node} tasks), or set trainer.nodes=1; nothing was submitted")
+                raise LaunchError(
+                    f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
+                    f"the ranks of this machine only; use --launcher slurm (it submits {nodes} nodes "
+                    f"x {per_node} tasks), or set trainer.nodes=1; nothing was submitted"
+                )
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
         from concurrent.futures.process import BrokenProcessPool
@@ -54,10 +58,18 @@ class LocalLauncher:
         logs = log_folder(grid_dir)
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
             pool.submit(logged, prepare, jobs, logs / "prepare.log").result()
-        with ProcessPoolExecutor(max_workers=int(settings.get("workers", 1)), mp_context=ctx,
-                                 max_tasks_per_child=1) as pool:
-            futures = {pool.submit(logged, run_cell if j.world_size == 1 else run_cell_ranks, j,
-                                   logs / f"{j.spec.key}.log"): j for j in jobs}
+        with ProcessPoolExecutor(
+            max_workers=int(settings.get("workers", 1)), mp_context=ctx, max_tasks_per_child=1
+        ) as pool:
+            futures = {
+                pool.submit(
+                    logged,
+                    run_cell if j.world_size == 1 else run_cell_ranks,
+                    j,
+                    logs / f"{j.spec.key}.log",
+                ): j
+                for j in jobs
+            }
             for f in as_completed(futures):
                 key = futures[f].spec.key
                 try:
@@ -71,7 +83,9 @@ class LocalLauncher:
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         return ""
 
 
@@ -95,7 +109,13 @@ def run_cell_ranks(job: CellJob) -> dict[str, Any]:
     status = read_status(grid_dir, key)
     if done.returncode == 0 and status.get("state") == FINISHED:
         return status
-    if status.get("state") != FAILED:  # a rank killed before it could say so (kill -9, out of memory)
-        status = write_status(grid_dir, key, state=FAILED,
-                              error=f"torchrun exited with status {done.returncode} (see the cell's log)")
+    if (
+        status.get("state") != FAILED
+    ):  # a rank killed before it could say so (kill -9, out of memory)
+        status = write_status(
+            grid_dir,
+            key,
+            state=FAILED,
+            error=f"torchrun exited with status {done.returncode} (see the cell's log)",
+        )
     raise RankFailed(str(status.get("error")))

@@ -39,8 +39,19 @@ class RankFailed(VapoLabError):
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     """Returns the torchrun command that starts ``nproc`` ranks of ``vapo-lab train <args>`` here."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(nproc), "-m", "vapo_lab.launch.ranks", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "vapo_lab.launch.ranks",
+        *args,
+    ]
 
 
 def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str, Any]:
@@ -56,14 +67,22 @@ def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str,
             f"trainer.nodes={nodes}: `vapo-lab train` starts the ranks of this node only. Submit the run to "
             "Slurm (`vapo-lab sweep ... --launcher slurm`), or run on each node `torchrun --nnodes "
             f"{nodes} --nproc-per-node {cfg.trainer.nproc_per_node} --rdzv-backend c10d --rdzv-endpoint "
-            "<first node>:29500 -m vapo_lab.launch.ranks <the same arguments>`")
+            "<first node>:29500 -m vapo_lab.launch.ranks <the same arguments>`"
+        )
     with tempfile.TemporaryDirectory(prefix="vapo-ranks-") as folder:
-        env = {**os.environ, LAUNCH_DIR: folder, "VAPO_COMMAND": command, "VAPO_QUIET": "1" if quiet else ""}
+        env = {
+            **os.environ,
+            LAUNCH_DIR: folder,
+            "VAPO_COMMAND": command,
+            "VAPO_QUIET": "1" if quiet else "",
+        }
         done = subprocess.run(torchrun_command(int(cfg.trainer.nproc_per_node), args), env=env)
         result = Path(folder) / RESULT_FILE
         if done.returncode == 0 and result.is_file():
             return json.loads(result.read_text())
-        raise RankFailed(first_failure(Path(folder)) or f"torchrun exited with status {done.returncode}")
+        raise RankFailed(
+            first_failure(Path(folder)) or f"torchrun exited with status {done.returncode}"
+        )
 
 
 def first_failure(folder: Path) -> str | None:
@@ -107,30 +126,42 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sigterm_interrupts()
         cfg, choices = train_config(*_split_args(argv))
-        trainer = Trainer(cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", ""))
-        log(f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')}) on "
-            f"{trainer.world.size} ranks")
+        trainer = Trainer(
+            cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", "")
+        )
+        log(
+            f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')}) on "
+            f"{trainer.world.size} ranks"
+        )
         total = int(cfg.trainer.total_steps)
 
         def on_step(step: int, m: dict[str, float]) -> None:
             if not quiet:
-                log(f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
+                log(
+                    f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
                     f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
-                    f"len {m.get('rollout/response_length', float('nan')):.0f}  {m.get('time/step_s', 0):.1f}s")
+                    f"len {m.get('rollout/response_length', float('nan')):.0f}  {m.get('time/step_s', 0):.1f}s"
+                )
 
         result = trainer.train(on_step)
         if rank == 0 and folder is not None:
             import resource
 
-            summary = {**result.summary(), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            summary = {
+                **result.summary(),
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
             (folder / RESULT_FILE).write_text(json.dumps(summary))
         return 0
     except BaseException as e:
         if folder is not None:
             last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-            (folder / f"rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {last}\n\n"
-                                                     + traceback.format_exc())
-        if isinstance(e, KeyboardInterrupt):  # a stop: rank 0 said where and how to resume, no traceback
+            (folder / f"rank{rank}.error").write_text(
+                f"rank {rank}: {type(e).__name__}: {last}\n\n" + traceback.format_exc()
+            )
+        if isinstance(
+            e, KeyboardInterrupt
+        ):  # a stop: rank 0 said where and how to resume, no traceback
             return 130
         raise
     finally:

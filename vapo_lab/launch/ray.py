@@ -41,7 +41,9 @@ class RayLauncher:
         if address and address != "auto":
             check_reachable(str(address))
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
         started_ray = ray_init(settings)
         try:
             _run(jobs, settings, sub, log)
@@ -54,7 +56,9 @@ class RayLauncher:
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         refusal = many_rank_refusal(specs)
         return f"refused on ray: {refusal}" if refusal else ""
 
@@ -67,9 +71,11 @@ def many_rank_refusal(specs: list[CellSpec]) -> str | None:
         return None
     s, (nodes, per_node) = many[0]
     more = f" (and {len(many) - 1} more)" if len(many) > 1 else ""
-    return (f"cell {s.key}{more} runs on {nodes * per_node} ranks (trainer.nodes={nodes} x "
-            f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; use --launcher "
-            "local (torchrun on this machine) or --launcher slurm (a multi-task job); nothing was submitted")
+    return (
+        f"cell {s.key}{more} runs on {nodes * per_node} ranks (trainer.nodes={nodes} x "
+        f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; use --launcher "
+        "local (torchrun on this machine) or --launcher slurm (a multi-task job); nothing was submitted"
+    )
 
 
 def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
@@ -78,8 +84,12 @@ def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Lo
     grid_dir = Path(jobs[0].grid_dir)
     logs = log_folder(grid_dir)
     # max_calls=1: a fresh worker process per cell (its output is redirected to the cell's log)
-    resources = {"num_cpus": float(settings.get("num_cpus", 1)), "num_gpus": float(settings.get("num_gpus", 0)),
-                 "max_retries": 0, "max_calls": 1}
+    resources = {
+        "num_cpus": float(settings.get("num_cpus", 1)),
+        "num_gpus": float(settings.get("num_gpus", 0)),
+        "max_retries": 0,
+        "max_calls": 1,
+    }
     ray.get(ray.remote(**resources)(logged).remote(prepare, jobs, logs / "prepare.log"))
     remote = ray.remote(**resources)(logged)
     refs = {remote.remote(run_cell, j, logs / f"{j.spec.key}.log"): j for j in jobs}
@@ -106,21 +116,33 @@ def ray_init(settings: dict[str, Any]) -> bool:
     loopback = not address and not settings.get("expose", False)
     previous = os.environ.get(_RAY_LOOPBACK_ENV)
     if loopback:
-        os.environ[_RAY_LOOPBACK_ENV] = "0"  # read when ray is imported, and by the processes it starts
+        os.environ[_RAY_LOOPBACK_ENV] = (
+            "0"  # read when ray is imported, and by the processes it starts
+        )
     try:
         import ray
     except ImportError as e:
-        raise LaunchError("the Ray launcher needs `ray` (pip install 'ray>=2.9'), or use --launcher local") from e
+        raise LaunchError(
+            "the Ray launcher needs `ray` (pip install 'ray>=2.9'), or use --launcher local"
+        ) from e
     if ray.is_initialized():
         return False
     from ray._private import ray_constants
 
     cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
     if loopback:
-        ray_constants.ENABLE_RAY_CLUSTER = False  # the env var is read at import: ray may be imported already
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # never let Ray re-resolve this env with uv
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
-                              "configure_logging": False}
+        ray_constants.ENABLE_RAY_CLUSTER = (
+            False  # the env var is read at import: ray may be imported already
+        )
+    os.environ.setdefault(
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0"
+    )  # never let Ray re-resolve this env with uv
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": "ERROR",
+        "configure_logging": False,
+    }
     if address and address != "auto":
         check_reachable(address)
     try:
@@ -129,9 +151,11 @@ def ray_init(settings: dict[str, Any]) -> bool:
         else:
             ray.init(num_cpus=settings.get("cluster_cpus") or os.cpu_count(), **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure to connect is reported in one line
-        raise LaunchError(f"cannot connect to Ray at launcher.ray.address={address!r}: "
-                          f"{str(e).strip().splitlines()[0][:200]}; start it with `ray start --head`, "
-                          "or leave launcher.ray.address unset for a local Ray") from e
+        raise LaunchError(
+            f"cannot connect to Ray at launcher.ray.address={address!r}: "
+            f"{str(e).strip().splitlines()[0][:200]}; start it with `ray start --head`, "
+            "or leave launcher.ray.address unset for a local Ray"
+        ) from e
     finally:
         if loopback:  # the node is started: later connections in this process decide for themselves
             ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
@@ -148,11 +172,15 @@ def check_reachable(address: str) -> None:
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise LaunchError(f"launcher.ray.address={address!r} is not host:port (or ray://host:port, or auto)")
+        raise LaunchError(
+            f"launcher.ray.address={address!r} is not host:port (or ray://host:port, or auto)"
+        )
     try:
         with socket.create_connection((host, int(port)), timeout=5):
             pass
     except OSError as e:
-        raise LaunchError(f"cannot connect to Ray at launcher.ray.address={address!r}: {e.strerror or e}; "
-                          "start it with `ray start --head`, or leave launcher.ray.address unset for a "
-                          "local Ray; nothing was submitted") from e
+        raise LaunchError(
+            f"cannot connect to Ray at launcher.ray.address={address!r}: {e.strerror or e}; "
+            "start it with `ray start --head`, or leave launcher.ray.address unset for a "
+            "local Ray; nothing was submitted"
+        ) from e

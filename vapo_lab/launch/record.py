@@ -40,9 +40,14 @@ def known_job_ids(record: dict[str, Any]) -> dict[str, str]:
 def find_grid(output_dir: str | Path, grid: str | None) -> Path:
     """Returns the folder of grid id ``grid`` (or a unique prefix of it), the latest one when None."""
     root = Path(output_dir) / "grids"
-    found = sorted((p for p in root.glob("*") if (p / "grid.json").is_file()), key=lambda p: (p / "grid.json").stat().st_mtime)
+    found = sorted(
+        (p for p in root.glob("*") if (p / "grid.json").is_file()),
+        key=lambda p: (p / "grid.json").stat().st_mtime,
+    )
     if not found:
-        raise LaunchError(f"no grid under {root}: submit one with `vapo-lab ablate --table1` or `vapo-lab sweep FILE`")
+        raise LaunchError(
+            f"no grid under {root}: submit one with `vapo-lab ablate --table1` or `vapo-lab sweep FILE`"
+        )
     if grid is None:
         return found[-1].resolve()
     if Path(grid).is_dir() and (Path(grid) / "grid.json").is_file():
@@ -50,5 +55,7 @@ def find_grid(output_dir: str | Path, grid: str | None) -> Path:
     match = [p for p in found if p.name == grid] or [p for p in found if p.name.startswith(grid)]
     if len(match) != 1:
         names = ", ".join(p.name for p in found[-5:])
-        raise LaunchError(f"grid {grid!r} {'is ambiguous' if match else 'not found'} under {root} (recent: {names})")
+        raise LaunchError(
+            f"grid {grid!r} {'is ambiguous' if match else 'not found'} under {root} (recent: {names})"
+        )
     return match[0].resolve()

@@ -47,7 +47,9 @@ class SlurmLauncher:
     def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
         check_slurm(settings)
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
         import submitit
 
         grid_dir, grid_id = Path(jobs[0].grid_dir), jobs[0].spec.grid_id
@@ -58,8 +60,10 @@ class SlurmLauncher:
         try:
             prep = ex.submit(prepare, jobs)
         except Exception as e:  # noqa: BLE001 - sbatch's refusal, in one line
-            raise LaunchError(f"sbatch refused the grid's prepare job: {_sbatch_error(e)}; submitted: none "
-                              f"of {len(jobs)} cells") from e
+            raise LaunchError(
+                f"sbatch refused the grid's prepare job: {_sbatch_error(e)}; submitted: none "
+                f"of {len(jobs)} cells"
+            ) from e
         sub.job_ids["prepare"] = str(prep.job_id)
         arrays: list[tuple[tuple[int, int], list[CellJob], list[Any]]] = []
         for shape, group in task_groups(jobs, lambda j: j.spec.config).items():
@@ -72,17 +76,26 @@ class SlurmLauncher:
             except Exception as e:  # noqa: BLE001
                 queued = [str(prep.job_id), *(_array_id(a) for _, _, a in arrays)]
                 subprocess.run(["scancel", *queued], capture_output=True, timeout=30)
-                cancelled = (f"the prepare job {prep.job_id} was" if len(queued) == 1 else
-                             f"the prepare job {prep.job_id} and array(s) {', '.join(queued[1:])} were")
-                raise LaunchError(f"sbatch refused the cells' job array{_shape_text(*shape)}: {_sbatch_error(e)}; "
-                                  f"submitted: none of {len(jobs)} cells ({cancelled} cancelled)") from e
+                cancelled = (
+                    f"the prepare job {prep.job_id} was"
+                    if len(queued) == 1
+                    else f"the prepare job {prep.job_id} and array(s) {', '.join(queued[1:])} were"
+                )
+                raise LaunchError(
+                    f"sbatch refused the cells' job array{_shape_text(*shape)}: {_sbatch_error(e)}; "
+                    f"submitted: none of {len(jobs)} cells ({cancelled} cancelled)"
+                ) from e
         for _, group, array in arrays:
             for j, job in zip(group, array):
                 sub.job_ids[j.spec.key] = str(job.job_id)
                 write_status(grid_dir, j.spec.key, job_id=str(job.job_id))
-        listed = ", ".join(f"{_array_id(a)} of {len(g)} cells{_shape_text(*shape)}" for shape, g, a in arrays)
-        log(f"submitted prepare job {prep.job_id} and array{'s' if len(arrays) > 1 else ''} {listed}; logs in "
-            f"{folder}; follow with `vapo-lab jobs {grid_id}`")
+        listed = ", ".join(
+            f"{_array_id(a)} of {len(g)} cells{_shape_text(*shape)}" for shape, g, a in arrays
+        )
+        log(
+            f"submitted prepare job {prep.job_id} and array{'s' if len(arrays) > 1 else ''} {listed}; logs in "
+            f"{folder}; follow with `vapo-lab jobs {grid_id}`"
+        )
 
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Waits until every cell's status is final (finished / failed) or its job has left the queue."""
@@ -98,10 +111,14 @@ class SlurmLauncher:
                     if st.get("state") == FINISHED:
                         sub.finished(key, st, log)
                     else:
-                        sub.failed(key, st.get("error") or "job ended without finishing (see its log)", log)
+                        sub.failed(
+                            key, st.get("error") or "job ended without finishing (see its log)", log
+                        )
                     del left[key]
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         """Returns the sbatch scripts a submission of the cells ``specs`` would queue: the prepare
         job, then one job array per shape of cell ("" for none)."""
         if not specs:
@@ -111,17 +128,27 @@ class SlurmLauncher:
         folder = _slurm_folder(grid_dir, settings)
         params = slurm_parameters(settings, f"vapo-{grid_id}")
         command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-        parts = ["\n# sbatch script 1: the prepare job (base model, reward model, pretrained critic)",
-                 _make_sbatch_string(command=command, folder=folder, **_prepare_parameters(params))]
+        parts = [
+            "\n# sbatch script 1: the prepare job (base model, reward model, pretrained critic)",
+            _make_sbatch_string(command=command, folder=folder, **_prepare_parameters(params)),
+        ]
         for i, (shape, group) in enumerate(task_groups(specs, lambda s: s.config).items()):
-            parts += [f"\n# sbatch script {i + 2}: the job array of {len(group)} cells{_shape_text(*shape)}, "
-                      "after the prepare job",
-                      _make_sbatch_string(command=command, folder=folder, map_count=len(group),
-                                          **_array_parameters(params, "<prepare job id>", *shape))]
+            parts += [
+                f"\n# sbatch script {i + 2}: the job array of {len(group)} cells{_shape_text(*shape)}, "
+                "after the prepare job",
+                _make_sbatch_string(
+                    command=command,
+                    folder=folder,
+                    map_count=len(group),
+                    **_array_parameters(params, "<prepare job id>", *shape),
+                ),
+            ]
         return "\n".join(parts)
 
 
-def task_groups(cells: list[Cell], config: Callable[[Cell], dict[str, Any]]) -> dict[tuple[int, int], list[Cell]]:
+def task_groups(
+    cells: list[Cell], config: Callable[[Cell], dict[str, Any]]
+) -> dict[tuple[int, int], list[Cell]]:
     """Returns the cells grouped by the shape of their jobs, (nodes, tasks per node), in the order
     each shape first appears: one job array per group (an array's tasks share their sbatch
     parameters). One-process cells are (1, 1); ``config(cell)`` gives a cell's composed config."""
@@ -135,25 +162,35 @@ def check_slurm(settings: dict[str, Any]) -> None:
     """Raises LaunchError when Slurm's commands are missing or the partition does not exist."""
     missing = [c for c in ("sbatch", "squeue", "scancel", "sinfo") if shutil.which(c) is None]
     if missing:
-        raise LaunchError(f"Slurm commands not found on PATH ({', '.join(missing)}): run this on a Slurm "
-                          "login node, or use --launcher local (or --launcher ray)")
+        raise LaunchError(
+            f"Slurm commands not found on PATH ({', '.join(missing)}): run this on a Slurm "
+            "login node, or use --launcher local (or --launcher ray)"
+        )
     partition = settings.get("partition")
     if partition:
-        out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30
+        )
         known = sorted(set(out.stdout.split()))
         if out.returncode == 0 and partition not in known:
-            raise LaunchError(f"unknown Slurm partition launcher.slurm.partition={partition!r}: this cluster has "
-                              f"{', '.join(known) or 'none'}; nothing was submitted")
+            raise LaunchError(
+                f"unknown Slurm partition launcher.slurm.partition={partition!r}: this cluster has "
+                f"{', '.join(known) or 'none'}; nothing was submitted"
+            )
 
 
 def slurm_parameters(settings: dict[str, Any], name: str) -> dict[str, Any]:
     """Returns submitit ``SlurmExecutor`` parameters from the launcher.slurm settings."""
     p: dict[str, Any] = {
-        "job_name": name, "time": int(settings.get("time_min", 60)), "nodes": int(settings.get("nodes", 1)),
-        "cpus_per_task": int(settings.get("cpus_per_task", 1)), "mem": f"{int(settings.get('mem_gb', 8))}GB",
+        "job_name": name,
+        "time": int(settings.get("time_min", 60)),
+        "nodes": int(settings.get("nodes", 1)),
+        "cpus_per_task": int(settings.get("cpus_per_task", 1)),
+        "mem": f"{int(settings.get('mem_gb', 8))}GB",
         "array_parallelism": int(settings.get("array_parallelism", 16)),
         "additional_parameters": dict(settings.get("additional_parameters") or {}),
-        "setup": list(settings.get("setup") or []), "signal_delay_s": int(settings.get("signal_delay_s", 120)),
+        "setup": list(settings.get("setup") or []),
+        "signal_delay_s": int(settings.get("signal_delay_s", 120)),
     }
     for key in ("partition", "account", "qos", "constraint"):
         if settings.get(key):
@@ -168,7 +205,9 @@ def _prepare_parameters(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "job_name": params["job_name"] + "-prepare"}
 
 
-def _array_parameters(params: dict[str, Any], prepare_job: str, nodes: int = 1, tasks: int = 1) -> dict[str, Any]:
+def _array_parameters(
+    params: dict[str, Any], prepare_job: str, nodes: int = 1, tasks: int = 1
+) -> dict[str, Any]:
     """Returns the parameters of an array of cells on ``nodes`` x ``tasks`` per node: the grid's,
     starting once the prepare job has succeeded (and cancelled by Slurm if it failed, instead of
     waiting for ever); a many-rank shape is a multi-task job, one task per rank."""
@@ -176,11 +215,15 @@ def _array_parameters(params: dict[str, Any], prepare_job: str, nodes: int = 1, 
     p = {**params, "additional_parameters": extra, "dependency": f"afterok:{prepare_job}"}
     if nodes * tasks == 1:
         return p
-    p.update(job_name=f"{params['job_name']}-{nodes}x{tasks}", nodes=nodes, ntasks_per_node=tasks,
-             mem=f"{int(params['mem'].removesuffix('GB')) * tasks}GB",  # --mem is per node: mem_gb per rank
-             # a rank that fails ends the job's other ranks at once, as torchrun does (they would
-             # otherwise wait in their next collective for the process group's timeout)
-             srun_args=["--kill-on-bad-exit=1"])
+    p.update(
+        job_name=f"{params['job_name']}-{nodes}x{tasks}",
+        nodes=nodes,
+        ntasks_per_node=tasks,
+        mem=f"{int(params['mem'].removesuffix('GB')) * tasks}GB",  # --mem is per node: mem_gb per rank
+        # a rank that fails ends the job's other ranks at once, as torchrun does (they would
+        # otherwise wait in their next collective for the process group's timeout)
+        srun_args=["--kill-on-bad-exit=1"],
+    )
     if p.pop("gpus_per_task", 0):
         # one GPU per rank, and every task sees the node's GPUs: init_world takes cuda:{LOCAL_RANK}
         # (--gpus-per-task would bind each task to its own GPU, which is cuda:0 in every task)
@@ -190,7 +233,11 @@ def _array_parameters(params: dict[str, Any], prepare_job: str, nodes: int = 1, 
 
 def _shape_text(nodes: int, tasks: int) -> str:
     """Returns how a job array's shape reads in messages ("" for one-process cells)."""
-    return "" if nodes * tasks == 1 else f" on {nodes} node(s) x {tasks} tasks ({nodes * tasks} ranks each)"
+    return (
+        ""
+        if nodes * tasks == 1
+        else f" on {nodes} node(s) x {tasks} tasks ({nodes * tasks} ranks each)"
+    )
 
 
 def _array_id(array: list[Any]) -> str:
@@ -207,5 +254,7 @@ def _sbatch_error(e: Exception) -> str:
     text = str(getattr(e, "output", b"") or "") or str(e)
     if isinstance(getattr(e, "output", None), bytes):
         text = e.output.decode(errors="replace")  # type: ignore[attr-defined]
-    lines = [ln.strip() for ln in text.splitlines() if "error" in ln.lower()] or [text.strip().splitlines()[-1]]
+    lines = [ln.strip() for ln in text.splitlines() if "error" in ln.lower()] or [
+        text.strip().splitlines()[-1]
+    ]
     return lines[0][:300]

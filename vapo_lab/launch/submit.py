@@ -34,8 +34,15 @@ from vapo_lab.launch.record import grid_dir_for, known_job_ids, read_record, wri
 from vapo_lab.launch.status import FAILED, FINISHED, PENDING, RUNNING, read_status, write_status
 
 
-def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: Launcher, dry_run: bool = False,
-                wait: bool = True, log: Log = print) -> Submission:
+def submit_grid(
+    grid: Grid,
+    specs: list[CellSpec],
+    cfg: DictConfig,
+    launcher: Launcher,
+    dry_run: bool = False,
+    wait: bool = True,
+    log: Log = print,
+) -> Submission:
     """Submits the cells of ``grid`` that still need to run; see the module docstring.
 
     Args:
@@ -75,29 +82,58 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: La
         return sub
 
     launcher.preflight(settings, todo)
-    parent = start_parent(grid, specs, cfg, record, launcher.name, grid_dir)  # also checks the tracking server
+    parent = start_parent(
+        grid, specs, cfg, record, launcher.name, grid_dir
+    )  # also checks the tracking server
 
-    record = {**record, "grid_id": grid_id, "name": grid.name, "experiment": grid.experiment,
-              "source": grid.source, "created": record.get("created", time.time()), "parent_run_id": parent,
-              "tracking_uri": tracking_uri(cfg), "output_dir": str(Path(cfg.output_dir).resolve()),
-              "cells": [s.to_record() for s in specs], "submissions": record.get("submissions", [])}
+    record = {
+        **record,
+        "grid_id": grid_id,
+        "name": grid.name,
+        "experiment": grid.experiment,
+        "source": grid.source,
+        "created": record.get("created", time.time()),
+        "parent_run_id": parent,
+        "tracking_uri": tracking_uri(cfg),
+        "output_dir": str(Path(cfg.output_dir).resolve()),
+        "cells": [s.to_record() for s in specs],
+        "submissions": record.get("submissions", []),
+    }
     write_record(grid_dir, record)
     if not todo:
-        log(f"grid {grid_id}: nothing to submit ({len(sub.skipped_finished)} finished, "
-            f"{len(sub.skipped_running)} still running)")
+        log(
+            f"grid {grid_id}: nothing to submit ({len(sub.skipped_finished)} finished, "
+            f"{len(sub.skipped_running)} still running)"
+        )
         if not sub.skipped_running:
             end_parent(cfg, parent, "FINISHED")
         return sub
-    jobs = [CellJob(spec=s, grid_dir=str(grid_dir), cwd=cwd, experiment=grid.experiment, parent_run_id=parent)
-            for s in todo]
+    jobs = [
+        CellJob(
+            spec=s,
+            grid_dir=str(grid_dir),
+            cwd=cwd,
+            experiment=grid.experiment,
+            parent_run_id=parent,
+        )
+        for s in todo
+    ]
     for j in jobs:  # failed or stopped cells start over as pending (their run resumes)
-        write_status(grid_dir, j.spec.key, state=PENDING, launcher=launcher.name, error=None, job_id=None)
-    entry: dict[str, Any] = {"time": time.time(), "launcher": launcher.name, "cells": [j.spec.key for j in jobs],
-                             "job_ids": {}}
+        write_status(
+            grid_dir, j.spec.key, state=PENDING, launcher=launcher.name, error=None, job_id=None
+        )
+    entry: dict[str, Any] = {
+        "time": time.time(),
+        "launcher": launcher.name,
+        "cells": [j.spec.key for j in jobs],
+        "job_ids": {},
+    }
     record["submissions"].append(entry)
     write_record(grid_dir, record)
-    log(f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, {len(sub.skipped_finished)} finished, "
-        f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}")
+    log(
+        f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, {len(sub.skipped_finished)} finished, "
+        f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}"
+    )
     try:
         try:
             launcher.submit(jobs, settings, sub, log)
@@ -110,29 +146,52 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: La
             launcher.wait(jobs, sub, log)
     except BaseException as e:
         # the launch itself failed (or was interrupted): no cell may stay "pending" for ever
-        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"launch failed: {str(e).splitlines()[0][:300]}"
+        reason = (
+            "interrupted"
+            if isinstance(e, KeyboardInterrupt)
+            else f"launch failed: {str(e).splitlines()[0][:300]}"
+        )
         for j in jobs:
-            if read_status(grid_dir, j.spec.key).get("state") in (PENDING, RUNNING) and not sub.job_ids.get(j.spec.key):
+            if read_status(grid_dir, j.spec.key).get("state") in (
+                PENDING,
+                RUNNING,
+            ) and not sub.job_ids.get(j.spec.key):
                 write_status(grid_dir, j.spec.key, state=FAILED, error=reason)
         end_parent(cfg, parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
     sub.submitted = [j.spec.key for j in jobs]
     if wait or not launcher.detached:  # a detached grid left running keeps its parent RUNNING
-        end_parent(cfg, parent, "FINISHED" if all(sub.results.get(j.spec.key) == FINISHED for j in jobs)
-                   else "FAILED")
+        end_parent(
+            cfg,
+            parent,
+            "FINISHED" if all(sub.results.get(j.spec.key) == FINISHED for j in jobs) else "FAILED",
+        )
     return sub
 
 
-def dry_run_text(grid: Grid, specs: list[CellSpec], sub: Submission, launcher: Launcher, settings: dict[str, Any],
-                 todo: list[CellSpec]) -> str:
+def dry_run_text(
+    grid: Grid,
+    specs: list[CellSpec],
+    sub: Submission,
+    launcher: Launcher,
+    settings: dict[str, Any],
+    todo: list[CellSpec],
+) -> str:
     """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then what
     the launcher adds for the cells ``todo`` that would run."""
-    lines = [f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), experiment {grid.experiment!r}, "
-             f"folder {sub.grid_dir}",
-             f"{'cell':<44} {'seed':>4}  {'config':<16}  state"]
+    lines = [
+        f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), experiment {grid.experiment!r}, "
+        f"folder {sub.grid_dir}",
+        f"{'cell':<44} {'seed':>4}  {'config':<16}  state",
+    ]
     for s in specs:
-        state = ("finished: skip" if s.key in sub.skipped_finished else
-                 "running: skip" if s.key in sub.skipped_running else "would run")
+        state = (
+            "finished: skip"
+            if s.key in sub.skipped_finished
+            else "running: skip"
+            if s.key in sub.skipped_running
+            else "would run"
+        )
         label = s.name + "".join(f" {k}={v}" for k, v in s.sweep.items())
         lines.append(f"{label:<44} {s.seed:>4}  {s.config_hash:<16}  {state}")
         extra = [o for o in s.overrides if not o.startswith("seed=")]

@@ -14,8 +14,9 @@ from vapo_lab.models.shapes import Shape
 
 
 # -- the chunked log-prob pass -------------------------------------------------------------------
-def chunked_logprob_bytes(t: int, vocab: int, hidden: int, chunk: int, compute_bytes: int = 2,
-                          entropy_grad: bool = False) -> float:
+def chunked_logprob_bytes(
+    t: int, vocab: int, hidden: int, chunk: int, compute_bytes: int = 2, entropy_grad: bool = False
+) -> float:
     """Returns the peak bytes that the chunked log-prob pass adds, forward + backward over t tokens.
 
     ``vapo_lab.algo.lm.head_logprobs_and_entropy`` with the entropy (as the trainer asks for it)
@@ -45,11 +46,15 @@ def chunked_logprob_bytes(t: int, vocab: int, hidden: int, chunk: int, compute_b
         V = 152,064); compute_bytes: p; entropy_grad: whether H carries gradients.
     """
     c = min(chunk, t)
-    low = compute_bytes if compute_bytes < 4 else 0  # p': the narrower copies exist only under autocast
+    low = (
+        compute_bytes if compute_bytes < 4 else 0
+    )  # p': the narrower copies exist only under autocast
     copy = vocab * hidden * low  # W in the compute dtype
     forward = copy + 8 * c * vocab  # z − max and exp(z − max), float32
     k = 8 if entropy_grad else 4 + low  # log p and p, or ∂L/∂z in float32 and in the compute dtype
-    rows = min(4 * c * vocab, (low + 4) * vocab * hidden) if low else 0  # ∂L/∂W's block, p' and float32
+    rows = (
+        min(4 * c * vocab, (low + 4) * vocab * hidden) if low else 0
+    )  # ∂L/∂W's block, p' and float32
     backward = 4 * vocab * hidden + copy + max(k * c * vocab, low * c * vocab + rows)
     return t * (16 + hidden * compute_bytes) + max(forward, backward)
 
@@ -76,9 +81,16 @@ def chunked_logprob_bytes(t: int, vocab: int, hidden: int, chunk: int, compute_b
 F32 = 4  # bytes: the RMSNorms' float32 internals, SDPA's logsumexp, float32 gradients
 
 
-def qwen2_layer_activation_bytes(shape: Shape, rows: int, prompt: int, response: int, compute_bytes: int = 2,
-                                 scores_stored: bool = False, layout: str = "packed",
-                                 precision: str = "autocast") -> float:
+def qwen2_layer_activation_bytes(
+    shape: Shape,
+    rows: int,
+    prompt: int,
+    response: int,
+    compute_bytes: int = 2,
+    scores_stored: bool = False,
+    layout: str = "packed",
+    precision: str = "autocast",
+) -> float:
     """Returns the bytes that one Qwen2 decoder layer keeps for its backward pass over ``rows``
     (prompt, response) pairs, every token valid: n = rows·(prompt + response) tokens.
 
@@ -125,12 +137,20 @@ def qwen2_layer_activation_bytes(shape: Shape, rows: int, prompt: int, response:
     n = rows * seq
     autocast = precision == "autocast" and p < F32  # casts of inputs and weights, float32 stream
     r = F32 if precision == "autocast" else p  # the residual stream's and RoPE's bytes
-    normed = F32 * h if precision == "autocast" else p * h  # x·rsqrt as the weight's product keeps it
-    norm_outputs = 5 * p * h if autocast else 2 * p * h  # q/k/v and gate/up casts, or one tensor a norm
-    per_token = 2 * (F32 * h + F32 + normed) + norm_outputs + 4 * p * i + p * q  # norms, MLP, o_proj's input
+    normed = (
+        F32 * h if precision == "autocast" else p * h
+    )  # x·rsqrt as the weight's product keeps it
+    norm_outputs = (
+        5 * p * h if autocast else 2 * p * h
+    )  # q/k/v and gate/up casts, or one tensor a norm
+    per_token = (
+        2 * (F32 * h + F32 + normed) + norm_outputs + 4 * p * i + p * q
+    )  # norms, MLP, o_proj's input
     if layout == "packed":
         per_token += r * (q + k) + p * k  # q, k after RoPE, v: index_copy's sources
-        keys = rows * (prompt + seq)  # prompt attention: the prompt; response attention: prompt + response
+        keys = rows * (
+            prompt + seq
+        )  # prompt attention: the prompt; response attention: prompt + response
         pairs = rows * (prompt * prompt + response * seq)
     else:
         keys, pairs = rows * seq, rows * seq * seq
@@ -138,7 +158,9 @@ def qwen2_layer_activation_bytes(shape: Shape, rows: int, prompt: int, response:
         attention = n * p * q + pairs * p * a + keys * 2 * p * q
     else:  # fused SDPA: q, logsumexp, K, V, the mask as an additive bias (+ its output when packed)
         out = n * p * q if layout == "packed" else 0
-        kv = k if layout == "packed" else q  # Hugging Face repeats K and V to the query heads beside a mask
+        kv = (
+            k if layout == "packed" else q
+        )  # Hugging Face repeats K and V to the query heads beside a mask
         attention = n * (p * q + F32 * a) + out + keys * 2 * p * kv + pairs * p
     weights = p * _linear_weights(shape) if autocast else 0
     return n * per_token + attention + weights
@@ -151,9 +173,17 @@ def _linear_weights(shape: Shape) -> int:
     return h * (q + 2 * k) + q * h + 3 * h * shape.intermediate_size
 
 
-def qwen2_saved_bytes(shape: Shape, rows: int, prompt: int, response: int, head: str = "lm",
-                      compute_bytes: int = 2, scores_stored: bool = False, layout: str = "packed",
-                      precision: str = "autocast") -> float:
+def qwen2_saved_bytes(
+    shape: Shape,
+    rows: int,
+    prompt: int,
+    response: int,
+    head: str = "lm",
+    compute_bytes: int = 2,
+    scores_stored: bool = False,
+    layout: str = "packed",
+    precision: str = "autocast",
+) -> float:
     """Returns what autograd keeps through a pass without checkpointing: L layers
     (``qwen2_layer_activation_bytes``) + the RoPE tables, cos and sin (2·d·r a token, r = 4 under
     autocast, p under cast; shared by the layers) + the final RMSNorm (4·h + 4 + x·rsqrt as in a
@@ -172,17 +202,30 @@ def qwen2_saved_bytes(shape: Shape, rows: int, prompt: int, response: int, head:
     rope = n * 2 * shape.head_dim * r
     head_input = r * h if head == "lm" else p * h
     normed = t if layout == "packed" else n
-    final = normed * (F32 * h + F32 + r * h) + (n if head == "value" and layout == "padded" else t) * head_input
+    final = (
+        normed * (F32 * h + F32 + r * h)
+        + (n if head == "value" and layout == "padded" else t) * head_input
+    )
     head_weight = p * h if head == "value" and precision == "autocast" and p < F32 else 0
-    layers = shape.num_layers * qwen2_layer_activation_bytes(shape, rows, prompt, response, p, scores_stored, layout,
-                                                             precision)
+    layers = shape.num_layers * qwen2_layer_activation_bytes(
+        shape, rows, prompt, response, p, scores_stored, layout, precision
+    )
     return layers + rope + final + head_weight
 
 
-def qwen2_pass_activation_bytes(shape: Shape, rows: int, prompt: int, response: int, checkpointing: bool,
-                                head: str = "lm", compute_bytes: int = 2, scores_stored: bool = False,
-                                layout: str = "packed", logprob_chunk: int | None = None,
-                                precision: str = "autocast") -> float:
+def qwen2_pass_activation_bytes(
+    shape: Shape,
+    rows: int,
+    prompt: int,
+    response: int,
+    checkpointing: bool,
+    head: str = "lm",
+    compute_bytes: int = 2,
+    scores_stored: bool = False,
+    layout: str = "packed",
+    logprob_chunk: int | None = None,
+    precision: str = "autocast",
+) -> float:
     """Returns the peak bytes that one forward + backward pass adds above the training state
     (gradients already allocated), the largest of three moments:
 
@@ -209,10 +252,17 @@ def qwen2_pass_activation_bytes(shape: Shape, rows: int, prompt: int, response: 
     h, p, layers = shape.hidden_size, compute_bytes, shape.num_layers
     n, t = rows * (prompt + response), rows * response
     r = F32 if precision == "autocast" else p
-    saved = qwen2_saved_bytes(shape, rows, prompt, response, head, p, scores_stored, layout, precision)
-    one = qwen2_layer_activation_bytes(shape, rows, prompt, response, p, scores_stored, layout, precision)
-    logprob = (chunked_logprob_bytes(t, shape.vocab_size, h, logprob_chunk or t, p) if head == "lm" and t
-               else 0.0)
+    saved = qwen2_saved_bytes(
+        shape, rows, prompt, response, head, p, scores_stored, layout, precision
+    )
+    one = qwen2_layer_activation_bytes(
+        shape, rows, prompt, response, p, scores_stored, layout, precision
+    )
+    logprob = (
+        chunked_logprob_bytes(t, shape.vocab_size, h, logprob_chunk or t, p)
+        if head == "lm" and t
+        else 0.0
+    )
     if logprob and precision == "cast" and p < F32:
         logprob -= shape.vocab_size * h * p  # W is in the compute dtype already: no copy of it
     mlp_tokens = rows * max(prompt, response) if layout == "packed" else n
@@ -221,7 +271,9 @@ def qwen2_pass_activation_bytes(shape: Shape, rows: int, prompt: int, response: 
     head_part = saved - layers * one - rope  # the final norm's tensors and the head's input
     if checkpointing:
         cache = layers * p * _linear_weights(shape) if precision == "autocast" and p < F32 else 0
-        kept = rope + head_part + layers * r * h * n  # each layer's input instead of its activations
+        kept = (
+            rope + head_part + layers * r * h * n
+        )  # each layer's input instead of its activations
         peak = max(kept + logprob + cache, kept - head_part + one + working)
     else:
         peak = max(saved + logprob, saved - head_part + working)
@@ -229,5 +281,10 @@ def qwen2_pass_activation_bytes(shape: Shape, rows: int, prompt: int, response: 
     return max(peak, embedding_calls * r * shape.vocab_size * h + r * h * n)
 
 
-__all__ = ["F32", "chunked_logprob_bytes", "qwen2_layer_activation_bytes", "qwen2_pass_activation_bytes",
-           "qwen2_saved_bytes"]
+__all__ = [
+    "F32",
+    "chunked_logprob_bytes",
+    "qwen2_layer_activation_bytes",
+    "qwen2_pass_activation_bytes",
+    "qwen2_saved_bytes",
+]

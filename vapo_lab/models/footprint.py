@@ -116,7 +116,9 @@ class Setup:
     prompt_tokens: int  # an estimate of the longest prompt
     max_new_tokens: int
     gradient_checkpointing: bool
-    mini_batch_size: int | None = None  # responses per optimiser step, over all ranks (None: no limit)
+    mini_batch_size: int | None = (
+        None  # responses per optimiser step, over all ranks (None: no limit)
+    )
     critic: bool = True  # a value model is trained (GAE advantages)
     reference: bool = False  # a frozen reference policy (a KL term)
     engine: str = "builtin"  # builtin | vllm
@@ -125,7 +127,9 @@ class Setup:
     engine_memory: float = 0.0  # vLLM: bytes it takes of each GPU (gpu_memory_utilization x memory)
     engine_sleeps: bool = True  # vLLM: frees its memory during the update (sleep mode)
     offload: bool = False  # trainer.offload_during_rollout: the training state in host memory while vLLM samples
-    logprob_chunk: int | None = None  # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
+    logprob_chunk: int | None = (
+        None  # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
+    )
     ppo_epochs: int = 1
 
 
@@ -152,13 +156,17 @@ class Footprint:
     critic_params: int  # 0 without a critic
     reference_params: int  # 0 without a reference policy
     sequence: int  # s: tokens per sequence, prompt + response (capped by the context)
-    pass_tokens: int  # tokens through one forward/backward pass on a rank (the token budget's worst case)
+    pass_tokens: (
+        int  # tokens through one forward/backward pass on a rank (the token budget's worst case)
+    )
     weights: float  # the actor's and critic's (sharded) weights
     gradients: float
     optimizer: float
     reference: float  # the reference policy's (sharded) weights
     gathered: float  # fsdp: the unsharded units in flight (root + 2 layers), transient
-    replica: float  # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
+    replica: (
+        float  # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
+    )
     actor_activations: float  # with checkpointing as configured, the log-prob pass included
     critic_activations: float
     actor_activations_full: float  # without checkpointing, the log-prob pass included
@@ -202,7 +210,12 @@ class Footprint:
         """Returns the update phase: state + gathered units + the larger of the actor's and the
         critic's activations (they are updated one after the other) + vLLM's share if it stays awake."""
         awake = self.engine_memory if self.vllm and not self.engine_sleeps else 0.0
-        return self.state + self.gathered + max(self.actor_activations, self.critic_activations) + awake
+        return (
+            self.state
+            + self.gathered
+            + max(self.actor_activations, self.critic_activations)
+            + awake
+        )
 
     @property
     def rollout_peak(self) -> float:
@@ -290,13 +303,18 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     precision = "cast" if setup.strategy == "fsdp" else "autocast"
 
     def acts(head: str, ckpt: bool) -> float:
-        return qwen2_pass_activation_bytes(shape, rows_a_pass, s - t, t, ckpt, head, p, False, "packed", chunk,
-                                           precision)
+        return qwen2_pass_activation_bytes(
+            shape, rows_a_pass, s - t, t, ckpt, head, p, False, "packed", chunk, precision
+        )
 
-    logprob = chunked_logprob_bytes(rows_a_pass * t, shape.vocab_size, shape.hidden_size, chunk, min(p, 4))
+    logprob = chunked_logprob_bytes(
+        rows_a_pass * t, shape.vocab_size, shape.hidden_size, chunk, min(p, 4)
+    )
     gathered = 0.0
     if setup.strategy == "fsdp":
-        root = actor - shape.num_layers * layer_params(shape)  # embeddings, final norm, lm_head (> the critic's)
+        root = actor - shape.num_layers * layer_params(
+            shape
+        )  # embeddings, final norm, lm_head (> the critic's)
         gathered = (root + 2 * layer_params(shape)) * p
     vllm = setup.engine == "vllm"
     tp = setup.tensor_parallel_size if vllm else 1
@@ -309,7 +327,9 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         at_once = min(responses, setup.builtin_rows)
     # decoding: a step reads the sampler's weights (a GPU's share) and its sequences' KV cache once
     context = setup.prompt_tokens + t / 2
-    step_bytes = (engine_weights if vllm else actor * p) + at_once * kv_bytes_per_token(shape, p) / tp * context
+    step_bytes = (engine_weights if vllm else actor * p) + at_once * kv_bytes_per_token(
+        shape, p
+    ) / tp * context
     decode_step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
     rollout = math.ceil(requests / at_once) * t * decode_step if at_once else math.inf
     # FLOPs a token: causal attention's QK and AV over s/2 keys on average, 4·(s/2)·h a layer
@@ -329,23 +349,49 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     update = responses * s * flops / (hw.flops * hw.flops_share)
     ckpt = setup.gradient_checkpointing
     return Footprint(
-        actor_params=actor, critic_params=critic, reference_params=ref, sequence=s, pass_tokens=pass_tokens,
-        weights=sharded(w * trained, world), gradients=sharded(g * trained, world),
-        optimizer=sharded(o * trained, world), reference=sharded(w * ref, world), gathered=gathered,
+        actor_params=actor,
+        critic_params=critic,
+        reference_params=ref,
+        sequence=s,
+        pass_tokens=pass_tokens,
+        weights=sharded(w * trained, world),
+        gradients=sharded(g * trained, world),
+        optimizer=sharded(o * trained, world),
+        reference=sharded(w * ref, world),
+        gathered=gathered,
         replica=actor * p if not vllm and setup.strategy == "fsdp" else 0.0,
-        actor_activations=acts("lm", ckpt), critic_activations=acts("value", ckpt) if critic else 0.0,
-        actor_activations_full=acts("lm", False), actor_activations_ckpt=acts("lm", True),
+        actor_activations=acts("lm", ckpt),
+        critic_activations=acts("value", ckpt) if critic else 0.0,
+        actor_activations_full=acts("lm", False),
+        actor_activations_ckpt=acts("lm", True),
         critic_activations_full=acts("value", False) if critic else 0.0,
         critic_activations_ckpt=acts("value", True) if critic else 0.0,
-        logprob=logprob, kv_per_sequence=kv_seq, responses_per_rank=responses, requests_per_engine=requests,
-        sequences_at_once=at_once, vllm=vllm, offload=setup.offload and vllm, engine_weights=engine_weights,
-        engine_memory=setup.engine_memory if vllm else 0.0, engine_sleeps=setup.engine_sleeps,
-        generated_tokens=setup.responses_per_step * t, step_tokens=setup.responses_per_step * s,
-        decode_step_seconds=decode_step, rollout_seconds=rollout, update_seconds=update)
+        logprob=logprob,
+        kv_per_sequence=kv_seq,
+        responses_per_rank=responses,
+        requests_per_engine=requests,
+        sequences_at_once=at_once,
+        vllm=vllm,
+        offload=setup.offload and vllm,
+        engine_weights=engine_weights,
+        engine_memory=setup.engine_memory if vllm else 0.0,
+        engine_sleeps=setup.engine_sleeps,
+        generated_tokens=setup.responses_per_step * t,
+        step_tokens=setup.responses_per_step * s,
+        decode_step_seconds=decode_step,
+        rollout_seconds=rollout,
+        update_seconds=update,
+    )
 
 
-def smallest_world(shape: Shape, setup: Setup, memory: float, divides: int | None = None,
-                   engine_at_minimum: bool = False, limit: int = 1 << 20) -> int | None:
+def smallest_world(
+    shape: Shape,
+    setup: Setup,
+    memory: float,
+    divides: int | None = None,
+    engine_at_minimum: bool = False,
+    limit: int = 1 << 20,
+) -> int | None:
     """Returns the fewest fsdp ranks N at which ``estimate(...)`` fits in ``memory`` bytes a GPU.
 
     ``need`` never grows with N (state / N, ceil(B / N) responses and micro-batches no larger),
@@ -383,6 +429,22 @@ def _with_world(setup: Setup, world: int) -> Setup:
     return replace(setup, world=world, strategy="fsdp")
 
 
-__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Hardware", "Setup", "actor_params", "backbone_params",
-           "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence", "kv_bytes_per_token",
-           "layer_params", "non_embedding_params", "sharded", "smallest_world", "state_bytes_per_param"]
+__all__ = [
+    "DTYPE_BYTES",
+    "GB",
+    "Footprint",
+    "Hardware",
+    "Setup",
+    "actor_params",
+    "backbone_params",
+    "critic_params",
+    "embedding_params",
+    "estimate",
+    "kv_bytes_per_sequence",
+    "kv_bytes_per_token",
+    "layer_params",
+    "non_embedding_params",
+    "sharded",
+    "smallest_world",
+    "state_bytes_per_param",
+]

@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.models.dtypes import DTYPES
@@ -56,7 +61,9 @@ def load_model_and_tokenizer(
         ConfigError: a directory or its config.json is missing, or the dtype is unknown.
     """
     if dtype not in DTYPES:
-        raise ConfigError(f"model.dtype={dtype!r} is not supported. Set model.dtype to one of {', '.join(DTYPES)}.")
+        raise ConfigError(
+            f"model.dtype={dtype!r} is not supported. Set model.dtype to one of {', '.join(DTYPES)}."
+        )
     path = Path(path)
     tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else path
     if not (path / "config.json").is_file():
@@ -65,7 +72,9 @@ def load_model_and_tokenizer(
             "Set model.path to a local checkpoint directory saved with save_pretrained."
         )
     if not tokenizer_path.is_dir():
-        raise ConfigError(f"model.tokenizer_path={str(tokenizer_path)!r} does not exist. Set it to a local directory.")
+        raise ConfigError(
+            f"model.tokenizer_path={str(tokenizer_path)!r} does not exist. Set it to a local directory."
+        )
     tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
     return load_causal_lm(path, dtype, trust_remote_code), tokenizer
 
@@ -74,13 +83,17 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrai
     """Returns the tokenizer saved in directory ``path``; one without a pad token gets its eos token
     as pad (base checkpoints often have none, and batching needs one). Checks nothing first:
     ``load_model_and_tokenizer`` names a missing directory with the config key to fix."""
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
+def load_causal_lm(
+    path: str | Path, dtype: str = "float32", trust_remote_code: bool = False
+) -> PreTrainedModel:
     """Returns the causal LM saved in directory ``path`` (``dtype`` a key of ``DTYPES``), in eval mode.
     Checks nothing first, as ``load_tokenizer``."""
     model = AutoModelForCausalLM.from_pretrained(

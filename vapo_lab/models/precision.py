@@ -41,7 +41,9 @@ def fsdp_policy(model: nn.Module) -> object:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     dtype = getattr(model, _ATTR, None)
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=MASTER if dtype is not None else None)
+    return MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=MASTER if dtype is not None else None
+    )
 
 
 @contextlib.contextmanager

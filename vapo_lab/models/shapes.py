@@ -48,19 +48,33 @@ class Shape:
         Raises:
             ConfigError: a key the shape needs is missing.
         """
-        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        need = (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+        )
         missing = [k for k in need if k not in config]
         if missing:
-            raise ConfigError(f"the model's config.json lacks {', '.join(missing)}: the plan needs "
-                              f"{', '.join(need)}")
+            raise ConfigError(
+                f"the model's config.json lacks {', '.join(missing)}: the plan needs "
+                f"{', '.join(need)}"
+            )
         h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        return cls(hidden_size=h, num_layers=int(config["num_hidden_layers"]), num_heads=heads,
-                   num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                   head_dim=int(config.get("head_dim") or h // heads),
-                   intermediate_size=int(config["intermediate_size"]), vocab_size=int(config["vocab_size"]),
-                   tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                   max_position_embeddings=int(config.get("max_position_embeddings") or 0),
-                   qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)))
+        return cls(
+            hidden_size=h,
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or h // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
+            qkv_bias=config.get("model_type") == "qwen2"
+            or bool(config.get("attention_bias", False)),
+        )
 
 
 def read_shape(path: str | Path) -> Shape:
@@ -71,21 +85,35 @@ def read_shape(path: str | Path) -> Shape:
     """
     file = Path(path) / "config.json"
     if not file.is_file():
-        raise ConfigError(f"model.path={str(path)!r} is not a model directory (no config.json there): set "
-                          "model.path to a local checkpoint, or model.arch_name to a known architecture "
-                          f"({', '.join(KNOWN_ARCHS)}) for a plan without the weights")
+        raise ConfigError(
+            f"model.path={str(path)!r} is not a model directory (no config.json there): set "
+            "model.path to a local checkpoint, or model.arch_name to a known architecture "
+            f"({', '.join(KNOWN_ARCHS)}) for a plan without the weights"
+        )
     try:
         config = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{file} cannot be read as JSON ({e}): point model.path at a checkpoint "
-                          "saved with save_pretrained") from e
+        raise ConfigError(
+            f"{file} cannot be read as JSON ({e}): point model.path at a checkpoint "
+            "saved with save_pretrained"
+        ) from e
     return Shape.from_hf_config(config.get("text_config", config))
 
 
-def _qwen25(h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool, context: int) -> Shape:
-    return Shape(hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=h // heads,
-                 intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
-                 max_position_embeddings=context)
+def _qwen25(
+    h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool, context: int
+) -> Shape:
+    return Shape(
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=h // heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        max_position_embeddings=context,
+    )
 
 
 # The config.json numbers of the public base checkpoints (huggingface.co/Qwen/<name>/blob/main/config.json:
@@ -106,8 +134,10 @@ KNOWN_ARCHS: dict[str, Shape] = {
 def known_arch(name: str) -> Shape:
     """Returns ``KNOWN_ARCHS[name]``; an unknown name raises ConfigError with the valid ones."""
     if name not in KNOWN_ARCHS:
-        raise ConfigError(unknown_name_message("model.arch_name", name, list(KNOWN_ARCHS))
-                          + "; or set model.path to a local checkpoint with a config.json")
+        raise ConfigError(
+            unknown_name_message("model.arch_name", name, list(KNOWN_ARCHS))
+            + "; or set model.path to a local checkpoint with a config.json"
+        )
     return KNOWN_ARCHS[name]
 
 

@@ -85,10 +85,18 @@ def load_sharded_causal_lm(
     path = Path(path)
     files = _check(path, compute_dtype_name)
     if not world.initialized:
-        return set_compute(load_causal_lm(path, "float32", trust_remote_code), compute_dtype_name).to(device).eval()
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        return (
+            set_compute(load_causal_lm(path, "float32", trust_remote_code), compute_dtype_name)
+            .to(device)
+            .eval()
+        )
+    config = AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=MASTER, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=MASTER, trust_remote_code=trust_remote_code
+        )
     set_compute(model, compute_dtype_name)  # a dtype change on meta: nothing allocated
     if (path / "generation_config.json").is_file():  # from_pretrained reads it too (eos, pad ids)
         model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
@@ -140,8 +148,11 @@ def load_sharded_value_model(
     files = _check(path, compute_dtype_name)
     head = _head_state(path, source)
     if not world.initialized:
-        whole = (ValueModel.load(path) if source == "value_model"
-                 else ValueModel.from_causal_lm(load_causal_lm(path, "float32", trust_remote_code)))
+        whole = (
+            ValueModel.load(path)
+            if source == "value_model"
+            else ValueModel.from_causal_lm(load_causal_lm(path, "float32", trust_remote_code))
+        )
         return set_compute(whole, compute_dtype_name).to(device).eval()
     critic, prefix = _meta_value_model(path, source, trust_remote_code)
     set_compute(critic, compute_dtype_name)  # a dtype change on meta: nothing allocated
@@ -158,26 +169,36 @@ def _head_state(path: Path, source: str) -> dict[str, Tensor] | None:
     """Returns the head's state dict a value model directory holds (None for ``causal_lm``: a zero
     head); raises ConfigError for an unknown ``source``, CheckpointError for a missing head file."""
     if source not in SOURCES:
-        raise ConfigError(f"source={source!r} is not a value model source: use one of {', '.join(SOURCES)}")
+        raise ConfigError(
+            f"source={source!r} is not a value model source: use one of {', '.join(SOURCES)}"
+        )
     if source == "causal_lm":
         return None
     missing = [f for f in (HEAD_FILE, VALUE_JSON) if not (path / f).is_file()]
     if missing:
-        raise CheckpointError(f"{path} has no {' or '.join(missing)}, so it is not a value model directory "
-                              "(ValueModel.save writes them): give a directory ValueModel.save wrote, or load "
-                              "a causal LM's directory with source='causal_lm'")
+        raise CheckpointError(
+            f"{path} has no {' or '.join(missing)}, so it is not a value model directory "
+            "(ValueModel.save writes them): give a directory ValueModel.save wrote, or load "
+            "a causal LM's directory with source='causal_lm'"
+        )
     return torch.load(path / HEAD_FILE, weights_only=True)  # tensors only: runs no code
 
 
-def _meta_value_model(path: Path, source: str, trust_remote_code: bool) -> tuple[ValueModel, str | None]:
+def _meta_value_model(
+    path: Path, source: str, trust_remote_code: bool
+) -> tuple[ValueModel, str | None]:
     """Returns (the value model built on the meta device, the prefix of the backbone's keys in the
     files: the causal LM's name for its transformer, ``model``; None for a value model's files)."""
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     with torch.device("meta"):
         if source == "value_model":  # as ValueModel.load: AutoModel, the json's hidden size
             hidden = json.loads((path / VALUE_JSON).read_text())["hidden_size"]
             return ValueModel(AutoModel.from_config(config, dtype=MASTER), hidden), None
-        lm = AutoModelForCausalLM.from_config(config, dtype=MASTER, trust_remote_code=trust_remote_code)
+        lm = AutoModelForCausalLM.from_config(
+            config, dtype=MASTER, trust_remote_code=trust_remote_code
+        )
         critic = ValueModel.from_causal_lm(lm)  # its very code: a deep copy on meta copies no data
     decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
     return critic, next(n for n, m in lm.named_modules() if m is decoder)
@@ -202,13 +223,21 @@ def _set_head(critic: ValueModel, head: dict[str, Tensor] | None) -> None:
     for name, p in critic.head.named_parameters():
         whole = torch.zeros(p.shape) if head is None else head.get(name)
         if whole is None or whole.shape != p.shape:
-            problems.append(f"{name} is {'missing' if whole is None else tuple(whole.shape)}, "
-                            f"the head's is {tuple(p.shape)}")
+            problems.append(
+                f"{name} is {'missing' if whole is None else tuple(whole.shape)}, "
+                f"the head's is {tuple(p.shape)}"
+            )
             continue
-        p.copy_(distribute_tensor(whole.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None))
+        p.copy_(
+            distribute_tensor(
+                whole.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None
+            )
+        )
     if problems:
-        raise CheckpointError(f"{HEAD_FILE} does not fit the value model: {'; '.join(problems)}. Re-save it "
-                              "with ValueModel.save")
+        raise CheckpointError(
+            f"{HEAD_FILE} does not fit the value model: {'; '.join(problems)}. Re-save it "
+            "with ValueModel.save"
+        )
 
 
 def save_sharded_value_model(critic: ValueModel, path: str | Path, world: World) -> None:
@@ -266,15 +295,25 @@ def _write(critic: ValueModel, state: dict[str, Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    for stale in [path / INDEX, *path.glob("model-*-of-*.safetensors")]:  # an index would win over our file
+    for stale in [
+        path / INDEX,
+        *path.glob("model-*-of-*.safetensors"),
+    ]:  # an index would win over our file
         stale.unlink(missing_ok=True)
-    backbone = {n.removeprefix("backbone."): t for n, t in state.items() if n.startswith("backbone.")}
+    backbone = {
+        n.removeprefix("backbone."): t for n, t in state.items() if n.startswith("backbone.")
+    }
     save_file(backbone, path / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained
-    config = copy.deepcopy(critic.backbone.config)  # save_pretrained's two changes, not on the live model
+    config = copy.deepcopy(
+        critic.backbone.config
+    )  # save_pretrained's two changes, not on the live model
     config.dtype = str(next(iter(backbone.values())).dtype).removeprefix("torch.")
     config.architectures = [type(critic.backbone).__name__.removeprefix("FSDP")]
     config.save_pretrained(path)
-    torch.save({n.removeprefix("head."): t for n, t in state.items() if n.startswith("head.")}, path / HEAD_FILE)
+    torch.save(
+        {n.removeprefix("head."): t for n, t in state.items() if n.startswith("head.")},
+        path / HEAD_FILE,
+    )
     (path / VALUE_JSON).write_text(json.dumps({"hidden_size": critic.head.in_features}))
 
 
@@ -282,24 +321,34 @@ def _check(path: Path, compute_dtype_name: str) -> list[Path]:
     """Returns the safetensors files of ``path`` (raising ConfigError / CheckpointError as
     ``load_sharded_causal_lm`` documents)."""
     if compute_dtype_name not in DTYPES:
-        raise ConfigError(f"model.dtype={compute_dtype_name!r} is not supported. Set model.dtype to one of "
-                          f"{', '.join(DTYPES)}.")
+        raise ConfigError(
+            f"model.dtype={compute_dtype_name!r} is not supported. Set model.dtype to one of "
+            f"{', '.join(DTYPES)}."
+        )
     if not (path / "config.json").is_file():
-        raise ConfigError(f"model.path={str(path)!r} is not a model directory (no config.json there). "
-                          "Set model.path to a local checkpoint directory saved with save_pretrained.")
+        raise ConfigError(
+            f"model.path={str(path)!r} is not a model directory (no config.json there). "
+            "Set model.path to a local checkpoint directory saved with save_pretrained."
+        )
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        raise ConfigError(f"model.path={str(path)!r} has no .safetensors weights"
-                          + (f" (only {', '.join(others)})" if others else "")
-                          + ": the sharded load reads safetensors only. Re-save the model there with "
-                          "save_pretrained (transformers writes safetensors), or set model.path to one that has them.")
+        others = sorted(
+            p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")
+        )
+        raise ConfigError(
+            f"model.path={str(path)!r} has no .safetensors weights"
+            + (f" (only {', '.join(others)})" if others else "")
+            + ": the sharded load reads safetensors only. Re-save the model there with "
+            "save_pretrained (transformers writes safetensors), or set model.path to one that has them."
+        )
     if (path / INDEX).is_file():
         named = set(json.loads((path / INDEX).read_text())["weight_map"].values())
         missing = sorted(n for n in named if not (path / n).is_file())
         if missing:
-            raise CheckpointError(f"{path / INDEX} names {', '.join(missing)}, missing from {path}: "
-                                  "copy the whole checkpoint directory")
+            raise CheckpointError(
+                f"{path / INDEX} names {', '.join(missing)}, missing from {path}: "
+                "copy the whole checkpoint directory"
+            )
     return files
 
 
@@ -327,9 +376,11 @@ def _init_buffers(model: nn.Module, arch: str) -> None:
     model.initialize_weights()
     left = [n for n, b in non_persistent.items() if _still_sentinel(b)]
     if left:
-        raise CheckpointError(f"{arch}'s initialize_weights left the non-persistent buffers "
-                              f"{', '.join(left)} unset, so the sharded load cannot compute them: "
-                              "load this model on one process (trainer.strategy=single)")
+        raise CheckpointError(
+            f"{arch}'s initialize_weights left the non-persistent buffers "
+            f"{', '.join(left)} unset, so the sharded load cannot compute them: "
+            "load this model on one process (trainer.strategy=single)"
+        )
 
 
 def _sentinel(dtype: torch.dtype) -> float | int | bool:
@@ -346,8 +397,13 @@ def _still_sentinel(buf: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def _fill(model: nn.Module, path: Path, files: list[Path], arch: str,
-          in_file: Callable[[str], str | None] = lambda name: name) -> None:
+def _fill(
+    model: nn.Module,
+    path: Path,
+    files: list[Path],
+    arch: str,
+    in_file: Callable[[str], str | None] = lambda name: name,
+) -> None:
     """Reads the checkpoint's safetensors into ``model``'s sharded state dict, each rank its own
     slices (``torch.distributed.checkpoint.load``, ``HuggingFaceStorageReader``). ``in_file`` gives
     the file's key of a state dict name (None: the files do not hold it, and it is left as it is):
@@ -357,11 +413,15 @@ def _fill(model: nn.Module, path: Path, files: list[Path], arch: str,
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     reader = dcp.HuggingFaceStorageReader(str(path))
-    saved = reader.read_metadata().state_dict_metadata  # the files' JSON headers: names, shapes, dtypes
+    saved = (
+        reader.read_metadata().state_dict_metadata
+    )  # the files' JSON headers: names, shapes, dtypes
     state = get_model_state_dict(model)  # DTensors: each rank's shards, aliasing the parameters
     wanted, problems = {}, []
     for names in _aliases(model, state):
-        keys = {k: n for n in names if (k := in_file(n)) is not None}  # the file's key: the model's name
+        keys = {
+            k: n for n in names if (k := in_file(n)) is not None
+        }  # the file's key: the model's name
         if not keys:
             continue
         found = [k for k in keys if k in saved]
@@ -371,16 +431,22 @@ def _fill(model: nn.Module, path: Path, files: list[Path], arch: str,
         key = found[0]  # tied weights: one parameter, read once
         shard_of = state[keys[key]]
         if tuple(saved[key].size) != tuple(shard_of.shape):
-            problems.append(f"{key} is {tuple(saved[key].size)}, the model's is {tuple(shard_of.shape)}")
+            problems.append(
+                f"{key} is {tuple(saved[key].size)}, the model's is {tuple(shard_of.shape)}"
+            )
         elif len({tuple(c.offsets) for c in saved[key].chunks}) < len(saved[key].chunks):
             # one key twice at the same place (a stale file beside the checkpoint's), not DCP's slices
             problems.append(f"{key} is in more than one of {', '.join(f.name for f in files)}")
         wanted[key] = shard_of
     if problems:
-        listed = "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-        raise CheckpointError(f"{path} does not fit {arch} built from its config.json: {listed}. "
-                              "The sharded load reads checkpoints whose keys are the model's own names (as "
-                              "save_pretrained writes them): load this one on one process (trainer.strategy=single)")
+        listed = "; ".join(problems[:5]) + (
+            f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        )
+        raise CheckpointError(
+            f"{path} does not fit {arch} built from its config.json: {listed}. "
+            "The sharded load reads checkpoints whose keys are the model's own names (as "
+            "save_pretrained writes them): load this one on one process (trainer.strategy=single)"
+        )
     # in place into the shards; each file's slice is converted to float32 as it is copied
     dcp.load(wanted, storage_reader=reader)
     # the documented way back into the module (a copy onto itself where the state dict aliases it)
@@ -391,7 +457,10 @@ def _aliases(model: nn.Module, state: dict) -> list[list[str]]:
     """Returns the state dict's names grouped by the tensor they name: tied weights are one group
     (``[model.embed_tokens.weight, lm_head.weight]``, in module order), every other name its own."""
     by_tensor: dict[int, list[str]] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+    for name, t in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
         if name in state:
             by_tensor.setdefault(id(t), []).append(name)
     grouped = {n for names in by_tensor.values() for n in names}

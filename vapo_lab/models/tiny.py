@@ -147,7 +147,9 @@ def _structured_embeddings(
     types = sorted({t for t, _, _ in words.values()})
     type_part = random_parts(len(types))
     k = torch.arange(n_positions)
-    position_part = (position_basis[:, k % 10] + position_basis[:, 10 + k // 10]).T * part_norm / math.sqrt(2)
+    position_part = (
+        (position_basis[:, k % 10] + position_basis[:, 10 + k // 10]).T * part_norm / math.sqrt(2)
+    )
     digit_part = random_parts(10)
     for token_id, (t, k, d) in words.items():
         vector = type_part[types.index(t)] + digit_part[d]
@@ -156,7 +158,9 @@ def _structured_embeddings(
 
 
 @torch.no_grad()
-def _position_matching_head(model: Qwen2ForCausalLM, position_basis: torch.Tensor, sharpness: float = 8.0) -> None:
+def _position_matching_head(
+    model: Qwen2ForCausalLM, position_basis: torch.Tensor, sharpness: float = 8.0
+) -> None:
     """Sets layer 0's first query head and its key head to attend to tokens with the same position.
 
     Why: with embeddings alone, the network learned the column sum for the positions of short

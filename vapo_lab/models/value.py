@@ -51,7 +51,9 @@ class ValueModel(nn.Module):
             torch.manual_seed(seed)
             backbone = AutoModel.from_config(lm.config)
         first = next(lm.parameters())
-        return cls(backbone.to(first.device, first.dtype), lm.config.hidden_size)._head_like_backbone()
+        return cls(
+            backbone.to(first.device, first.dtype), lm.config.hidden_size
+        )._head_like_backbone()
 
     def _head_like_backbone(self) -> ValueModel:
         """Returns the model with its head on the backbone's device and in its dtype (a new head is
@@ -63,8 +65,9 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Returns one scalar per position, (B, L), for the padded batch ``input_ids`` (B, L)."""
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=positions).last_hidden_state
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions
+        ).last_hidden_state
         # a new tensor, not a view of the head's output: FSDP2 hooks its backward on the output
         return wide(self.head(hidden).squeeze(-1)).clone()
 

@@ -24,7 +24,10 @@ T = TypeVar("T", bound=Named)
 
 def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
-    def norm(x: str) -> str:  # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
+
+    def norm(
+        x: str,
+    ) -> str:  # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
         return x.lower().replace("-", "_")
 
     by_norm = {norm(v): v for v in valid}
@@ -37,8 +40,12 @@ class Registry(Generic[T]):
     """Entries by name, in registration order; a taken name raises, an unknown one is named with
     the valid ones and the closest (raised as ``error``)."""
 
-    def __init__(self, kind: str, error: Callable[[str], Exception] = KeyError,
-                 check: Callable[[T], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        error: Callable[[str], Exception] = KeyError,
+        check: Callable[[T], None] | None = None,
+    ) -> None:
         self.kind, self._error, self._check = kind, error, check
         self._items: dict[str, T] = {}
 

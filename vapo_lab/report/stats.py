@@ -43,10 +43,20 @@ def _bootstrap(samples: Sequence[Sequence[float]], statistic: Any) -> np.ndarray
     each sample resampled independently (``paired=False``); None when any end is NaN."""
     with warnings.catch_warnings():  # NaN ends are reported as None, not as a warning
         warnings.simplefilter("ignore")
-        res = stats.bootstrap([np.asarray(s, dtype=float) for s in samples], statistic, n_resamples=N_RESAMPLES,
-                              vectorized=True, paired=False, axis=-1, confidence_level=CONFIDENCE,
-                              method=METHOD, rng=np.random.default_rng(RNG_SEED))
-    ci = np.stack([np.asarray(res.confidence_interval.low), np.asarray(res.confidence_interval.high)], axis=-1)
+        res = stats.bootstrap(
+            [np.asarray(s, dtype=float) for s in samples],
+            statistic,
+            n_resamples=N_RESAMPLES,
+            vectorized=True,
+            paired=False,
+            axis=-1,
+            confidence_level=CONFIDENCE,
+            method=METHOD,
+            rng=np.random.default_rng(RNG_SEED),
+        )
+    ci = np.stack(
+        [np.asarray(res.confidence_interval.low), np.asarray(res.confidence_interval.high)], axis=-1
+    )
     return None if np.isnan(ci).any() else ci
 
 
@@ -66,7 +76,9 @@ def mean_interval(scores: Sequence[float]) -> tuple[float, float] | None:
     return None if ci is None else (float(ci[0]), float(ci[1]))
 
 
-def difference_interval(scores: Sequence[float], reference: Sequence[float]) -> tuple[float, float] | None:
+def difference_interval(
+    scores: Sequence[float], reference: Sequence[float]
+) -> tuple[float, float] | None:
     """Returns the ``CONFIDENCE`` interval of mean(scores) − mean(reference), each group's seeds resampled
     on their own (the rows' seeds are different runs, not pairs); None when either has under 2."""
     if len(scores) < 2 or len(reference) < 2:
@@ -86,7 +98,9 @@ def separable(interval: tuple[float, float] | None) -> bool | None:
     return interval[0] > 0 or interval[1] < 0
 
 
-def rank_correlations(ours: Sequence[float], paper: Sequence[float]) -> tuple[float | None, float | None]:
+def rank_correlations(
+    ours: Sequence[float], paper: Sequence[float]
+) -> tuple[float | None, float | None]:
     """Returns (Spearman ρ, Kendall τ-b) of ``ours`` against ``paper`` (``spearman_rows``,
     ``kendall_rows``); None where one is undefined (a constant side)."""
     x, y = np.asarray(ours, dtype=float), np.asarray(paper, dtype=float)
@@ -134,7 +148,9 @@ def kendall_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return stats.pearsonr(sx, sy, axis=-1).statistic
 
 
-def rank_interval(rows: Sequence[Sequence[float]], paper: Sequence[float]) -> dict[str, tuple[float, float] | None] | None:
+def rank_interval(
+    rows: Sequence[Sequence[float]], paper: Sequence[float]
+) -> dict[str, tuple[float, float] | None] | None:
     """Returns the ``CONFIDENCE`` intervals of Spearman ρ and Kendall τ-b between the row means and
     ``paper``, bootstrapping over seeds: each row's seeds are resampled on their own, the row
     means recomputed, then the correlations (a row with one seed keeps its one score; the paper's
@@ -149,14 +165,24 @@ def rank_interval(rows: Sequence[Sequence[float]], paper: Sequence[float]) -> di
     def both(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
         means = dict(zip(varied, (np.mean(s, axis=axis) for s in samples)))
         batch = np.broadcast_shapes(*(m.shape for m in means.values()))
-        x = np.stack([np.broadcast_to(means[k], batch) if k in means else np.full(batch, fixed[k])
-                      for k in range(len(rows))], axis=-1)  # (batch, rows)
+        x = np.stack(
+            [
+                np.broadcast_to(means[k], batch) if k in means else np.full(batch, fixed[k])
+                for k in range(len(rows))
+            ],
+            axis=-1,
+        )  # (batch, rows)
         return np.stack([spearman_rows(x, paper_arr), kendall_rows(x, paper_arr)])
 
-    ci = _bootstrap([rows[k] for k in varied], both)  # a resample with all means equal gives NaN: None
+    ci = _bootstrap(
+        [rows[k] for k in varied], both
+    )  # a resample with all means equal gives NaN: None
     if ci is None:
         return {"spearman": None, "kendall": None}
-    return {"spearman": (float(ci[0, 0]), float(ci[0, 1])), "kendall": (float(ci[1, 0]), float(ci[1, 1]))}
+    return {
+        "spearman": (float(ci[0, 0]), float(ci[0, 1])),
+        "kendall": (float(ci[1, 0]), float(ci[1, 1])),
+    }
 
 
 ALPHA = 0.05  # the tests' level, Holm-corrected over a family
@@ -187,7 +213,15 @@ def paired(diffs: Sequence[float]) -> Test | None:
         warnings.simplefilter("ignore")  # identical differences: scipy warns, se = 0
         res = stats.ttest_1samp(d, 0.0)
     se = float(np.std(d, ddof=1) / np.sqrt(d.size))
-    return _test("paired t", int(d.size), float(d.mean()), float(res.pvalue), se, d.size - 1.0, sign_flip_p(d))
+    return _test(
+        "paired t",
+        int(d.size),
+        float(d.mean()),
+        float(res.pvalue),
+        se,
+        d.size - 1.0,
+        sign_flip_p(d),
+    )
 
 
 def sign_flip_p(diffs: Sequence[float]) -> float:
@@ -221,18 +255,36 @@ def welch(x: Sequence[float], y: Sequence[float]) -> Test | None:
         res = stats.ttest_ind(a, b, equal_var=False)
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = float(np.sqrt(va + vb))
-    df = float((va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))) if se > 0 else a.size + b.size - 2.0
-    return _test("Welch t", int(min(a.size, b.size)), float(a.mean() - b.mean()), float(res.pvalue), se, df)
+    df = (
+        float((va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)))
+        if se > 0
+        else a.size + b.size - 2.0
+    )
+    return _test(
+        "Welch t", int(min(a.size, b.size)), float(a.mean() - b.mean()), float(res.pvalue), se, df
+    )
 
 
-def _test(name: str, n: int, diff: float, p: float, se: float, df: float, flip: float | None = None) -> Test:
+def _test(
+    name: str, n: int, diff: float, p: float, se: float, df: float, flip: float | None = None
+) -> Test:
     def interval(level: float) -> tuple[float, float]:
         h = float(stats.t.ppf(0.5 + level / 2, df)) * se
         return diff - h, diff + h
 
     if se == 0:  # every seed moved by the same amount: p is 0 unless that amount is 0
         p = 1.0 if diff == 0 else 0.0
-    return Test(name, n, diff, 1.0 if np.isnan(p) else p, interval(1 - ALPHA), interval(1 - 2 * ALPHA), df, se, flip)
+    return Test(
+        name,
+        n,
+        diff,
+        1.0 if np.isnan(p) else p,
+        interval(1 - ALPHA),
+        interval(1 - 2 * ALPHA),
+        df,
+        se,
+        flip,
+    )
 
 
 def compare(x: dict[int, float], y: dict[int, float]) -> Test | None:
@@ -267,8 +319,14 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 def settings() -> dict[str, Any]:
     """Returns the bootstrap's settings, for report.json."""
-    return {"confidence": CONFIDENCE, "n_resamples": N_RESAMPLES, "method": METHOD, "rng_seed": RNG_SEED,
-            "over": "seeds", "rank_tie_rtol": TIE_RTOL}
+    return {
+        "confidence": CONFIDENCE,
+        "n_resamples": N_RESAMPLES,
+        "method": METHOD,
+        "rng_seed": RNG_SEED,
+        "over": "seeds",
+        "rank_tie_rtol": TIE_RTOL,
+    }
 
 
 NOTE = (

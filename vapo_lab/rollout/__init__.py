@@ -18,20 +18,48 @@ from vapo_lab.rollout.sampler import Samples, sample
 Generate = Callable[[Sequence[Sequence[int]], int, float, float, torch.Generator], Samples]
 
 
-def make_generator(backend: str, policy: nn.Module, max_new_tokens: int, eos_ids: list[int], pad_id: int,
-                   engine: Any = None) -> Generate:
+def make_generator(
+    backend: str,
+    policy: nn.Module,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    engine: Any = None,
+) -> Generate:
     """Returns the sampling function of ``rollout.backend`` (builtin, or vllm with its ``engine``)."""
     if backend == "builtin":
-        def generate(prompts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
-                     generator: torch.Generator) -> Samples:
-            return sample(policy, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                          top_p=top_p, eos_id=eos_ids, pad_id=pad_id, generator=generator)
+
+        def generate(
+            prompts: Sequence[Sequence[int]],
+            n: int,
+            temperature: float,
+            top_p: float,
+            generator: torch.Generator,
+        ) -> Samples:
+            return sample(
+                policy,
+                prompts,
+                n=n,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                eos_id=eos_ids,
+                pad_id=pad_id,
+                generator=generator,
+            )
+
         return generate
 
-    def generate_vllm(prompts: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
-                      generator: torch.Generator) -> Samples:
+    def generate_vllm(
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator,
+    ) -> Samples:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         return engine.sample(prompts, n, max_new_tokens, temperature, top_p, eos_ids, pad_id, seed)
+
     return generate_vllm
 
 
@@ -55,11 +83,24 @@ def make_engine(backend: str, model_path: str | Path, cfg: Any, prompt_tokens: i
 
     v, m = cfg.rollout.vllm, cfg.model
     dist = torch.distributed
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-    return VllmEngine(model_path, dtype=m.dtype, seed=int(cfg.seed),
-                      max_model_len=int(prompt_tokens) + int(cfg.rollout.max_new_tokens),
-                      gpu_memory_utilization=float(v.gpu_memory_utilization),
-                      tensor_parallel_size=int(v.tensor_parallel_size), enforce_eager=bool(v.enforce_eager),
-                      enable_sleep_mode=bool(v.enable_sleep_mode), sleep_level=int(v.sleep_level),
-                      weight_bucket_mb=int(v.weight_bucket_mb), rank=rank, world_size=world,
-                      trust_remote_code=bool(m.trust_remote_code), tokenizer_path=m.tokenizer_path)
+    rank, world = (
+        (dist.get_rank(), dist.get_world_size())
+        if dist.is_available() and dist.is_initialized()
+        else (0, 1)
+    )
+    return VllmEngine(
+        model_path,
+        dtype=m.dtype,
+        seed=int(cfg.seed),
+        max_model_len=int(prompt_tokens) + int(cfg.rollout.max_new_tokens),
+        gpu_memory_utilization=float(v.gpu_memory_utilization),
+        tensor_parallel_size=int(v.tensor_parallel_size),
+        enforce_eager=bool(v.enforce_eager),
+        enable_sleep_mode=bool(v.enable_sleep_mode),
+        sleep_level=int(v.sleep_level),
+        weight_bucket_mb=int(v.weight_bucket_mb),
+        rank=rank,
+        world_size=world,
+        trust_remote_code=bool(m.trust_remote_code),
+        tokenizer_path=m.tokenizer_path,
+    )

@@ -12,7 +12,6 @@ truncation), the quantity PPO's importance ratio needs when the trainer samples 
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,7 +43,9 @@ class Samples:
         """Returns the samples in host memory, where they are scored and batched (themselves there)."""
         if self.response_ids.device.type == "cpu":
             return self
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name).cpu() for f in dataclasses.fields(self)})
+        return dataclasses.replace(
+            self, **{f.name: getattr(self, f.name).cpu() for f in dataclasses.fields(self)}
+        )
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -95,16 +96,37 @@ def sample(
     eos = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id))
     per_chunk = max(1, max_batch // n)
     parts = [
-        _sample_chunk(model, prompts[i:i + per_chunk], n, max_new_tokens, temperature, top_p, eos,
-                      pad_id, generator, fast, offset=i)
+        _sample_chunk(
+            model,
+            prompts[i : i + per_chunk],
+            n,
+            max_new_tokens,
+            temperature,
+            top_p,
+            eos,
+            pad_id,
+            generator,
+            fast,
+            offset=i,
+        )
         for i in range(0, len(prompts), per_chunk)
     ]
     return _concat(parts, pad_id)
 
 
-def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, max_new: int,
-                  temperature: float, top_p: float, eos: Tensor, pad_id: int,
-                  generator: torch.Generator | None, fast: bool, offset: int) -> Samples:
+def _sample_chunk(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    max_new: int,
+    temperature: float,
+    top_p: float,
+    eos: Tensor,
+    pad_id: int,
+    generator: torch.Generator | None,
+    fast: bool,
+    offset: int,
+) -> Samples:
     device = next(model.parameters()).device
     eos = eos.to(device)
     n_prompts = len(prompts)
@@ -113,8 +135,8 @@ def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, ma
     prompt_mask = torch.zeros(n_prompts, width, dtype=torch.bool)
     for i, p in enumerate(prompts):
         if len(p):
-            prompt_ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            prompt_mask[i, width - len(p):] = True
+            prompt_ids[i, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            prompt_mask[i, width - len(p) :] = True
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
 
     rows = n_prompts * n
@@ -159,14 +181,20 @@ def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, ma
     used = int(lengths.max().item()) if rows else 0
     index = torch.arange(n_prompts, device=device).repeat_interleave(n) + offset
     return Samples(
-        prompt_ids=prompt_ids.repeat_interleave(n, dim=0), prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
-        response_ids=out_ids[:, :used], response_mask=response_mask[:, :used], logprobs=out_logp[:, :used],
-        lengths=lengths, finished=finished, prompt_index=index,
+        prompt_ids=prompt_ids.repeat_interleave(n, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
+        response_ids=out_ids[:, :used],
+        response_mask=response_mask[:, :used],
+        logprobs=out_logp[:, :used],
+        lengths=lengths,
+        finished=finished,
+        prompt_index=index,
     )
 
 
-def _draw(logits: Tensor, temperature: float, top_p: float,
-          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _draw(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
     """Returns (tokens, their log-probs under the temperature-scaled distribution); T = 0 is greedy."""
     if temperature == 0:
         logp_all = logits.float().log_softmax(-1)

@@ -88,8 +88,10 @@ LOCKSTEP_TIMEOUT_S = 600.0
 # Wrappers that insert a part into parameter names: torch's activation-checkpoint wrapper and
 # torch.compile. FSDP2's fully_shard and HF gradient checkpointing keep the HF names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
-_INSTALL = ("pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; docs/distributed.md: "
-            "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin")
+_INSTALL = (
+    "pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; docs/distributed.md: "
+    "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin"
+)
 
 
 class BackendUnavailable(VapoLabError):
@@ -109,15 +111,19 @@ def require_vllm() -> Any:
     try:
         import vllm
     except ImportError:
-        raise BackendUnavailable(f"rollout.backend=vllm needs vLLM, which is not installed: {_INSTALL}") from None
+        raise BackendUnavailable(
+            f"rollout.backend=vllm needs vLLM, which is not installed: {_INSTALL}"
+        ) from None
     version = str(getattr(vllm, "__version__", "0"))
     if _release(version) < _release(SUPPORTED_VLLM):
         raise BackendUnavailable(
             f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
-            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use rollout.backend=builtin")
+            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use rollout.backend=builtin"
+        )
     if not _cuda_visible():
-        raise BackendUnavailable("rollout.backend=vllm needs a CUDA GPU and none is visible: "
-                                 "use rollout.backend=builtin")
+        raise BackendUnavailable(
+            "rollout.backend=vllm needs a CUDA GPU and none is visible: use rollout.backend=builtin"
+        )
     return vllm
 
 
@@ -141,8 +147,9 @@ def hf_name(name: str) -> str:
     return name
 
 
-def weight_buckets(policy: nn.Module, bucket_bytes: int,
-                   dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, Tensor]]]:
+def weight_buckets(
+    policy: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None
+) -> Iterator[list[tuple[str, Tensor]]]:
     """Yields the policy's weights as buckets of (HF name, full tensor), in ``named_parameters()`` order.
 
     A parameter sharded by FSDP2 (a DTensor) is cast to ``dtype`` on its shard, then gathered
@@ -159,7 +166,9 @@ def weight_buckets(policy: nn.Module, bucket_bytes: int,
     bucket: list[tuple[str, Tensor]] = []
     size = 0
     for name, param in policy.named_parameters():
-        full_bytes = param.numel() * (dtype or param.dtype).itemsize  # a DTensor's numel is the full one
+        full_bytes = (
+            param.numel() * (dtype or param.dtype).itemsize
+        )  # a DTensor's numel is the full one
         if bucket and size + full_bytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
@@ -191,11 +200,24 @@ class VllmEngine:
 
     recompute_logprobs = True  # the trainer recomputes the PPO ratio's log-probs (item 5)
 
-    def __init__(self, model_path: str | Path, dtype: str, seed: int, max_model_len: int | None,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, enforce_eager: bool = False,
-                 enable_sleep_mode: bool = False, sleep_level: int = 2, weight_bucket_mb: int = 512,
-                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False,
-                 tokenizer_path: str | Path | None = None, lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: str,
+        seed: int,
+        max_model_len: int | None,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 2,
+        weight_bucket_mb: int = 512,
+        rank: int = 0,
+        world_size: int = 1,
+        trust_remote_code: bool = False,
+        tokenizer_path: str | Path | None = None,
+        lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S,
+    ) -> None:
         """Builds the engine on this rank's GPU (every rank at once when ``world_size`` > 1).
 
         ``max_model_len`` bounds prompt + response tokens: vLLM sizes its KV cache for at least one
@@ -210,34 +232,54 @@ class VllmEngine:
         """
         tp = int(tensor_parallel_size)
         if enable_sleep_mode and sleep_level not in (1, 2):
-            raise ConfigError(f"rollout.vllm.sleep_level={sleep_level}: use 2 (drop the weights, vapo-lab "
-                              "pushes them after each update) or 1 (keep a CPU copy)")
+            raise ConfigError(
+                f"rollout.vllm.sleep_level={sleep_level}: use 2 (drop the weights, vapo-lab "
+                "pushes them after each update) or 1 (keep a CPU copy)"
+            )
         if weight_bucket_mb < 1:
             raise ConfigError(f"rollout.vllm.weight_bucket_mb={weight_bucket_mb} must be >= 1")
         if tp < 1 or world_size % tp:
-            raise ConfigError(f"rollout.vllm.tensor_parallel_size={tp} must divide the {world_size} trainer "
-                              "ranks (each group of consecutive ranks shares one engine)")
+            raise ConfigError(
+                f"rollout.vllm.tensor_parallel_size={tp} must divide the {world_size} trainer "
+                "ranks (each group of consecutive ranks shares one engine)"
+            )
         vllm = require_vllm()
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: tensors pass by reference (item 2)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+            "0"  # in-process: tensors pass by reference (item 2)
+        )
         extra: dict[str, Any] = {}
         if world_size > 1:
             if "LOCAL_RANK" not in os.environ:
-                raise BackendUnavailable("rollout.backend=vllm with several ranks needs LOCAL_RANK: start the run "
-                                         "with trainer.nproc_per_node (torchrun) or the Slurm launcher")
-            os.environ.setdefault("RANK", str(rank))  # external_launcher reads these (torchrun sets them)
+                raise BackendUnavailable(
+                    "rollout.backend=vllm with several ranks needs LOCAL_RANK: start the run "
+                    "with trainer.nproc_per_node (torchrun) or the Slurm launcher"
+                )
+            os.environ.setdefault(
+                "RANK", str(rank)
+            )  # external_launcher reads these (torchrun sets them)
             os.environ.setdefault("WORLD_SIZE", str(world_size))
             extra["distributed_executor_backend"] = "external_launcher"
-        self.tp_group, self.tp_rank = _tensor_parallel_group(rank, world_size, tp, lockstep_timeout_s)
+        self.tp_group, self.tp_rank = _tensor_parallel_group(
+            rank, world_size, tp, lockstep_timeout_s
+        )
         self.tp = tp
         self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
         self.bucket_bytes = int(weight_bucket_mb) * 2**20
         self.llm = vllm.LLM(
-            model=str(model_path), tokenizer=None if tokenizer_path is None else str(tokenizer_path),
-            dtype=dtype, seed=int(seed) + rank // tp, max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tp, enforce_eager=enforce_eager,
-            enable_sleep_mode=bool(enable_sleep_mode), trust_remote_code=trust_remote_code,
+            model=str(model_path),
+            tokenizer=None if tokenizer_path is None else str(tokenizer_path),
+            dtype=dtype,
+            seed=int(seed) + rank // tp,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tp,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=bool(enable_sleep_mode),
+            trust_remote_code=trust_remote_code,
             worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
-            logprobs_mode="processed_logprobs", **extra)
+            logprobs_mode="processed_logprobs",
+            **extra,
+        )
         self.dtype: torch.dtype = self.llm.model_config.dtype
         self.version = str(vllm.__version__)
         self._asleep: set[str] = set()  # memory vLLM has released: "weights", "kv_cache"
@@ -269,17 +311,31 @@ class VllmEngine:
             for names in self.llm.collective_rpc("vapo_load_weights", args=(bucket,)):
                 loaded |= names
             del bucket  # before the next gather: one bucket at a time
-        missing = [name for names in self.llm.collective_rpc("vapo_unloaded", args=(loaded,)) for name in names]
+        missing = [
+            name
+            for names in self.llm.collective_rpc("vapo_unloaded", args=(loaded,))
+            for name in names
+        ]
         if missing:
             raise WeightPushError(
                 f"the policy has no weight for {len(missing)} vLLM parameter(s), e.g. {missing[:3]}: the policy's "
-                "parameter names must be the HF names of the checkpoint the engine was built from")
+                "parameter names must be the HF names of the checkpoint the engine was built from"
+            )
         self._stale = False
         if not self._asleep:  # a sleep already cleared it
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
-    def sample(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int, temperature: float,
-               top_p: float, eos_id: int | Sequence[int], pad_id: int, seed: int) -> Samples:
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        eos_id: int | Sequence[int],
+        pad_id: int,
+        seed: int,
+    ) -> Samples:
         """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item 5),
         as CPU tensors (vLLM hands back Python lists).
 
@@ -296,20 +352,36 @@ class VllmEngine:
         from vllm import SamplingParams
 
         if self._stale:
-            raise WeightPushError("the vLLM engine slept at level 2 and its weights were not pushed since: "
-                                  "call push_weights(policy) before sampling")
+            raise WeightPushError(
+                "the vLLM engine slept at level 2 and its weights were not pushed since: "
+                "call push_weights(policy) before sampling"
+            )
         self.wake()
         requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
         requests, mine = self._group_requests(requests)
         if not requests:
             return _to_samples(prompts, [], n, pad_id)
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                 stop_token_ids=eos, logprobs=0, seed=s) for _, s in requests]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                stop_token_ids=eos,
+                logprobs=0,
+                seed=s,
+            )
+            for _, s in requests
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False
+        )
         return _to_samples(prompts, outputs[mine], n, pad_id)
 
-    def _group_requests(self, requests: list[tuple[list[int], int]]) -> tuple[list[tuple[list[int], int]], slice]:
+    def _group_requests(
+        self, requests: list[tuple[list[int], int]]
+    ) -> tuple[list[tuple[list[int], int]], slice]:
         """Returns (the requests the engine runs, where this rank's are among them): its own with
         tensor_parallel_size 1; with more, every rank's of its group in rank order, gathered over
         the group's control channel (the group runs the same requests in lockstep).
@@ -326,8 +398,9 @@ class VllmEngine:
             raise EngineGroupError(
                 f"rank {self.tp_rank} of a tensor-parallel vLLM group (rollout.vllm.tensor_parallel_size={self.tp}) "
                 f"sampled and the rest of its group did not: every rank of a group must call sample equally "
-                f"often, a rank without prompts too ({e})") from e
-        start = sum(len(share) for share in shares[:self.tp_rank])
+                f"often, a rank without prompts too ({e})"
+            ) from e
+        start = sum(len(share) for share in shares[: self.tp_rank])
         return [r for share in shares for r in share], slice(start, start + len(requests))
 
     def _wake(self, tag: str) -> None:
@@ -338,7 +411,9 @@ class VllmEngine:
             self._asleep.discard(tag)
 
 
-def _tensor_parallel_group(rank: int, world_size: int, tp: int, timeout_s: float) -> tuple[Any, int]:
+def _tensor_parallel_group(
+    rank: int, world_size: int, tp: int, timeout_s: float
+) -> tuple[Any, int]:
     """Returns (this rank's tensor-parallel control group, its rank in it); (None, 0) when tp = 1.
 
     Groups of consecutive ranks, as vLLM's external launcher lays them out; a collective: every
@@ -349,7 +424,9 @@ def _tensor_parallel_group(rank: int, world_size: int, tp: int, timeout_s: float
         return None, 0
     group, _ = torch.distributed.new_subgroups_by_enumeration(
         [list(range(start, start + tp)) for start in range(0, world_size, tp)],
-        timeout=timedelta(seconds=timeout_s), backend="gloo")
+        timeout=timedelta(seconds=timeout_s),
+        backend="gloo",
+    )
     return group, rank % tp
 
 
@@ -367,15 +444,24 @@ def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: 
     finished = torch.zeros(rows, dtype=torch.bool)
     for r, c in enumerate(responses):
         p = prompts[r // n]
-        prompt_ids[r, width - len(p):] = torch.as_tensor(list(p))
-        prompt_mask[r, width - len(p):] = True
+        prompt_ids[r, width - len(p) :] = torch.as_tensor(list(p))
+        prompt_mask[r, width - len(p) :] = True
         k = len(c.token_ids)
         ids[r, :k] = torch.as_tensor(list(c.token_ids))
         if c.logprobs:
-            logprobs[r, :k] = torch.tensor([lp[tok].logprob for lp, tok in zip(c.logprobs, c.token_ids)],
-                                           dtype=torch.float32)
+            logprobs[r, :k] = torch.tensor(
+                [lp[tok].logprob for lp, tok in zip(c.logprobs, c.token_ids)], dtype=torch.float32
+            )
         lengths[r] = k
         finished[r] = c.finish_reason == "stop"  # "length": cut at max_tokens
     mask = torch.arange(t)[None] < lengths[:, None]
-    return Samples(prompt_ids, prompt_mask, ids, mask, logprobs, lengths, finished,
-                   torch.arange(len(prompts)).repeat_interleave(n))
+    return Samples(
+        prompt_ids,
+        prompt_mask,
+        ids,
+        mask,
+        logprobs,
+        lengths,
+        finished,
+        torch.arange(len(prompts)).repeat_interleave(n),
+    )

@@ -41,7 +41,9 @@ from vapo_lab.integrity import manifest_problem, write_manifest
 
 STATE_FILE = "trainer_state.pt"
 META_FILE = "trainer_state.json"
-LATEST = "latest"  # the name of the newest checkpoint, for people and tools (readers check every one)
+LATEST = (
+    "latest"  # the name of the newest checkpoint, for people and tools (readers check every one)
+)
 # what a failed write raises: the OS's error, torch.save's RuntimeError, safetensors' own error
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
@@ -65,9 +67,16 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         g.set_state(state["generators"][name])
 
 
-def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
-                    keep: int = 2, before_commit: Callable[[], None] | None = None,
-                    tmp: Path | None = None, meta: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    folder: Path,
+    step: int,
+    modules: dict[str, Any],
+    state: dict[str, Any],
+    keep: int = 2,
+    before_commit: Callable[[], None] | None = None,
+    tmp: Path | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
     """Returns the path of a new complete checkpoint ``folder/step_<step>``.
 
     Args:
@@ -96,7 +105,9 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
         _write(tmp, step, modules, state, meta, fresh)
     except WRITE_ERRORS as e:
         raise abandon(folder, final.name, tmp, e, written + tensor_bytes([modules, state])) from e
-    except BaseException:  # an interrupt: no half-written folder is left (the next write would clear it)
+    except (
+        BaseException
+    ):  # an interrupt: no half-written folder is left (the next write would clear it)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if before_commit is not None:
@@ -119,8 +130,14 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
     return final
 
 
-def _write(tmp: Path, step: int, modules: dict[str, Any], state: dict[str, Any], meta: dict[str, Any] | None,
-           fresh: bool) -> None:
+def _write(
+    tmp: Path,
+    step: int,
+    modules: dict[str, Any],
+    state: dict[str, Any],
+    meta: dict[str, Any] | None,
+    fresh: bool,
+) -> None:
     """Writes every file of a checkpoint into ``tmp`` (made anew when ``fresh``), the manifest last."""
     if fresh:
         if tmp.exists():
@@ -136,7 +153,9 @@ def _write(tmp: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
     write_manifest(tmp)
 
 
-def abandon(folder: Path, name: str, tmp: Path | None, error: BaseException, needed: int | None) -> CheckpointError:
+def abandon(
+    folder: Path, name: str, tmp: Path | None, error: BaseException, needed: int | None
+) -> CheckpointError:
     """Removes ``tmp``, the partial folder of checkpoint ``name`` that ``error`` stopped (None: another
     process removes it), and returns the one-line error to raise (:func:`_write_failure`)."""
     _release(error)
@@ -145,21 +164,30 @@ def abandon(folder: Path, name: str, tmp: Path | None, error: BaseException, nee
     return _write_failure(folder, name, error, needed)
 
 
-def _write_failure(folder: Path, name: str, error: BaseException, needed: int | None) -> CheckpointError:
+def _write_failure(
+    folder: Path, name: str, error: BaseException, needed: int | None
+) -> CheckpointError:
     """Returns the one-line error of checkpoint ``name`` not written to ``folder`` (its partial
     folder already removed, so the free space is what the disk has for the next try); ``needed``:
     the bytes the checkpoint takes (None: it was written, its commit failed)."""
     free = shutil.disk_usage(folder).free
     done = sorted(p.name for p in folder.glob("step_*") if p.is_dir())
-    resume = (f"vapo-lab train resume={folder.parent}"
-              + (f" (it continues from {done[-1]})" if done else " (it starts again from step 0)"))
+    resume = f"vapo-lab train resume={folder.parent}" + (
+        f" (it continues from {done[-1]})" if done else " (it starts again from step 0)"
+    )
     if _out_of_space(error) or (needed is not None and free < needed):
         need = f"it needs about {_size(needed)}, " if needed is not None else ""
-        short = f"at least {_size(needed - free)}" if needed is not None and needed > free else "space"
-        return CheckpointError(f"no space left to write checkpoint {name} in {folder}: {need}{_size(free)} "
-                               f"are free; free {short} there, then continue with: {resume}")
-    return CheckpointError(f"cannot write checkpoint {name} in {folder}: {first_line(error)}; fix that, "
-                           f"then continue with: {resume}")
+        short = (
+            f"at least {_size(needed - free)}" if needed is not None and needed > free else "space"
+        )
+        return CheckpointError(
+            f"no space left to write checkpoint {name} in {folder}: {need}{_size(free)} "
+            f"are free; free {short} there, then continue with: {resume}"
+        )
+    return CheckpointError(
+        f"cannot write checkpoint {name} in {folder}: {first_line(error)}; fix that, "
+        f"then continue with: {resume}"
+    )
 
 
 def _release(error: BaseException | None) -> None:
@@ -248,22 +276,31 @@ def resumable_checkpoint(folder: Path, warn: Callable[[str], None] | None = None
     """
     path, skipped = _newest_usable(folder)
     if path is None and (skipped or (folder / LATEST).exists()):
-        what = (skipped[0][1] + (f"; {len(skipped) - 1} older one(s) unusable too" if len(skipped) > 1 else "")
-                if skipped else f"{folder / LATEST} names {_read_latest(folder)}, and no step_* folder is left")
+        what = (
+            skipped[0][1]
+            + (f"; {len(skipped) - 1} older one(s) unusable too" if len(skipped) > 1 else "")
+            if skipped
+            else f"{folder / LATEST} names {_read_latest(folder)}, and no step_* folder is left"
+        )
         raise CheckpointError(
             f"no usable checkpoint in {folder}: {what}. A checkpoint that fails its checksums is never loaded, "
             f"and a run is not started over in its folder: put the checkpoint back, or start a new run without "
-            f"resume= (the run's command is in {folder.parent / 'run.json'})")
+            f"resume= (the run's command is in {folder.parent / 'run.json'})"
+        )
     for line in _fallback_warnings(skipped, path) if warn is not None else []:
         warn(line)
-    return path  # None: it stopped before its first checkpoint, so nothing is lost by starting again
+    return (
+        path  # None: it stopped before its first checkpoint, so nothing is lost by starting again
+    )
 
 
 def _newest_usable(folder: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """Returns (the newest checkpoint in ``folder`` that matches its manifest or None, the newer
     damaged ones with what is wrong with each); older ones are not read."""
     skipped: list[tuple[Path, str]] = []
-    for path in sorted((p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), reverse=True):
+    for path in sorted(
+        (p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), reverse=True
+    ):
         problem = manifest_problem(path)
         if problem is None:
             return path, skipped
@@ -274,8 +311,10 @@ def _newest_usable(folder: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
 def _fallback_warnings(skipped: list[tuple[Path, str]], found: Path | None) -> list[str]:
     """Returns a warning line for each damaged checkpoint skipped (newest first) on the way to ``found``."""
     older = [p.name for p, _ in skipped[1:]] + [found.name if found is not None else "none left"]
-    return [f"warning: checkpoint {path.name} is unusable ({problem}); falling back to the one before ({name})"
-            for (path, problem), name in zip(skipped, older)]
+    return [
+        f"warning: checkpoint {path.name} is unusable ({problem}); falling back to the one before ({name})"
+        for (path, problem), name in zip(skipped, older)
+    ]
 
 
 def _read_latest(folder: Path) -> str:
@@ -306,7 +345,8 @@ def unsafe_file(file: Path) -> CheckpointError:
     """Returns the error that refuses ``file``: it needs more than ``torch.load(weights_only=True)``."""
     return CheckpointError(
         f"refusing to load {file}: it holds Python objects beyond tensors, which could run code when "
-        "unpickled (vapo-lab writes only tensors and plain containers there); use a checkpoint written by vapo-lab")
+        "unpickled (vapo-lab writes only tensors and plain containers there); use a checkpoint written by vapo-lab"
+    )
 
 
 def load_state(path: Path) -> dict[str, Any]:

@@ -23,7 +23,10 @@ def run_info(run_dir: Path) -> dict[str, Any]:
 
 def latest_run(runs_dir: Path) -> Path | None:
     """Returns the most recently started run under ``runs_dir`` (newest run.json), or None."""
-    runs = sorted((p.parent for p in runs_dir.glob(f"*/{RUN_FILE}")), key=lambda d: (d / RUN_FILE).stat().st_mtime)
+    runs = sorted(
+        (p.parent for p in runs_dir.glob(f"*/{RUN_FILE}")),
+        key=lambda d: (d / RUN_FILE).stat().st_mtime,
+    )
     return runs[-1] if runs else None
 
 
@@ -40,7 +43,7 @@ def run_with_id(run_id: str, runs_dir: Path) -> Path | None:
 
 def checkpoint_step(folder: Path) -> int | None:
     """Returns the training step a checkpoint folder ``step_NNNNNN`` is named for, else None."""
-    digits = folder.name[len(CHECKPOINT_PREFIX):]
+    digits = folder.name[len(CHECKPOINT_PREFIX) :]
     return int(digits) if folder.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() else None
 
 

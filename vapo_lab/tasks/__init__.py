@@ -40,18 +40,26 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is no error
+                line = raw.decode(
+                    "utf-8-sig" if number == 1 else "utf-8"
+                )  # a byte-order mark is no error
             except UnicodeDecodeError as e:
-                raise error(f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                            "save it as UTF-8") from None
+                raise error(
+                    f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "save it as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise error(f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line") from None
+                raise error(
+                    f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line"
+                ) from None
             if not isinstance(record, dict):
-                raise error(f"{path}:{number}: a line must be a JSON object, not {type(record).__name__}")
+                raise error(
+                    f"{path}:{number}: a line must be a JSON object, not {type(record).__name__}"
+                )
             yield number, record
 
 

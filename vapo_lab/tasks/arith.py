@@ -76,11 +76,15 @@ class TraceNoise:
                 raise ConfigError(f"{name}={value} is not a probability. Set {name} within [0, 1].")
         object.__setattr__(self, "bug_sums", tuple(int(v) for v in self.bug_sums))
         if any(not 0 <= v <= 18 for v in self.bug_sums):
-            raise ConfigError(f"bug_sums={list(self.bug_sums)}: a column's digit sum x + y is 0..18. "
-                              "Give sums within [0, 18], e.g. [9].")
+            raise ConfigError(
+                f"bug_sums={list(self.bug_sums)}: a column's digit sum x + y is 0..18. "
+                "Give sums within [0, 18], e.g. [9]."
+            )
 
 
-def is_bug_step(x_digit: int, y_digit: int, carry_in: int, bug_sums: tuple[int, ...] = (9,)) -> bool:
+def is_bug_step(
+    x_digit: int, y_digit: int, carry_in: int, bug_sums: tuple[int, ...] = (9,)
+) -> bool:
     """Returns True where :attr:`TraceNoise.bug_rate` applies: a carry in, and x_k + y_k in ``bug_sums``."""
     return carry_in == 1 and x_digit + y_digit in bug_sums
 
@@ -155,8 +159,10 @@ class ArithTask:
                 "Its options are min_digits, max_digits, length_exponent and readout."
             )
         if readout not in READOUTS:
-            raise ConfigError(f"task.options.readout={readout!r} is not one of {list(READOUTS)}. "
-                              "Set task.options.readout=plain or labelled.")
+            raise ConfigError(
+                f"task.options.readout={readout!r} is not one of {list(READOUTS)}. "
+                "Set task.options.readout=plain or labelled."
+            )
         self.readout = readout
         if length_exponent < 0:
             raise ConfigError(
@@ -169,7 +175,9 @@ class ArithTask:
                 "1 <= min_digits <= max_digits."
             )
         if n_train < 0 or n_eval < 0:
-            raise ConfigError(f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0.")
+            raise ConfigError(
+                f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0."
+            )
         self.seed, self.min_digits, self.max_digits = seed, min_digits, max_digits
         self.digit_counts = list(range(min_digits, max_digits + 1))
         self.length_weights = [n**-length_exponent for n in self.digit_counts]
@@ -221,14 +229,22 @@ class ArithTask:
 
     def vocabulary(self) -> list[str]:
         """Returns every word the task writes, each to become one token (columns 1..max_digits)."""
-        words = [f"{v}{k}_{d}" for v in "xyz" for k in range(1, self.max_digits + 1) for d in range(10)]
+        words = [
+            f"{v}{k}_{d}" for v in "xyz" for k in range(1, self.max_digits + 1) for d in range(10)
+        ]
         words += [f"c{k}_{b}" for k in range(self.max_digits + 1) for b in (0, 1)]
         if self.readout == "labelled":
             # "}" too, so that the closing " }" is one token (a bare "}" is a byte token already)
-            words += ["r0_1"] + [f"r{k}_{d}" for k in range(1, self.max_digits + 1) for d in range(10)] + ["}"]
+            words += (
+                ["r0_1"]
+                + [f"r{k}_{d}" for k in range(1, self.max_digits + 1) for d in range(10)]
+                + ["}"]
+            )
         return words + list(OPERATORS) + [BOXED_OPEN]
 
-    def trace(self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None) -> str:
+    def trace(
+        self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None
+    ) -> str:
         r"""Returns the scratchpad response for ``problem``: ``" c3_0 z3_3 c2_1 ... \boxed{643}"``.
 
         The boxed answer is always read off the written scratchpad (final carry, then the sum

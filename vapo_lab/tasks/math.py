@@ -17,6 +17,7 @@ from vapo_lab.errors import ConfigError
 from vapo_lab.grading import grade
 from vapo_lab.tasks import Problem, jsonl_objects
 
+
 def _field(record: dict[str, Any], key: str) -> Any:
     """Returns record[key], following dotted keys and DAPO's chat/ground-truth layout."""
     if key in record:
@@ -34,19 +35,27 @@ def _field(record: dict[str, Any], key: str) -> Any:
     return value
 
 
-def load_jsonl(path: str | Path, problem_key: str = "problem", answer_key: str = "answer",
-               limit: int = -1, prefix: str = "") -> list[Problem]:
+def load_jsonl(
+    path: str | Path,
+    problem_key: str = "problem",
+    answer_key: str = "answer",
+    limit: int = -1,
+    prefix: str = "",
+) -> list[Problem]:
     """Returns the problems of a JSONL file; raises ConfigError naming the file and line of a bad line."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"data file {path} does not exist: set task.train_path / task.eval_path to a JSONL file")
+        raise ConfigError(
+            f"data file {path} does not exist: set task.train_path / task.eval_path to a JSONL file"
+        )
     problems: list[Problem] = []
     for number, record in jsonl_objects(path, ConfigError):
         problem, answer = _field(record, problem_key), _field(record, answer_key)
         if not isinstance(problem, str) or answer is None:
             raise ConfigError(
                 f"{path}:{number}: no {problem_key!r} text or no {answer_key!r} value; set "
-                "task.problem_key / task.answer_key to the file's field names")
+                "task.problem_key / task.answer_key to the file's field names"
+            )
         pid = str(record.get("id", f"{prefix}{number}"))
         problems.append(Problem(id=pid, prompt=problem, answer=str(answer), meta={"line": number}))
         if 0 < limit <= len(problems):
@@ -61,9 +70,18 @@ class MathTask:
 
     name = "math"
 
-    def __init__(self, seed: int, n_train: int, n_eval: int, train_path: str | None = None,
-                 eval_path: str | None = None, problem_key: str = "problem", answer_key: str = "answer",
-                 prompt_template: str = "{problem}", **options: Any) -> None:
+    def __init__(
+        self,
+        seed: int,
+        n_train: int,
+        n_eval: int,
+        train_path: str | None = None,
+        eval_path: str | None = None,
+        problem_key: str = "problem",
+        answer_key: str = "answer",
+        prompt_template: str = "{problem}",
+        **options: Any,
+    ) -> None:
         if options:
             raise ConfigError(f"task.options has {sorted(options)}, which task math does not know")
         if not train_path:
@@ -75,7 +93,9 @@ class MathTask:
             held = load_jsonl(eval_path, problem_key, answer_key, prefix="eval-")
         else:  # hold out the last n_eval problems of the training file
             if n_eval <= 0 or n_eval >= len(train):
-                raise ConfigError(f"task.n_eval={n_eval} must be in (0, {len(train)}) without task.eval_path")
+                raise ConfigError(
+                    f"task.n_eval={n_eval} must be in (0, {len(train)}) without task.eval_path"
+                )
             train, held = train[:-n_eval], train[-n_eval:]
         if n_eval > 0:
             held = held[:n_eval]

@@ -82,8 +82,12 @@ def _holds_nothing(path: Path) -> bool:
     """True when the sqlite file ``path`` has no row in any table but MLflow's schema version and its
     Default experiment (id 0); False when it has one, or cannot be read as sqlite."""
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ) as db:
+            tables = [
+                r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ]
             for table in tables:
                 if table == "alembic_version" or table.startswith(("_alembic_tmp_", "sqlite_")):
                     continue

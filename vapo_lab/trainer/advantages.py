@@ -63,17 +63,28 @@ def compute_advantages(cfg: DictConfig, batch: Batch, world: World | None = None
     estimator (whitening over the valid tokens of all ranks of ``world``)."""
     mask = batch.rows.response_mask
     if cfg.algo.advantage == "group":
-        adv = group_advantages(batch.scores.float(), int(cfg.rollout.n_samples), norm_std=cfg.algo.group_norm_std)
+        adv = group_advantages(
+            batch.scores.float(), int(cfg.rollout.n_samples), norm_std=cfg.algo.group_norm_std
+        )
         batch.advantages = adv[:, None] * mask
         return
     rewards = token_rewards(batch.scores, mask)
     if batch.ref_logprobs is not None and cfg.kl.target == "reward" and cfg.kl.coef > 0:
-        rewards = rewards - cfg.kl.coef * kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.kl.estimator) * mask
+        rewards = (
+            rewards
+            - cfg.kl.coef
+            * kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.kl.estimator)
+            * mask
+        )
     lam_p = policy_lambda(cfg, batch.lengths)
     # decoupled: the critic's own λ (1.0: Monte-Carlo targets); shared: the policy's λ per response
     lam_c = float(cfg.gae.lam_critic) if cfg.gae.lam_critic_mode == "decoupled" else lam_p
     adv, ret = decoupled_gae(rewards, batch.values, mask, lam_p, lam_c, gamma=float(cfg.gae.gamma))
-    batch.mc_returns = ret if isinstance(lam_c, float) and lam_c == 1.0 else gae(rewards, batch.values, mask, 1.0, float(cfg.gae.gamma))[1]
+    batch.mc_returns = (
+        ret
+        if isinstance(lam_c, float) and lam_c == 1.0
+        else gae(rewards, batch.values, mask, 1.0, float(cfg.gae.gamma))[1]
+    )
     if cfg.gae.whiten:
         # population std (unbiased=False), not verl's Bessel-corrected one: see the module docstring
         adv = whiten(adv, mask, world)

@@ -54,8 +54,17 @@ from vapo_lab.runs.checkpoint import (
 
 DCP_DIR = "dcp"  # a sharded checkpoint's models and optimiser states
 # the keys of a Hugging Face config that fix its model's parameter names and shapes
-ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
+ARCH_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 
 
 class Stateful(Protocol):
@@ -67,19 +76,40 @@ class Stateful(Protocol):
 class CheckpointManager:
     """Saves the parts it is handed into ``folder/step_<N>`` and loads the newest usable one."""
 
-    def __init__(self, folder: Path, world: World, models: dict[str, nn.Module],
-                 optimizers: dict[str, tuple[str, Optimizer]], stateful: dict[str, Stateful],
-                 per_rank: dict[str, Stateful], log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        world: World,
+        models: dict[str, nn.Module],
+        optimizers: dict[str, tuple[str, Optimizer]],
+        stateful: dict[str, Stateful],
+        per_rank: dict[str, Stateful],
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.folder, self.world, self.log = folder, world, log
-        self.models, self.optimizers, self.stateful, self.per_rank = models, optimizers, stateful, per_rank
+        self.models, self.optimizers, self.stateful, self.per_rank = (
+            models,
+            optimizers,
+            stateful,
+            per_rank,
+        )
 
     def save(self, step: int) -> Path:
         """Returns the path of the checkpoint at ``step``, written atomically (every rank calls it)."""
         if self.world.initialized:
             return self._save_sharded(step)
-        state = {**{name: opt.state_dict() for name, (_, opt) in self.optimizers.items()}, **self._shared_state()}
-        return save_checkpoint(self.folder, step, self.models, state, meta=self._meta(),
-                               before_commit=lambda: faults.point("checkpoint", step))
+        state = {
+            **{name: opt.state_dict() for name, (_, opt) in self.optimizers.items()},
+            **self._shared_state(),
+        }
+        return save_checkpoint(
+            self.folder,
+            step,
+            self.models,
+            state,
+            meta=self._meta(),
+            before_commit=lambda: faults.point("checkpoint", step),
+        )
 
     def load(self, path: Path | None = None) -> Path | None:
         """Loads checkpoint ``path`` (None: the newest usable one) into the parts; returns its path
@@ -95,15 +125,23 @@ class CheckpointManager:
             return None
         try:
             self._load(path)
-        except (RuntimeError, ValueError, KeyError) as e:  # a state that does not fit: never a traceback
-            raise CheckpointError(f"{path} does not fit this run's models and optimisers ({first_line(e)}): "
-                                  f"move it out of {self.folder} to resume from the run's own checkpoints") from e
+        except (
+            RuntimeError,
+            ValueError,
+            KeyError,
+        ) as e:  # a state that does not fit: never a traceback
+            raise CheckpointError(
+                f"{path} does not fit this run's models and optimisers ({first_line(e)}): "
+                f"move it out of {self.folder} to resume from the run's own checkpoints"
+            ) from e
         return path
 
     def _meta(self) -> dict[str, Any]:
         """What ``trainer_state.json`` records beside the step: each model's architecture and tensor shapes."""
-        return {"models": {name: architecture(model) for name, model in self.models.items()},
-                "shapes": {name: tensor_shapes(model) for name, model in self.models.items()}}
+        return {
+            "models": {name: architecture(model) for name, model in self.models.items()},
+            "shapes": {name: tensor_shapes(model) for name, model in self.models.items()},
+        }
 
     def _load(self, path: Path) -> None:
         """Loads checkpoint ``path`` into the parts, its state file first (an unsafe one is refused
@@ -114,7 +152,8 @@ class CheckpointManager:
             raise CheckpointError(
                 f"{path} was written by a {'sharded (trainer.strategy=fsdp)' if sharded else 'one-process'} run and "
                 f"this run is {'sharded' if self.world.initialized else 'one process'}: resume it with the "
-                f"trainer.strategy it was saved with")
+                f"trainer.strategy it was saved with"
+            )
         if sharded:
             self._load_sharded(path)
         else:
@@ -126,12 +165,16 @@ class CheckpointManager:
             part.load_state_dict(state[name])
         for name, part in self.per_rank.items():
             ranks = state[name]
-            part.load_state_dict(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
+            part.load_state_dict(
+                ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0]
+            )
 
     def _shared_state(self) -> dict[str, Any]:
         """The stateful parts' states, and every rank's state of each per-rank part (a collective)."""
-        return {**{name: part.state_dict() for name, part in self.stateful.items()},
-                **{name: self.world.gather(part.state_dict()) for name, part in self.per_rank.items()}}
+        return {
+            **{name: part.state_dict() for name, part in self.stateful.items()},
+            **{name: self.world.gather(part.state_dict()) for name, part in self.per_rank.items()},
+        }
 
     def _sharded_state(self) -> dict[str, Any]:
         """The state dicts of the sharded models and optimisers, as DCP saves and loads them."""
@@ -160,19 +203,34 @@ class CheckpointManager:
             save_sharded(tmp / DCP_DIR, shards)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as e:  # DCP's CheckpointException (a BaseException), raised on every rank
-            failures = getattr(e, "failures", None)  # {rank: (its exception, its stack)}, the first one told
+        except (
+            BaseException
+        ) as e:  # DCP's CheckpointException (a BaseException), raised on every rank
+            failures = getattr(
+                e, "failures", None
+            )  # {rank: (its exception, its stack)}, the first one told
             cause = next(iter(failures.values()))[0] if failures else e
             world.barrier()  # every rank's writes have ended: the main one removes the partial folder,
-            error = abandon(self.folder, final.name, tmp, cause, tensor_bytes(shards)) if world.main else None
+            error = (
+                abandon(self.folder, final.name, tmp, cause, tensor_bytes(shards))
+                if world.main
+                else None
+            )
             world.barrier()  # then the others tell the free space it leaves
             if error is None:
                 error = abandon(self.folder, final.name, None, cause, tensor_bytes(shards))
             raise error from e
         state = self._shared_state()
         if world.main:
-            final = save_checkpoint(self.folder, step, {}, state, tmp=tmp, meta=self._meta(),
-                                    before_commit=lambda: faults.point("checkpoint", step))
+            final = save_checkpoint(
+                self.folder,
+                step,
+                {},
+                state,
+                tmp=tmp,
+                meta=self._meta(),
+                before_commit=lambda: faults.point("checkpoint", step),
+            )
         world.barrier()
         return final
 
@@ -183,8 +241,12 @@ class CheckpointManager:
         load_sharded(path / DCP_DIR, shards)
         paired = set()
         for name, (model_name, opt) in self.optimizers.items():
-            set_state_dict(self.models[model_name], opt, model_state_dict=shards[model_name],
-                           optim_state_dict=shards[name])
+            set_state_dict(
+                self.models[model_name],
+                opt,
+                model_state_dict=shards[model_name],
+                optim_state_dict=shards[name],
+            )
             paired.add(model_name)
         for name, model in self.models.items():
             if name not in paired:
@@ -204,7 +266,9 @@ def _read_model(model: nn.Module, path: Path) -> nn.Module:
             return type(model).from_pretrained(path, dtype=model.dtype, use_safetensors=True)
         return type(model).load(path)
     except pickle.UnpicklingError as e:
-        files = sorted(path.glob("*.pt"))  # torch's refusal names no file: name the folder's only one
+        files = sorted(
+            path.glob("*.pt")
+        )  # torch's refusal names no file: name the folder's only one
         raise unsafe_file(files[0] if len(files) == 1 else path) from e
     except (OSError, EOFError, SafetensorError) as e:
         raise CheckpointError(f"cannot read the model in {path}: {first_line(e)}") from e
@@ -212,8 +276,14 @@ def _read_model(model: nn.Module, path: Path) -> nn.Module:
 
 def architecture(model: Any) -> dict[str, Any]:
     """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without one."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
-    return {k: v for k in ARCH_KEYS if (v := getattr(config, k, None)) is not None} if config is not None else {}
+    config = getattr(model, "config", None) or getattr(
+        getattr(model, "backbone", None), "config", None
+    )
+    return (
+        {k: v for k in ARCH_KEYS if (v := getattr(config, k, None)) is not None}
+        if config is not None
+        else {}
+    )
 
 
 def tensor_shapes(model: nn.Module) -> dict[str, list[int]]:
@@ -221,9 +291,12 @@ def tensor_shapes(model: nn.Module) -> dict[str, list[int]]:
     return {key: list(value.shape) for key, value in model.state_dict().items()}
 
 
-def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
-                         warn: Callable[[str], None] | None = None,
-                         shapes: dict[str, dict[str, list[int]]] | None = None) -> Path | None:
+def checkpoint_to_resume(
+    folder: Path,
+    expected: dict[str, dict[str, Any]],
+    warn: Callable[[str], None] | None = None,
+    shapes: dict[str, dict[str, list[int]]] | None = None,
+) -> Path | None:
     """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches its
     checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It reads
     configs and the structure of the tensor files, no tensor: call it before anything of the run is reopened.
@@ -242,14 +315,19 @@ def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
         return None
     problem = model_mismatch(path, expected, shapes)
     if problem is not None:
-        raise CheckpointError(f"{path} is not a checkpoint of this run's model: {problem}; move it out of "
-                              f"{folder} to resume from the run's own checkpoints")
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this run's model: {problem}; move it out of "
+            f"{folder} to resume from the run's own checkpoints"
+        )
     refuse_unsafe_files(path)
     return path
 
 
-def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
-                   shapes: dict[str, dict[str, list[int]]] | None = None) -> str | None:
+def model_mismatch(
+    path: Path,
+    expected: dict[str, dict[str, Any]],
+    shapes: dict[str, dict[str, list[int]]] | None = None,
+) -> str | None:
     """Returns how the models of checkpoint ``path`` differ from ``expected`` and ``shapes`` (one
     phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older vapo-lab)
     is not judged, nor the shapes of one that recorded none. Shapes are compared for the tensors both
@@ -270,7 +348,9 @@ def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
     recorded = meta.get("shapes")
     for name, mine in (shapes or {}).items():
         theirs = recorded.get(name) if isinstance(recorded, dict) else None
-        for key, dims in mine.items() if isinstance(theirs, dict) else ():  # in the model's own order
+        for key, dims in (
+            mine.items() if isinstance(theirs, dict) else ()
+        ):  # in the model's own order
             if key in theirs and list(theirs[key]) != dims:
                 return f"its {name}'s {key} is {_dims(theirs[key])}, this run's is {_dims(dims)}"
     return None
@@ -290,7 +370,11 @@ def saved_architectures(path: Path, meta: dict[str, Any]) -> dict[str, dict[str,
         CheckpointError: one of those files is not a JSON object.
     """
     recorded = meta.get("models")
-    saved = {n: a for n, a in recorded.items() if isinstance(a, dict)} if isinstance(recorded, dict) else {}
+    saved = (
+        {n: a for n, a in recorded.items() if isinstance(a, dict)}
+        if isinstance(recorded, dict)
+        else {}
+    )
     for config in sorted(path.glob("*/config.json")):
         saved[config.parent.name] = {k: v for k, v in _json(config).items() if k in ARCH_KEYS}
     return saved or None
@@ -317,8 +401,18 @@ def _current_layout(state: dict[str, Any]) -> dict[str, Any]:
         return {**state, "trainer": [{**own, "rng": state["rng"], "world_size": 1}]}
     ranks = state["rank_rng"]
     size = int(state["world_size"])
-    return {**state, "trainer": [
-        {**own, "world_size": size,
-         "rng": {**state["rng"], "torch": ranks["torch"][r],
-                 "generators": {**state["rng"]["generators"], "rollout": ranks["rollout"][r]}}}
-        for r in range(size)]}
+    return {
+        **state,
+        "trainer": [
+            {
+                **own,
+                "world_size": size,
+                "rng": {
+                    **state["rng"],
+                    "torch": ranks["torch"][r],
+                    "generators": {**state["rng"]["generators"], "rollout": ranks["rollout"][r]},
+                },
+            }
+            for r in range(size)
+        ],
+    }

@@ -63,19 +63,40 @@ def _ranks(cfg: DictConfig) -> list[Any]:
 
 def reward_model_key(policy_key: str, cfg: DictConfig) -> str:
     """Returns the reward model's cache key: the base policy and every setting that shapes it."""
-    return cache_key("rm", policy_key, _resolved(cfg.task), _resolved(cfg.reward), float(cfg.rollout.temperature),
-                     int(cfg.rollout.max_new_tokens), cfg.critic.rm_steps, cfg.critic.rm_batch,
-                     int(cfg.trainer.max_tokens_per_micro_batch), *_ranks(cfg))
+    return cache_key(
+        "rm",
+        policy_key,
+        _resolved(cfg.task),
+        _resolved(cfg.reward),
+        float(cfg.rollout.temperature),
+        int(cfg.rollout.max_new_tokens),
+        cfg.critic.rm_steps,
+        cfg.critic.rm_batch,
+        int(cfg.trainer.max_tokens_per_micro_batch),
+        *_ranks(cfg),
+    )
 
 
 def pretrained_critic_key(critic_key: str, cfg: DictConfig) -> str:
     """Returns the pretrained critic's cache key: where it started and every setting that shapes it."""
-    return cache_key("pretrain", critic_key, _resolved(cfg.task), _resolved(cfg.reward),
-                     _resolved(cfg.critic), float(cfg.rollout.temperature), float(cfg.rollout.top_p),
-                     int(cfg.rollout.max_new_tokens), int(cfg.rollout.responses_per_step),
-                     int(cfg.rollout.n_samples), float(cfg.trainer.critic_lr), int(cfg.trainer.mini_batch_size),
-                     int(cfg.trainer.max_tokens_per_micro_batch), int(cfg.trainer.ppo_epochs), float(cfg.gae.gamma),
-                     *_ranks(cfg))
+    return cache_key(
+        "pretrain",
+        critic_key,
+        _resolved(cfg.task),
+        _resolved(cfg.reward),
+        _resolved(cfg.critic),
+        float(cfg.rollout.temperature),
+        float(cfg.rollout.top_p),
+        int(cfg.rollout.max_new_tokens),
+        int(cfg.rollout.responses_per_step),
+        int(cfg.rollout.n_samples),
+        float(cfg.trainer.critic_lr),
+        int(cfg.trainer.mini_batch_size),
+        int(cfg.trainer.max_tokens_per_micro_batch),
+        int(cfg.trainer.ppo_epochs),
+        float(cfg.gae.gamma),
+        *_ranks(cfg),
+    )
 
 
 def critic_start_key(policy_key: str, cfg: DictConfig) -> str:
@@ -83,7 +104,11 @@ def critic_start_key(policy_key: str, cfg: DictConfig) -> str:
     or the policy's key for a critic started from the policy or at random; part of the pretrained
     critic's key."""
     init = cfg.critic.init
-    return f"rm:{reward_model_key(policy_key, cfg)}" if init == "reward_model" else f"{init}:{policy_key}"
+    return (
+        f"rm:{reward_model_key(policy_key, cfg)}"
+        if init == "reward_model"
+        else f"{init}:{policy_key}"
+    )
 
 
 def critic_cache_keys(policy_key: str, cfg: DictConfig) -> dict[str, str]:
@@ -98,17 +123,32 @@ def critic_cache_keys(policy_key: str, cfg: DictConfig) -> dict[str, str]:
     return keys
 
 
-def _cached(cache_dir: Path, shipped_dir: Path | None, kind: str, key: str, what: str,
-            log: Callable[[str], None]) -> Path | None:
+def _cached(
+    cache_dir: Path,
+    shipped_dir: Path | None,
+    kind: str,
+    key: str,
+    what: str,
+    log: Callable[[str], None],
+) -> Path | None:
     """Returns the usable entry ``<kind>/<key>``: this folder's cache first, then the package's
     shipped one (``shipped_dir``; the embedded default's are shipped); None: build it. A damaged
     entry is reported in one line (a cached one is then rebuilt)."""
-    found = find_entry(key, what, cache_dir / kind, shipped_dir / kind if shipped_dir is not None else None, log)
+    found = find_entry(
+        key, what, cache_dir / kind, shipped_dir / kind if shipped_dir is not None else None, log
+    )
     return found[0] if found is not None else None
 
 
-def _found(world: World, cache_dir: Path, shipped_dir: Path | None, kind: str, key: str, what: str,
-           log: Callable[[str], None]) -> Path | None:
+def _found(
+    world: World,
+    cache_dir: Path,
+    shipped_dir: Path | None,
+    kind: str,
+    key: str,
+    what: str,
+    log: Callable[[str], None],
+) -> Path | None:
     """``_cached`` as rank 0 sees it, on every rank: the ranks build together or load together."""
     found = _cached(cache_dir, shipped_dir, kind, key, what, log) if world.main else None
     found = world.broadcast(str(found) if found is not None else None)
@@ -118,7 +158,7 @@ def _found(world: World, cache_dir: Path, shipped_dir: Path | None, kind: str, k
 def _share(items: list[Any], world: World) -> list[Any]:
     """This rank's equal share of ``items`` (every rank draws the same items): all on one process."""
     n = -(-len(items) // world.size)
-    return items[world.rank * n:(world.rank + 1) * n]
+    return items[world.rank * n : (world.rank + 1) * n]
 
 
 def _save(model: ValueModel, path: Path, meta: dict[str, Any], world: World) -> None:
@@ -146,19 +186,33 @@ def _commit(tmp: Path, path: Path, meta: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def rollout_rows(generate: Generate, prompts: list[list[int]], n: int, cfg: DictConfig,
-                 generator: torch.Generator) -> tuple[Rows, Any]:
+def rollout_rows(
+    generate: Generate,
+    prompts: list[list[int]],
+    n: int,
+    cfg: DictConfig,
+    generator: torch.Generator,
+) -> tuple[Rows, Any]:
     """Returns (rows, samples) of n samples per prompt at the training temperature."""
-    s = generate(prompts, n, float(cfg.rollout.temperature), float(cfg.rollout.top_p), generator).cpu()
+    s = generate(
+        prompts, n, float(cfg.rollout.temperature), float(cfg.rollout.top_p), generator
+    ).cpu()
     return Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask), s
 
 
-def build_reward_model(start: Callable[[], ValueModel], generate: Generate, policy_key: str, cfg: DictConfig,
-                       draw: Callable[[int], Any],
-                       score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
-                       encode: Callable[[list[Any]], list[list[int]]], cache_dir: Path,
-                       log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR,
-                       world: World | None = None) -> Path:
+def build_reward_model(
+    start: Callable[[], ValueModel],
+    generate: Generate,
+    policy_key: str,
+    cfg: DictConfig,
+    draw: Callable[[int], Any],
+    score: Callable[[Any, Any], tuple[torch.Tensor, torch.Tensor, list[str]]],
+    encode: Callable[[list[Any]], list[list[int]]],
+    cache_dir: Path,
+    log: Callable[[str], None] = print,
+    shipped_dir: Path | None = SHIPPED_DIR,
+    world: World | None = None,
+) -> Path:
     """Returns the path of an outcome reward model trained on the base policy's own samples.
 
     The model (policy backbone + scalar head) regresses the verifier's reward at the last response
@@ -178,11 +232,15 @@ def build_reward_model(start: Callable[[], ValueModel], generate: Generate, poli
     if found is not None:
         return found
     path = cache_dir / "reward_model" / key
-    log(f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)")
+    log(
+        f"building the reward model ({opts.rm_steps} steps of {opts.rm_batch} samples of the base policy)"
+    )
     gen = torch.Generator().manual_seed(rollout_seed(int(cfg.task.seed), world.rank))
     rm = start()
     opt = torch.optim.AdamW(rm.parameters(), lr=float(cfg.trainer.critic_lr) * 5)
-    budget = max(1, int(cfg.trainer.max_tokens_per_micro_batch) // world.size)  # a step's tokens over the ranks
+    budget = max(
+        1, int(cfg.trainer.max_tokens_per_micro_batch) // world.size
+    )  # a step's tokens over the ranks
     history = []
     for step in range(int(opts.rm_steps)):
         problems = _share(draw(int(opts.rm_batch)), world)
@@ -191,9 +249,12 @@ def build_reward_model(start: Callable[[], ValueModel], generate: Generate, poli
         last = samples.lengths - 1
         rm.train()
         # each micro-batch one optimiser step, in a random order (not sorted by length, as an update's)
-        parts: list[Tensor | None] = token_micro_batches(torch.randperm(len(problems), generator=gen), rows,
-                                                         budget, by_length=False)
-        parts += [None] * (int(world.max(len(parts))) - len(parts))  # zero-loss passes keep FSDP in step
+        parts: list[Tensor | None] = token_micro_batches(
+            torch.randperm(len(problems), generator=gen), rows, budget, by_length=False
+        )
+        parts += [None] * (
+            int(world.max(len(parts))) - len(parts)
+        )  # zero-loss passes keep FSDP in step
         for mb in parts:
             if mb is None:
                 dummy = value_forward(rm, Rows.dummy(next(rm.parameters()).device))
@@ -214,16 +275,28 @@ def build_reward_model(start: Callable[[], ValueModel], generate: Generate, poli
     return path
 
 
-def cached_pretrained_critic(critic_key: str, cfg: DictConfig, cache_dir: Path,
-                             log_metrics: Callable[[dict[str, float], int], None],
-                             log: Callable[[str], None] = print, shipped_dir: Path | None = SHIPPED_DIR,
-                             world: World | None = None,
-                             load: Callable[[Path], ValueModel] = ValueModel.load) -> ValueModel | None:
+def cached_pretrained_critic(
+    critic_key: str,
+    cfg: DictConfig,
+    cache_dir: Path,
+    log_metrics: Callable[[dict[str, float], int], None],
+    log: Callable[[str], None] = print,
+    shipped_dir: Path | None = SHIPPED_DIR,
+    world: World | None = None,
+    load: Callable[[Path], ValueModel] = ValueModel.load,
+) -> ValueModel | None:
     """Returns the pretrained critic cached for these settings, read by ``load`` (its history sent
     to ``log_metrics`` again), or None: pretrain it."""
     world = world or single()
-    found = _found(world, cache_dir, shipped_dir, "pretrained_critic", pretrained_critic_key(critic_key, cfg),
-                   "pretrained critic", log)
+    found = _found(
+        world,
+        cache_dir,
+        shipped_dir,
+        "pretrained_critic",
+        pretrained_critic_key(critic_key, cfg),
+        "pretrained critic",
+        log,
+    )
     if found is None:
         return None
     meta = json.loads((found / "meta.json").read_text())
@@ -232,11 +305,19 @@ def cached_pretrained_critic(critic_key: str, cfg: DictConfig, cache_dir: Path,
     return load(found)
 
 
-def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg: DictConfig,
-                    draw: Callable[[int], Any], score: Callable[[Any, Any], Any],
-                    encode: Callable[[list[Any]], list[list[int]]], updater_factory: Callable[[ValueModel], Any],
-                    cache_dir: Path, log_metrics: Callable[[dict[str, float], int], None],
-                    world: World | None = None) -> ValueModel:
+def pretrain_critic(
+    critic: ValueModel,
+    critic_key: str,
+    generate: Generate,
+    cfg: DictConfig,
+    draw: Callable[[int], Any],
+    score: Callable[[Any, Any], Any],
+    encode: Callable[[list[Any]], list[list[int]]],
+    updater_factory: Callable[[ValueModel], Any],
+    cache_dir: Path,
+    log_metrics: Callable[[dict[str, float], int], None],
+    world: World | None = None,
+) -> ValueModel:
     """Returns the critic after value pretraining (VAPO §4.1), cached; the history goes to ``log_metrics``.
 
     The policy is frozen; each step samples a fresh batch from it, computes Monte-Carlo returns
@@ -263,16 +344,35 @@ def pretrain_critic(critic: ValueModel, critic_key: str, generate: Generate, cfg
         extra = int(world.max(len(micros))) - len(micros)  # equal passes on every rank
         values = batched_values(critic, rows, micros, extra)
         rewards = token_rewards(scores, rows.response_mask)
-        _, returns = gae(rewards, values, rows.response_mask, float(pre.lam), gamma=float(cfg.gae.gamma))
-        batch = Batch(rows=rows, problems=rep, scores=scores, correct=correct, lengths=samples.lengths,
-                      truncated=samples.truncated, old_logprobs=samples.logprobs, values=values, returns=returns)
+        _, returns = gae(
+            rewards, values, rows.response_mask, float(pre.lam), gamma=float(cfg.gae.gamma)
+        )
+        batch = Batch(
+            rows=rows,
+            problems=rep,
+            scores=scores,
+            correct=correct,
+            lengths=samples.lengths,
+            truncated=samples.truncated,
+            old_logprobs=samples.logprobs,
+            values=values,
+            returns=returns,
+        )
         ev = critic_metrics(batch, world)["critic/explained_variance"]
         m = updater.critic_update(batch, step)
-        metrics = {"pretrain/value_loss": m["critic/value_loss"], "pretrain/explained_variance": ev,
-                   "pretrain/reward": world.mean(scores)}
+        metrics = {
+            "pretrain/value_loss": m["critic/value_loss"],
+            "pretrain/explained_variance": ev,
+            "pretrain/reward": world.mean(scores),
+        }
         history.append(metrics)
         log_metrics(metrics, step)
         if pre.min_explained_variance is not None and ev >= float(pre.min_explained_variance):
             break
-    _save(critic, path, {"kind": "pretrained_critic", "history": history, "steps": len(history)}, world)
+    _save(
+        critic,
+        path,
+        {"kind": "pretrained_critic", "history": history, "steps": len(history)},
+        world,
+    )
     return critic

@@ -35,11 +35,14 @@ def bucket_labels(edges: tuple[int, ...] = EDGES) -> list[str]:
 def bucket_of(x: Tensor, edges: tuple[int, ...] = EDGES) -> Tensor:
     """Returns the bucket index of each value of ``x``: i where edges[i] <= x < edges[i + 1]
     (values below edges[0] go to bucket 0, values from edges[-1] on to the last)."""
-    return (torch.bucketize(x.to(torch.float64), torch.tensor(edges[1:], dtype=torch.float64), right=True))
+    return torch.bucketize(
+        x.to(torch.float64), torch.tensor(edges[1:], dtype=torch.float64), right=True
+    )
 
 
-def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
-                           edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+def value_bias_by_position(
+    values: Tensor, mc_returns: Tensor, mask: Tensor, edges: tuple[int, ...] = EDGES
+) -> dict[str, float]:
     """Returns {bucket label: mean of V(s_t) − G_t over valid tokens at positions in the bucket}
     (buckets without tokens left out) and "all": the mean over every valid token.
 
@@ -51,7 +54,7 @@ def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
     valid = mask.bool()
     if not valid.any():
         return {}
-    err = (values.double() - mc_returns.double())
+    err = values.double() - mc_returns.double()
     pos = torch.arange(values.shape[1]).expand_as(values)
     which = bucket_of(pos, edges)
     out = {}
@@ -63,8 +66,9 @@ def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
     return out
 
 
-def value_bias_sums(values: Tensor, mc_returns: Tensor, mask: Tensor,
-                    edges: tuple[int, ...] = EDGES) -> tuple[Tensor, Tensor]:
+def value_bias_sums(
+    values: Tensor, mc_returns: Tensor, mask: Tensor, edges: tuple[int, ...] = EDGES
+) -> tuple[Tensor, Tensor]:
     """Returns (Σ V(s_t) − G_t, token count) per position bucket and, last, over every valid token
     (float64): the parts of ``value_bias_by_position`` that add up over ranks."""
     valid = mask.bool()
@@ -80,16 +84,24 @@ def value_bias_sums(values: Tensor, mc_returns: Tensor, mask: Tensor,
     return sums, counts
 
 
-def value_bias_from_sums(sums: Tensor, counts: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+def value_bias_from_sums(
+    sums: Tensor, counts: Tensor, edges: tuple[int, ...] = EDGES
+) -> dict[str, float]:
     """Returns ``value_bias_by_position``'s dict from the (summed) parts ``value_bias_sums`` returned."""
     if counts[-1] == 0:
         return {}
-    out = {label: float(sums[i] / counts[i]) for i, label in enumerate(bucket_labels(edges)) if counts[i] > 0}
+    out = {
+        label: float(sums[i] / counts[i])
+        for i, label in enumerate(bucket_labels(edges))
+        if counts[i] > 0
+    }
     out["all"] = float(sums[-1] / counts[-1])
     return out
 
 
-def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+def length_profile(
+    lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = EDGES
+) -> dict[str, float]:
     """Returns per length bucket "count_<label>" (responses) and "acc_<label>" (fraction correct,
     only for non-empty buckets), and "correct_mean" / "wrong_mean" (mean length of the correct /
     wrong responses, when there are any)."""
@@ -109,8 +121,14 @@ def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = ED
     return out
 
 
-def advantage_gap_sums(advantages: Tensor, mask: Tensor, correct: Tensor, lengths: Tensor,
-                       min_length: int = LONG_RESPONSE, edges: tuple[int, ...] = EDGES) -> Tensor:
+def advantage_gap_sums(
+    advantages: Tensor,
+    mask: Tensor,
+    correct: Tensor,
+    lengths: Tensor,
+    min_length: int = LONG_RESPONSE,
+    edges: tuple[int, ...] = EDGES,
+) -> Tensor:
     """Returns the parts of :func:`advantage_gap_from_sums` that add up over ranks: a float64 (4, n)
     tensor of Σ advantage and token counts per position bucket, for the correct (rows 0, 1) and the
     wrong (rows 2, 3) responses of at least ``min_length`` tokens.

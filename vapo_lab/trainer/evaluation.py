@@ -21,8 +21,15 @@ from vapo_lab.trainer.scoring import RewardScorer
 
 
 @torch.no_grad()
-def evaluate(generate: Generate, tokenizer: Any, task: Any, score: RewardScorer, cfg: DictConfig,
-             seed: int, world: World | None = None) -> dict[str, float]:
+def evaluate(
+    generate: Generate,
+    tokenizer: Any,
+    task: Any,
+    score: RewardScorer,
+    cfg: DictConfig,
+    seed: int,
+    world: World | None = None,
+) -> dict[str, float]:
     """Returns held-out avg@k (mean per-sample accuracy), pass@k, mean length and truncated
     fraction on the eval split; every rank of ``world`` samples its share of the problems (rank r
     with a generator seeded ``seeds.chunk_seed(seed, r)``: one process, ``seed`` itself) and every
@@ -31,21 +38,32 @@ def evaluate(generate: Generate, tokenizer: Any, task: Any, score: RewardScorer,
     k = int(cfg.rollout.eval_samples)
     problems = list(task.eval)
     share = -(-len(problems) // world.size)
-    mine = problems[world.rank * share:(world.rank + 1) * share]
+    mine = problems[world.rank * share : (world.rank + 1) * share]
     per_problem: list[list[bool]] = []
     lengths: list[int] = []
     truncated: list[bool] = []
     if mine:
         gen = torch.Generator().manual_seed(chunk_seed(seed, world.rank))
-        s = generate(encode_prompts(tokenizer, mine, cfg.model.chat_template), k,
-                     float(cfg.rollout.eval_temperature), float(cfg.rollout.eval_top_p), gen).cpu()
+        s = generate(
+            encode_prompts(tokenizer, mine, cfg.model.chat_template),
+            k,
+            float(cfg.rollout.eval_temperature),
+            float(cfg.rollout.eval_top_p),
+            gen,
+        ).cpu()
         _, correct, _ = score(s, [p for p in mine for _ in range(k)])
-        per_problem, lengths, truncated = correct.view(len(mine), k).tolist(), s.lengths.tolist(), s.truncated.tolist()
+        per_problem, lengths, truncated = (
+            correct.view(len(mine), k).tolist(),
+            s.lengths.tolist(),
+            s.truncated.tolist(),
+        )
     parts = world.gather((per_problem, lengths, truncated))
     per_problem = [row for part in parts for row in part[0]]
     lengths = [n for part in parts for n in part[1]]
     truncated = [t for part in parts for t in part[2]]
-    return {f"eval/avg_at_{k}": avg_at_k(per_problem),
-            f"eval/pass_at_{k}": pass_at_k_table(per_problem)[k],
-            "eval/response_length": float(torch.tensor(lengths).float().mean()),
-            "eval/truncated_frac": float(torch.tensor(truncated).float().mean())}
+    return {
+        f"eval/avg_at_{k}": avg_at_k(per_problem),
+        f"eval/pass_at_{k}": pass_at_k_table(per_problem)[k],
+        "eval/response_length": float(torch.tensor(lengths).float().mean()),
+        "eval/truncated_frac": float(torch.tensor(truncated).float().mean()),
+    }

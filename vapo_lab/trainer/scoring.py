@@ -33,12 +33,24 @@ class RewardScorer:
     def __call__(self, samples: Samples, problems: list[Any]) -> tuple[Tensor, Tensor, list[str]]:
         """Returns (scores (B,) float, correct (B,) bool, decoded response texts) of ``samples``,
         row i answering ``problems[i]``."""
-        texts = [self.tokenizer.decode(ids[:n].tolist(), skip_special_tokens=True)
-                 for ids, n in zip(samples.response_ids, samples.lengths.tolist())]
-        correct = torch.tensor([bool(self.task.verify(t, p)) and not trunc
-                                for t, p, trunc in zip(texts, problems, samples.truncated.tolist())])
-        scores = torch.where(correct, torch.tensor(self.correct_reward), torch.tensor(self.wrong_reward))
+        texts = [
+            self.tokenizer.decode(ids[:n].tolist(), skip_special_tokens=True)
+            for ids, n in zip(samples.response_ids, samples.lengths.tolist())
+        ]
+        correct = torch.tensor(
+            [
+                bool(self.task.verify(t, p)) and not trunc
+                for t, p, trunc in zip(texts, problems, samples.truncated.tolist())
+            ]
+        )
+        scores = torch.where(
+            correct, torch.tensor(self.correct_reward), torch.tensor(self.wrong_reward)
+        )
         if self.overlong is not None and self.overlong.enabled:
-            scores = scores + overlong_penalty(samples.lengths, int(self.overlong.l_max),
-                                               int(self.overlong.l_cache), float(self.overlong.penalty))
+            scores = scores + overlong_penalty(
+                samples.lengths,
+                int(self.overlong.l_max),
+                int(self.overlong.l_cache),
+                float(self.overlong.penalty),
+            )
         return scores.float(), correct, texts

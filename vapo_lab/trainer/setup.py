@@ -19,10 +19,10 @@ from torch import nn
 from torch.utils import deterministic as torch_deterministic
 
 from vapo_lab.basemodel.build import ProgressFactory, build_base_for
+from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import CACHE_DIR
-from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.models.load import pick_device
 from vapo_lab.models.packed import enable_checkpointing
 from vapo_lab.models.precision import set_compute
@@ -40,6 +40,7 @@ from vapo_lab.trainer.critic_init import (
 )
 from vapo_lab.trainer.scoring import RewardScorer
 from vapo_lab.trainer.update import Updater, adamw
+
 
 def prepare_process(cfg: DictConfig) -> torch.device:
     """Applies the process-wide settings of ``cfg`` and returns the training device.
@@ -74,10 +75,20 @@ def seed_everything(cfg: DictConfig) -> None:
 def task_for(cfg: DictConfig) -> Any:
     """Returns the task ``cfg.task`` describes (its splits drawn with ``task.seed``)."""
     c = cfg.task
-    kw: dict[str, Any] = {"seed": int(c.seed), "n_train": int(c.n_train), "n_eval": int(c.n_eval), **dict(c.options)}
+    kw: dict[str, Any] = {
+        "seed": int(c.seed),
+        "n_train": int(c.n_train),
+        "n_eval": int(c.n_eval),
+        **dict(c.options),
+    }
     if c.name != "arith":
-        kw.update(train_path=c.train_path, eval_path=c.eval_path, problem_key=c.problem_key,
-                  answer_key=c.answer_key, prompt_template=c.prompt_template)
+        kw.update(
+            train_path=c.train_path,
+            eval_path=c.eval_path,
+            problem_key=c.problem_key,
+            answer_key=c.answer_key,
+            prompt_template=c.prompt_template,
+        )
     return build_task(c.name, **kw)
 
 
@@ -102,12 +113,18 @@ def check_context(cfg: DictConfig, task: Any, tokenizer: Any, context: int | Non
             f"the longest prompt ({tokens} tokens, problem {problem.id}) plus "
             f"rollout.max_new_tokens={new} exceeds the model's context of {context} tokens: lower "
             "rollout.max_new_tokens, drop long problems, or use a model with a longer context"
-            + (" (model.arch.max_position_embeddings)" if cfg.model.name == "tiny" else ""))
+            + (" (model.arch.max_position_embeddings)" if cfg.model.name == "tiny" else "")
+        )
 
 
-def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: ProgressFactory | None,
-                world: World | None = None, device: torch.device | None = None,
-                sharded: bool = False) -> tuple[Any, Any, str, Path]:
+def load_policy(
+    cfg: DictConfig,
+    log: Callable[[str], None],
+    progress: ProgressFactory | None,
+    world: World | None = None,
+    device: torch.device | None = None,
+    sharded: bool = False,
+) -> tuple[Any, Any, str, Path]:
     """Returns (policy, tokenizer, a cache key of the initial weights, its directory); model=tiny
     builds the base model first if it is not cached (``progress``: its progress bar), on rank 0
     of ``world`` while the others wait. ``sharded``: the policy is built already sharded over
@@ -119,7 +136,9 @@ def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: ProgressF
         if cfg.model.name == "tiny":
             base = build_base_for(cfg, progress, log=log)
             if not base.cached:
-                log(f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}")
+                log(
+                    f"built the base model in {base.metrics.get('build_seconds', 0):.0f}s: {base.path}"
+                )
             path, key = base.path, base.path.name
         else:
             path = Path(cfg.model.path)
@@ -127,11 +146,22 @@ def load_policy(cfg: DictConfig, log: Callable[[str], None], progress: ProgressF
     if sharded:
         from vapo_lab.models.sharded import load_sharded_causal_lm
 
-        policy = load_sharded_causal_lm(path, world, device, cfg.model.dtype, cfg.model.trust_remote_code)
-        return policy, load_tokenizer(cfg.model.tokenizer_path or path, cfg.model.trust_remote_code), key, path
+        policy = load_sharded_causal_lm(
+            path, world, device, cfg.model.dtype, cfg.model.trust_remote_code
+        )
+        return (
+            policy,
+            load_tokenizer(cfg.model.tokenizer_path or path, cfg.model.trust_remote_code),
+            key,
+            path,
+        )
     # float32 master weights, computing in model.dtype (models.precision)
-    policy, tokenizer = load_model_and_tokenizer(path, dtype="float32", tokenizer_path=cfg.model.tokenizer_path,
-                                                 trust_remote_code=cfg.model.trust_remote_code)
+    policy, tokenizer = load_model_and_tokenizer(
+        path,
+        dtype="float32",
+        tokenizer_path=cfg.model.tokenizer_path,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
     return set_compute(policy, cfg.model.dtype), tokenizer, key, path
 
 
@@ -141,8 +171,14 @@ def builds_sharded(cfg: DictConfig, world: World) -> bool:
     return world.initialized and cfg.rollout.backend == "vllm"
 
 
-def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callable[[str], None],
-                   progress: ProgressFactory | None, world: World | None = None) -> tuple[Any, Any, str, Path]:
+def checked_policy(
+    cfg: DictConfig,
+    task: Any,
+    device: torch.device,
+    log: Callable[[str], None],
+    progress: ProgressFactory | None,
+    world: World | None = None,
+) -> tuple[Any, Any, str, Path]:
     """Returns ``load_policy``'s (policy, tokenizer, key, path), the policy on ``device`` in eval mode
     (checkpointed in training as ``model.gradient_checkpointing`` says), after checking that the
     task's prompts fit its context: for model=tiny before the base build (the tokenizer is the
@@ -151,9 +187,16 @@ def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callab
     if cfg.model.name == "tiny":
         from vapo_lab.models.tokenizer import build_tokenizer
 
-        check_context(cfg, task, build_tokenizer(task.vocabulary()), int(cfg.model.arch.max_position_embeddings))
+        check_context(
+            cfg,
+            task,
+            build_tokenizer(task.vocabulary()),
+            int(cfg.model.arch.max_position_embeddings),
+        )
     world = world or single()
-    policy, tokenizer, key, path = load_policy(cfg, log, progress, world, device, builds_sharded(cfg, world))
+    policy, tokenizer, key, path = load_policy(
+        cfg, log, progress, world, device, builds_sharded(cfg, world)
+    )
     if cfg.model.name != "tiny":
         check_context(cfg, task, tokenizer, getattr(policy.config, "max_position_embeddings", None))
     if cfg.model.gradient_checkpointing:
@@ -162,7 +205,9 @@ def checked_policy(cfg: DictConfig, task: Any, device: torch.device, log: Callab
     return policy, tokenizer, key, path
 
 
-def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Path, task: Any) -> Sampling:
+def make_sampling(
+    cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Path, task: Any
+) -> Sampling:
     """Returns how the run samples ``policy``: the backend's generate function and its engine (vLLM
     loads its own copy from ``policy_path``, with a context of ``task``'s longest prompt plus
     ``rollout.max_new_tokens``), the prompt encoding and the padding id."""
@@ -170,16 +215,34 @@ def make_sampling(cfg: DictConfig, policy: Any, tokenizer: Any, policy_path: Pat
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
     engine = None
     if cfg.rollout.backend == "vllm":
-        engine = make_engine(cfg.rollout.backend, policy_path, cfg, longest_prompt(cfg, task, tokenizer)[0])
-    generate = make_generator(cfg.rollout.backend, policy, int(cfg.rollout.max_new_tokens), eos_ids, pad_id, engine)
-    return Sampling(generate, lambda problems: encode_prompts(tokenizer, problems, cfg.model.chat_template),
-                    pad_id, engine)
+        engine = make_engine(
+            cfg.rollout.backend, policy_path, cfg, longest_prompt(cfg, task, tokenizer)[0]
+        )
+    generate = make_generator(
+        cfg.rollout.backend, policy, int(cfg.rollout.max_new_tokens), eos_ids, pad_id, engine
+    )
+    return Sampling(
+        generate,
+        lambda problems: encode_prompts(tokenizer, problems, cfg.model.chat_template),
+        pad_id,
+        engine,
+    )
 
 
-def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampling: Sampling, score: RewardScorer,
-                device: torch.device, log_metrics: Callable[[dict[str, float], int], None],
-                log: Callable[[str], None], world: World | None = None,
-                shard: Callable[[nn.Module], nn.Module] | None = None, policy_path: Path | None = None) -> ValueModel:
+def init_critic(
+    cfg: DictConfig,
+    policy: Any,
+    policy_key: str,
+    task: Any,
+    sampling: Sampling,
+    score: RewardScorer,
+    device: torch.device,
+    log_metrics: Callable[[dict[str, float], int], None],
+    log: Callable[[str], None],
+    world: World | None = None,
+    shard: Callable[[nn.Module], nn.Module] | None = None,
+    policy_path: Path | None = None,
+) -> ValueModel:
     """Returns the critic on ``device`` in eval mode: from the reward model (built and cached on first
     use), the policy or random weights (``critic.init``), then value-pretrained when
     ``critic.pretrain.enabled`` (cached too; its metrics go to ``log_metrics``).
@@ -199,7 +262,9 @@ def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampli
 
     def read(path: Path, source: str) -> ValueModel:
         """A critic built sharded from ``path``, a ``ValueModel.save`` folder or a causal LM's."""
-        critic = load_sharded_value_model(path, world, device, cfg.model.dtype, source, cfg.model.trust_remote_code)
+        critic = load_sharded_value_model(
+            path, world, device, cfg.model.dtype, source, cfg.model.trust_remote_code
+        )
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(critic.backbone)
         return critic
@@ -215,26 +280,53 @@ def init_critic(cfg: DictConfig, policy: Any, policy_key: str, task: Any, sampli
 
     critic_key = critic_start_key(policy_key, cfg)
     if cfg.critic.pretrain.enabled:
-        found = cached_pretrained_critic(critic_key, cfg, CACHE_DIR, log_metrics, log, world=world, load=load)
+        found = cached_pretrained_critic(
+            critic_key, cfg, CACHE_DIR, log_metrics, log, world=world, load=load
+        )
         if found is not None:
             return found
     init = cfg.critic.init
     if init == "reward_model":
         draw_rng = DataStream(task.train, int(cfg.task.seed) + 99)
-        critic = load(build_reward_model(rm_start, sampling.generate, policy_key, cfg, draw_rng.take, score,
-                                         sampling.encode, CACHE_DIR, log=log, world=world))
+        critic = load(
+            build_reward_model(
+                rm_start,
+                sampling.generate,
+                policy_key,
+                cfg,
+                draw_rng.take,
+                score,
+                sampling.encode,
+                CACHE_DIR,
+                log=log,
+                world=world,
+            )
+        )
     elif init == "policy":
-        critic = read(policy_path, "causal_lm") if sharded else ready(ValueModel.from_causal_lm(policy))
+        critic = (
+            read(policy_path, "causal_lm") if sharded else ready(ValueModel.from_causal_lm(policy))
+        )
     else:
         critic = ready(ValueModel.random_like(policy, seed=int(cfg.seed)))
     if cfg.critic.pretrain.enabled:
+
         def updater_factory(c: ValueModel) -> Updater:
             opt = adamw(c.parameters(), float(cfg.trainer.critic_lr), cfg.trainer)
             return Updater(cfg, policy, c, None, None, opt, torch.Generator().manual_seed(3), world)
 
-        critic = pretrain_critic(critic, critic_key, sampling.generate, cfg,
-                                 DataStream(task.train, int(cfg.task.seed) + 5).take, score, sampling.encode,
-                                 updater_factory, CACHE_DIR, log_metrics, world=world)
+        critic = pretrain_critic(
+            critic,
+            critic_key,
+            sampling.generate,
+            cfg,
+            DataStream(task.train, int(cfg.task.seed) + 5).take,
+            score,
+            sampling.encode,
+            updater_factory,
+            CACHE_DIR,
+            log_metrics,
+            world=world,
+        )
     return critic
 
 

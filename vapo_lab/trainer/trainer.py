@@ -62,14 +62,26 @@ from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
 from vapo_lab.stop import stop_point
 from vapo_lab.trainer.advantages import compute_advantages
-from vapo_lab.trainer.checkpointer import CheckpointManager, architecture, checkpoint_to_resume, tensor_shapes
+from vapo_lab.trainer.checkpointer import (
+    CheckpointManager,
+    architecture,
+    checkpoint_to_resume,
+    tensor_shapes,
+)
 from vapo_lab.trainer.collect import Batch, DataStream, collect
 from vapo_lab.trainer.evaluation import evaluate
 from vapo_lab.trainer.forward import batched_logprobs, batched_values, token_micro_batches
 from vapo_lab.trainer.metrics import StepTimes, critic_metrics, step_metrics
 from vapo_lab.trainer.record import RankRecord, RunRecord, folder_to_resume
 from vapo_lab.trainer.scoring import RewardScorer
-from vapo_lab.trainer.setup import checked_policy, init_critic, make_sampling, prepare_process, seed_everything, task_for
+from vapo_lab.trainer.setup import (
+    checked_policy,
+    init_critic,
+    make_sampling,
+    prepare_process,
+    seed_everything,
+    task_for,
+)
 from vapo_lab.trainer.update import Updater, adamw, warmup_constant
 
 
@@ -88,9 +100,15 @@ class TrainResult:
 
     def summary(self) -> dict[str, Any]:
         """Returns the closing figures as JSON-able values (what ``vapo-lab train`` prints)."""
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "steps": self.steps,
-                "base_eval": self.base_eval, "final_eval": self.final_eval, "best_eval": self.best_eval,
-                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "steps": self.steps,
+            "base_eval": self.base_eval,
+            "final_eval": self.final_eval,
+            "best_eval": self.best_eval,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+        }
 
 
 class Trainer:
@@ -105,21 +123,36 @@ class Trainer:
         tags, parent_run_id: extra tracking tags; the tracking run to nest this one under.
     """
 
-    def __init__(self, cfg: DictConfig, choices: dict[str, str] | None = None,
-                 progress: ProgressFactory | None = None, log: Callable[[str], None] = print, command: str = "",
-                 tags: dict[str, str] | None = None, parent_run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        choices: dict[str, str] | None = None,
+        progress: ProgressFactory | None = None,
+        log: Callable[[str], None] = print,
+        command: str = "",
+        tags: dict[str, str] | None = None,
+        parent_run_id: str | None = None,
+    ) -> None:
         self.cfg, self.log = cfg, log
         self.device = prepare_process(cfg)
         self.world = world = init_world(cfg, self.device)
         resume_dir = folder_to_resume(cfg)
         seed_everything(cfg)
         self.task = task_for(cfg)
-        policy, self.tokenizer, policy_key, policy_path = checked_policy(cfg, self.task, self.device, log,
-                                                                         progress, world)
+        policy, self.tokenizer, policy_key, policy_path = checked_policy(
+            cfg, self.task, self.device, log, progress, world
+        )
         self.sampling = make_sampling(cfg, policy, self.tokenizer, policy_path, self.task)
-        self.scorer = RewardScorer(self.task, self.tokenizer, float(cfg.reward.correct), float(cfg.reward.wrong),
-                                   cfg.reward.overlong)
-        pool = cfg.trainer.prompt_pool  # a small pool repeats its prompts (the group-sampling setting)
+        self.scorer = RewardScorer(
+            self.task,
+            self.tokenizer,
+            float(cfg.reward.correct),
+            float(cfg.reward.wrong),
+            cfg.reward.overlong,
+        )
+        pool = (
+            cfg.trainer.prompt_pool
+        )  # a small pool repeats its prompts (the group-sampling setting)
         self.data = DataStream(list(self.task.train)[:pool], int(cfg.seed))
         self.ref = self._reference(policy, policy_path) if cfg.kl.coef > 0 else None
         # rank 0 samples as a one-process run does; each other rank from its own stream
@@ -131,27 +164,54 @@ class Trainer:
         # chosen before the tracking run is reopened: a refused checkpoint leaves the run's status as it was
         resume_from = self._checkpoint_to_resume(resume_dir, policy) if resume_dir else None
         self.record = self._record(choices, resume_dir, command, tags, parent_run_id)
-        self.run_dir, self.run_id, self.tracker = self.record.run_dir, self.record.run_id, self.record.tracker
+        self.run_dir, self.run_id, self.tracker = (
+            self.record.run_dir,
+            self.record.run_id,
+            self.record.tracker,
+        )
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
             self.record.open()
             t = cfg.trainer
-            if cfg.algo.advantage == "gae":  # every rank takes part (reward model, value pretraining)
-                self.critic = init_critic(cfg, policy, policy_key, self.task, self.sampling, self.scorer,
-                                          self.device, self.record.log_metrics, log, world, self._shard,
-                                          policy_path)
+            if (
+                cfg.algo.advantage == "gae"
+            ):  # every rank takes part (reward model, value pretraining)
+                self.critic = init_critic(
+                    cfg,
+                    policy,
+                    policy_key,
+                    self.task,
+                    self.sampling,
+                    self.scorer,
+                    self.device,
+                    self.record.log_metrics,
+                    log,
+                    world,
+                    self._shard,
+                    policy_path,
+                )
                 self.critic_opt = adamw(self.critic.parameters(), float(t.critic_lr), t)
                 self.critic_sched = warmup_constant(self.critic_opt, int(t.warmup_steps))
             self.policy = policy  # sharded after the critic's start, which copies the whole policy
             if world.initialized and not is_sharded(policy):
-                if self.sampling.engine is None:  # the built-in sampler keeps a full copy (rollout.replica)
+                if (
+                    self.sampling.engine is None
+                ):  # the built-in sampler keeps a full copy (rollout.replica)
                     self.sampling.engine = Replica(policy)
                     self.policy = copy.deepcopy(policy)
                 self.policy = self._shard(self.policy)
                 self.ref = self._shard(self.ref) if self.ref is not None else None
             self.actor_opt = adamw(self.policy.parameters(), float(t.actor_lr), t)
             self.actor_sched = warmup_constant(self.actor_opt, int(t.warmup_steps))
-            self.updater = Updater(cfg, self.policy, self.critic, self.ref, self.actor_opt, self.critic_opt,
-                                   self.gen_update, world)
+            self.updater = Updater(
+                cfg,
+                self.policy,
+                self.critic,
+                self.ref,
+                self.actor_opt,
+                self.critic_opt,
+                self.gen_update,
+                world,
+            )
             self.checkpoints = self._checkpoint_manager()
             if resume_dir:
                 self._resume(resume_from)
@@ -184,10 +244,14 @@ class Trainer:
                 stop_point(self.world)
                 metrics = self.train_step()
                 if self.step % int(t.eval_every) == 0 or self.step == total:
-                    stop_point(self.world)  # an evaluation can be long; the step is redone on resume
+                    stop_point(
+                        self.world
+                    )  # an evaluation can be long; the step is redone on resume
                     e = self.evaluate()
                     metrics.update(e)
-                    self.best_eval = e[key] if self.best_eval is None else max(self.best_eval, e[key])
+                    self.best_eval = (
+                        e[key] if self.best_eval is None else max(self.best_eval, e[key])
+                    )
                 self.record.log_metrics(metrics, self.step)
                 history.append({"step": self.step, **metrics})
                 if self.step % int(t.save_every) == 0 or self.step == total:
@@ -198,20 +262,32 @@ class Trainer:
             self.record.close_on_error(e, self.step)
             if isinstance(e, KeyboardInterrupt) and self.world.main:  # else the output just stops
                 why = getattr(e, "reason", None) or str(e) or "interrupted"
-                self.log(f"stopped after step {self.step} of {total} ({why}): continue it with: "
-                         f"vapo-lab train resume={self.run_dir}")
+                self.log(
+                    f"stopped after step {self.step} of {total} ({why}): continue it with: "
+                    f"vapo-lab train resume={self.run_dir}"
+                )
             raise
         self.record.close("FINISHED", self.step)
         final = history[-1].get(key) if history else None
-        return TrainResult(self.run_dir, self.run_id, self.step, final, self.best_eval, base_eval,
-                           checkpoint or latest_checkpoint(self.run_dir / CHECKPOINTS), history)
+        return TrainResult(
+            self.run_dir,
+            self.run_id,
+            self.step,
+            final,
+            self.best_eval,
+            base_eval,
+            checkpoint or latest_checkpoint(self.run_dir / CHECKPOINTS),
+            history,
+        )
 
     def train_step(self) -> dict[str, float]:
         """Runs the next step (``step`` + 1) and returns its metrics: collect and score rollouts,
         value them, compute advantages, update the critic, then the actor."""
         cfg, world, step = self.cfg, self.world, self.step + 1
         t0 = time.perf_counter()
-        with self._on_host_for_rollout():  # trainer.offload_during_rollout; back before the first forward
+        with (
+            self._on_host_for_rollout()
+        ):  # trainer.offload_during_rollout; back before the first forward
             batch, m = collect(cfg, self.sampling, self.data, self.scorer, self.gen_rollout, world)
         t_rollout = time.perf_counter()
         faults.point("rollout", step)
@@ -244,15 +320,27 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Returns the held-out avg@k after ``step`` steps (its sampling seed: ``seeds.heldout_seed``);
         on many ranks every rank samples its share of the problems and gets the whole result."""
-        return evaluate(self.sampling.generate, self.tokenizer, self.task, self.scorer, self.cfg,
-                        heldout_seed(int(self.cfg.seed), self.step), self.world)
+        return evaluate(
+            self.sampling.generate,
+            self.tokenizer,
+            self.task,
+            self.scorer,
+            self.cfg,
+            heldout_seed(int(self.cfg.seed), self.step),
+            self.world,
+        )
 
     # -- Stateful --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's own state: step, best held-out score, data position, this rank's RNG streams."""
-        return {"step": self.step, "best_eval": self.best_eval, "data": self.data.state(),
-                "rng": rng_state(self._generators()), "world_size": self.world.size}
+        return {
+            "step": self.step,
+            "best_eval": self.best_eval,
+            "data": self.data.state(),
+            "rng": rng_state(self._generators()),
+            "world_size": self.world.size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state_dict()``'s; one saved on another number of ranks keeps the step, score,
@@ -262,9 +350,13 @@ class Trainer:
         set_rng_state(state["rng"], self._generators())
         saved = int(state["world_size"])
         if saved != self.world.size:
-            self.gen_rollout.manual_seed(rollout_reseed(int(self.cfg.seed), self.world.rank, self.step))
-            self.log(f"resuming a {saved}-rank checkpoint on {self.world.size} ranks: same weights and optimiser "
-                     "state, rollout RNG streams derived afresh (the history will not match an uninterrupted run)")
+            self.gen_rollout.manual_seed(
+                rollout_reseed(int(self.cfg.seed), self.world.rank, self.step)
+            )
+            self.log(
+                f"resuming a {saved}-rank checkpoint on {self.world.size} ranks: same weights and optimiser "
+                "state, rollout RNG streams derived afresh (the history will not match an uninterrupted run)"
+            )
 
     # -- set-up and step helpers -----------------------------------------------------------------
 
@@ -280,14 +372,23 @@ class Trainer:
             models["critic"] = self.critic
             optimizers["critic_opt"] = ("critic", self.critic_opt)
             schedulers["critic_sched"] = self.critic_sched
-        return CheckpointManager(self.run_dir / CHECKPOINTS, self.world, models, optimizers, schedulers,
-                                 {"trainer": self}, self.log)
+        return CheckpointManager(
+            self.run_dir / CHECKPOINTS,
+            self.world,
+            models,
+            optimizers,
+            schedulers,
+            {"trainer": self},
+            self.log,
+        )
 
     def _resume(self, path: Path | None) -> None:
         """Continues from checkpoint ``path`` (``_checkpoint_to_resume``'s); None: the run stopped
         before its first checkpoint, so it starts again from step 0."""
         if path is None:
-            self.log(f"no checkpoint in {self.run_dir} yet (it stopped before its first): starting from step 0")
+            self.log(
+                f"no checkpoint in {self.run_dir} yet (it stopped before its first): starting from step 0"
+            )
             return
         self.checkpoints.load(path)
         if self.sampling.engine is not None:
@@ -304,9 +405,16 @@ class Trainer:
             CheckpointError: none is usable though the run wrote some, or it is another model's.
         """
         arch = architecture(policy)
-        expected = {"policy": arch, **({"critic": arch} if self.cfg.algo.advantage == "gae" else {})}
-        return checkpoint_to_resume(run_dir / CHECKPOINTS, expected, self.log if self.world.main else None,
-                                    shapes={"policy": tensor_shapes(policy)})
+        expected = {
+            "policy": arch,
+            **({"critic": arch} if self.cfg.algo.advantage == "gae" else {}),
+        }
+        return checkpoint_to_resume(
+            run_dir / CHECKPOINTS,
+            expected,
+            self.log if self.world.main else None,
+            shapes={"policy": tensor_shapes(policy)},
+        )
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """Returns ``model`` sharded over the run's ranks with FSDP2, under its precision policy
@@ -320,17 +428,29 @@ class Trainer:
             from vapo_lab.models.sharded import load_sharded_causal_lm
 
             cfg = self.cfg
-            ref = load_sharded_causal_lm(path, self.world, self.device, cfg.model.dtype, cfg.model.trust_remote_code)
+            ref = load_sharded_causal_lm(
+                path, self.world, self.device, cfg.model.dtype, cfg.model.trust_remote_code
+            )
         else:
             ref = copy.deepcopy(policy)
         return ref.eval().requires_grad_(False)
 
-    def _record(self, choices: dict[str, str] | None, resume_dir: Any, command: str, tags: dict[str, str] | None,
-                parent_run_id: str | None) -> RunRecord | RankRecord:
+    def _record(
+        self,
+        choices: dict[str, str] | None,
+        resume_dir: Any,
+        command: str,
+        tags: dict[str, str] | None,
+        parent_run_id: str | None,
+    ) -> RunRecord | RankRecord:
         """Rank 0's RunRecord; on the other ranks a RankRecord of the same folder and tracking run."""
         if self.world.main:
-            record = RunRecord(self.cfg, choices or {}, resume_dir, command, tags, parent_run_id, self.log)
-        shared = self.world.broadcast((str(record.run_dir), record.run_id) if self.world.main else None)
+            record = RunRecord(
+                self.cfg, choices or {}, resume_dir, command, tags, parent_run_id, self.log
+            )
+        shared = self.world.broadcast(
+            (str(record.run_dir), record.run_id) if self.world.main else None
+        )
         return record if self.world.main else RankRecord(Path(shared[0]), shared[1])
 
     def _eval_key(self) -> str:
@@ -341,12 +461,19 @@ class Trainer:
         log-probs (recomputed where the sampler's engine computes them differently: vLLM), the
         critic's values, the reference policy's log-probs."""
         temperature = float(self.cfg.rollout.temperature)
-        micro = token_micro_batches(torch.arange(len(batch.problems)), batch.rows,
-                                    int(self.cfg.trainer.max_tokens_per_micro_batch))
-        extra = int(self.world.max(len(micro))) - len(micro)  # a sharded model's ranks make equal passes
+        micro = token_micro_batches(
+            torch.arange(len(batch.problems)),
+            batch.rows,
+            int(self.cfg.trainer.max_tokens_per_micro_batch),
+        )
+        extra = int(self.world.max(len(micro))) - len(
+            micro
+        )  # a sharded model's ranks make equal passes
         engine = self.sampling.engine
         if engine is not None and getattr(engine, "recompute_logprobs", True):
-            batch.old_logprobs = batched_logprobs(self.policy, batch.rows, micro, temperature, extra)
+            batch.old_logprobs = batched_logprobs(
+                self.policy, batch.rows, micro, temperature, extra
+            )
         if self.critic is not None:
             batch.values = batched_values(self.critic, batch.rows, micro, extra)
         if self.ref is not None:
@@ -361,8 +488,10 @@ class Trainer:
         # the built-in sampler of one process generates with the policy itself: on an accelerator it
         # stays there (its optimiser state still goes); on CPU the host is the device, so it moves too
         samples_with_policy = self.sampling.engine is None and self.device.type != "cpu"
-        return on_host([None if samples_with_policy else self.policy, self.critic, self.ref],
-                       [self.actor_opt, self.critic_opt])
+        return on_host(
+            [None if samples_with_policy else self.policy, self.critic, self.ref],
+            [self.actor_opt, self.critic_opt],
+        )
 
     def _warn_about_lambda(self, m: dict[str, float]) -> None:
         """Warns once a run when most responses get λ_policy = 0 (length-adaptive GAE with too small an α)."""
@@ -370,13 +499,20 @@ class Trainer:
         if zero > 0.5 and not self.warned_lambda:
             self.warned_lambda = True
             alpha = self.cfg.gae.alpha
-            self.log(f"warning: {100 * zero:.0f}% of responses get lambda_policy = 0 (one-step TD) at "
-                     f"gae.alpha={alpha}: responses shorter than 1/alpha = {1 / alpha:.0f} tokens. Raise "
-                     "gae.alpha to scale it to these lengths.")
+            self.log(
+                f"warning: {100 * zero:.0f}% of responses get lambda_policy = 0 (one-step TD) at "
+                f"gae.alpha={alpha}: responses shorter than 1/alpha = {1 / alpha:.0f} tokens. Raise "
+                "gae.alpha to scale it to these lengths."
+            )
 
 
-def train(cfg: DictConfig, choices: dict[str, str] | None = None, progress: ProgressFactory | None = None,
-          log: Callable[[str], None] = print, on_step: Callable[[int, dict[str, float]], None] | None = None,
-          command: str = "") -> TrainResult:
+def train(
+    cfg: DictConfig,
+    choices: dict[str, str] | None = None,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    command: str = "",
+) -> TrainResult:
     """Returns the result of training with ``cfg`` (a composed, validated config)."""
     return Trainer(cfg, choices, progress=progress, log=log, command=command).train(on_step)

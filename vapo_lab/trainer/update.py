@@ -34,7 +34,13 @@ from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import VapoLabError
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, model_device, policy_forward, token_micro_batches, value_forward
+from vapo_lab.trainer.forward import (
+    Rows,
+    model_device,
+    policy_forward,
+    token_micro_batches,
+    value_forward,
+)
 
 
 class TrainingDiverged(VapoLabError):
@@ -46,12 +52,21 @@ def adamw(params: Any, lr: float, t: DictConfig) -> torch.optim.AdamW:
     (``trainer.adam_impl``: fused, foreach or for-loop)."""
     impl = t.get("adam_impl", "fused")
     kernel = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(t.adam_betas), eps=float(t.adam_eps),
-                             weight_decay=float(t.weight_decay), **kernel)
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=tuple(t.adam_betas),
+        eps=float(t.adam_eps),
+        weight_decay=float(t.weight_decay),
+        **kernel,
+    )
 
 
-def warmup_constant(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_constant(
+    optimizer: torch.optim.Optimizer, warmup: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Returns the schedule of ``optimizer``: linear warmup over ``warmup`` steps, then constant."""
+
     def factor(step: int) -> float:
         return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
@@ -61,7 +76,7 @@ def warmup_constant(optimizer: torch.optim.Optimizer, warmup: int) -> torch.opti
 def minibatches(n_rows: int, size: int, generator: torch.Generator) -> list[Tensor]:
     """Returns a random partition of range(n_rows) into chunks of ``size`` (last may be smaller)."""
     order = torch.randperm(n_rows, generator=generator)
-    return [order[i:i + size] for i in range(0, n_rows, size)]
+    return [order[i : i + size] for i in range(0, n_rows, size)]
 
 
 def _check_finite(name: str, value: Tensor, step: int) -> None:
@@ -69,7 +84,8 @@ def _check_finite(name: str, value: Tensor, step: int) -> None:
         raise TrainingDiverged(
             f"{name} is {value.item() if value.numel() == 1 else 'non-finite'} at step {step}: the run "
             "stopped and its last good checkpoint is kept. Lower trainer.actor_lr/critic_lr or "
-            "trainer.grad_clip and resume with resume=<run dir>")
+            "trainer.grad_clip and resume with resume=<run dir>"
+        )
 
 
 class Updater:
@@ -80,10 +96,17 @@ class Updater:
     a KL term in the loss.
     """
 
-    def __init__(self, cfg: DictConfig, policy: nn.Module, critic: nn.Module | None,
-                 ref: nn.Module | None, actor_opt: torch.optim.Optimizer | None,
-                 critic_opt: torch.optim.Optimizer | None, generator: torch.Generator,
-                 world: World | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        policy: nn.Module,
+        critic: nn.Module | None,
+        ref: nn.Module | None,
+        actor_opt: torch.optim.Optimizer | None,
+        critic_opt: torch.optim.Optimizer | None,
+        generator: torch.Generator,
+        world: World | None = None,
+    ) -> None:
         self.cfg, self.policy, self.critic, self.ref = cfg, policy, critic, ref
         self.actor_opt, self.critic_opt, self.generator = actor_opt, critic_opt, generator
         self.world = world or single()
@@ -96,9 +119,11 @@ class Updater:
         if w.size == 1:
             return [(mb, len(mb)) for mb in minibatches(n_rows, size, self.generator)]
         counts = w.gather(n_rows)
-        offset = sum(counts[:w.rank])
-        return [(mb[(mb >= offset) & (mb < offset + n_rows)] - offset, len(mb))
-                for mb in minibatches(sum(counts), size, self.generator)]
+        offset = sum(counts[: w.rank])
+        return [
+            (mb[(mb >= offset) & (mb < offset + n_rows)] - offset, len(mb))
+            for mb in minibatches(sum(counts), size, self.generator)
+        ]
 
     def padding(self, passes: int) -> int:
         """Returns how many zero-loss passes this rank adds to its ``passes`` so that every rank
@@ -116,12 +141,20 @@ class Updater:
         cfg, critic = self.cfg, self.critic
         assert critic is not None and self.critic_opt is not None
         critic.train()
-        dev = model_device(critic)  # the batch stays where it was made; each micro-batch crosses here
-        totals: dict[str, list[float]] = {"critic/value_loss": [], "critic/clipfrac": [], "critic/grad_norm": []}
+        dev = model_device(
+            critic
+        )  # the batch stays where it was made; each micro-batch crosses here
+        totals: dict[str, list[float]] = {
+            "critic/value_loss": [],
+            "critic/clipfrac": [],
+            "critic/grad_norm": [],
+        }
         w = self.world
         for _ in range(int(cfg.trainer.ppo_epochs)):
             for mb, _ in self.minibatches(len(batch.problems)):
-                norm = float(w.sum(loss_denominator(cfg.critic.loss_agg, batch.rows.response_mask[mb])))
+                norm = float(
+                    w.sum(loss_denominator(cfg.critic.loss_agg, batch.rows.response_mask[mb]))
+                )
                 # the clip fraction is over the mini-batch's tokens (as the actor's), whatever the split
                 n_tok = float(w.sum(batch.rows.response_mask[mb].sum()))
                 self.critic_opt.zero_grad(set_to_none=True)
@@ -132,17 +165,27 @@ class Updater:
                     rows = batch.rows.take(idx).to(dev)
                     t = rows.response_ids.shape[1]
                     values = value_forward(critic, rows)
-                    loss, m = value_loss(values, batch.values[idx, :t].to(dev), batch.returns[idx, :t].to(dev),
-                                         rows.response_mask, clip_range=cfg.critic.value_clip,
-                                         loss_agg=cfg.critic.loss_agg, normalizer=norm)
+                    loss, m = value_loss(
+                        values,
+                        batch.values[idx, :t].to(dev),
+                        batch.returns[idx, :t].to(dev),
+                        rows.response_mask,
+                        clip_range=cfg.critic.value_clip,
+                        loss_agg=cfg.critic.loss_agg,
+                        normalizer=norm,
+                    )
                     loss.backward()
                     loss_sum += float(loss.detach())
-                    clip_sum += float(m["clipfrac"]) * float(rows.response_mask.sum()) / max(n_tok, 1.0)
+                    clip_sum += (
+                        float(m["clipfrac"]) * float(rows.response_mask.sum()) / max(n_tok, 1.0)
+                    )
                 for _ in range(extra):
                     (value_forward(critic, Rows.dummy(dev)).sum() * 0.0).backward()
                 loss_sum, clip_sum = float(w.sum(loss_sum)), float(w.sum(clip_sum))
                 _check_finite("critic/value_loss", torch.tensor(loss_sum), step)
-                gn = torch.nn.utils.clip_grad_norm_(critic.parameters(), float(cfg.trainer.grad_clip))
+                gn = torch.nn.utils.clip_grad_norm_(
+                    critic.parameters(), float(cfg.trainer.grad_clip)
+                )
                 self.critic_opt.step()
                 totals["critic/value_loss"].append(loss_sum)
                 totals["critic/clipfrac"].append(clip_sum)
@@ -155,10 +198,21 @@ class Updater:
         cfg, policy = self.cfg, self.policy
         assert self.actor_opt is not None
         policy.train()
-        dev = model_device(policy)  # the batch stays where it was made; each micro-batch crosses here
+        dev = model_device(
+            policy
+        )  # the batch stays where it was made; each micro-batch crosses here
         temperature = float(cfg.rollout.temperature)
-        keys = ["actor/pg_loss", "actor/nll_loss", "actor/kl_loss", "actor/entropy", "actor/clipfrac_low",
-                "actor/clipfrac_high", "actor/clipfrac_dual", "actor/approx_kl", "actor/grad_norm"]
+        keys = [
+            "actor/pg_loss",
+            "actor/nll_loss",
+            "actor/kl_loss",
+            "actor/entropy",
+            "actor/clipfrac_low",
+            "actor/clipfrac_high",
+            "actor/clipfrac_dual",
+            "actor/approx_kl",
+            "actor/grad_norm",
+        ]
         totals: dict[str, list[float]] = {k: [] for k in keys}
         w = self.world
         for _ in range(int(cfg.trainer.ppo_epochs)):
@@ -176,26 +230,49 @@ class Updater:
                     rows = batch.rows.take(idx).to(dev)
                     t = rows.response_ids.shape[1]
                     mask = rows.response_mask
-                    logprobs, entropy = policy_forward(policy, rows, temperature, with_entropy=True,
-                                                       entropy_grad=cfg.loss.entropy_coef > 0)
-                    old, adv = batch.old_logprobs[idx, :t].to(dev), batch.advantages[idx, :t].to(dev)
-                    pg, m = ppo_policy_loss(logprobs, old, adv, mask,
-                                            eps_low=float(cfg.loss.eps_low), eps_high=float(cfg.loss.eps_high),
-                                            dual_clip=cfg.loss.dual_clip, loss_agg=cfg.loss.agg, normalizer=norm)
+                    logprobs, entropy = policy_forward(
+                        policy,
+                        rows,
+                        temperature,
+                        with_entropy=True,
+                        entropy_grad=cfg.loss.entropy_coef > 0,
+                    )
+                    old, adv = (
+                        batch.old_logprobs[idx, :t].to(dev),
+                        batch.advantages[idx, :t].to(dev),
+                    )
+                    pg, m = ppo_policy_loss(
+                        logprobs,
+                        old,
+                        adv,
+                        mask,
+                        eps_low=float(cfg.loss.eps_low),
+                        eps_high=float(cfg.loss.eps_high),
+                        dual_clip=cfg.loss.dual_clip,
+                        loss_agg=cfg.loss.agg,
+                        normalizer=norm,
+                    )
                     loss = pg
                     if cfg.loss.mu > 0 and nll_norm > 0:
-                        nll = positive_nll_loss(logprobs, mask, batch.correct[idx].to(dev), normalizer=nll_norm)
+                        nll = positive_nll_loss(
+                            logprobs, mask, batch.correct[idx].to(dev), normalizer=nll_norm
+                        )
                         loss = loss + float(cfg.loss.mu) * nll
                         acc["actor/nll_loss"] += float(nll.detach())
                     if self.ref is not None and cfg.kl.coef > 0 and cfg.kl.target == "loss":
                         ref = batch.ref_logprobs[idx, :t].to(dev)
-                        kl = aggregate_loss(kl_estimate(logprobs, ref, cfg.kl.estimator),
-                                            mask, cfg.loss.agg, normalizer=norm)
+                        kl = aggregate_loss(
+                            kl_estimate(logprobs, ref, cfg.kl.estimator),
+                            mask,
+                            cfg.loss.agg,
+                            normalizer=norm,
+                        )
                         loss = loss + float(cfg.kl.coef) * kl
                         acc["actor/kl_loss"] += float(kl.detach())
                     if cfg.loss.entropy_coef > 0:
-                        loss = loss - float(cfg.loss.entropy_coef) * aggregate_loss(entropy, mask, "token-mean",
-                                                                                     normalizer=n_tok)
+                        loss = loss - float(cfg.loss.entropy_coef) * aggregate_loss(
+                            entropy, mask, "token-mean", normalizer=n_tok
+                        )
                     loss.backward()
                     share = float(mask.sum()) / max(n_tok, 1.0)  # token-weighted metric averages
                     acc["actor/pg_loss"] += float(pg.detach())
@@ -208,7 +285,9 @@ class Updater:
                 if w.size > 1:
                     acc = {k: float(w.sum(v)) for k, v in acc.items()}
                 _check_finite("actor/pg_loss", torch.tensor(acc["actor/pg_loss"]), step)
-                gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(cfg.trainer.grad_clip))
+                gn = torch.nn.utils.clip_grad_norm_(
+                    policy.parameters(), float(cfg.trainer.grad_clip)
+                )
                 self.actor_opt.step()
                 acc["actor/grad_norm"] = float(full(gn))
                 for k in keys:

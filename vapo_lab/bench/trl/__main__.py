@@ -41,7 +41,8 @@ def _import_vapo_lab() -> None:
     except ImportError:
         package_dir = Path(__file__).resolve().parents[2]
         spec = importlib.util.spec_from_file_location(
-            "vapo_lab", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)])
+            "vapo_lab", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["vapo_lab"] = module
         spec.loader.exec_module(module)
@@ -77,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from vapo_lab.bench.trl.envs import ENVS, setup_trl_envs
     from vapo_lab.bench.trl.spec import BenchSpec
 
-    parser = argparse.ArgumentParser(prog="python -m vapo_lab.bench.trl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vapo_lab.bench.trl", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=BenchSpec.threads)
@@ -103,9 +106,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from vapo_lab.bench.trl.run import format_trl_benchmark, run_trl_benchmark
 
-    result = run_trl_benchmark(steps=args.steps, warmup=args.warmup, parts=parts, trl_python=args.trl_python,
-                               trl_grpo_python=args.trl_grpo_python, spec=BenchSpec(threads=args.threads),
-                               log=progress)
+    result = run_trl_benchmark(
+        steps=args.steps,
+        warmup=args.warmup,
+        parts=parts,
+        trl_python=args.trl_python,
+        trl_grpo_python=args.trl_grpo_python,
+        spec=BenchSpec(threads=args.threads),
+        log=progress,
+    )
     print(format_trl_benchmark(result))
 
 
