@@ -131,9 +131,8 @@ class StopHandler:
                 )  # the handler runs in the main thread, as for a signal
 
 
-_installed: StopHandler | None = (
-    None  # the handler sigterm_interrupts installed, until it is closed
-)
+# the handler sigterm_interrupts installed, until it is closed
+_installed: StopHandler | None = None
 
 
 def stop_point(world: Any = None) -> None:
@@ -157,9 +156,8 @@ def sigterm_interrupts() -> StopHandler | None:
     if threading.current_thread() is not threading.main_thread():
         return None
     previous = signal.getsignal(signal.SIGTERM)
-    if isinstance(
-        previous, StopHandler
-    ):  # an earlier run's, in a reused process: its request is stale
+    # an earlier run's, in a reused process: its request is stale
+    if isinstance(previous, StopHandler):
         previous.close()
     global _installed
     handler = StopHandler()

@@ -198,9 +198,8 @@ def test_a_tensor_file_holding_a_pickle_is_refused_in_one_line_before_and_at_loa
     with pytest.raises(CheckpointError) as before:
         checkpoint_to_resume(tmp_path, _expected(16))
     manager = CheckpointManager(tmp_path, single(), models, {}, {}, {}, log=lambda m: None)
-    with pytest.raises(
-        CheckpointError
-    ) as loading:  # where it is read, too (a file changed since the check)
+    # where it is read, too (a file changed since the check)
+    with pytest.raises(CheckpointError) as loading:
         manager.load(path)
     for e in (before, loading):
         assert str(e.value).startswith(

@@ -215,9 +215,8 @@ def test_a_file_that_is_not_a_readable_export_is_refused_in_one_line(tmp_path, c
                 gzip.decompress((REPORTS / "table1-cpu-long" / "runs.json.gz").read_bytes())
             )[:100_000]
         )
-    elif (
-        case == "bad deflate"
-    ):  # a gzip header, then no deflate block: zlib.error, a traceback before
+    # a gzip header, then no deflate block: zlib.error, a traceback before
+    elif case == "bad deflate":
         path.write_bytes(gzip.compress(b"")[:10] + b"\xff" * 64)
     elif case == "bad crc":  # the CRC-32 of the text, in the trailer's first 4 bytes, flipped
         good = bytearray(

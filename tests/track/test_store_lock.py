@@ -92,9 +92,8 @@ def test_a_store_that_holds_anything_is_never_set_aside(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _killed_midway(uri)
-    with sqlite3.connect(
-        tmp_path / "mlflow.db"
-    ) as db:  # an experiment of its owner's, beside Default
+    # an experiment of its owner's, beside Default
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
         db.execute(
             "INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (1, 'kept', 'active')"
         )

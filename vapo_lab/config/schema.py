@@ -55,9 +55,8 @@ class ModelConfig:
     # `vapo-lab plan` uses while model.path is unset; a checkpoint's own config.json wins
     arch_name: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    gradient_checkpointing: bool = (
-        False  # recompute layer activations in the backward pass (less memory)
-    )
+    # recompute layer activations in the backward pass (less memory)
+    gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
     # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size, lr,
@@ -104,22 +103,17 @@ class RewardConfig:
 class VllmConfig:
     """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, docs/distributed.md, GPU / vLLM)."""
 
-    gpu_memory_utilization: float = (
-        0.5  # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
-    )
-    tensor_parallel_size: int = (
-        1  # ranks per engine (consecutive trainer ranks); must divide the world size
-    )
+    # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
+    gpu_memory_utilization: float = 0.5
+    # ranks per engine (consecutive trainer ranks); must divide the world size
+    tensor_parallel_size: int = 1
     enforce_eager: bool = False  # True: no CUDA graphs (slower decoding, less memory, faster start)
-    enable_sleep_mode: bool = (
-        True  # free vLLM's GPU memory during the update phase (engine.sleep / wake)
-    )
-    sleep_level: int = (
-        2  # 2: drop weights + KV cache (pushed again after the update); 1: keep weights in CPU RAM
-    )
-    weight_bucket_mb: int = (
-        512  # push_weights gathers and loads at most this many MiB of weights at a time
-    )
+    # free vLLM's GPU memory during the update phase (engine.sleep / wake)
+    enable_sleep_mode: bool = True
+    # 2: drop weights + KV cache (pushed again after the update); 1: keep weights in CPU RAM
+    sleep_level: int = 2
+    # push_weights gathers and loads at most this many MiB of weights at a time
+    weight_bucket_mb: int = 512
 
 
 @dataclass
@@ -189,9 +183,8 @@ class CriticConfig:
     """The value model: initialisation, pretraining, loss."""
 
     init: str = "reward_model"  # reward_model | policy | random
-    rm_steps: int = (
-        20  # reward model: rounds of sampling the base policy and regressing its rewards
-    )
+    # reward model: rounds of sampling the base policy and regressing its rewards
+    rm_steps: int = 20
     rm_batch: int = 64  # samples per round
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     value_clip: Optional[float] = 0.5
@@ -215,35 +208,30 @@ class TrainerConfig:
     total_steps: int = 100
     ppo_epochs: int = 1
     mini_batch_size: int = 64  # responses per optimiser step
-    max_tokens_per_micro_batch: int = (
-        16384  # a forward/backward pass's rows x (prompt + response) tokens, at most
-    )
+    # a forward/backward pass's rows x (prompt + response) tokens, at most
+    max_tokens_per_micro_batch: int = 16384
     actor_lr: float = 1e-4
     critic_lr: float = 2e-4
     warmup_steps: int = 0  # warmup-constant schedule
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1e-8
-    adam_impl: str = (
-        "fused"  # fused | foreach | for-loop: torch's AdamW implementations (same maths)
-    )
+    # fused | foreach | for-loop: torch's AdamW implementations (same maths)
+    adam_impl: str = "fused"
     grad_clip: float = 1.0
     eval_every: int = 10
     save_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch CPU threads; None keeps torch's default
-    deterministic: bool = (
-        True  # torch.use_deterministic_algorithms on CPU (same seed, same metrics)
-    )
-    strategy: str = (
-        "single"  # single (one process) | fsdp (FSDP2 over nodes x nproc_per_node ranks)
-    )
+    # torch.use_deterministic_algorithms on CPU (same seed, same metrics)
+    deterministic: bool = True
+    # single (one process) | fsdp (FSDP2 over nodes x nproc_per_node ranks)
+    strategy: str = "single"
     nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
     nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
     offload_during_rollout: bool = False  # trainer state in host memory while the rollout generates
-    prompt_pool: Optional[int] = (
-        None  # RL prompts from the first N train problems (None: all of them)
-    )
+    # RL prompts from the first N train problems (None: all of them)
+    prompt_pool: Optional[int] = None
 
 
 @dataclass

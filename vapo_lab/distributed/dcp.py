@@ -91,9 +91,8 @@ def _planner() -> Any:
                     f"refusing a checkpoint entry {fqn}: it holds Python objects beyond "
                     "tensors and plain containers"
                 ) from e
-            if (
-                self.flatten_state_dict
-            ):  # as DefaultLoadPlanner: into the nested dict the caller holds
+            # as DefaultLoadPlanner: into the nested dict the caller holds
+            if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
 
                 set_element(self.original_state_dict, self.mappings[fqn], obj)
@@ -119,9 +118,8 @@ def load_sharded(path: Path, state: dict[str, Any]) -> None:
     reader = _reader(path)
     try:
         dcp.load(state, storage_reader=reader, planner=_planner())
-    except (
-        BaseException
-    ) as e:  # DCP wraps a rank's error in its CheckpointException (a BaseException)
+    # DCP wraps a rank's error in its CheckpointException (a BaseException)
+    except BaseException as e:
         if reader.refusal:
             raise CheckpointError(reader.refusal) from e
         raise

@@ -136,9 +136,8 @@ class EvalBench:
     source: str
     verify: Callable[[str, Problem], bool] | None = None
     chat_template: str | None = None  # arith: the run's model.chat_template
-    run_seed: int | None = (
-        None  # arith on a run: the run's seed (periodic-eval seeds derive from it)
-    )
+    # arith on a run: the run's seed (periodic-eval seeds derive from it)
+    run_seed: int | None = None
     default_max_tokens: int | None = None  # arith on a run: its rollout.max_new_tokens
 
     def fingerprint(self) -> str:

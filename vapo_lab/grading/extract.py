@@ -173,9 +173,8 @@ def normalize_answer(answer: str, integer: bool = False) -> str:
 def as_int(key: str) -> int | None:
     """Returns the integer a normalised key spells (``-12``, ``007``, ``3.00``), else None."""
     match = _INTEGER.fullmatch(key)
-    if (
-        not match or len(match.group(1)) > 4000
-    ):  # int() refuses > 4300 digits; no answer is that long
+    # int() refuses > 4300 digits; no answer is that long
+    if not match or len(match.group(1)) > 4000:
         return None
     return int(match.group(1))
 

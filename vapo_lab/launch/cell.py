@@ -182,9 +182,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     if status.get("state") == FINISHED:
         return status
     if writer:
-        for stale in status_path(grid_dir, key).parent.glob(
-            f"{key}.rank*.error"
-        ):  # an earlier attempt's
+        # an earlier attempt's
+        for stale in status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"):
             stale.unlink(missing_ok=True)
         attempts = int(status.get("attempts", 0)) + 1
         write_status(

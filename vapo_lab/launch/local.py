@@ -109,9 +109,8 @@ def run_cell_ranks(job: CellJob) -> dict[str, Any]:
     status = read_status(grid_dir, key)
     if done.returncode == 0 and status.get("state") == FINISHED:
         return status
-    if (
-        status.get("state") != FAILED
-    ):  # a rank killed before it could say so (kill -9, out of memory)
+    # a rank killed before it could say so (kill -9, out of memory)
+    if status.get("state") != FAILED:
         status = write_status(
             grid_dir,
             key,

@@ -159,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             (folder / f"rank{rank}.error").write_text(
                 f"rank {rank}: {type(e).__name__}: {last}\n\n" + traceback.format_exc()
             )
-        if isinstance(
-            e, KeyboardInterrupt
-        ):  # a stop: rank 0 said where and how to resume, no traceback
+        # a stop: rank 0 said where and how to resume, no traceback
+        if isinstance(e, KeyboardInterrupt):
             return 130
         raise
     finally:

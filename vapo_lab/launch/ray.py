@@ -116,9 +116,8 @@ def ray_init(settings: dict[str, Any]) -> bool:
     loopback = not address and not settings.get("expose", False)
     previous = os.environ.get(_RAY_LOOPBACK_ENV)
     if loopback:
-        os.environ[_RAY_LOOPBACK_ENV] = (
-            "0"  # read when ray is imported, and by the processes it starts
-        )
+        # read when ray is imported, and by the processes it starts
+        os.environ[_RAY_LOOPBACK_ENV] = "0"
     try:
         import ray
     except ImportError as e:
@@ -131,9 +130,8 @@ def ray_init(settings: dict[str, Any]) -> bool:
 
     cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
     if loopback:
-        ray_constants.ENABLE_RAY_CLUSTER = (
-            False  # the env var is read at import: ray may be imported already
-        )
+        # the env var is read at import: ray may be imported already
+        ray_constants.ENABLE_RAY_CLUSTER = False
     os.environ.setdefault(
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0"
     )  # never let Ray re-resolve this env with uv

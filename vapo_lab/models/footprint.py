@@ -116,9 +116,8 @@ class Setup:
     prompt_tokens: int  # an estimate of the longest prompt
     max_new_tokens: int
     gradient_checkpointing: bool
-    mini_batch_size: int | None = (
-        None  # responses per optimiser step, over all ranks (None: no limit)
-    )
+    # responses per optimiser step, over all ranks (None: no limit)
+    mini_batch_size: int | None = None
     critic: bool = True  # a value model is trained (GAE advantages)
     reference: bool = False  # a frozen reference policy (a KL term)
     engine: str = "builtin"  # builtin | vllm
@@ -127,9 +126,8 @@ class Setup:
     engine_memory: float = 0.0  # vLLM: bytes it takes of each GPU (gpu_memory_utilization x memory)
     engine_sleeps: bool = True  # vLLM: frees its memory during the update (sleep mode)
     offload: bool = False  # trainer.offload_during_rollout: the training state in host memory while vLLM samples
-    logprob_chunk: int | None = (
-        None  # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
-    )
+    # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
+    logprob_chunk: int | None = None
     ppo_epochs: int = 1
 
 
@@ -156,17 +154,15 @@ class Footprint:
     critic_params: int  # 0 without a critic
     reference_params: int  # 0 without a reference policy
     sequence: int  # s: tokens per sequence, prompt + response (capped by the context)
-    pass_tokens: (
-        int  # tokens through one forward/backward pass on a rank (the token budget's worst case)
-    )
+    # tokens through one forward/backward pass on a rank (the token budget's worst case)
+    pass_tokens: int
     weights: float  # the actor's and critic's (sharded) weights
     gradients: float
     optimizer: float
     reference: float  # the reference policy's (sharded) weights
     gathered: float  # fsdp: the unsharded units in flight (root + 2 layers), transient
-    replica: (
-        float  # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
-    )
+    # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
+    replica: float
     actor_activations: float  # with checkpointing as configured, the log-prob pass included
     critic_activations: float
     actor_activations_full: float  # without checkpointing, the log-prob pass included

@@ -25,9 +25,10 @@ T = TypeVar("T", bound=Named)
 def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
 
+    # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
     def norm(
         x: str,
-    ) -> str:  # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
+    ) -> str:
         return x.lower().replace("-", "_")
 
     by_norm = {norm(v): v for v in valid}

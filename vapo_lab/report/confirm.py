@@ -43,9 +43,8 @@ SCORE_MEASURES = {
         "learning speed: area under the held-out curve over the steps (x100)",
     ),
 }
-PLATEAU_TOLERANCE = (
-    1.0  # points: VAPO's seed-mean curve over the last 20% of the steps moves at most this
-)
+# points: VAPO's seed-mean curve over the last 20% of the steps moves at most this
+PLATEAU_TOLERANCE = 1.0
 
 Groups = dict[str, list[RunData]]
 

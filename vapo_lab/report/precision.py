@@ -16,9 +16,8 @@ from typing import Any
 
 # held-out scores x100, their stds, intervals and differences: 256 problems x 4 samples move a score in steps of ~0.1
 SCORE = 1
-CORRELATION = (
-    2  # Spearman ρ, Kendall τ-b and their intervals: over 10 rows one swapped pair moves ρ by ~0.01
-)
+# Spearman ρ, Kendall τ-b and their intervals: over 10 rows one swapped pair moves ρ by ~0.01
+CORRELATION = 2
 DIAGNOSTIC = 3  # value bias, advantage gap, λ_policy, entropy: values from 0.001 to a few units
 FRACTION = 4  # clip fractions: of the order of 1e-4 of the tokens
 PERCENT = 0  # accuracy of a length bucket, in %: a bucket holds tens to a few thousand responses

@@ -244,9 +244,8 @@ class VllmEngine:
                 "ranks (each group of consecutive ranks shares one engine)"
             )
         vllm = require_vllm()
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
-            "0"  # in-process: tensors pass by reference (item 2)
-        )
+        # in-process: tensors pass by reference (item 2)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         extra: dict[str, Any] = {}
         if world_size > 1:
             if "LOCAL_RANK" not in os.environ:

@@ -41,9 +41,8 @@ from vapo_lab.integrity import manifest_problem, write_manifest
 
 STATE_FILE = "trainer_state.pt"
 META_FILE = "trainer_state.json"
-LATEST = (
-    "latest"  # the name of the newest checkpoint, for people and tools (readers check every one)
-)
+# the name of the newest checkpoint, for people and tools (readers check every one)
+LATEST = "latest"
 # what a failed write raises: the OS's error, torch.save's RuntimeError, safetensors' own error
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
@@ -105,9 +104,8 @@ def save_checkpoint(
         _write(tmp, step, modules, state, meta, fresh)
     except WRITE_ERRORS as e:
         raise abandon(folder, final.name, tmp, e, written + tensor_bytes([modules, state])) from e
-    except (
-        BaseException
-    ):  # an interrupt: no half-written folder is left (the next write would clear it)
+    # an interrupt: no half-written folder is left (the next write would clear it)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if before_commit is not None:

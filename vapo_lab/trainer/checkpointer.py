@@ -203,9 +203,8 @@ class CheckpointManager:
             save_sharded(tmp / DCP_DIR, shards)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except (
-            BaseException
-        ) as e:  # DCP's CheckpointException (a BaseException), raised on every rank
+        # DCP's CheckpointException (a BaseException), raised on every rank
+        except BaseException as e:
             failures = getattr(
                 e, "failures", None
             )  # {rank: (its exception, its stack)}, the first one told
@@ -348,9 +347,8 @@ def model_mismatch(
     recorded = meta.get("shapes")
     for name, mine in (shapes or {}).items():
         theirs = recorded.get(name) if isinstance(recorded, dict) else None
-        for key, dims in (
-            mine.items() if isinstance(theirs, dict) else ()
-        ):  # in the model's own order
+        # in the model's own order
+        for key, dims in mine.items() if isinstance(theirs, dict) else ():
             if key in theirs and list(theirs[key]) != dims:
                 return f"its {name}'s {key} is {_dims(theirs[key])}, this run's is {_dims(dims)}"
     return None

@@ -116,9 +116,8 @@ class RunRecord:
         try:
             self.run_id = self._start(tags, parent_run_id)
         except BaseException:
-            if (
-                resume_dir is None
-            ):  # claimed above, nothing of this run anywhere: leave no empty folder
+            # claimed above, nothing of this run anywhere: leave no empty folder
+            if resume_dir is None:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
 

@@ -172,9 +172,8 @@ class Trainer:
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
             self.record.open()
             t = cfg.trainer
-            if (
-                cfg.algo.advantage == "gae"
-            ):  # every rank takes part (reward model, value pretraining)
+            # every rank takes part (reward model, value pretraining)
+            if cfg.algo.advantage == "gae":
                 self.critic = init_critic(
                     cfg,
                     policy,
@@ -193,9 +192,8 @@ class Trainer:
                 self.critic_sched = warmup_constant(self.critic_opt, int(t.warmup_steps))
             self.policy = policy  # sharded after the critic's start, which copies the whole policy
             if world.initialized and not is_sharded(policy):
-                if (
-                    self.sampling.engine is None
-                ):  # the built-in sampler keeps a full copy (rollout.replica)
+                # the built-in sampler keeps a full copy (rollout.replica)
+                if self.sampling.engine is None:
                     self.sampling.engine = Replica(policy)
                     self.policy = copy.deepcopy(policy)
                 self.policy = self._shard(self.policy)
@@ -285,9 +283,8 @@ class Trainer:
         value them, compute advantages, update the critic, then the actor."""
         cfg, world, step = self.cfg, self.world, self.step + 1
         t0 = time.perf_counter()
-        with (
-            self._on_host_for_rollout()
-        ):  # trainer.offload_during_rollout; back before the first forward
+        # trainer.offload_during_rollout; back before the first forward
+        with self._on_host_for_rollout():
             batch, m = collect(cfg, self.sampling, self.data, self.scorer, self.gen_rollout, world)
         t_rollout = time.perf_counter()
         faults.point("rollout", step)
