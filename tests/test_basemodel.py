@@ -15,6 +15,7 @@ from vapo_lab.basemodel.build import (
     config_hash,
 )
 from vapo_lab.config.compose import compose_config
+from vapo_lab.config.schema import typed
 from vapo_lab.errors import ConfigError
 from vapo_lab.integrity import manifest_problem, ship_entry
 from vapo_lab.models.load import load_model_and_tokenizer
@@ -96,7 +97,8 @@ def test_the_embedded_settings_load_their_shipped_model_without_a_build(
 ):
     monkeypatch.chdir(tmp_path)  # a fresh folder: an empty .vapo_cache
     _no_build(monkeypatch)
-    base = build_base_for(compose_config(overrides=overrides).cfg, progress=None)
+    cfg = typed(compose_config(overrides=overrides).cfg)
+    base = build_base_for(cfg.model, cfg.task, progress=None)
     assert base.shipped and base.cached and base.path.parent == SHIPPED_DIR
     assert manifest_problem(base.path) is None
     assert base.path.name == config_hash(base.config)  # the folder's name is its own config's hash
@@ -307,16 +309,14 @@ def test_the_default_ships_every_cache_entry_its_first_run_needs(tmp_path, monke
     the keys a run computes: a fresh folder's `vapo-lab train` builds none of them."""
     from vapo_lab.integrity import SHIPPED_DIR as ROOT
     from vapo_lab.integrity import find_entry
-    from vapo_lab.trainer.critic_init import critic_cache_keys
+    from vapo_lab.trainer.caches import critic_cache_keys
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose_config().cfg
-    base_key = build_base_for(cfg, progress=None).path.name
+    cfg = typed(compose_config().cfg)
+    base_key = build_base_for(cfg.model, cfg.task, progress=None).path.name
     keys = critic_cache_keys(base_key, cfg)
-    assert set(keys) == {
-        "reward_model",
-        "pretrained_critic",
-    }  # VAPO: critic from the RM, value-pretrained
+    # VAPO: critic from the RM, value-pretrained
+    assert set(keys) == {"reward_model", "pretrained_critic"}
     for kind, key in {"base": base_key, **keys}.items():
         found = find_entry(key, kind, tmp_path / ".vapo_cache" / kind, ROOT / kind)
         assert found is not None and found[1], (kind, key)  # usable, and the shipped one

@@ -241,7 +241,9 @@ def test_base_build_keeps_the_model_path_whole(monkeypatch, tmp_path):
             "build_seconds": 1.0,
         },
     )
-    monkeypatch.setattr("vapo_lab.basemodel.build_base_for", lambda cfg, progress, force: base)
+    monkeypatch.setattr(
+        "vapo_lab.basemodel.build_base_for", lambda model, task, progress, force, threads: base
+    )
     result = runner.invoke(app, ["base", "build", "--quiet"], env={"COLUMNS": "80", **NO_TTY})
     assert result.exit_code == 0, result.output
     assert str(path) in result.output and _rows(result.output)["greedy"] == [

@@ -14,13 +14,14 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from tests.distributed.ranks import leave
 from vapo_lab.config.compose import compose_config
+from vapo_lab.config.schema import typed
 from vapo_lab.distributed.fsdp import full, shard
 from vapo_lab.distributed.world import World, init_world, single
 from vapo_lab.models.value import ValueModel
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows, batched_logprobs, batched_values, token_micro_batches
-from vapo_lab.trainer.update import Updater
+from vapo_lab.trainer.update import ActorUpdate, CriticUpdate, Descent
 
 B, N_SAMPLES, VOCAB = 16, 8, 48
 
@@ -37,7 +38,7 @@ def config(preset: str):
     ]
     if preset == "ppo":
         over.append(f"rollout.n_samples={N_SAMPLES}")
-    return compose_config(algo=preset, overrides=over).cfg
+    return typed(compose_config(algo=preset, overrides=over).cfg)
 
 
 def models():
@@ -54,9 +55,8 @@ def models():
     )
     policy = Qwen2ForCausalLM(cfg).eval()
     critic = ValueModel.random_like(policy, seed=1).eval()
-    torch.nn.init.normal_(
-        critic.head.weight, std=0.5
-    )  # a zero head would zero the backbone's gradient
+    # a zero head would zero the backbone's gradient
+    torch.nn.init.normal_(critic.head.weight, std=0.5)
     return policy, critic
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     cfg = config(a.preset)
     cfg.trainer.strategy = "single" if a.single else "fsdp"
     cfg.trainer.nproc_per_node = int(os.environ.get("WORLD_SIZE", "1"))
-    world: World = single() if a.single else init_world(cfg, torch.device("cpu"))
+    world: World = single() if a.single else init_world(cfg.trainer, torch.device("cpu"))
     policy, critic = models()
     ref = copy.deepcopy(policy) if cfg.kl.coef > 0 else None
     if world.initialized:
@@ -112,10 +112,10 @@ def main() -> None:
     local = rows.take(mine)
     # keep the global width: rows.take trims to the shard's longest, which is fine for the maths
     micro = token_micro_batches(
-        torch.arange(len(mine)), local, int(cfg.trainer.max_tokens_per_micro_batch)
+        torch.arange(len(mine)), local, cfg.trainer.max_tokens_per_micro_batch
     )
     extra = int(world.max(len(micro))) - len(micro) if world.size > 1 else 0
-    temperature = float(cfg.rollout.temperature)
+    temperature = cfg.rollout.temperature
     batch = Batch(
         rows=local,
         problems=[None] * len(mine),
@@ -132,23 +132,15 @@ def main() -> None:
         batch.values = batched_values(critic, local, micro, extra)
     if ref is not None:
         batch.ref_logprobs = batched_logprobs(ref, local, micro, temperature, extra)
-    compute_advantages(cfg, batch, world)
+    compute_advantages(cfg.algo, cfg.gae, cfg.kl, cfg.rollout.n_samples, batch, world)
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731 - scale errors show in SGD
     use_critic = cfg.algo.advantage == "gae"
-    updater = Updater(
-        cfg,
-        policy,
-        critic if use_critic else None,
-        ref,
-        sgd(policy),
-        sgd(critic) if use_critic else None,
-        torch.Generator().manual_seed(3),
-        world,
-    )
+    descent = Descent(cfg.trainer, torch.Generator().manual_seed(3), world)
     metrics = {}
     if use_critic:
-        metrics.update(updater.critic_update(batch, 0))
-    metrics.update(updater.actor_update(batch, 0))
+        metrics.update(CriticUpdate(descent, cfg.critic, critic, sgd(critic))(batch, 0))
+    actor = ActorUpdate(descent, cfg.loss, cfg.kl, temperature, policy, sgd(policy), ref)
+    metrics.update(actor(batch, 0))
     adv = world.gather(batch.advantages[batch.rows.response_mask.bool()])
     mask = batch.rows.response_mask.bool()
     out = {

@@ -35,9 +35,10 @@ def main() -> None:
     built_sharded = []
     original = setup.load_policy
 
-    def load_policy(cfg, log, progress, world=None, device=None, sharded=False):
+    def load_policy(model, task, log, progress, world, device=None, sharded=False, threads=None):
         built_sharded.append(sharded)
-        return original(cfg, log, progress, world, device, sharded and not a.whole)
+        whole = sharded and not a.whole
+        return original(model, task, log, progress, world, device, whole, threads)
 
     setup.load_policy = load_policy
     Path(a.out).mkdir(parents=True, exist_ok=True)

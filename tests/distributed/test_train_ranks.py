@@ -13,10 +13,10 @@ from tests.faults.conftest import (
     assert_like_reference,
     fill,
     records,
-    small_disk,
+    small_disk,  # noqa: F401 (a fixture)
     store,
     train,
-)  # noqa: F401
+)
 
 pytestmark = pytest.mark.slow
 

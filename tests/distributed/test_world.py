@@ -31,7 +31,7 @@ def test_a_cuda_rank_is_bound_to_its_local_gpu_not_its_global_rank(monkeypatch, 
     # rank 5 of 2 nodes x 4 GPUs is the second GPU of node 1: a guess from the global rank is wrong
     for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}.items():
         monkeypatch.setenv(k, v)
-    world = init_world(_cfg(2, 4), torch.device("cuda"))
+    world = init_world(_cfg(2, 4).trainer, torch.device("cuda"))
     assert calls["backend"] == "nccl"
     assert calls["set_device"] == 1
     assert calls["device_id"] == torch.device("cuda", 1)
@@ -42,7 +42,7 @@ def test_a_cuda_rank_is_bound_to_its_local_gpu_not_its_global_rank(monkeypatch, 
 def test_a_cpu_rank_uses_gloo_and_binds_no_device(monkeypatch, calls):
     for k, v in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
         monkeypatch.setenv(k, v)
-    world = init_world(_cfg(1, 2), torch.device("cpu"))
+    world = init_world(_cfg(1, 2).trainer, torch.device("cpu"))
     assert calls["backend"] == "gloo"
     assert calls["device_id"] is None
     assert "set_device" not in calls

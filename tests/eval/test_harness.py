@@ -93,13 +93,14 @@ def test_arith_reproduces_the_trainers_periodic_eval(tiny, tmp_path):
     """Same checkpoint, one chunk, default seed (the trainer's seed*7919 + step): the same figures."""
     from transformers import AutoModelForCausalLM
 
+    from vapo_lab.config.schema import typed
     from vapo_lab.models.load import load_model_and_tokenizer
     from vapo_lab.rollout import make_generator
     from vapo_lab.tasks import build_task
     from vapo_lab.trainer.evaluation import evaluate
     from vapo_lab.trainer.scoring import RewardScorer
 
-    cfg = tiny.cfg
+    cfg = typed(tiny.cfg)
     _, tokenizer = load_model_and_tokenizer(tiny.base)  # as the trainer loads it
     policy = AutoModelForCausalLM.from_pretrained(
         tiny.run / "checkpoints" / "step_000004" / "policy"
@@ -122,9 +123,10 @@ def test_arith_reproduces_the_trainers_periodic_eval(tiny, tmp_path):
         generate,
         tokenizer,
         task,
-        RewardScorer(task, tokenizer, 1.0, 0.0),
-        cfg,
-        int(cfg.seed) * 7919 + 4,
+        RewardScorer(task, tokenizer, cfg.reward),
+        cfg.rollout,
+        cfg.model.chat_template,
+        cfg.seed * 7919 + 4,
     )
 
     ours = evaluate_model(

@@ -81,8 +81,9 @@ def test_a_write_error_that_is_not_space_names_the_error(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_and_leaves_the_previous_one(
-    small_disk, group
-):  # noqa: F811
+    small_disk,
+    group,  # noqa: F811
+):
     """A sharded run's models and optimisers are written by torch's distributed checkpointing, which
     raises its own CheckpointException (every rank's failures and stacks) on every rank."""
     torch.manual_seed(0)

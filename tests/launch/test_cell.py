@@ -98,10 +98,10 @@ def test_prepare_leaves_a_many_rank_cells_critic_caches_to_its_ranks(tmp_path, m
     )
     vapo = next(s for s in specs if s.name == "vapo")
     bases, trainers = [], []
+    monkeypatch.setattr("vapo_lab.basemodel.build.build_base_for", lambda *a, **k: bases.append(1))
     monkeypatch.setattr(
-        "vapo_lab.basemodel.build.build_base_for", lambda cfg, progress, log=None: bases.append(1)
+        "vapo_lab.trainer.caches.prepare_caches", lambda *a, **k: trainers.append(1)
     )
-    monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", lambda *a, **k: trainers.append(1))
     monkeypatch.chdir(tmp_path)
     (line,) = prepare([_job(vapo, tmp_path)])
     assert bases == [1] and trainers == []

@@ -24,8 +24,9 @@ ENGINE_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RAN
 def vllm_config(*overrides: str):
     """Returns the composed config of a tiny run with rollout=vllm (SMALL, then ``overrides``)."""
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
 
-    return compose_config(overrides=["rollout=vllm", *SMALL, *overrides]).cfg
+    return typed(compose_config(overrides=["rollout=vllm", *SMALL, *overrides]).cfg)
 
 
 def save_tiny_model(cfg, path, seed: int = 0):

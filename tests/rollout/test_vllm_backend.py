@@ -429,29 +429,29 @@ def test_samples_follow_the_builtin_layout(fake_vllm):
 
 def test_make_engine_passes_the_config(fake_vllm):
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
 
-    cfg = compose_config(
-        overrides=[
-            "rollout=vllm",
-            "rollout.vllm.sleep_level=1",
-            "rollout.vllm.weight_bucket_mb=64",
-            "tracking=none",
-        ]
-    ).cfg
-    engine = make_engine("vllm", "/model", cfg, prompt_tokens=10)
+    overrides = [
+        "rollout=vllm",
+        "rollout.vllm.sleep_level=1",
+        "rollout.vllm.weight_bucket_mb=64",
+        "tracking=none",
+    ]
+    cfg = typed(compose_config(overrides=overrides).cfg)
+    context = 10 + cfg.rollout.max_new_tokens
+    engine = make_engine("/model", cfg.rollout.vllm, cfg.model, cfg.seed, context)
     kw = _FakeLLM.last.kwargs
     assert (
         kw["enable_sleep_mode"] is True
         and engine.sleep_level == 1
         and engine.bucket_bytes == 64 * 2**20
     )
-    assert kw["max_model_len"] == 10 + int(cfg.rollout.max_new_tokens) and kw["tokenizer"] is None
+    assert kw["max_model_len"] == context and kw["tokenizer"] is None
     assert (
         kw["gpu_memory_utilization"] == 0.5
         and kw["tensor_parallel_size"] == 1
-        and kw["seed"] == int(cfg.seed)
+        and kw["seed"] == cfg.seed
     )
-    assert make_engine("builtin", "/model", cfg, 10) is None
 
 
 def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) -> None:

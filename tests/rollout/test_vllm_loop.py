@@ -59,6 +59,12 @@ def _logprobs_under(model, s: Samples) -> list[torch.Tensor]:
     return out
 
 
+def _engine(path, cfg, prompt_tokens: int = BUDGET):
+    """The engine of ``cfg`` over the checkpoint at ``path``, built for prompts of ``prompt_tokens``."""
+    context = prompt_tokens + cfg.rollout.max_new_tokens
+    return make_engine(path, cfg.rollout.vllm, cfg.model, cfg.seed, context)
+
+
 def _gap(s: Samples, model) -> float:
     """Returns the mean |engine log-prob - log-prob under ``model``| over the sampled tokens."""
     ref = _logprobs_under(model, s)
@@ -81,10 +87,9 @@ def _one_step(policy, s: Samples, lr: float = 0.05) -> None:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sample_update_sleep_push_sample(vllm_on_cpu, tiny, compose, dtype):
     cfg, path, base, tokenizer = tiny
-    cfg = compose(
-        f"model.dtype={dtype}"
-    )  # vLLM samples in model.dtype; the policy trains in float32
-    engine = make_engine("vllm", path, cfg, BUDGET)
+    # vLLM samples in model.dtype; the policy trains in float32
+    cfg = compose(f"model.dtype={dtype}")
+    engine = _engine(path, cfg)
     assert engine.dtype == getattr(torch, dtype) and engine.sleep_level == 2
     policy = copy.deepcopy(base)
     _one_step(policy, _sample(engine, tokenizer))
@@ -109,7 +114,7 @@ def test_sample_update_sleep_push_sample(vllm_on_cpu, tiny, compose, dtype):
 
 def test_samples_are_cpu_tensors_in_the_builtin_samplers_layout(vllm_on_cpu, tiny):
     cfg, path, base, tokenizer = tiny
-    s = _sample(make_engine("vllm", path, cfg, BUDGET), tokenizer, n=3)
+    s = _sample(_engine(path, cfg), tokenizer, n=3)
     builtin = sample(
         base,
         PROMPTS,
@@ -137,7 +142,7 @@ def test_samples_are_cpu_tensors_in_the_builtin_samplers_layout(vllm_on_cpu, tin
 
 def test_two_copies_of_a_prompt_are_sampled_independently(vllm_on_cpu, tiny):
     cfg, path, _, tokenizer = tiny
-    engine = make_engine("vllm", path, cfg, BUDGET)
+    engine = _engine(path, cfg)
     s = _sample(engine, tokenizer, prompts=[PROMPTS[0]] * 2, n=2, seed=5)
     assert engine.llm.calls[-1] == (
         "generate",
@@ -165,9 +170,11 @@ def test_max_model_len_is_the_longest_prompt_plus_max_new_tokens(
             f"model.path={tmp_path}",
         )
     # the longest of 144 problems of up to 5 digits is "x1_D .. x5_D + y1_D .. y5_D =": 2 * 5 + 2 = 12 tokens
-    task = task_for(cfg)
-    assert longest_prompt(cfg, task, tokenizer)[0] == 12
-    engine = make_sampling(cfg, policy, tokenizer, tmp_path, task).engine
+    task = task_for(cfg.task)
+    assert longest_prompt(task, tokenizer, cfg.model.chat_template)[0] == 12
+    engine = make_sampling(
+        cfg.rollout, cfg.model, cfg.seed, policy, tokenizer, tmp_path, task
+    ).engine
     assert engine.llm.model_config.max_model_len == 12 + 20
 
 
@@ -212,7 +219,7 @@ def _rank_prompts(rank: int) -> list[list[int]]:
 
 
 def _lockstep(rank: int, cfg, path: str, ids: tuple[int, int]) -> dict:
-    engine = make_engine("vllm", path, cfg, BUDGET)
+    engine = _engine(path, cfg)
     policy = _updated_policy(path)
     engine.sleep()
     engine.push_weights(policy)

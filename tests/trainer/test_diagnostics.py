@@ -58,12 +58,13 @@ def test_monte_carlo_returns_are_the_final_score_at_gamma_one(decoupled):
     """With γ = 1 and the reward at the last token, G_t is the response's score at every token,
     whichever λ the critic's targets use."""
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
     from vapo_lab.trainer.advantages import compute_advantages
     from vapo_lab.trainer.collect import Batch
     from vapo_lab.trainer.forward import Rows
 
     drop = [] if decoupled else ["decoupled_gae=off"]
-    cfg = compose_config(overrides=drop, check=False).cfg
+    cfg = typed(compose_config(overrides=drop, check=False).cfg)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     rows = Rows(
         torch.zeros(2, 1, dtype=torch.long),
@@ -81,7 +82,7 @@ def test_monte_carlo_returns_are_the_final_score_at_gamma_one(decoupled):
         old_logprobs=torch.zeros(2, 4),
         values=torch.tensor([[0.3, 0.6, 0.9, 0.0], [0.1, 0.2, 0.0, 0.0]]),
     )
-    compute_advantages(cfg, batch)
+    compute_advantages(cfg.algo, cfg.gae, cfg.kl, cfg.rollout.n_samples, batch)
     assert batch.mc_returns.tolist() == [[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
 
 

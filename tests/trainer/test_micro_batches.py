@@ -8,7 +8,7 @@ import torch
 from tests.distributed.rank_update import config, global_batch, models
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows, batched_logprobs, token_micro_batches
-from vapo_lab.trainer.update import Updater
+from vapo_lab.trainer.update import ActorUpdate, CriticUpdate, Descent
 
 
 def _rows(lengths):
@@ -104,22 +104,13 @@ def test_the_update_is_the_same_with_many_micro_batches_as_with_one(preset):
             batch.values = torch.zeros(rows.response_ids.shape)
             batch.returns = batch.advantages.clone()
             sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731
-            up = Updater(
-                cfg,
-                policy,
-                critic,
-                None,
-                sgd(policy),
-                sgd(critic),
-                torch.Generator().manual_seed(1),
-            )
+            descent = Descent(cfg.trainer, torch.Generator().manual_seed(1))
             if budget == 30:  # (a twin's mini-batches: drawing them advances the generator)
-                twin = Updater(
-                    cfg, policy, critic, None, None, None, torch.Generator().manual_seed(1)
-                )
+                twin = Descent(cfg.trainer, torch.Generator().manual_seed(1))
                 assert min(len(twin.micro(mb, rows)) for mb, _ in twin.minibatches(16)) > 2
-            up.actor_update(batch, 0)
-            up.critic_update(batch, 0)
+            temperature = cfg.rollout.temperature
+            ActorUpdate(descent, cfg.loss, cfg.kl, temperature, policy, sgd(policy))(batch, 0)
+            CriticUpdate(descent, cfg.critic, critic, sgd(critic))(batch, 0)
             results.append(
                 copy.deepcopy([p.detach() for m in (policy, critic) for p in m.parameters()])
             )

@@ -4,30 +4,25 @@ MLflow run is still marked FAILED (KILLED for an interrupt); nothing is left beh
 
 import pytest
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
+from vapo_lab.config.compose import compose_config
+from vapo_lab.config.schema import typed
 from vapo_lab.track import TrackingError
 from vapo_lab.trainer.record import RunRecord
 
 
 def config(tmp_path, uri=None):
-    """The few keys a RunRecord reads, tracking to a sqlite store in ``tmp_path``."""
-    return OmegaConf.create(
-        {
-            "run_name": "r",
-            "seed": 0,
-            "output_dir": str(tmp_path / "runs"),
-            "resume": None,
-            "algo": {"name": "vapo"},
-            "scale": {"name": "tiny"},
-            "tracking": {
-                "backend": "mlflow",
-                "uri": uri or f"sqlite:///{tmp_path / 'mlflow.db'}",
-                "experiment": "e",
-                "spool_dir": str(tmp_path / "spool"),
-            },
-        }
-    )
+    """A run's typed config, tracking to a sqlite store in ``tmp_path``."""
+    store = uri or f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = [
+        "run_name=r",
+        f"output_dir={tmp_path / 'runs'}",
+        "tracking=mlflow",
+        f"tracking.uri={store}",
+        "tracking.experiment=e",
+        f"tracking.spool_dir={tmp_path / 'spool'}",
+    ]
+    return typed(compose_config(overrides=overrides).cfg)
 
 
 def opened(tmp_path, said):

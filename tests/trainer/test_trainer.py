@@ -208,9 +208,8 @@ def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(
     checkpointed = _train(
         workdir, "ckpt-on", extra=["trainer.total_steps=1", "model.gradient_checkpointing=true"]
     )
-    assert {"Qwen2ForCausalLM", "Qwen2Model"} <= set(
-        enabled
-    )  # the policy and the critic's backbone
+    # the policy and the critic's backbone
+    assert {"Qwen2ForCausalLM", "Qwen2Model"} <= set(enabled)
     a, b = last_metrics(plain.run_dir), last_metrics(checkpointed.run_dir)
     assert sorted(a) == sorted(b) == [0, 1]
     for step in a:
@@ -218,6 +217,7 @@ def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(
 
 
 def test_prompt_pool_draws_every_prompt_from_the_first_problems(workdir, monkeypatch):
+    from vapo_lab.config.schema import typed
     from vapo_lab.trainer import collect
     from vapo_lab.trainer.setup import task_for
 
@@ -232,7 +232,7 @@ def test_prompt_pool_draws_every_prompt_from_the_first_problems(workdir, monkeyp
     monkeypatch.setattr(collect.DataStream, "take", record)
     composed = compose_config(overrides=[*SMALL, "trainer.prompt_pool=4", "trainer.total_steps=3"])
     _train(workdir, "pool", extra=["trainer.prompt_pool=4", "trainer.total_steps=3"])
-    first = list(task_for(composed.cfg).train)[:4]
+    first = list(task_for(typed(composed.cfg).task).train)[:4]
     # 4 prompts a step (16 responses, 4 samples each) from a pool of 4: each of them once a step
     assert len(seen) == 12 and sorted(map(str, seen)) == sorted(map(str, first * 3))
 

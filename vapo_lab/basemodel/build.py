@@ -17,6 +17,7 @@ one used, and any other config is built as before.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,10 +28,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from vapo_lab.basemodel.recipe import DEFAULTS, RECIPE_VERSION, measure_accuracy, pretrain
 from vapo_lab.errors import ConfigError
@@ -39,6 +39,9 @@ from vapo_lab.integrity import SHIPPED_DIR as SHIPPED_CACHE_DIR
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import ModelConfig, TaskConfig
 
 DEFAULT_CACHE_DIR = CACHE_DIR / "base"
 # base models shipped in the package, one folder per config hash, laid out as a cache entry
@@ -248,57 +251,49 @@ def _threads(n: int | None):
         torch.set_num_threads(previous)
 
 
-def base_options_for(cfg: DictConfig) -> dict[str, Any]:
-    """Returns the base-model build options of ``cfg`` (the task, ``model.arch`` and ``model.base``);
-    their :func:`base_config` hashes to the cache key.
+def base_options_for(model: ModelConfig, task: TaskConfig) -> dict[str, Any]:
+    """Returns the base-model build options of the task, ``model.arch`` and ``model.base``; their
+    :func:`base_config` hashes to the cache key.
 
     Raises:
-        ConfigError: ``cfg`` has no base model to build (not model=tiny on task=arith).
+        ConfigError: no base model to build (not model=tiny on task=arith).
     """
-    if cfg.model.name != "tiny":
+    if model.name != "tiny":
         raise ConfigError(
-            f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
+            f"model={model.name} loads its weights from model.path; only model=tiny "
             "has a base model to build"
         )
-    if cfg.task.name != "arith":
+    if task.name != "arith":
         raise ConfigError(
-            f"the tiny base model is pre-trained on task=arith, not task={cfg.task.name}: "
+            f"the tiny base model is pre-trained on task=arith, not task={task.name}: "
             "use task=arith, or a real model (model=hf model.path=...) for other tasks"
         )
-    arch, opts = cfg.model.arch, dict(cfg.task.options)
+    shape = ("min_digits", "max_digits", "length_exponent", "readout")
     return dict(
-        task_seed=int(cfg.task.seed),
-        n_train=int(cfg.task.n_train),
-        n_eval=int(cfg.task.n_eval),
-        **{
-            k: opts[k]
-            for k in ("min_digits", "max_digits", "length_exponent", "readout")
-            if k in opts
-        },
-        hidden_size=int(arch.hidden_size),
-        num_layers=int(arch.num_layers),
-        num_heads=int(arch.num_heads),
-        num_kv_heads=int(arch.num_kv_heads),
-        intermediate_size=int(arch.intermediate_size),
-        max_position_embeddings=int(arch.max_position_embeddings),
-        **OmegaConf.to_container(cfg.model.base),
+        task_seed=task.seed,
+        n_train=task.n_train,
+        n_eval=task.n_eval,
+        **{k: task.options[k] for k in shape if k in task.options},
+        **dataclasses.asdict(model.arch),
+        **model.base,
     )
 
 
 def build_base_for(
-    cfg: DictConfig,
+    model: ModelConfig,
+    task: TaskConfig,
     progress: ProgressFactory | None,
     force: bool = False,
     log: Callable[[str], None] | None = None,
+    threads: int | None = None,
 ) -> BaseModel:
-    """Returns the embedded default's base model for ``cfg`` (a ``BaseModel``), building it on first
-    use (``progress``: see :func:`build_base`); the cache key covers the task, ``model.arch`` and
-    ``model.base`` (:func:`base_options_for`)."""
+    """Returns the embedded default's base model for these sections (a ``BaseModel``), building it
+    on first use with ``threads`` torch threads (``progress``: see :func:`build_base`)."""
     return build_base(
         cache_dir=DEFAULT_CACHE_DIR,
         progress=progress,
-        num_threads=cfg.trainer.threads,
+        num_threads=threads,
         force=force,
         log=log,
-        **base_options_for(cfg),
+        **base_options_for(model, task),
     )

@@ -17,55 +17,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from vapo_lab.algo.gae import gae, length_adaptive_lambda
+from vapo_lab.algo.gae import gae, gae_reference, length_adaptive_lambda
 from vapo_lab.algo.gae_cpu import scan_kernel
 from vapo_lab.errors import ConfigError
 
 # Largest |difference| accepted between the two implementations (float32, |A| of order 1).
 TOLERANCE = 1e-5
-
-
-def gae_loop(
-    rewards: Tensor,
-    values: Tensor,
-    response_mask: Tensor,
-    lam: float | Tensor,
-    gamma: float,
-) -> tuple[Tensor, Tensor]:
-    """Advantages and returns by the plain reverse-time GAE loop, batched over responses.
-
-    The form used by RL-for-LLM frameworks (e.g. verl's `compute_gae_advantage_return`): one
-    Python iteration per time step, each a handful of (B,) tensor ops. Kept as the reference and
-    the baseline that `gae` is timed against.
-
-    Args:
-        rewards: token rewards r, shape (B, T).
-        values: critic values V(s_t), shape (B, T).
-        response_mask: (B, T) bool or float {0, 1} prefix mask.
-        lam: λ, float or (B,) tensor.
-        gamma: discount γ.
-
-    Returns:
-        (advantages, returns), each (B, T); 0 where the mask is 0. Garbage at padded positions
-        must be finite (it is multiplied by the mask, not selected).
-    """
-    batch, length = values.shape
-    mask = response_mask.to(values.dtype)
-    discount = gamma * (lam.to(values.dtype) if isinstance(lam, Tensor) else lam)  # γλ
-    last_advantage = torch.zeros(batch, dtype=values.dtype, device=values.device)
-    next_value = torch.zeros(batch, dtype=values.dtype, device=values.device)
-    reversed_advantages = []
-    for t in reversed(range(length)):
-        m_t = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]  # δ_t = r_t + γ·V_{t+1} − V_t
-        last_advantage = (delta + discount * last_advantage) * m_t  # A_t = δ_t + γλ·A_{t+1}
-        next_value = values[:, t] * m_t  # V_{t+1} for step t − 1; 0 past the last valid token
-        reversed_advantages.append(last_advantage)
-    if reversed_advantages:
-        advantages = torch.stack(reversed_advantages[::-1], dim=1)
-    else:
-        advantages = torch.zeros_like(values)
-    return advantages, advantages + values * mask  # returns_t = A_t + V_t
 
 
 def _benchmark_batch(
@@ -130,7 +87,7 @@ def run_gae_benchmark(
     seed: int = 0,
     threads: int | None = None,
 ) -> list[dict[str, float | int | str]]:
-    """Timings of `gae`, its torch scan, `gae_loop` and the memory floor, one row per (B, T) shape.
+    """Timings of `gae`, its torch scan, `gae_reference` and the memory floor, one row per (B, T) shape.
 
     `gae` and the floor are timed twice: into preallocated outputs (``gae(..., out=)``, as the
     floor writes them) and into new outputs (``gae``'s default). New outputs of 32 MiB and more
@@ -162,7 +119,7 @@ def run_gae_benchmark(
         for batch, length in shapes:
             rewards, values, mask, lam = _benchmark_batch(batch, length, generator)
             args = (rewards, values, mask, lam, 1.0)  # γ = 1, as in VAPO
-            slow = gae_loop(*args)
+            slow = gae_reference(*args)
             diff = 0.0
             for which in ("auto", "torch"):
                 fast = gae(*args, scan=which)
@@ -189,9 +146,9 @@ def run_gae_benchmark(
                 },
                 repeats,
             )
-            loop_ms = _interleaved_medians({"loop": functools.partial(gae_loop, *args)}, repeats)[
-                "loop"
-            ]
+            loop_ms = _interleaved_medians(
+                {"loop": functools.partial(gae_reference, *args)}, repeats
+            )["loop"]
             rows.append(
                 {
                     "B": batch,

@@ -66,13 +66,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from vapo_lab.bench.scale import STEP_RECORD, comm_profile
     from vapo_lab.config.train import train_config
-    from vapo_lab.distributed.world import close_world
     from vapo_lab.trainer.trainer import Trainer
 
     cfg, choices = train_config(None, [], overrides)
-    trainer = Trainer(
-        cfg, choices, progress=None, log=lambda text: None, command="vapo-lab bench scale"
-    )
+    trainer = Trainer(cfg, choices, log=lambda text: None, command="vapo-lab bench scale")
+    trainer.start()
     world = trainer.world
     setup_s = time.perf_counter() - STARTED
     warmup, timed, profiled = [], [], None
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         trainer.record.close("FINISHED", trainer.step)
     finally:
-        close_world(world)
+        trainer.close()
     if world.main:
         args.out.write_text(
             json.dumps(

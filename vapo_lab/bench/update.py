@@ -54,39 +54,39 @@ def step_batch(
     """
     from vapo_lab.basemodel import build_base_for
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
     from vapo_lab.models.load import load_model_and_tokenizer
     from vapo_lab.rollout.sampler import sample
     from vapo_lab.trainer.forward import Rows, token_micro_batches
     from vapo_lab.trainer.setup import task_for
     from vapo_lab.trainer.update import minibatches
 
-    cfg = compose_config(overrides=list(overrides)).cfg
-    base = build_base_for(cfg, progress=None)
+    cfg = typed(compose_config(overrides=list(overrides)).cfg)
+    base = build_base_for(cfg.model, cfg.task, progress=None)
     policy, tokenizer = load_model_and_tokenizer(base.path)
-    task = task_for(cfg)
+    task = task_for(cfg.task)
     generator = torch.Generator().manual_seed(seed)
-    n = int(cfg.rollout.group_size)
+    n = cfg.rollout.group_size
     prompts = [
-        tokenizer(p.prompt).input_ids
-        for p in task.train[: int(cfg.rollout.responses_per_step) // n]
+        tokenizer(p.prompt).input_ids for p in task.train[: cfg.rollout.responses_per_step // n]
     ]
     with torch.no_grad():
         s = sample(
             policy.eval(),
             prompts,
             n=n,
-            max_new_tokens=int(cfg.rollout.max_new_tokens),
-            temperature=float(cfg.rollout.temperature),
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
             top_p=1.0,
             eos_id=tokenizer.eos_token_id,
             pad_id=tokenizer.pad_token_id,
             generator=generator,
         )
     rows = Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask)
-    budget = int(cfg.trainer.max_tokens_per_micro_batch)
+    budget = cfg.trainer.max_tokens_per_micro_batch
     split = [
         token_micro_batches(mb, rows, budget)
-        for mb in minibatches(len(s.lengths), int(cfg.trainer.mini_batch_size), generator)
+        for mb in minibatches(len(s.lengths), cfg.trainer.mini_batch_size, generator)
     ]
     return policy, rows, split
 

@@ -27,15 +27,17 @@ def base_build(
     from vapo_lab.commands.progress import build_progress
     from vapo_lab.config.compose import compose_config
     from vapo_lab.config.preflight import require_writable
+    from vapo_lab.config.schema import typed
     from vapo_lab.integrity import CACHE_DIR
 
-    cfg = compose_config(overrides=overrides or ()).cfg
+    cfg = typed(compose_config(overrides=overrides or ()).cfg)
     require_writable(
         CACHE_DIR / "base",
         f"the base-model cache {CACHE_DIR / 'base'}",
         "run vapo-lab from a writable folder",
     )
-    base = build_base_for(cfg, progress=build_progress(quiet), force=force)
+    progress = build_progress(quiet)
+    base = build_base_for(cfg.model, cfg.task, progress, force=force, threads=cfg.trainer.threads)
     m = base.metrics
     buckets = list(m["accuracy"]["t1"])
     cols = [Col("held-out accuracy")] + [
@@ -67,12 +69,13 @@ def base_ship(overrides: OverridesArg = None) -> None:
     from vapo_lab.basemodel.build import base_config, base_options_for, config_hash
     from vapo_lab.config.compose import compose_config
     from vapo_lab.config.preflight import require_writable
+    from vapo_lab.config.schema import typed
     from vapo_lab.errors import ConfigError
     from vapo_lab.integrity import CACHE_DIR, SHIPPED_DIR, ship_entry
-    from vapo_lab.trainer.critic_init import critic_cache_keys
+    from vapo_lab.trainer.caches import critic_cache_keys
 
-    cfg = compose_config(overrides=overrides or ()).cfg
-    base_key = config_hash(base_config(**base_options_for(cfg)))
+    cfg = typed(compose_config(overrides=overrides or ()).cfg)
+    base_key = config_hash(base_config(**base_options_for(cfg.model, cfg.task)))
     entries = {"base": base_key, **critic_cache_keys(base_key, cfg)}
     # an entry only the package has (already shipped, e.g. the base model a run loaded) stays as it is
     already = {

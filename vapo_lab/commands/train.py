@@ -18,24 +18,22 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
     from vapo_lab.distributed.world import env_world, world_size
     from vapo_lab.integrity import CACHE_DIR
     from vapo_lab.stop import stop_on_signals
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.trainer.trainer import running
 
     cfg, choices = train_config(algo, drop, overrides)
     check_run(cfg, CACHE_DIR)  # folders and tracking store, before the base build
     command = "vapo-lab " + " ".join(sys.argv[1:])
-    if world_size(cfg) > 1 and env_world() is None:  # its ranks, through torchrun
+    if world_size(cfg.trainer) > 1 and env_world() is None:  # its ranks, through torchrun
         from vapo_lab.launch.ranks import run_ranks
 
         args = [*([f"--algo={algo}"] if algo else []), *[f"--drop={d}" for d in drop], *overrides]
         print_result(cfg, run_ranks(cfg, args, command, quiet))
         return
     log = lambda msg: stderr.print(msg, highlight=False, markup=False)  # noqa: E731
+    progress = build_progress(quiet)
     with stop_on_signals():  # SIGTERM and Ctrl-C: stop after the step in progress, marked killed
-        result = _train(
-            cfg,
-            Trainer(cfg, choices, progress=build_progress(quiet), log=log, command=command),
-            quiet,
-        )
+        with running(cfg, choices, progress=progress, log=log, command=command) as trainer:
+            result = _train(cfg, trainer, quiet)
     print_result(cfg, result.summary())
 
 

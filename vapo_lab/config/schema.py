@@ -5,27 +5,17 @@ defaults list, so a typo (``loss.eps_hgh=0.3``) or a wrong type (``loss.eps_high
 at compose time, before any compute. Defaults here are neutral; the YAML files under ``conf/``
 set the real values, each with its paper source beside it.
 
-Component ownership (the registry in ``vapo_lab.registry.components`` is the one list):
-
-==========================  ===================================
-component                   keys it owns
-==========================  ===================================
-value_pretraining           critic.pretrain.enabled
-decoupled_gae               gae.lam_critic_mode
-length_adaptive_gae         gae.lam_policy_mode
-clip_higher                 loss.eps_high
-token_level_loss            loss.agg
-positive_lm_loss            loss.mu
-group_sampling              rollout.n_samples
-==========================  ===================================
+Which keys each VAPO component owns is the component registry's to say
+(``vapo_lab.registry.components``; ``vapo-lab components`` prints it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from vapo_lab.models.arch import TINY_ARCH
 
@@ -186,6 +176,9 @@ class CriticConfig:
     # reward model: rounds of sampling the base policy and regressing its rewards
     rm_steps: int = 20
     rm_batch: int = 64  # samples per round
+    rm_lr: float = 1e-3  # the reward model's AdamW learning rate (torch's other defaults)
+    # tokens of one reward-model optimiser step, over all ranks (a round is several steps)
+    rm_tokens_per_step: int = II("trainer.max_tokens_per_micro_batch")
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     value_clip: Optional[float] = 0.5
     loss_agg: str = "token-mean"
@@ -313,3 +306,34 @@ class VapoConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+def typed(cfg: DictConfig | VapoConfig) -> VapoConfig:
+    """Returns ``cfg`` as the schema's typed objects, every interpolation resolved.
+
+    A composed config and a run's saved one (a key it lacks takes the schema's default) both pass
+    through here once, at the trainer's door and at each command that reads a run's config.
+    """
+    if isinstance(cfg, VapoConfig):
+        return cfg
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(VapoConfig), cfg))
+
+
+def read_typed(path: str | Path) -> VapoConfig:
+    """Returns a run's saved config file typed (a key it lacks takes the schema's default).
+
+    Raises:
+        ConfigError: the file holds a key or a value this version does not know.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vapo_lab.errors import ConfigError
+
+    try:
+        return typed(OmegaConf.load(path))
+    except OmegaConfBaseException as e:
+        problem = str(e).strip().splitlines()[0]
+        raise ConfigError(
+            f"{path}: {problem}; it was written by another vapo-lab version: use that version, or "
+            "remove the key from the file"
+        ) from None

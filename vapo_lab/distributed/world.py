@@ -131,12 +131,12 @@ def env_world() -> tuple[int, int, int] | None:
     )
 
 
-def world_size(cfg: Any) -> int:
-    """Returns the number of ranks a config asks for: trainer.nodes x trainer.nproc_per_node."""
-    return int(cfg.trainer.nodes) * int(cfg.trainer.nproc_per_node)
+def world_size(trainer: Any) -> int:
+    """Returns the number of ranks a ``trainer`` config section asks for: nodes x nproc_per_node."""
+    return int(trainer.nodes) * int(trainer.nproc_per_node)
 
 
-def init_world(cfg: Any, device: torch.device) -> World:
+def init_world(trainer: Any, device: torch.device) -> World:
     """Returns this process's world: ``single`` for trainer.strategy=single; for fsdp, joins (or
     finds) the process group that torchrun / Slurm set up, gloo on CPU and nccl on CUDA.
 
@@ -144,9 +144,9 @@ def init_world(cfg: Any, device: torch.device) -> World:
         ConfigError: fsdp asked for N ranks but this process was started as one of M != N, or
             outside a launcher with N > 1.
     """
-    if cfg.trainer.strategy == "single":
+    if trainer.strategy == "single":
         return single()
-    want = world_size(cfg)
+    want = world_size(trainer)
     found = env_world()
     if found is None:
         if want > 1:

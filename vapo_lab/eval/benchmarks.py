@@ -172,18 +172,16 @@ def arith_bench(ref: ModelRef | None) -> EvalBench:
                 f"run {ref.run_dir} trained on task={c.name}, not arith: evaluate its eval file "
                 f"with --data {c.eval_path or c.train_path}"
             )
-        task = build_task(
-            ARITH, seed=int(c.seed), n_train=int(c.n_train), n_eval=int(c.n_eval), **dict(c.options)
-        )
+        task = build_task(ARITH, seed=c.seed, n_train=c.n_train, n_eval=c.n_eval, **c.options)
         return EvalBench(
             ARITH,
             list(task.eval),
             True,
-            f"task=arith seed={c.seed} n_eval={c.n_eval} options={dict(c.options)}",
+            f"task=arith seed={c.seed} n_eval={c.n_eval} options={c.options}",
             verify=task.verify,
-            chat_template=str(ref.cfg.model.chat_template),
-            run_seed=int(ref.cfg.seed),
-            default_max_tokens=int(ref.cfg.rollout.max_new_tokens),
+            chat_template=ref.cfg.model.chat_template,
+            run_seed=ref.cfg.seed,
+            default_max_tokens=ref.cfg.rollout.max_new_tokens,
         )
     b = ref.base_config
     task = build_task(

@@ -52,7 +52,7 @@ def tokenizer_of(ref: ModelRef) -> Any:
     from vapo_lab.tasks import build_task
 
     c = ref.cfg.task
-    task = build_task(ARITH, seed=int(c.seed), n_train=0, n_eval=0, **dict(c.options))
+    task = build_task(ARITH, seed=c.seed, n_train=0, n_eval=0, **c.options)
     return build_tokenizer(task.vocabulary())
 
 
@@ -92,11 +92,8 @@ def load_generator(
     from vapo_lab.rollout import make_generator
 
     device = device_name(settings.device)
-    dtype = settings.dtype or (
-        str(ref.cfg.model.dtype)
-        if ref.cfg is not None
-        else ("float32" if device == "cpu" else "bfloat16")
-    )
+    default = "float32" if device == "cpu" else "bfloat16"
+    dtype = settings.dtype or (ref.cfg.model.dtype if ref.cfg is not None else default)
     if dtype not in DTYPES:
         raise EvalError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     if settings.backend == "vllm":  # fail before loading anything when vLLM or a GPU is missing

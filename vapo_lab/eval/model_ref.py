@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vapo_lab.config.schema import read_typed
 from vapo_lab.eval.settings import EvalError
 from vapo_lab.runs.checkpoint import latest_checkpoint
 from vapo_lab.runs.find import checkpoint_step, checkpoints, latest_run, run_info, run_with_id
@@ -34,7 +35,7 @@ class ModelRef:
         tracking_uri: its tracking store (run.json; "none" when trained with tracking=none).
         step: the checkpoint's training step.
         checkpoint: the checkpoint folder (``<run>/checkpoints/step_NNNNNN``).
-        cfg: the run's saved config (config.yaml).
+        cfg: the run's saved config (config.yaml), typed.
         base_config: for a bare embedded base folder, its build config (base.json).
     """
 
@@ -51,7 +52,7 @@ class ModelRef:
     @property
     def trust_remote_code(self) -> bool:
         """The run's ``model.trust_remote_code``; False for a model outside a run."""
-        return bool(self.cfg.model.trust_remote_code) if self.cfg is not None else False
+        return self.cfg.model.trust_remote_code if self.cfg is not None else False
 
     def describe(self) -> dict[str, Any]:
         """Returns the JSON-able record of the model for the summary."""
@@ -103,14 +104,12 @@ def _find_run(run_id: str, runs_dir: Path, tracking_uri: str | None = None) -> P
 
 def _run_checkpoint(run_dir: Path, step: int | None) -> ModelRef:
     """Returns the ModelRef of a run's checkpoint at ``step`` (None: the latest)."""
-    from omegaconf import OmegaConf
-
     if not (run_dir / CONFIG_FILE).is_file():
         raise EvalError(
             f"{run_dir} has run.json but no config.yaml: not a complete vapo-lab run directory"
         )
     info = run_info(run_dir)
-    cfg = OmegaConf.load(run_dir / CONFIG_FILE)
+    cfg = read_typed(run_dir / CONFIG_FILE)
     found = checkpoints(run_dir)
     if step is None:
         ckpt = latest_checkpoint(run_dir / CHECKPOINTS)

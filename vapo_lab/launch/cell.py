@@ -31,7 +31,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -170,10 +169,9 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     Raises whatever the run raised, after recording it as ``failed`` with the last error line (of
     the rank that failed first).
     """
-    from vapo_lab.distributed.world import close_world
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.stop import sigterm_interrupts
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.trainer.trainer import running
 
     os.chdir(job.cwd)
     grid_dir, key = Path(job.grid_dir), job.spec.key
@@ -204,7 +202,6 @@ def run_cell(job: CellJob) -> dict[str, Any]:
         if writer:  # the ranks of a cell share its log: one copy of each line
             print(f"[{key}] {text}", file=sys.stderr, flush=True)
 
-    trainer = None
     try:
         if is_run_dir(job.run_dir):
             cfg, choices = resume_config(job.run_dir)
@@ -215,30 +212,20 @@ def run_cell(job: CellJob) -> dict[str, Any]:
                 shutil.rmtree(job.run_dir, ignore_errors=True)
             cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
-        trainer = Trainer(
-            cfg,
-            choices,
-            progress=None,
-            log=log,
-            tags=cell_tags(job),
-            parent_run_id=job.parent_run_id,
-            command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})",
-        )
-        if writer:
-            write_status(
-                grid_dir,
-                key,
-                run_id=trainer.run_id,
-                run_dir=str(trainer.run_dir),
-                step=trainer.step,
-                total=total,
-            )
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
+        command = f"vapo-lab grid cell {key} (grid {job.spec.grid_id})"
+        tags = cell_tags(job)
+        with running(
+            cfg, choices, log=log, tags=tags, parent_run_id=job.parent_run_id, command=command
+        ) as trainer:
             if writer:
-                write_status(grid_dir, key, step=step)
+                where = {"run_id": trainer.run_id, "run_dir": str(trainer.run_dir)}
+                write_status(grid_dir, key, **where, step=trainer.step, total=total)
 
-        result = trainer.train(on_step)
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                if writer:
+                    write_status(grid_dir, key, step=step)
+
+            result = trainer.train(on_step)
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for the launcher
         line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
         if job.world_size > 1:
@@ -257,9 +244,6 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(line[:500] + "\n")
         raise
-    finally:
-        if trainer is not None:
-            close_world(trainer.world)
     if not writer:
         return {"state": FINISHED, "rank": rank, "step": result.steps}
     return write_status(
@@ -275,15 +259,12 @@ def run_cell(job: CellJob) -> dict[str, Any]:
 
 
 def prepare(jobs: list[CellJob]) -> list[str]:
-    """Builds the caches every cell of a grid shares — base model, reward model, pretrained critic —
+    """Builds the caches every cell of a grid shares (base model, reward model, pretrained critic)
     once, before the cells start; returns one line per distinct cache set prepared.
 
-    The caches are keyed by config (``vapo_lab.basemodel``, ``vapo_lab.trainer.critic_init``), not by
-    seed: a grid's seeds share them, so only one seed of each cell is prepared. Each preparation
-    constructs the cell's ``Trainer`` with tracking off in a throwaway folder, which builds (or
-    finds) exactly what the real run will load. A many-rank cell's reward model and pretrained
-    critic are built by its own ranks together when it runs (keyed by the rank count); its
-    preparation builds the base model only.
+    The caches are keyed by config, not by seed, so one seed of each cell is prepared, on one
+    process (``trainer.caches.prepare_caches``). A many-rank cell's critic caches are keyed by its
+    rank count and built by its own ranks when it runs; its preparation builds the base model only.
     """
     if not jobs:
         return []
@@ -301,38 +282,36 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 
 
 def _prepare_one(job: CellJob, done: set[str]) -> str:
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.config.schema import typed
 
     sections = {k: job.spec.config[k] for k in CACHE_SECTIONS}
     sig = json.dumps(sections, sort_keys=True)
     if sig in done:
         return ""
     done.add(sig)
-    cfg, choices = cell_config(job)
+    cfg, _ = cell_config(job)
     nodes, per_node = cell_ranks(job.spec.config)
+    log = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    t0 = time.perf_counter()
     if nodes * per_node > 1:
-        # its ranks build the reward model and pretrain the critic together, on their own devices
-        # (those caches are keyed by the rank count); this one process builds the shared base model
+        ranks = nodes * per_node
         if cfg.model.name != "tiny":
-            return f"prepared {job.spec.name}: nothing (a checkpoint; its {nodes * per_node} ranks build the rest)"
+            return f"prepared {job.spec.name}: nothing (a checkpoint; its {ranks} ranks build the rest)"
         from vapo_lab.basemodel.build import build_base_for
 
-        t0 = time.perf_counter()
-        build_base_for(cfg, None, log=lambda text: print(text, file=sys.stderr))
+        config = typed(cfg)
+        build_base_for(config.model, config.task, None, log=log, threads=config.trainer.threads)
+        seconds = time.perf_counter() - t0
         return (
-            f"prepared {job.spec.name}: base model, {time.perf_counter() - t0:.0f}s (its {nodes * per_node} "
-            "ranks build the critic caches together)"
+            f"prepared {job.spec.name}: base model, {seconds:.0f}s (its {ranks} ranks build the "
+            "critic caches together)"
         )
-    one = {"strategy": "single", "nodes": 1, "nproc_per_node": 1}
-    with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
-        with open_dict(cfg):
-            cfg.trainer.update(one)
-            cfg.seed = 0
-            cfg.tracking.backend = "none"
-            cfg.output_dir = tmp
-            cfg.run_name = "prepare"
-        t0 = time.perf_counter()
-        Trainer(cfg, choices, progress=None, log=lambda text: print(text, file=sys.stderr))
+    from vapo_lab.trainer.caches import prepare_caches
+
+    with open_dict(cfg):
+        cfg.trainer.update({"strategy": "single", "nodes": 1, "nproc_per_node": 1})
+        cfg.seed = 0
+    prepare_caches(typed(cfg), log)
     return f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s"
 
 

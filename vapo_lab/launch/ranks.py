@@ -110,9 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--cell"]:
         return cell_main(argv[1:])
     from vapo_lab.config.train import train_config
-    from vapo_lab.distributed.world import close_world
     from vapo_lab.stop import sigterm_interrupts
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.trainer.trainer import running
 
     rank = int(os.environ.get("RANK", "0"))
     folder = Path(os.environ[LAUNCH_DIR]) if os.environ.get(LAUNCH_DIR) else None
@@ -122,28 +121,28 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(text, file=sys.stderr, flush=True)
 
-    trainer = None
     try:
         sigterm_interrupts()
         cfg, choices = train_config(*_split_args(argv))
-        trainer = Trainer(
-            cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", "")
-        )
-        log(
-            f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')}) on "
-            f"{trainer.world.size} ranks"
-        )
-        total = int(cfg.trainer.total_steps)
+        command = os.environ.get("VAPO_COMMAND", "")
+        with running(cfg, choices, log=log, command=command) as trainer:
+            uri = getattr(trainer.tracker, "uri", "none")
+            log(
+                f"run {trainer.run_dir} (tracking run {trainer.run_id}, {uri}) on "
+                f"{trainer.world.size} ranks"
+            )
+            total = int(cfg.trainer.total_steps)
 
-        def on_step(step: int, m: dict[str, float]) -> None:
-            if not quiet:
-                log(
-                    f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
-                    f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
-                    f"len {m.get('rollout/response_length', float('nan')):.0f}  {m.get('time/step_s', 0):.1f}s"
-                )
+            def on_step(step: int, m: dict[str, float]) -> None:
+                if not quiet:
+                    log(
+                        f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
+                        f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
+                        f"len {m.get('rollout/response_length', float('nan')):.0f}  "
+                        f"{m.get('time/step_s', 0):.1f}s"
+                    )
 
-        result = trainer.train(on_step)
+            result = trainer.train(on_step)
         if rank == 0 and folder is not None:
             import resource
 
@@ -163,9 +162,6 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, KeyboardInterrupt):
             return 130
         raise
-    finally:
-        if trainer is not None:
-            close_world(trainer.world)
 
 
 def cell_main(argv: list[str]) -> int:

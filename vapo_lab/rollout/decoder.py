@@ -26,11 +26,11 @@ from vapo_lab.models.rope import rope_theta, rotate_half
 
 def supports_fast_path(model: nn.Module) -> bool:
     """Returns True for Qwen2/Llama-style models with default RoPE and no sliding window."""
-    cfg = model.config
+    hf = model.config
     return (
-        getattr(cfg, "model_type", "") in ("qwen2", "llama")
-        and rope_theta(cfg) is not None
-        and not getattr(cfg, "use_sliding_window", False)
+        getattr(hf, "model_type", "") in ("qwen2", "llama")
+        and rope_theta(hf) is not None
+        and not getattr(hf, "use_sliding_window", False)
         and hasattr(model, "model")
         and hasattr(model.model, "layers")
     )
@@ -40,16 +40,16 @@ class FastDecoder:
     """Qwen2/Llama forward with a static KV cache of shape (layers, B, kv_heads, max_len, head_dim)."""
 
     def __init__(self, model: nn.Module, batch: int, max_len: int) -> None:
-        cfg = model.config
+        hf = model.config
         self.model = model
         self.layers = model.model.layers
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.n_heads = hf.num_attention_heads
+        self.n_kv = getattr(hf, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // self.n_heads
         param = next(model.parameters())
         dtype, device = param.dtype, param.device
         inv_freq = 1.0 / (
-            rope_theta(cfg)
+            rope_theta(hf)
             ** (
                 torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
                 / self.head_dim

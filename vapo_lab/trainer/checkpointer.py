@@ -275,14 +275,10 @@ def _read_model(model: nn.Module, path: Path) -> nn.Module:
 
 def architecture(model: Any) -> dict[str, Any]:
     """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without one."""
-    config = getattr(model, "config", None) or getattr(
-        getattr(model, "backbone", None), "config", None
-    )
-    return (
-        {k: v for k in ARCH_KEYS if (v := getattr(config, k, None)) is not None}
-        if config is not None
-        else {}
-    )
+    hf = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
+    if hf is None:
+        return {}
+    return {k: v for k in ARCH_KEYS if (v := getattr(hf, k, None)) is not None}
 
 
 def tensor_shapes(model: nn.Module) -> dict[str, list[int]]:

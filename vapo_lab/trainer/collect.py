@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import dynamic_sampling_keep
@@ -26,6 +25,9 @@ from vapo_lab.rollout import Generate
 from vapo_lab.seeds import epoch_seed
 from vapo_lab.trainer.forward import Rows
 from vapo_lab.trainer.scoring import RewardScorer
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import RolloutConfig
 
 
 class DataStream:
@@ -98,19 +100,21 @@ class Sampling:
 
 
 def collect(
-    cfg: DictConfig,
+    rollout: RolloutConfig,
+    dynamic_sampling: bool,
     sampling: Sampling,
     data: DataStream,
     score: RewardScorer,
     generator: torch.Generator,
     world: World | None = None,
 ) -> tuple[Batch, dict[str, float]]:
-    """Returns one step's scored experience (DAPO: only groups with mixed rewards) and its
-    ``rollout/*`` counters; ``generator`` is the rollout RNG, ``data`` where prompts come from,
-    ``world`` the ranks that share the step (this rank's part of the batch is returned)."""
+    """Returns one step's scored experience and its ``rollout/*`` counters: ``responses_per_step``
+    responses, ``n_samples`` a prompt from ``data`` (with ``dynamic_sampling``, DAPO's: only groups
+    with mixed rewards); ``generator`` is the rollout RNG, ``world`` the ranks that share the step
+    (this rank's part of the batch is returned)."""
     world = world or single()
-    n = int(cfg.rollout.n_samples)
-    want = int(cfg.rollout.responses_per_step) // n
+    n = rollout.n_samples
+    want = rollout.responses_per_step // n
     kept_rows: list[Rows] = []
     kept: list[tuple[Any, ...]] = []
     have, rounds, generated = 0, 0, 0
@@ -119,20 +123,16 @@ def collect(
         need = want if rounds == 0 else want - have
         share = -(-need // world.size)  # whole equal shares: every rank draws the same prompts
         problems = data.take(share * world.size)[world.rank * share : (world.rank + 1) * share]
-        s = sampling.generate(
-            sampling.encode(problems),
-            n,
-            float(cfg.rollout.temperature),
-            float(cfg.rollout.top_p),
-            generator,
-        ).cpu()  # the batch lives in host memory
+        prompts = sampling.encode(problems)
+        # the batch lives in host memory
+        s = sampling.generate(prompts, n, rollout.temperature, rollout.top_p, generator).cpu()
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(s, rep)
         generated += len(rep)
         if rounds == 0:
             info["rollout/accuracy_all"] = world.mean(correct.float())
         keep = torch.ones(len(rep), dtype=torch.bool)
-        if cfg.algo.dynamic_sampling:
+        if dynamic_sampling:
             keep = dynamic_sampling_keep(scores, n)
         idx = keep.nonzero().squeeze(-1)
         kept_rows.append(
@@ -150,11 +150,7 @@ def collect(
         )
         have += int(world.sum(len(idx) // n))
         rounds += 1
-        if (
-            have >= want
-            or rounds > int(cfg.rollout.max_resample_rounds)
-            or not cfg.algo.dynamic_sampling
-        ):
+        if have >= want or rounds > rollout.max_resample_rounds or not dynamic_sampling:
             break
     rows = _cat_rows(kept_rows, sampling.pad_id)
     t = rows.response_ids.shape[1]

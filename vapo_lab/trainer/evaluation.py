@@ -7,10 +7,9 @@ top-p (on many ranks each rank its share of the problems), scores them with the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 
 from vapo_lab.distributed.world import World, single
 from vapo_lab.eval.metrics import avg_at_k, pass_at_k_table
@@ -19,6 +18,9 @@ from vapo_lab.rollout.prompts import encode_prompts
 from vapo_lab.seeds import chunk_seed
 from vapo_lab.trainer.scoring import RewardScorer
 
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import RolloutConfig
+
 
 @torch.no_grad()
 def evaluate(
@@ -26,16 +28,17 @@ def evaluate(
     tokenizer: Any,
     task: Any,
     score: RewardScorer,
-    cfg: DictConfig,
+    rollout: RolloutConfig,
+    chat_template: str,
     seed: int,
     world: World | None = None,
 ) -> dict[str, float]:
     """Returns held-out avg@k (mean per-sample accuracy), pass@k, mean length and truncated
-    fraction on the eval split; every rank of ``world`` samples its share of the problems (rank r
-    with a generator seeded ``seeds.chunk_seed(seed, r)``: one process, ``seed`` itself) and every
-    rank gets the result over all of them."""
+    fraction on the eval split, k = ``rollout.eval_samples`` at the evaluation temperature and
+    top-p; every rank of ``world`` samples its share of the problems (rank r with a generator
+    seeded ``seeds.chunk_seed(seed, r)``: one process, ``seed`` itself) and gets the whole result."""
     world = world or single()
-    k = int(cfg.rollout.eval_samples)
+    k = rollout.eval_samples
     problems = list(task.eval)
     share = -(-len(problems) // world.size)
     mine = problems[world.rank * share : (world.rank + 1) * share]
@@ -44,13 +47,8 @@ def evaluate(
     truncated: list[bool] = []
     if mine:
         gen = torch.Generator().manual_seed(chunk_seed(seed, world.rank))
-        s = generate(
-            encode_prompts(tokenizer, mine, cfg.model.chat_template),
-            k,
-            float(cfg.rollout.eval_temperature),
-            float(cfg.rollout.eval_top_p),
-            gen,
-        ).cpu()
+        prompts = encode_prompts(tokenizer, mine, chat_template)
+        s = generate(prompts, k, rollout.eval_temperature, rollout.eval_top_p, gen).cpu()
         _, correct, _ = score(s, [p for p in mine for _ in range(k)])
         per_problem, lengths, truncated = (
             correct.view(len(mine), k).tolist(),

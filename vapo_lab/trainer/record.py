@@ -9,6 +9,7 @@ local record that never depends on a server) and, for a run that did not finish,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -17,8 +18,9 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.registry.components import COMPONENTS
@@ -26,6 +28,9 @@ from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir
 from vapo_lab.runs.metrics_log import MetricsLog
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.track.mlflow_tracker import first_line
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import VapoConfig
 
 
 def git_commit() -> str:
@@ -52,22 +57,22 @@ def component_tags(choices: dict[str, str]) -> dict[str, str]:
     }
 
 
-def folder_to_resume(cfg: DictConfig) -> Path | None:
+def folder_to_resume(resume: str | None) -> Path | None:
     """Returns the run folder that ``resume=`` names (None: a new run).
 
     Raises:
         ConfigError: the folder is not a run's (no run.json).
     """
-    resume_dir = Path(cfg.resume) if cfg.resume else None
+    resume_dir = Path(resume) if resume else None
     if resume_dir is not None and not is_run_dir(resume_dir):
         raise ConfigError(
-            f"resume={cfg.resume} is not a vapo-lab run directory (no {RUN_FILE}): "
+            f"resume={resume} is not a vapo-lab run directory (no {RUN_FILE}): "
             "give the folder a run printed at its start, e.g. runs/vapo-seed0-..."
         )
     return resume_dir
 
 
-def claim_run_dir(cfg: DictConfig) -> Path:
+def claim_run_dir(cfg: VapoConfig) -> Path:
     """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``, numbered
     (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two runs started
     together never share a folder."""
@@ -94,7 +99,7 @@ class RunRecord:
 
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: VapoConfig,
         choices: dict[str, str],
         resume_dir: Path | None,
         command: str,
@@ -135,7 +140,7 @@ class RunRecord:
             **component_tags(self.choices),
             **(tags or {}),
         }
-        params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
+        params = dict(flatten(dataclasses.asdict(cfg)))
         params["command"] = self.command
         return self.tracker.start(
             self.run_dir.name,
@@ -160,8 +165,9 @@ class RunRecord:
                     indent=2,
                 )
             )
-            (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-            self.tracker.log_text(OmegaConf.to_yaml(self.cfg, resolve=True), CONFIG_FILE)
+            text = OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+            (self.run_dir / CONFIG_FILE).write_text(text)
+            self.tracker.log_text(text, CONFIG_FILE)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, warn=self.log)
         if self.resume_dir:
             self.tracker.backfill(self.metrics_log.records())
