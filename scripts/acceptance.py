@@ -167,9 +167,8 @@ def cmd_prompt_tokens(args: argparse.Namespace) -> None:
     )["prompt_template"]
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir, local_files_only=True)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    print(
-        max(len(tokenizer(template.format(problem=r[args.key])).input_ids) for r in rows) + 1
-    )  # + bos
+    # + bos
+    print(max(len(tokenizer(template.format(problem=r[args.key])).input_ids) for r in rows) + 1)
 
 
 # ------------------------------------------------------------------------------------------- peak

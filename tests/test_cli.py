@@ -125,11 +125,12 @@ TYPED = (
     "rollout.n_samples:",
     "rollout.group_size",
 )
+# rich's terminal overrides
 NO_TTY = {
     "FORCE_COLOR": None,
     "TTY_COMPATIBLE": None,
     "TTY_INTERACTIVE": None,
-}  # rich's terminal overrides
+}
 
 
 def _terminal(monkeypatch, width):

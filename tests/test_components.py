@@ -107,9 +107,8 @@ def test_table1_grid_cells_come_from_the_registries():
     presets = [(p.name, p.name, ()) for p in PRESETS if p.table1 is not None]
     ablations = [(f"{table1.ABLATED}-no-{c.name}", table1.ABLATED, (c.name,)) for c in COMPONENTS]
     assert cells == presets + ablations
-    assert sorted(r.label for r in table1.cells()) == sorted(
-        r.label for r in table1.rows()
-    )  # a cell per row
+    # a cell per row
+    assert sorted(r.label for r in table1.cells()) == sorted(r.label for r in table1.rows())
 
 
 def test_presets_are_the_conf_algo_files_and_name_real_components():

@@ -235,6 +235,7 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
         "trainer.max_tokens_per_micro_batch=20992",
         "rollout.vllm.gpu_memory_utilization=0.89",
     ]
+    # as shipped
     assert (
         fit_problems(
             compose_config(
@@ -242,7 +243,7 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
             ).cfg
         )
         == []
-    )  # as shipped
+    )
     assert fit_problems(compose_config(overrides=fixed).cfg) == []
     assert plan_run(
         compose_config(overrides=fixed).cfg, 80e9

@@ -73,9 +73,8 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault(
-        "MLFLOW_LOGGING_LEVEL", "WARNING"
-    )  # not "Creating initial MLflow database tables..."
+    # not "Creating initial MLflow database tables..."
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 

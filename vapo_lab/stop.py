@@ -126,9 +126,8 @@ class StopHandler:
             req = self.request
             if req is not None and not self._forced and time.time() - req.at >= FORCE_AFTER_S:
                 self._forced = True
-                _thread.interrupt_main(
-                    req.signum
-                )  # the handler runs in the main thread, as for a signal
+                # the handler runs in the main thread, as for a signal
+                _thread.interrupt_main(req.signum)
 
 
 # the handler sigterm_interrupts installed, until it is closed

@@ -45,9 +45,8 @@ def source_id(run: dict[str, Any]) -> str:
 
 def save(root: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="vapo-carry-") as tmp:
-        copy = (
-            Path(tmp) / "mlflow.db"
-        )  # the grid goes on writing its store: read a copy of one instant
+        # the grid goes on writing its store: read a copy of one instant
+        copy = Path(tmp) / "mlflow.db"
         source = sqlite3.connect(f"file:{root / 'mlflow.db'}?mode=ro", uri=True)
         with sqlite3.connect(copy) as target:
             source.backup(target)
@@ -109,9 +108,8 @@ def restore(root: Path) -> None:
             if read_status(directory, tags["cell_key"]).get("state") == FINISHED:
                 continue
             evals = [v for _, _, v in sorted(r["metrics"].get(f"eval/avg_at_{_samples(r)}", []))]
-            last = max(
-                (p[0] for p in r["metrics"].get("time/step_s", [])), default=0
-            )  # training steps only
+            # training steps only
+            last = max((p[0] for p in r["metrics"].get("time/step_s", [])), default=0)
             write_status(
                 directory,
                 tags["cell_key"],

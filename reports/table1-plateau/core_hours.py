@@ -50,9 +50,8 @@ def run_seconds(rows: dict[int, dict]) -> tuple[float, float, int]:
         for s in rows
         if s > 0 and s - 1 in rows and any(k.startswith("eval/") for k in rows[s])
     ]
-    evals = [
-        e for e in evals if 0 < e < 900
-    ]  # a gap of 15 min or more is an interruption, not an evaluation
+    # a gap of 15 min or more is an interruption, not an evaluation
+    evals = [e for e in evals if 0 < e < 900]
     first = statistics.mean(evals) if evals and 0 in rows else 0.0
     return train, sum(evals) + first, max(rows, default=0)
 

@@ -18,11 +18,12 @@ from vapo_lab.report.table import run_score
 from vapo_lab.track.export import read_export
 
 KEY = "eval/avg_at_16"
+# the presets' Table 1 rows, as the report names a run's row
 PRESETS = (
     "Vanilla PPO",
     "DAPO",
     "VAPO",
-)  # the presets' Table 1 rows, as the report names a run's row
+)
 SEEDS = (0, 1, 2)
 MAIN_LR = "2e-05"  # the main grid's actor lr, as its runs record it
 MARGIN = 2.0  # points of plateau score: predictions.md's "within 2 points"

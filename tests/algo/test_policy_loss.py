@@ -92,11 +92,12 @@ AGG_M = prefix_mask([1, 3, 0], 3)
 def test_loss_agg_modes_exported():
     torch.manual_seed(0)
     assert isinstance(LOSS_AGG_MODES, tuple)
+    # the spec's three
     assert set(LOSS_AGG_MODES) == {
         "token-mean",
         "seq-mean-token-mean",
         "seq-mean-token-sum",
-    }  # the spec's three
+    }
 
 
 def test_aggregate_loss_three_modes_by_hand():

@@ -123,9 +123,8 @@ def test_saved_tensors_are_the_formulas_to_the_byte(model, layout, dtype, attent
         precision,
     )
     if model == "actor":
-        expected += (
-            4 * TINY.rows * TINY.response
-        )  # the chunked head's float32 logsumexp (in chunked_logprob_bytes)
+        # the chunked head's float32 logsumexp (in chunked_logprob_bytes)
+        expected += 4 * TINY.rows * TINY.response
     assert saved == expected
 
 

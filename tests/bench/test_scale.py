@@ -98,9 +98,8 @@ def test_run_figures_of_a_hand_made_run():
         "profiled": {"comm": {"step_s": 5.0, "comm_s": 1.0, "share": 0.2, "fsdp_copy_s": 0.1}},
     }
     f = run_figures(record)
-    assert f["tokens_per_s"] == pytest.approx(
-        4500 / 9.0, abs=1e-9
-    )  # tokens summed over wall summed
+    # tokens summed over wall summed
+    assert f["tokens_per_s"] == pytest.approx(4500 / 9.0, abs=1e-9)
     assert f["cpu_use"] == pytest.approx(12.0 / 9.0, abs=1e-9)
     assert f["wall_s"] == 3.0 and f["step_s"] == 2.9 and f["tokens_per_step"] == 1500  # medians
     # prep = step − rollout − critic − actor per step: 0.1, 0.2, 0.2 -> median 0.2
@@ -153,12 +152,10 @@ def test_summary_spreads_over_rounds_and_ratios_round_by_round():
     )
     # s/step: 4.0/2.5 = 1.6 and 4.2/3.0 = 1.4
     assert ratios[("fsdp-2", "fsdp-1")]["wall_s"].median == pytest.approx(1.5, abs=1e-12)
-    assert ratios[("fsdp-2", "single")]["tokens_per_s"].high == pytest.approx(
-        0.6, abs=1e-12
-    )  # 600/1000
-    assert ratios[("fsdp-1", "single")]["tokens_per_s"].low == pytest.approx(
-        0.8, abs=1e-12
-    )  # 800/1000
+    # 600/1000
+    assert ratios[("fsdp-2", "single")]["tokens_per_s"].high == pytest.approx(0.6, abs=1e-12)
+    # 800/1000
+    assert ratios[("fsdp-1", "single")]["tokens_per_s"].low == pytest.approx(0.8, abs=1e-12)
     assert summarize([{"fsdp-2": _figures(1.0, 1.0)}])["ratios"] == []  # nothing to pair
 
 
@@ -268,9 +265,8 @@ def test_one_round_of_the_command_end_to_end(tmp_path, monkeypatch):
         assert 0.0 <= f["comm_share"] < 1.0
     assert runs["single"]["profiled"]["comm"]["calls"] == {} and figures["single"]["comm_s"] == 0.0
     calls = runs["fsdp-2"]["profiled"]["comm"]["calls"]
-    assert (
-        calls["c10d::_allgather_base_"] > 0 and calls["c10d::_reduce_scatter_base_"] > 0
-    )  # FSDP2's
+    # FSDP2's
+    assert calls["c10d::_allgather_base_"] > 0 and calls["c10d::_reduce_scatter_base_"] > 0
     assert calls["c10d::allreduce_"] > 0  # the trainer's global sums
     assert figures["fsdp-2"]["comm_share"] > 0.0
     summary = record["summary"]

@@ -57,9 +57,8 @@ def test_report_puts_same_work_first_and_labels_the_rest():
     assert text.index(SAME_WORK) < text.index(AS_SHIPPED) < text.index(DIFFERENT_WORK)
     headline = text.split(SAME_WORK)[1].split(AS_SHIPPED)[0]
     assert "target >= 2x" in headline and "2.00x" in headline and headline.count(" met") == 1
-    assert (
-        "met" not in text.split(AS_SHIPPED)[1].split("s/step: mean")[0]
-    )  # no verdict outside the headline
+    # no verdict outside the headline
+    assert "met" not in text.split(AS_SHIPPED)[1].split("s/step: mean")[0]
     assert (
         "2 gc.collect() call(s), replaced by no-ops" in text
         and "2 gc.collect() call(s), run as shipped" in text

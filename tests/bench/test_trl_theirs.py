@@ -37,9 +37,8 @@ def test_verifier_reward_model_grades_and_counts_like_ppo_trainer_reads_it(model
     last = mask.sum(-1) - 1
     assert model.score(hidden)[torch.arange(2), last].squeeze(-1).tolist() == [1.0, 0.0]
     prompt_len = [len(tokenizer(p.prompt)["input_ids"]) for p in (right, wrong)]
-    assert counter[0] == sum(
-        len(r) - n for r, n in zip(rows, prompt_len)
-    )  # response tokens, eos included
+    # response tokens, eos included
+    assert counter[0] == sum(len(r) - n for r, n in zip(rows, prompt_len))
 
 
 def test_disable_gc_collect_silences_only_the_trainer_module(tmp_path, monkeypatch):

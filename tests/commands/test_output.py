@@ -14,11 +14,12 @@ from typer.testing import CliRunner
 from vapo_lab.cli import app
 from vapo_lab.commands.output import WholeLineConsole
 
+# rich's terminal overrides
 NO_TTY = {
     "FORCE_COLOR": None,
     "TTY_COMPATIBLE": None,
     "TTY_INTERACTIVE": None,
-}  # rich's terminal overrides
+}
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
 

@@ -124,10 +124,11 @@ def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
     plain, a = run(False)
     assert moved == []  # off by default
     offloaded, b = run(True)
+    # the policy and the critic (no reference: kl.coef=0), both AdamWs
     assert moved == [
         (2, 2),
         (2, 2),
-    ]  # the policy and the critic (no reference: kl.coef=0), both AdamWs
+    ]
     assert "critic/value_loss" in plain[1] and "actor/grad_norm" in plain[1]
     assert json.dumps(offloaded, sort_keys=True) == json.dumps(plain, sort_keys=True)
     for x, y in [(a.policy, b.policy), (a.critic, b.critic)]:

@@ -25,9 +25,8 @@ from vapo_lab.models.sharded import load_sharded_causal_lm
 from .conftest import REPO, torchrun
 
 SCRIPT = Path(__file__).with_name("rank_sharded_load.py")
-IDS = torch.tensor(
-    [[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]]
-)  # as the rank script's
+# as the rank script's
+IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 
 # name: (tie_word_embeddings, dtype on disk, max_shard_size for save_pretrained)
 CHECKPOINTS = {

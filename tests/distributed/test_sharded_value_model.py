@@ -28,9 +28,8 @@ from vapo_lab.models.value import ValueModel
 from .conftest import torchrun
 
 SCRIPT = Path(__file__).with_name("rank_sharded_value_model.py")
-IDS = torch.tensor(
-    [[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]]
-)  # as the rank script's
+# as the rank script's
+IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 MASK = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
 
 # name: (tie_word_embeddings, dtype of the causal LM's file)
@@ -174,9 +173,8 @@ def test_a_critic_saved_from_its_shards_loads_as_the_shards(two_ranks, name):
             }
             assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
         config, ref_config = (json.loads((d / "config.json").read_text()) for d in (saved, written))
-        assert (
-            config == ref_config
-        )  # dtype float32, architectures Qwen2Model, every other field as saved
+        # dtype float32, architectures Qwen2Model, every other field as saved
+        assert config == ref_config
         loaded = ValueModel.load(saved)
         assert_same_params(whole(loaded), out[f"{name}/{key}"]["params"])
     # load -> save -> load: the value model it started from, and loaded sharded again, the same

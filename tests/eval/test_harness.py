@@ -180,9 +180,8 @@ def test_metrics_go_into_the_training_run_at_the_checkpoint_step(tiny, tmp_path,
     client = MlflowClient(tracking_uri=uri)
     history = client.get_metric_history(run_id, "eval/arith/avg_at_2")
     assert [(h.step, h.value) for h in history] == [(4, r.metrics["avg_at_2"])]
-    assert (
-        client.get_run(run_id).info.status == "FINISHED"
-    )  # the training run's status is left alone
+    # the training run's status is left alone
+    assert client.get_run(run_id).info.status == "FINISHED"
     assert r.summary["tracking"] == {"run_id": run_id, "uri": uri, "step": 4, "new_run": False}
 
     # a model outside any run: a new run in experiment "eval"

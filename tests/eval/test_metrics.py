@@ -83,9 +83,8 @@ def test_bootstrap_ci_contains_the_mean_shrinks_and_is_seeded():
     # 3000 problems, drawn in blocks of 4M indices: SE = 0.2041/√3000 = 0.0037, width ≈ 4·SE
     big = bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0)
     assert big[0] < 0.25 < big[1] and big[1] - big[0] < 0.02
-    assert (
-        bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0) == big
-    )  # the same seed, the same interval
+    # the same seed, the same interval
+    assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0) == big
     assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=1) != big
 
 
@@ -119,9 +118,8 @@ def test_maj_at_k():
         [False, True, True],
     ]
     assert maj_at_k(answers, correct, integer=True) == pytest.approx(2 / 4, abs=1e-12)
-    assert maj_at_k(answers, correct, k=1, integer=True) == pytest.approx(
-        2 / 4, abs=1e-12
-    )  # 1, 2 right
+    # 1, 2 right
+    assert maj_at_k(answers, correct, k=1, integer=True) == pytest.approx(2 / 4, abs=1e-12)
     # without integer keys "025" and "25" vote apart; the tie goes to "025", also correct
     assert maj_at_k(answers, correct) == pytest.approx(2 / 4, abs=1e-12)
     with pytest.raises(ValueError):

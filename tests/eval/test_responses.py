@@ -48,9 +48,8 @@ def _files(tmp_path, integer):
 def test_responses_are_graded_as_the_hand_checked_table(tmp_path, integer):
     data, responses, cases = _files(tmp_path, integer)
     r = grade_responses(None, responses, data=data, out_dir=tmp_path / "out", track=False)
-    assert (
-        r.summary["benchmark"]["integer_answers"] is integer
-    )  # every reference of the integer half is an integer
+    # every reference of the integer half is an integer
+    assert r.summary["benchmark"]["integer_answers"] is integer
     graded = [json.loads(line) for line in r.samples_path.read_text().splitlines()]
     assert [(g["extracted_answer"], g["correct"]) for g in graded] == [(c[3], c[4]) for c in cases]
     right = sum(c[4] for c in cases)
@@ -84,9 +83,8 @@ def test_a_grading_timeout_is_counted_and_reported(tmp_path):
     # (9)^{(9)^{(9)^{(9)}}} passes the grader's pre-checks and sympy expands it for minutes: over the
     # 2 s limit, its worker is killed; it counts wrong, and the summary and warnings say so
     data = tmp_path / "d.jsonl"
-    data.write_text(
-        json.dumps({"id": "p1", "problem": "?", "answer": r"\frac{1}{2}"}) + "\n"
-    )  # not integer
+    # not integer
+    data.write_text(json.dumps({"id": "p1", "problem": "?", "answer": r"\frac{1}{2}"}) + "\n")
     responses = tmp_path / "r.jsonl"
     responses.write_text(
         json.dumps({"problem_id": "p1", "response": r"\boxed{(9)^{(9)^{(9)^{(9)}}}}"})

@@ -87,9 +87,8 @@ def test_the_newest_usable_checkpoint_is_chosen_and_a_damaged_newer_one_named(tm
 def test_checkpoints_that_all_fail_their_checksums_are_refused_never_a_fresh_start(tmp_path):
     for step in (1, 2):
         path, _ = _save(tmp_path, 16, step=step)
-        (path / "trainer_state.json").write_text(
-            json.dumps({"step": 0}) + "\n"
-        )  # complete, not what was written
+        # complete, not what was written
+        (path / "trainer_state.json").write_text(json.dumps({"step": 0}) + "\n")
     with pytest.raises(CheckpointError) as e:
         checkpoint_to_resume(tmp_path, _expected(16))
     message = str(e.value)
@@ -147,9 +146,8 @@ def _mixture(experts):
 def test_a_checkpoint_whose_tensors_have_other_shapes_is_refused_where_the_architecture_agrees(
     tmp_path,
 ):
-    saved = _mixture(
-        8
-    )  # the expert count is no ARCH_KEY: only the tensor shapes tell the models apart
+    # the expert count is no ARCH_KEY: only the tensor shapes tell the models apart
+    saved = _mixture(8)
     path = CheckpointManager(
         tmp_path, single(), {"policy": saved}, {}, {}, {}, log=lambda m: None
     ).save(1)
@@ -171,15 +169,13 @@ def test_a_checkpoint_whose_tensors_have_other_shapes_is_refused_where_the_archi
         )
         == path
     )
-    meta = json.loads(
-        (path / "trainer_state.json").read_text()
-    )  # a checkpoint that recorded no shapes
+    # a checkpoint that recorded no shapes
+    meta = json.loads((path / "trainer_state.json").read_text())
     (path / "trainer_state.json").write_text(
         json.dumps({k: v for k, v in meta.items() if k != "shapes"}) + "\n"
     )
-    write_manifest(
-        path
-    )  # as an older vapo-lab wrote it: judged by the architecture alone, which agrees
+    # as an older vapo-lab wrote it: judged by the architecture alone, which agrees
+    write_manifest(path)
     assert (
         checkpoint_to_resume(
             tmp_path, {"policy": architecture(mine)}, shapes={"policy": tensor_shapes(mine)}
@@ -192,9 +188,8 @@ def test_a_tensor_file_holding_a_pickle_is_refused_in_one_line_before_and_at_loa
     path, models = _save(tmp_path, 16)
     marker = tmp_path / "pwned"
     torch.save({"weight": Payload(marker)}, path / "critic" / HEAD_FILE)
-    write_manifest(
-        path
-    )  # a forger can recompute the checksums: they detect corruption, not tampering
+    # a forger can recompute the checksums: they detect corruption, not tampering
+    write_manifest(path)
     with pytest.raises(CheckpointError) as before:
         checkpoint_to_resume(tmp_path, _expected(16))
     manager = CheckpointManager(tmp_path, single(), models, {}, {}, {}, log=lambda m: None)
@@ -290,9 +285,8 @@ def test_a_tensor_file_holding_a_pickle_is_refused_in_one_line_and_never_runs(tr
     ckpt = run_dir / "checkpoints" / "step_000002"
     marker = trust_dir / "pwned"
     torch.save({"weight": Payload(marker)}, ckpt / "critic" / "value_head.pt")
-    write_manifest(
-        ckpt
-    )  # a forger can recompute the checksums: they detect corruption, not tampering
+    # a forger can recompute the checksums: they detect corruption, not tampering
+    write_manifest(ckpt)
     _, stderr = refused(trust_dir, run_dir, "refusing to load", "critic/value_head.pt")
     assert "weights_only" not in stderr
     assert not marker.exists()

@@ -88,9 +88,8 @@ def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_and_leaves_the_previ
     raises its own CheckpointException (every rank's failures and stacks) on every rank."""
     torch.manual_seed(0)
     net = torch.nn.Module()
-    net.layers = torch.nn.ModuleList(
-        [torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)]
-    )  # what shard() wraps
+    # what shard() wraps
+    net.layers = torch.nn.ModuleList([torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)])
     net.forward = lambda x: net.layers[1](net.layers[0](x))
     model = shard(net, group, torch.device("cpu"), None)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)

@@ -83,9 +83,8 @@ def test_a_signal_is_recorded_and_acted_on_at_the_next_stop_point(handler):
 
 
 def test_a_second_signal_stops_at_once(handler):
-    handler.request = StopRequest(
-        signal.SIGTERM, time.time() - stop.SAME_STOP_S
-    )  # the first, a while ago
+    # the first, a while ago
+    handler.request = StopRequest(signal.SIGTERM, time.time() - stop.SAME_STOP_S)
     with pytest.raises(StopRequested, match="^SIGTERM twice: signal 15, the run stopped at once"):
         handler(signal.SIGTERM, None)
 
@@ -146,9 +145,8 @@ def test_one_sigterm_inside_a_gc_callback_stops_the_run_after_that_step_and_resu
     assert "Exception ignored" not in err, err[-3000:]  # before the fix: the signal dropped there
     assert proc.returncode == 130, err[-3000:]  # KeyboardInterrupt's, as for Ctrl-C
     steps = sorted(s for kind, s in records(run_dir) if kind == "train")
-    assert steps == [0, 1, 2, 3], err[
-        -3000:
-    ]  # the step in progress finished and was logged, no further
+    # the step in progress finished and was logged, no further
+    assert steps == [0, 1, 2, 3], err[-3000:]
     assert (run_dir / "checkpoints" / "step_000003").is_dir()  # save_every=3: saved before stopping
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(store(workdir)).get_run(run_id).info.status == "KILLED"
@@ -246,9 +244,8 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
     rank1 = _rank_pid(proc.pid, 1)
     assert rank1 is not None, proc.communicate()[1][-3000:]
     os.kill(rank1, signal.SIGTERM)
-    at = _logged(
-        run_dir
-    )  # the signal came in step at + 1 at the latest: the ranks meet before each step
+    # the signal came in step at + 1 at the latest: the ranks meet before each step
+    at = _logged(run_dir)
     out, err = proc.communicate(timeout=600)
 
     assert proc.returncode != 0
@@ -256,9 +253,8 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
     assert at <= last <= at + 1 < 8, err[-3000:]
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(store(workdir)).get_run(run_id).info.status == "KILLED", err[-3000:]
-    (line,) = [
-        ln for ln in err.splitlines() if ln.startswith("stopped after step")
-    ]  # rank 0's alone
+    # rank 0's alone
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("stopped after step")]
     stopped = int(line.split()[3])
     assert line == (
         f"stopped after step {stopped} of 8 (SIGTERM): continue it with: "

@@ -15,11 +15,12 @@ def test_registry_names_are_the_launcher_config_options():
 
 def test_every_launcher_implements_the_protocol():
     assert all(isinstance(launcher, Launcher) for launcher in LAUNCHERS)
+    # only Slurm's jobs outlive us
     assert [launcher.detached for launcher in LAUNCHERS] == [
         False,
         False,
         True,
-    ]  # only Slurm's jobs outlive us
+    ]
 
 
 def test_the_launcher_is_the_option_then_the_last_override_then_the_default():

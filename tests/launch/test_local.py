@@ -24,12 +24,13 @@ def _runs(tmp, experiment):
 
 def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
     grid_file = in_tmp / "g.yaml"
+    # no GPU: fails at run time
     grid_file.write_text(
         "name: g\nseeds: [0]\ncells:\n"
         "  - {name: vapo, algo: vapo}\n"
         "  - {name: dapo, algo: dapo}\n"
         "  - {name: broken, algo: grpo, overrides: [trainer.device=cuda:0]}\n"
-    )  # no GPU: fails at run time
+    )
     logs = []
     with pytest.raises(LaunchError, match="1 cell\\(s\\) failed: broken-s0-.*no CUDA GPU"):
         run_grid(
@@ -54,10 +55,11 @@ def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
     children = [r for r in runs if r.data.tags.get("kind") != "grid"]
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "grid"]
     assert parent.data.params["command"].startswith("vapo-lab")
+    # the broken one never started a run
     assert {r.data.tags["cell"] for r in children} == {
         "vapo",
         "dapo",
-    }  # the broken one never started a run
+    }
     for r in children:
         t = r.data.tags
         assert t["mlflow.parentRunId"] == parent.info.run_id and t["grid_id"] == grid_dir.name

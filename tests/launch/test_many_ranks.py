@@ -365,10 +365,11 @@ def test_a_two_task_slurm_job_trains_a_two_rank_cell_to_the_end(slurm, in_tmp):
     _check_two_rank_run(sub.grid_dir / "runs" / key, 3)
     job = sub.job_ids[key]
     logs = sorted((sub.grid_dir / "slurm_logs").rglob(f"{job}_*_log.out"))
+    # two tasks, one job
     assert [p.name.removeprefix(f"{job}_").split("_")[0] for p in logs] == [
         "0",
         "1",
-    ]  # two tasks, one job
+    ]
     assert "global_rank=1(2)" in logs[1].read_text()
     assert not list((sub.grid_dir / "status").glob("*.error"))
 

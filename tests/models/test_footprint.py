@@ -88,9 +88,8 @@ def test_the_embedded_model_has_the_count_the_plan_gives():
 
     shape, _ = model_shape(compose_config().cfg)
     model = build_tiny_model(build_tokenizer(ArithTask(seed=0, n_train=4, n_eval=4).vocabulary()))
-    assert (
-        _count(model) == actor_params(shape) == 1_101_312
-    )  # "1.10M in all" (vapo_lab/models/tiny.py)
+    # "1.10M in all" (vapo_lab/models/tiny.py)
+    assert _count(model) == actor_params(shape) == 1_101_312
     assert shape.vocab_size == model.config.vocab_size == 2827
 
 

@@ -65,9 +65,8 @@ def test_parameters_move_at_an_rl_learning_rate_with_master_weights_and_not_in_p
     moved = (_update(set_compute(_model(), "bfloat16"), 1e-6) != 0).float().mean()
     pure = (_update(_model().to(torch.bfloat16), 1e-6) != 0).float().mean()
     assert moved > 0.99, float(moved)
-    assert pure < 0.2, float(
-        pure
-    )  # the step rounds away in bf16 storage: why the masters are float32
+    # the step rounds away in bf16 storage: why the masters are float32
+    assert pure < 0.2, float(pure)
 
 
 def test_autocast_computes_in_the_tagged_dtype_only():

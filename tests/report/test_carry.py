@@ -57,9 +57,8 @@ def test_a_fresh_machine_runs_only_what_had_not_finished(carry, tmp_path, monkey
 
     carry.save(old)
     vapo_key = cells["vapo"].data.tags["cell_key"]
-    assert os.listdir(tmp_path / "carried" / "g") == [
-        f"{vapo_key}.json.gz"
-    ]  # only the finished one
+    # only the finished one
+    assert os.listdir(tmp_path / "carried" / "g") == [f"{vapo_key}.json.gz"]
     saved = (tmp_path / "carried" / "g" / f"{vapo_key}.json.gz").read_bytes()
     assert [
         r["run_id"] for r in read_export(tmp_path / "carried" / "g" / f"{vapo_key}.json.gz")["runs"]

@@ -27,13 +27,14 @@ def run(variant, seed, curve, status="FINISHED"):
 
 
 def test_paired_t_by_hand():
+    # mean 1.4, squared deviations 6.7, sd sqrt(6.7/4), se sd/sqrt(5)
     d = [
         1.0,
         2.0,
         -0.5,
         3.0,
         1.5,
-    ]  # mean 1.4, squared deviations 6.7, sd sqrt(6.7/4), se sd/sqrt(5)
+    ]
     t = stats.paired(d)
     se = math.sqrt(6.7 / 4) / math.sqrt(5)
     assert t.name == "paired t" and t.n == 5 and t.difference == pytest.approx(1.4)
@@ -53,6 +54,7 @@ def test_sign_flip_p_by_hand_and_its_ties_survive_the_last_bits():
     # scipy's permutation_test reads 0.5 here; the tie is a tie
     assert stats.sign_flip_p([0.1, 0.1, -(100.1 - 100.0)]) == 1.0
     assert stats.sign_flip_p([0.0, 0.0]) == 1.0
+    # plain differences: as scipy reads them
     d = [
         0.3,
         -0.1,
@@ -64,7 +66,7 @@ def test_sign_flip_p_by_hand_and_its_ties_survive_the_last_bits():
         0.6,
         -0.2,
         0.4,
-    ]  # plain differences: as scipy reads them
+    ]
     exact = stats.stats.permutation_test(
         (np.array(d),),
         lambda x, axis=-1: x.mean(axis=axis),

@@ -44,6 +44,7 @@ def _printed(tmp_path, runs, capsys) -> list[str]:
 
 
 def test_lr_check_by_hand(tmp_path, capsys):
+    # plateau (90 + 90) / 2 = 90; speed: 10*(55+65+75+85+90)/50 = 74
     flat = [
         50.0,
         60.0,
@@ -51,16 +52,17 @@ def test_lr_check_by_hand(tmp_path, capsys):
         80.0,
         90.0,
         90.0,
-    ]  # plateau (90 + 90) / 2 = 90; speed: 10*(55+65+75+85+90)/50 = 74
+    ]
     low = [50.0, 50.0, 50.0, 50.0, 60.0, 80.0]  # plateau 70; speed 10*(50+50+50+55+70)/50 = 55
     runs = [_run(p, s, "2e-05", flat) for p in ("vapo", "dapo") for s in (0, 1, 2)]
     runs += [_run("ppo", s, "2e-05", low) for s in (0, 1, 2)]
     runs += [_run("ppo", s, "4e-05", flat if s else low) for s in (0, 1, 2)]  # (70 + 90 + 90) / 3
+    # not counted: seed 3, killed, not one of the three presets
     runs += [
         _run("ppo", 3, "4e-05", flat),
         _run("vapo", 0, "1e-05", low, status="KILLED"),
         _run("grpo", 0, "1e-05", low),
-    ]  # not counted: seed 3, killed, not one of the three presets
+    ]
     out = _printed(tmp_path, runs, capsys)
     assert (
         out[0]

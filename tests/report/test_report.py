@@ -83,9 +83,8 @@ def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
     rows = {d["variant"]: d for d in rep.table}
     v = rows["VAPO"]
     assert v["seeds"] == 3 and v["mean"] == pytest.approx(53.0)
-    assert v["std"] == pytest.approx(
-        math.sqrt(((50 - 53) ** 2 + (56 - 53) ** 2 + 0) / 2)
-    )  # sample std: 3.0
+    # sample std: 3.0
+    assert v["std"] == pytest.approx(math.sqrt(((50 - 53) ** 2 + (56 - 53) ** 2 + 0) / 2))
     assert rows["DAPO"]["mean"] == pytest.approx(46.0)  # final, not best (48)
     assert rows["DAPO"]["other_mean"] == pytest.approx(48.0)  # best, in its own column
     assert rows["DAPO"]["delta"] == pytest.approx(-7.0) and rows["DAPO"][
@@ -224,10 +223,11 @@ def test_cli_report_prints_the_table(store, tmp_path):
 
 def test_a_cell_logged_twice_counts_once(store, tmp_path):
     uri, client, exp = store
+    # the same cell (config hash) in two grids: the later finished run counts
     for v in (
         0.30,
         0.50,
-    ):  # the same cell (config hash) in two grids: the later finished run counts
+    ):
         rid = _log(client, exp, "vapo", ALL_ON, 0, [(0, 0.4), (10, v)])
         client.set_tag(rid, "config_hash", "c0ffee")
     _log(client, exp, "vapo", ALL_ON, 1, [(0, 0.4), (10, 0.70)])

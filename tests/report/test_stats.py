@@ -56,9 +56,8 @@ def test_two_seed_interval_and_degenerate_cases():
     # 4 resamples: means 40, 42, 42, 44 -> each end has probability 1/4
     assert exact_interval(resample_means([40.0, 44.0])) == (40.0, 44.0)
     assert stats.mean_interval([40.0, 44.0]) == pytest.approx((40.0, 44.0), abs=1e-6)
-    assert stats.mean_interval([50.0, 50.0, 50.0]) == pytest.approx(
-        (50.0, 50.0), abs=1e-6
-    )  # BCa: NaN
+    # BCa: NaN
+    assert stats.mean_interval([50.0, 50.0, 50.0]) == pytest.approx((50.0, 50.0), abs=1e-6)
     assert stats.mean_interval([50.0]) is None and stats.mean_interval([]) is None
 
 
@@ -256,10 +255,11 @@ def test_seed_bands_are_min_max_or_one_std_over_seeds():
 
 
 def test_a_smoothed_line_is_drawn_over_the_raw_band():
+    # seed means 1, 3, 1, 3: a zig-zag
     runs = [
         _run(0, [0.0, 2.0, 0.0, 2.0]),
         _run(1, [2.0, 4.0, 2.0, 4.0]),
-    ]  # seed means 1, 3, 1, 3: a zig-zag
+    ]
     steps, line, low, high = mean_band(runs, "m", smooth=0.5)
     # EMA α 0.5 of the means by hand: 1, 0.5·3 + 0.5·1 = 2, 0.5·1 + 0.5·2 = 1.5, 0.5·3 + 0.5·1.5 = 2.25
     assert line == pytest.approx([1.0, 2.0, 1.5, 2.25])

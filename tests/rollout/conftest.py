@@ -60,9 +60,8 @@ def vllm_on_cpu(monkeypatch):
     """Installs the stand-in as ``vllm`` for one test; the variables the engine sets do not outlive it."""
     fake_vllm.install(monkeypatch)
     for var in ENGINE_ENV:
-        monkeypatch.setenv(
-            var, ""
-        )  # registers the restore (unset) that a bare delenv of an unset var would not
+        # registers the restore (unset) that a bare delenv of an unset var would not
+        monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     return fake_vllm
 

@@ -413,9 +413,8 @@ class LLM:
                 f"RANK={rank} / world {world} do not fit tensor_parallel_size={self.tp}"
             )
         everyone = dist.new_group(backend="gloo", timeout=_GROUP_TIMEOUT)
-        dist.all_reduce(
-            torch.zeros(1), op=dist.ReduceOp.MIN, group=everyone
-        )  # vLLM's memory budget
+        # vLLM's memory budget
+        dist.all_reduce(torch.zeros(1), op=dist.ReduceOp.MIN, group=everyone)
         group, _ = dist.new_subgroups_by_enumeration(
             [list(range(s, s + self.tp)) for s in range(0, world, self.tp)],
             timeout=_GROUP_TIMEOUT,

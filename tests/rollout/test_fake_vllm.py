@@ -41,9 +41,8 @@ def _generate(
 def test_outputs_have_vllm_033s_types(in_process, tiny):
     _, path, _, tokenizer = tiny
     llm = _llm(path)
-    assert (
-        llm.model_config.dtype is torch.float32 and llm.model_config.max_model_len == 512
-    )  # the config's
+    # the config's
+    assert llm.model_config.dtype is torch.float32 and llm.model_config.max_model_len == 512
     [out] = _generate(llm, n=3, max_tokens=4)
     assert isinstance(out, RequestOutput) and out.prompt_token_ids == PROMPT and out.finished
     assert [c.index for c in out.outputs] == [0, 1, 2]
@@ -66,9 +65,8 @@ def test_the_kth_sample_is_seeded_with_seed_plus_k(in_process, tiny):
     llm = _llm(tiny[1])
     pair = _generate(llm, n=2, seed=7)[0].outputs
     second = _generate(llm, n=1, seed=8)[0].outputs[0]
-    assert (
-        pair[1].token_ids == second.token_ids
-    )  # the same draws (log-probs to rounding: a batch of 1, not 2)
+    # the same draws (log-probs to rounding: a batch of 1, not 2)
+    assert pair[1].token_ids == second.token_ids
     assert [lp[t].logprob for lp, t in zip(pair[1].logprobs, pair[1].token_ids)] == pytest.approx(
         [lp[t].logprob for lp, t in zip(second.logprobs, second.token_ids)], abs=1e-5
     )
@@ -89,9 +87,8 @@ def test_level_2_discards_the_weights_and_level_1_keeps_them(in_process, tiny):
     llm.sleep(level=2)
     assert llm.wake_up() is True  # awake, with nothing pushed: garbage weights
     [garbage] = _generate(llm, n=1)[0].outputs
-    assert all(
-        lp[t].logprob != lp[t].logprob for lp, t in zip(garbage.logprobs, garbage.token_ids)
-    )  # NaN
+    # NaN
+    assert all(lp[t].logprob != lp[t].logprob for lp, t in zip(garbage.logprobs, garbage.token_ids))
 
 
 def test_the_worker_model_has_vllms_names_and_loader(in_process, tiny):
@@ -103,9 +100,8 @@ def test_the_worker_model_has_vllms_names_and_loader(in_process, tiny):
         "model.layers.0.self_attn.qkv_proj.weight" in names
         and "model.layers.0.mlp.gate_up_proj.weight" in names
     )
-    assert not any(
-        ".q_proj." in n or ".gate_proj." in n or n == "lm_head.weight" for n in names
-    )  # fused; tied
+    # fused; tied
+    assert not any(".q_proj." in n or ".gate_proj." in n or n == "lm_head.weight" for n in names)
     loaded = model.load_weights(
         [
             ("model.layers.1.self_attn.k_proj.bias", torch.ones(32)),
@@ -117,9 +113,8 @@ def test_the_worker_model_has_vllms_names_and_loader(in_process, tiny):
     assert torch.equal(qkv[64:96], torch.ones(32))  # k's rows: after q's 64 (4 heads x 16)
     assert torch.equal(llm.hf.model.layers[1].self_attn.k_proj.bias, torch.ones(32))  # what samples
     with pytest.raises(ValueError, match="no module or parameter named 'lm_head.weight'"):
-        model.load_weights(
-            [("lm_head.weight", policy.lm_head.weight)]
-        )  # tied: vLLM has no such parameter
+        # tied: vLLM has no such parameter
+        model.load_weights([("lm_head.weight", policy.lm_head.weight)])
 
 
 def test_limits_of_the_context_and_the_settings(in_process, tiny):
@@ -153,9 +148,8 @@ def test_the_worker_extension_is_mixed_in_and_checked(in_process, tiny, monkeypa
 
 
 def test_tensors_do_not_reach_an_engine_core_in_another_process(tiny, monkeypatch):
-    monkeypatch.delenv(
-        "VLLM_ENABLE_V1_MULTIPROCESSING", raising=False
-    )  # vLLM's default: multiprocessing
+    # vLLM's default: multiprocessing
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     llm = _llm(tiny[1])
     with pytest.raises(TypeError, match="tensors do not reach it as tensors"):
         llm.collective_rpc("vapo_load_weights", args=([("model.norm.weight", torch.zeros(64))],))

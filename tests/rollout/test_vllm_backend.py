@@ -313,9 +313,8 @@ def fake_vllm(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_cuda_visible", lambda: True)
     monkeypatch.setattr(_FakeLLM, "extra_params", {})
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.setenv(
-            var, ""
-        )  # registers the restore (unset) that a bare delenv of an unset var would not
+        # registers the restore (unset) that a bare delenv of an unset var would not
+        monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)  # the engine sets some of these: they must not outlive the test
     return module
 
@@ -473,9 +472,8 @@ def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) 
             "prompt_ids": s.prompt_ids.tolist(),
             "first_tokens": s.response_ids[:, 0].tolist(),
         }
-        s = engine.sample(
-            [] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank
-        )  # rank 0: nothing to sample
+        # rank 0: nothing to sample
+        s = engine.sample([] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank)
         results[rank] = {
             **seen,
             "empty_round": (
@@ -493,11 +491,12 @@ def test_a_tensor_parallel_group_samples_its_ranks_prompts_together(tmp_path):
         results = manager.dict()
         mp.spawn(_tensor_parallel_pair, args=(2, str(tmp_path / "store"), results), nprocs=2)
         results = dict(results)
+    # rank r's prompt i: its seed + i * n
     both = (
         "generate",
         [[1], [2, 2], [3, 3, 3]],
         [100, 101, 102],
-    )  # rank r's prompt i: its seed + i * n
+    )
     assert results[0]["generate"] == results[1]["generate"] == both
     # a rank with no prompts still runs the group's batch, and gets no rows back
     assert results[0]["empty_round"] == (("generate", [[4]], [201]), 0, 0)

@@ -114,9 +114,8 @@ def test_two_ranks_push_from_fsdp2_shards_and_sample(saved, tmp_path, tp):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     for rank in (0, 1):
         r = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert r["rows"] == 4 * (
-            1 if rank == 0 else 2
-        )  # each rank gets back its own prompts' samples
+        # each rank gets back its own prompts' samples
+        assert r["rows"] == 4 * (1 if rank == 0 else 2)
         assert r["gap_new"] < MATCH < DIFFER < r["gap_old"], r
 
 
@@ -201,9 +200,8 @@ def test_level_2_sleep_frees_memory_and_a_push_brings_the_new_policy(engine, sav
     torch.cuda.synchronize()
     free = torch.cuda.mem_get_info()[0]
     engine.sleep()
-    assert (
-        torch.cuda.mem_get_info()[0] - free > 2**30
-    )  # the KV cache (GiBs at 0.3 of a GPU) is released
+    # the KV cache (GiBs at 0.3 of a GPU) is released
+    assert torch.cuda.mem_get_info()[0] - free > 2**30
     with pytest.raises(WeightPushError, match="call push_weights"):
         _sample(engine, tokenizer, seed=1)  # level 2 discarded the weights
     engine.push_weights(new)

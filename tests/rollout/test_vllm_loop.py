@@ -22,10 +22,11 @@ from vapo_lab.rollout.vllm_backend import EngineGroupError, VllmEngine, WeightPu
 
 # two trainer ranks sharing one engine
 TP2 = ("trainer.strategy=fsdp", "trainer.nproc_per_node=2", "rollout.vllm.tensor_parallel_size=2")
+# "x1_4 x2_8 + y1_5 y2_0 =", "x2_8 + y2_0 ="
 PROMPTS = [
     [267, 296, 455, 330, 340, 456],
     [296, 455, 340, 456],
-]  # "x1_4 x2_8 + y1_5 y2_0 =", "x2_8 + y2_0 ="
+]
 BUDGET = 16  # the prompt tokens an engine of these tests is built for (its max_model_len: + max_new_tokens)
 
 
@@ -144,10 +145,11 @@ def test_two_copies_of_a_prompt_are_sampled_independently(vllm_on_cpu, tiny):
     cfg, path, _, tokenizer = tiny
     engine = _engine(path, cfg)
     s = _sample(engine, tokenizer, prompts=[PROMPTS[0]] * 2, n=2, seed=5)
+    # prompt i: seed + i * n
     assert engine.llm.calls[-1] == (
         "generate",
         ([PROMPTS[0]] * 2, [5, 7]),
-    )  # prompt i: seed + i * n
+    )
     assert not torch.equal(s.response_ids[:2], s.response_ids[2:])
 
 

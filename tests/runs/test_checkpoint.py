@@ -73,9 +73,8 @@ def test_a_malicious_state_file_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     path = save_checkpoint(tmp_path / "ckpt", 2, {}, _state())
     torch.save({"actor_opt": Payload(marker)}, path / STATE_FILE)
-    write_manifest(
-        path
-    )  # a forged checkpoint can carry matching checksums: they are not the defence
+    # a forged checkpoint can carry matching checksums: they are not the defence
+    write_manifest(path)
     with pytest.raises(
         CheckpointError, match=r"refusing to load .*trainer_state\.pt.*could run code"
     ):

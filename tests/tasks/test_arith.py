@@ -222,9 +222,8 @@ def test_labelled_readout_tokens_and_noise():
         n, carry = p.meta["n_digits"], len(p.answer) > p.meta["n_digits"]
         assert len(tok(trace).input_ids) == 3 * n + 3 + carry
         noisy = task.trace(p, rng, TraceNoise(slip_rate=1.0))
-        assert not task.verify(
-            noisy, p
-        )  # every column slipped: the read-out copies the wrong digits
+        # every column slipped: the read-out copies the wrong digits
+        assert not task.verify(noisy, p)
     lengths = [3 * p.meta["n_digits"] + 3 for p in task.train]
     assert min(lengths) <= 10 and max(lengths) >= 250
 

@@ -100,9 +100,8 @@ def test_packed_log_probs_entropy_values_and_gradients_equal_the_padded_forward(
     hidden = critic.backbone(
         input_ids=ids, attention_mask=m.long(), position_ids=(m.long().cumsum(-1) - 1).clamp(min=0)
     )
-    ref_values = critic.head(hidden.last_hidden_state).squeeze(-1)[
-        :, p - 1 : p - 1 + t
-    ]  # ValueModel's, in dtype
+    # ValueModel's, in dtype
+    ref_values = critic.head(hidden.last_hidden_state).squeeze(-1)[:, p - 1 : p - 1 + t]
     (ref_values[mask] ** 2).sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in critic.named_parameters()}
     critic.zero_grad()
@@ -138,10 +137,11 @@ def test_models_it_cannot_run_take_the_padded_forward(monkeypatch):
 
 
 def test_prompts_are_shared_only_where_they_repeat():
+    # 7 rows, 3 prompts: fewer than 2 rows per prompt? no: 7 >= 2 x 3
     model, rows = (
         _model(),
         _rows(),
-    )  # 7 rows, 3 prompts: fewer than 2 rows per prompt? no: 7 >= 2 x 3
+    )
     uniq, inverse = F._groups(model.model, rows)
     assert len(uniq) == 3 and inverse.tolist() == [2, 1, 2, 0, 1, 2, 0]  # torch.unique sorts
     distinct = F.Rows(
@@ -230,12 +230,13 @@ def test_distinct_prompts_with_little_padding_take_the_padded_forward():
         torch.ones(4, 5, dtype=torch.bool),
     )
     assert F._groups(model.model, full) is None  # 4 distinct prompts, every position valid
+    # 37 of 44 valid: 84%
     padded = F.Rows(
         full.prompt_ids,
         full.prompt_mask,
         full.response_ids,
         torch.arange(5)[None] < torch.tensor([5, 1, 2, 5])[:, None],
-    )  # 37 of 44 valid: 84%
+    )
     assert F._groups(model.model, padded) is not None
     repeated = F.Rows(
         *(
@@ -243,6 +244,5 @@ def test_distinct_prompts_with_little_padding_take_the_padded_forward():
             for x in (full.prompt_ids, full.prompt_mask, full.response_ids, full.response_mask)
         )
     )
-    assert (
-        len(F._groups(model.model, repeated)[0]) == 2
-    )  # repeated prompts are shared, padding or not
+    # repeated prompts are shared, padding or not
+    assert len(F._groups(model.model, repeated)[0]) == 2

@@ -46,9 +46,8 @@ def test_a_full_disk_while_writing_failure_txt_masks_nothing_and_the_run_is_stil
     record = opened(tmp_path, said)
     failure = record.run_dir / "failure.txt"
     failure.symlink_to("/dev/full")  # every write to it: OSError ENOSPC, as on a full disk
-    record.close_on_error(
-        error, 3
-    )  # before the fix: raised ENOSPC on top of `error`, the run left RUNNING
+    # before the fix: raised ENOSPC on top of `error`, the run left RUNNING
+    record.close_on_error(error, 3)
     assert status(tmp_path, record) == expected
     assert not failure.exists()  # no empty failure.txt left to mislead
     told = [line for line in said if "failure.txt" in line]
@@ -61,9 +60,8 @@ def test_a_spool_cut_short_by_a_full_disk_does_not_stop_the_run_being_marked_fai
     spool = tmp_path / "spool" / f"{record.run_id}.jsonl"
     spool.parent.mkdir(parents=True)
     spool.write_text('{"step": 1, "timestamp": 1, "metrics": {"m": 1.0}}\n{"step": 2, "timest')
-    record.close_on_error(
-        RuntimeError("boom"), 2
-    )  # before the fix: JSONDecodeError, the run left RUNNING
+    # before the fix: JSONDecodeError, the run left RUNNING
+    record.close_on_error(RuntimeError("boom"), 2)
     assert status(tmp_path, record) == "FAILED"
     assert "RuntimeError: boom" in (record.run_dir / "failure.txt").read_text()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

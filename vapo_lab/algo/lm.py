@@ -141,9 +141,8 @@ def weight_block_rows(chunk: int, vocab: int, hidden: int, compute_bytes: int) -
     narrower than float32: r = max(1, ⌊4·c·V / ((p + 4)·h)⌋), so that the block's product in the
     compute dtype and its float32 copy, (p + 4)·r·h bytes, take no more than one chunk's float32
     logits, 4·c·V."""
-    return max(
-        1, (4 * chunk * vocab) // ((compute_bytes + 4) * max(hidden, 1))
-    )  # (p + 4)·r·h ≤ 4·c·V
+    # (p + 4)·r·h ≤ 4·c·V
+    return max(1, (4 * chunk * vocab) // ((compute_bytes + 4) * max(hidden, 1)))
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -203,9 +202,8 @@ class _HeadLogprobs(torch.autograd.Function):
     ):
         device = hidden.device.type
         n, vocab = hidden.shape[0], weight.shape[0]
-        out = (
-            torch.float64 if dtype == torch.float64 else torch.float32
-        )  # the widened logits' dtype
+        # the widened logits' dtype
+        out = torch.float64 if dtype == torch.float64 else torch.float32
         logprobs = hidden.new_empty(n, dtype=out)
         lse = hidden.new_empty(n, dtype=out)
         entropy = hidden.new_empty(n, dtype=out) if with_entropy else None
@@ -249,9 +247,8 @@ class _HeadLogprobs(torch.autograd.Function):
         entropy = rest.pop(0) if ctx.entropy_grad else None
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
-        acc = (
-            torch.float64 if dtype == torch.float64 else torch.float32
-        )  # W and b gradients accumulate here
+        # W and b gradients accumulate here
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
         grad_hidden = torch.zeros_like(hidden) if need_h else None
         grad_weight = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_bias = torch.zeros(ctx.vocab, dtype=acc, device=hidden.device) if need_b else None
@@ -293,13 +290,11 @@ class _HeadLogprobs(torch.autograd.Function):
                         min(ctx.chunk, n), ctx.vocab, hidden.shape[1], g.element_size()
                     )
                     for v0 in range(0, ctx.vocab, block):
-                        grad_weight[v0 : v0 + block].add_(
-                            g[:, v0 : v0 + block].t() @ h
-                        )  # ∂L/∂W_v += ∂L/∂z_vᵀ · h
+                        # ∂L/∂W_v += ∂L/∂z_vᵀ · h
+                        grad_weight[v0 : v0 + block].add_(g[:, v0 : v0 + block].t() @ h)
                 if need_b:
-                    grad_bias.add_(
-                        g.sum(dim=0, dtype=acc)
-                    )  # ∂L/∂b = Σ_tokens ∂L/∂z, summed in float32
+                    # ∂L/∂b = Σ_tokens ∂L/∂z, summed in float32
+                    grad_bias.add_(g.sum(dim=0, dtype=acc))
                 del g  # before the next chunk's logits are recomputed
         if need_w:
             grad_weight = grad_weight.to(weight.dtype)

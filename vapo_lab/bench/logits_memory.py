@@ -124,9 +124,8 @@ def measure_case(
 ) -> dict:
     """Runs one pass of ``case`` in this process and returns its measurements (see the module docstring)."""
     torch.manual_seed(seed)
-    head = torch.nn.Linear(
-        hidden, vocab, bias=False
-    )  # float32 master weights, initialised in place
+    # float32 master weights, initialised in place
+    head = torch.nn.Linear(hidden, vocab, bias=False)
     h = torch.empty(tokens, hidden, dtype=torch.bfloat16).normal_().requires_grad_(True)
     y = torch.randint(0, vocab, (tokens,))
     warm = min(tokens, chunk)

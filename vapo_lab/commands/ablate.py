@@ -50,9 +50,8 @@ def ablate(
             "give --drop NAME (repeatable) for one variant, or --table1 for the whole grid"
         )
     if not table1 and seeds is None and launcher is None and not dry_run:
-        run_training(
-            "vapo", drop or [], overrides or [], quiet
-        )  # one run, here, with a progress bar
+        # one run, here, with a progress bar
+        run_training("vapo", drop or [], overrides or [], quiet)
         return
     grid = load_grid("table1", seeds=seeds) if table1 else drop_grid(drop or [], seeds=seeds or 1)
     run_grid_command(grid, overrides or [], launcher, dry_run, wait)

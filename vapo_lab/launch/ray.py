@@ -132,9 +132,8 @@ def ray_init(settings: dict[str, Any]) -> bool:
     if loopback:
         # the env var is read at import: ray may be imported already
         ray_constants.ENABLE_RAY_CLUSTER = False
-    os.environ.setdefault(
-        "RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0"
-    )  # never let Ray re-resolve this env with uv
+    # never let Ray re-resolve this env with uv
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": False,

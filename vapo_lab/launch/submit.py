@@ -82,9 +82,8 @@ def submit_grid(
         return sub
 
     launcher.preflight(settings, todo)
-    parent = start_parent(
-        grid, specs, cfg, record, launcher.name, grid_dir
-    )  # also checks the tracking server
+    # also checks the tracking server
+    parent = start_parent(grid, specs, cfg, record, launcher.name, grid_dir)
 
     record = {
         **record,

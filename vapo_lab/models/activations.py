@@ -46,15 +46,13 @@ def chunked_logprob_bytes(
         V = 152,064); compute_bytes: p; entropy_grad: whether H carries gradients.
     """
     c = min(chunk, t)
-    low = (
-        compute_bytes if compute_bytes < 4 else 0
-    )  # p': the narrower copies exist only under autocast
+    # p': the narrower copies exist only under autocast
+    low = compute_bytes if compute_bytes < 4 else 0
     copy = vocab * hidden * low  # W in the compute dtype
     forward = copy + 8 * c * vocab  # z − max and exp(z − max), float32
     k = 8 if entropy_grad else 4 + low  # log p and p, or ∂L/∂z in float32 and in the compute dtype
-    rows = (
-        min(4 * c * vocab, (low + 4) * vocab * hidden) if low else 0
-    )  # ∂L/∂W's block, p' and float32
+    # ∂L/∂W's block, p' and float32
+    rows = min(4 * c * vocab, (low + 4) * vocab * hidden) if low else 0
     backward = 4 * vocab * hidden + copy + max(k * c * vocab, low * c * vocab + rows)
     return t * (16 + hidden * compute_bytes) + max(forward, backward)
 
@@ -137,20 +135,16 @@ def qwen2_layer_activation_bytes(
     n = rows * seq
     autocast = precision == "autocast" and p < F32  # casts of inputs and weights, float32 stream
     r = F32 if precision == "autocast" else p  # the residual stream's and RoPE's bytes
-    normed = (
-        F32 * h if precision == "autocast" else p * h
-    )  # x·rsqrt as the weight's product keeps it
-    norm_outputs = (
-        5 * p * h if autocast else 2 * p * h
-    )  # q/k/v and gate/up casts, or one tensor a norm
-    per_token = (
-        2 * (F32 * h + F32 + normed) + norm_outputs + 4 * p * i + p * q
-    )  # norms, MLP, o_proj's input
+    # x·rsqrt as the weight's product keeps it
+    normed = F32 * h if precision == "autocast" else p * h
+    # q/k/v and gate/up casts, or one tensor a norm
+    norm_outputs = 5 * p * h if autocast else 2 * p * h
+    # norms, MLP, o_proj's input
+    per_token = 2 * (F32 * h + F32 + normed) + norm_outputs + 4 * p * i + p * q
     if layout == "packed":
         per_token += r * (q + k) + p * k  # q, k after RoPE, v: index_copy's sources
-        keys = rows * (
-            prompt + seq
-        )  # prompt attention: the prompt; response attention: prompt + response
+        # prompt attention: the prompt; response attention: prompt + response
+        keys = rows * (prompt + seq)
         pairs = rows * (prompt * prompt + response * seq)
     else:
         keys, pairs = rows * seq, rows * seq * seq
@@ -158,9 +152,8 @@ def qwen2_layer_activation_bytes(
         attention = n * p * q + pairs * p * a + keys * 2 * p * q
     else:  # fused SDPA: q, logsumexp, K, V, the mask as an additive bias (+ its output when packed)
         out = n * p * q if layout == "packed" else 0
-        kv = (
-            k if layout == "packed" else q
-        )  # Hugging Face repeats K and V to the query heads beside a mask
+        # Hugging Face repeats K and V to the query heads beside a mask
+        kv = k if layout == "packed" else q
         attention = n * (p * q + F32 * a) + out + keys * 2 * p * kv + pairs * p
     weights = p * _linear_weights(shape) if autocast else 0
     return n * per_token + attention + weights
@@ -271,9 +264,8 @@ def qwen2_pass_activation_bytes(
     head_part = saved - layers * one - rope  # the final norm's tensors and the head's input
     if checkpointing:
         cache = layers * p * _linear_weights(shape) if precision == "autocast" and p < F32 else 0
-        kept = (
-            rope + head_part + layers * r * h * n
-        )  # each layer's input instead of its activations
+        # each layer's input instead of its activations
+        kept = rope + head_part + layers * r * h * n
         peak = max(kept + logprob + cache, kept - head_part + one + working)
     else:
         peak = max(saved + logprob, saved - head_part + working)

@@ -308,9 +308,8 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     )
     gathered = 0.0
     if setup.strategy == "fsdp":
-        root = actor - shape.num_layers * layer_params(
-            shape
-        )  # embeddings, final norm, lm_head (> the critic's)
+        # embeddings, final norm, lm_head (> the critic's)
+        root = actor - shape.num_layers * layer_params(shape)
         gathered = (root + 2 * layer_params(shape)) * p
     vllm = setup.engine == "vllm"
     tp = setup.tensor_parallel_size if vllm else 1

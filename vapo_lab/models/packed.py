@@ -194,9 +194,8 @@ def packed_states(
         )
     # the state before response token (b, 0) is its prompt's last token's; before (b, t > 0), the
     # response's token t − 1, the previous packed row (row-major order, valid tokens are a prefix)
-    last_prompt = (p_flat.long().cumsum(0) - 1).view(u, p)[
-        :, -1
-    ]  # packed index of each prompt's last token
+    # packed index of each prompt's last token
+    last_prompt = (p_flat.long().cumsum(0) - 1).view(u, p)[:, -1]
     n_r = len(r_sel)
     first = r_sel % t == 0 if t else r_sel.bool()
     source = torch.where(first, n_r + r_sel // max(t, 1), torch.arange(n_r, device=device) - 1)

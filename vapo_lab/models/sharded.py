@@ -295,18 +295,18 @@ def _write(critic: ValueModel, state: dict[str, Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
+    # an index would win over our file
     for stale in [
         path / INDEX,
         *path.glob("model-*-of-*.safetensors"),
-    ]:  # an index would win over our file
+    ]:
         stale.unlink(missing_ok=True)
     backbone = {
         n.removeprefix("backbone."): t for n, t in state.items() if n.startswith("backbone.")
     }
     save_file(backbone, path / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained
-    config = copy.deepcopy(
-        critic.backbone.config
-    )  # save_pretrained's two changes, not on the live model
+    # save_pretrained's two changes, not on the live model
+    config = copy.deepcopy(critic.backbone.config)
     config.dtype = str(next(iter(backbone.values())).dtype).removeprefix("torch.")
     config.architectures = [type(critic.backbone).__name__.removeprefix("FSDP")]
     config.save_pretrained(path)
@@ -413,15 +413,13 @@ def _fill(
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     reader = dcp.HuggingFaceStorageReader(str(path))
-    saved = (
-        reader.read_metadata().state_dict_metadata
-    )  # the files' JSON headers: names, shapes, dtypes
+    # the files' JSON headers: names, shapes, dtypes
+    saved = reader.read_metadata().state_dict_metadata
     state = get_model_state_dict(model)  # DTensors: each rank's shards, aliasing the parameters
     wanted, problems = {}, []
     for names in _aliases(model, state):
-        keys = {
-            k: n for n in names if (k := in_file(n)) is not None
-        }  # the file's key: the model's name
+        # the file's key: the model's name
+        keys = {k: n for n in names if (k := in_file(n)) is not None}
         if not keys:
             continue
         found = [k for k in keys if k in saved]

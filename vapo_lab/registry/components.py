@@ -37,9 +37,8 @@ class Component:
     origin: str
     stage: str
     keys: tuple[str, ...]
-    table1_without: (
-        float | None
-    )  # the paper's AIME24 avg@32 for "VAPO without it" (VAPO.md Table 1);
+    # the paper's AIME24 avg@32 for "VAPO without it" (VAPO.md Table 1);
+    table1_without: float | None
     # None for a component the paper does not ablate (its grid cell runs, with no paper score beside it)
 
     @property

@@ -31,12 +31,10 @@ class RunData:
     seed: int
     status: str  # MLflow: RUNNING, FINISHED, FAILED, KILLED
     tags: dict[str, str]
-    history: dict[str, list[tuple[int, float]]] = field(
-        default_factory=dict
-    )  # metric -> [(step, value)]
-    params: dict[str, str] = field(
-        default_factory=dict
-    )  # the few config values the report draws with
+    # metric -> [(step, value)]
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # the few config values the report draws with
+    params: dict[str, str] = field(default_factory=dict)
 
     def last_step(self) -> int:
         return max((s for h in self.history.values() for s, _ in h), default=0)

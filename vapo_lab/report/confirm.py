@@ -57,9 +57,8 @@ class Planned:
     window: str
     expect: str
     paper: str
-    terms: tuple[
-        tuple[str, float], ...
-    ]  # (variant label, coefficient): row +1 and reference −1, or a contrast
+    # (variant label, coefficient): row +1 and reference −1, or a contrast
+    terms: tuple[tuple[str, float], ...]
     margin: float | None = None
     counts_for: str | None = None  # a component, or None
 
@@ -191,9 +190,8 @@ def _test(p: Planned, groups: Groups, key: str) -> tuple[stats.Test | None, dict
     if len(p.terms) == 2:
         (a, _), (b, _) = p.terms
         return stats.compare(values[a], values[b]), seeds
-    common = set.intersection(
-        *(set(v) for v in values.values())
-    )  # a contrast needs every term's seed
+    # a contrast needs every term's seed
+    common = set.intersection(*(set(v) for v in values.values()))
     return stats.paired(
         [sum(c * values[label][s] for label, c in p.terms) for s in sorted(common)]
     ), seeds

@@ -165,18 +165,18 @@ def rank_interval(
     def both(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
         means = dict(zip(varied, (np.mean(s, axis=axis) for s in samples)))
         batch = np.broadcast_shapes(*(m.shape for m in means.values()))
+        # (batch, rows)
         x = np.stack(
             [
                 np.broadcast_to(means[k], batch) if k in means else np.full(batch, fixed[k])
                 for k in range(len(rows))
             ],
             axis=-1,
-        )  # (batch, rows)
+        )
         return np.stack([spearman_rows(x, paper_arr), kendall_rows(x, paper_arr)])
 
-    ci = _bootstrap(
-        [rows[k] for k in varied], both
-    )  # a resample with all means equal gives NaN: None
+    # a resample with all means equal gives NaN: None
+    ci = _bootstrap([rows[k] for k in varied], both)
     if ci is None:
         return {"spearman": None, "kendall": None}
     return {

@@ -31,9 +31,8 @@ class Row:
     state: str  # "" when scored, else "not run" / "running, step k" / "failed"
     paper: float | None
     other: list[float] = field(default_factory=list)  # the same runs' scores by the other criterion
-    seeds: list[int] = field(
-        default_factory=list
-    )  # each score's seed: cells of one grid pair by seed
+    # each score's seed: cells of one grid pair by seed
+    seeds: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -212,12 +211,13 @@ def table_records(rows: list[Row]) -> list[dict[str, Any]]:
     return out
 
 
+# the column beside
 OTHER = {
     "final": "best",
     "best": "final",
     "plateau": "speed",
     "speed": "plateau",
-}  # the column beside
+}
 
 
 def _other_label(score_label: str) -> str:

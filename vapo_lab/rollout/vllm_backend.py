@@ -166,9 +166,8 @@ def weight_buckets(
     bucket: list[tuple[str, Tensor]] = []
     size = 0
     for name, param in policy.named_parameters():
-        full_bytes = (
-            param.numel() * (dtype or param.dtype).itemsize
-        )  # a DTensor's numel is the full one
+        # a DTensor's numel is the full one
+        full_bytes = param.numel() * (dtype or param.dtype).itemsize
         if bucket and size + full_bytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
@@ -253,9 +252,8 @@ class VllmEngine:
                     "rollout.backend=vllm with several ranks needs LOCAL_RANK: start the run "
                     "with trainer.nproc_per_node (torchrun) or the Slurm launcher"
                 )
-            os.environ.setdefault(
-                "RANK", str(rank)
-            )  # external_launcher reads these (torchrun sets them)
+            # external_launcher reads these (torchrun sets them)
+            os.environ.setdefault("RANK", str(rank))
             os.environ.setdefault("WORLD_SIZE", str(world_size))
             extra["distributed_executor_backend"] = "external_launcher"
         self.tp_group, self.tp_rank = _tensor_parallel_group(

@@ -40,9 +40,8 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                line = raw.decode(
-                    "utf-8-sig" if number == 1 else "utf-8"
-                )  # a byte-order mark is no error
+                # a byte-order mark is no error
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise error(
                     f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "

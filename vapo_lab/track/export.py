@@ -85,10 +85,11 @@ def write_export(path: str | Path, experiment: str, runs: list[dict[str, Any]]) 
         {"format": FORMAT, "experiment": experiment, "runs": runs}, sort_keys=True
     ).encode()
     tmp = path.with_name(path.name + ".tmp")
+    # mtime 0: same runs, same bytes
     with (
         open(tmp, "wb") as f,
         gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz,
-    ):  # mtime 0: same runs, same bytes
+    ):
         gz.write(data)
     tmp.replace(path)
 
@@ -117,17 +118,15 @@ def _inflate_capped(path: str | Path) -> str:
     """The text of gzip ``path``, refused (ExportError) as soon as it passes a cap."""
     try:
         with open(path, "rb") as raw:
-            _inflate(
-                path, raw, keep=False
-            )  # first in constant memory: a bomb is refused holding 1 MiB
+            # first in constant memory: a bomb is refused holding 1 MiB
+            _inflate(path, raw, keep=False)
             raw.seek(0)
             text = _inflate(path, raw, keep=True)
     except (OSError, EOFError, zlib.error) as e:  # not gzip, truncated, corrupt, missing
         raise ExportError(f"cannot read runs file {path}: {e} ({_FIX})") from e
     try:
-        return text.decode(
-            "ascii"
-        )  # json.dumps writes ASCII; a str of it costs one byte a character
+        # json.dumps writes ASCII; a str of it costs one byte a character
+        return text.decode("ascii")
     except UnicodeDecodeError as e:
         raise ExportError(
             f"cannot read runs file {path}: byte {e.start} is not ASCII, and an export is "
@@ -214,9 +213,8 @@ def _number(v: Any) -> bool:
 
 
 def _strings(v: Any) -> bool:
-    return isinstance(v, dict) and all(
-        isinstance(x, str) for x in v.values()
-    )  # JSON keys are strings
+    # JSON keys are strings
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
 def _short(v: Any) -> str:

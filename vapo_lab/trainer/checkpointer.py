@@ -205,9 +205,8 @@ class CheckpointManager:
             raise
         # DCP's CheckpointException (a BaseException), raised on every rank
         except BaseException as e:
-            failures = getattr(
-                e, "failures", None
-            )  # {rank: (its exception, its stack)}, the first one told
+            # {rank: (its exception, its stack)}, the first one told
+            failures = getattr(e, "failures", None)
             cause = next(iter(failures.values()))[0] if failures else e
             world.barrier()  # every rank's writes have ended: the main one removes the partial folder,
             error = (
@@ -265,9 +264,8 @@ def _read_model(model: nn.Module, path: Path) -> nn.Module:
             return type(model).from_pretrained(path, dtype=model.dtype, use_safetensors=True)
         return type(model).load(path)
     except pickle.UnpicklingError as e:
-        files = sorted(
-            path.glob("*.pt")
-        )  # torch's refusal names no file: name the folder's only one
+        # torch's refusal names no file: name the folder's only one
+        files = sorted(path.glob("*.pt"))
         raise unsafe_file(files[0] if len(files) == 1 else path) from e
     except (OSError, EOFError, SafetensorError) as e:
         raise CheckpointError(f"cannot read the model in {path}: {first_line(e)}") from e

@@ -124,9 +124,8 @@ def _policy_pass(
 ) -> tuple[Tensor, Tensor | None]:
     mask = rows.response_mask
     if groups is not None:
-        hidden = packed_states(
-            model.model, rows.response_ids, mask, groups
-        )  # (N, H): valid tokens only
+        # (N, H): valid tokens only
+        hidden = packed_states(model.model, rows.response_ids, mask, groups)
         tokens = rows.response_ids[mask]
     else:
         ids, seq_mask = rows.sequence()
@@ -135,9 +134,8 @@ def _policy_pass(
         states = model.model(
             input_ids=ids, attention_mask=seq_mask.long(), position_ids=positions
         ).last_hidden_state
-        hidden = states[:, p - 1 : p - 1 + t].reshape(
-            -1, states.shape[-1]
-        )  # (B·T, H): every position
+        # (B·T, H): every position
+        hidden = states[:, p - 1 : p - 1 + t].reshape(-1, states.shape[-1])
         tokens = rows.response_ids.reshape(-1)
     logprobs, entropy = _head_logprobs(
         model, hidden, tokens, temperature, with_entropy, entropy_grad

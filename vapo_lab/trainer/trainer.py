@@ -212,9 +212,8 @@ class Trainer:
                 stop_point(self.world)
                 metrics = self.train_step()
                 if self.step % t.eval_every == 0 or self.step == total:
-                    stop_point(
-                        self.world
-                    )  # an evaluation can be long; the step is redone on resume
+                    # an evaluation can be long; the step is redone on resume
+                    stop_point(self.world)
                     e = self.evaluate()
                     metrics.update(e)
                     best = self.best_eval
