@@ -297,6 +297,12 @@ class _FakeTrainer:
     def __init__(self, cfg, choices, progress, log, command):
         self.run_dir, self.run_id, self.tracker, self.step = Path("runs/fake"), "r1", None, 0
 
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
     def train(self, on_step):
         for step in (1, 2, 3):
             on_step(

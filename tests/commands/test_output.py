@@ -79,6 +79,12 @@ def _fake_trainer(run_dir: Path):
                 log,
             )
 
+        def start(self):
+            pass
+
+        def close(self):
+            pass
+
         def train(self, on_step):
             self.log(f"resumed {self.run_dir} at step 0")
             on_step(1, {})

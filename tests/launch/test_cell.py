@@ -73,18 +73,17 @@ def test_the_grid_record_lists_cells_without_their_config(table1_specs):
 def test_prepare_builds_each_cache_set_once(table1_specs, tmp_path, monkeypatch):
     built = []
 
-    class FakeTrainer:
-        def __init__(self, cfg, choices, **kwargs):
-            built.append((cfg.seed, cfg.tracking.backend, choices["algo"]))
+    def prepare_caches(config, log):
+        built.append((config.seed, config.trainer.strategy, config.algo.name))
 
-    monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", FakeTrainer)
+    monkeypatch.setattr("vapo_lab.trainer.caches.prepare_caches", prepare_caches)
     monkeypatch.chdir(tmp_path)  # prepare moves into the jobs' working directory: restored after
     jobs = [_job(s, tmp_path) for s in table1_specs.values()]
     lines = prepare(jobs)
     # 20 runs (10 cells x 2 seeds): seeds share caches, and so do the VAPO variants whose
     # component changes no cache (clip_higher, token_level_loss, positive_lm_loss): 7 sets
     assert len(built) == len(lines) == 7
-    assert all(seed == 0 and backend == "none" for seed, backend, _ in built)
+    assert all(seed == 0 and strategy == "single" for seed, strategy, _ in built)
     assert [a for _, _, a in built][:3] == ["ppo", "dapo", "vapo"]
 
 

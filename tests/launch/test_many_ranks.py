@@ -208,6 +208,12 @@ class FakeTrainer:
         self.world = World(rank, 2, rank)
         self.total = int(cfg.trainer.total_steps)
 
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
     def train(self, on_step):
         for step in range(1, self.total + 1):
             if self.world.main:
