@@ -170,7 +170,8 @@ def test_a_drop_in_other_case_or_with_dashes_suggests_the_name(typo):
 
 
 def test_every_float_setting_refuses_nan_and_infinity_in_one_line_each(default):
-    """The float settings are found from the composed default (typed by the schema), not listed by hand."""
+    """The float settings are found from the composed default (typed by the schema), not listed by
+    hand."""
     from vapo_lab.config.validate import _float_settings
 
     keys = [k for k, _ in _float_settings(OmegaConf.to_container(default, resolve=True))]
@@ -254,12 +255,14 @@ def test_validation_ranges_and_required_values():
     [
         (
             ["trainer.strategy=ddp"],
-            r"trainer.strategy=ddp is not a valid choice: set trainer.strategy to one of single, fsdp",
+            r"trainer.strategy=ddp is not a valid choice: "
+            r"set trainer.strategy to one of single, fsdp",
         ),
         (["trainer.nproc_per_node=2"], r"= 2 ranks needs trainer.strategy=fsdp"),
         (
             ["trainer.strategy=fsdp", "trainer.nproc_per_node=3"],
-            r"8 prompts per step \(rollout.responses_per_step / rollout.n_samples\) do not divide among 3 ranks: "
+            r"8 prompts per step \(rollout.responses_per_step / rollout.n_samples\) "
+            r"do not divide among 3 ranks: "
             r"choose rollout.responses_per_step as a multiple of 24",
         ),
         (["trainer.nodes=0"], r"trainer.nodes=0 is out of range: it must be >= 1"),

@@ -1,6 +1,7 @@
-"""Tests for vapo_lab.algo.lm.head_logprobs_and_entropy: the LM head's log-probs and entropy computed
-chunk by chunk, against a hand-worked case and against the unchunked path the trainer runs today
-(``lm_head`` over every token, widened to float32, divided by τ, then ``token_logprobs_and_entropy``).
+"""Tests for vapo_lab.algo.lm.head_logprobs_and_entropy: the LM head's log-probs and entropy
+computed chunk by chunk, against a hand-worked case and against the unchunked path the trainer
+runs today (``lm_head`` over every token, widened to float32, divided by τ, then
+``token_logprobs_and_entropy``).
 """
 
 import json
@@ -297,22 +298,27 @@ def test_no_op_returns_a_tensor_of_all_logits(entropy_grad):
 
 
 def test_weight_block_rows_by_hand():
-    # ⌊4·c·V / ((p + 4)·h)⌋: c = 441, V = 152,064, h = 896, bf16: 268,240,896 / 5,376 = 49,896.0 → 49,896
+    # ⌊4·c·V / ((p + 4)·h)⌋: c = 441, V = 152,064, h = 896, bf16:
+    #   268,240,896 / 5,376 = 49,896.0 → 49,896
     assert weight_block_rows(441, 152_064, 896, 2) == 49_896
     assert weight_block_rows(1, 10, 1000, 2) == 1  # never 0 rows
 
 
 def test_chunked_logprob_bytes_by_hand():
-    # The footprint formula of this function (vapo_lab.models.footprint), t = 10, V = 100, h = 8, chunk 4.
+    # The footprint formula of this function (vapo_lab.models.footprint), t = 10, V = 100, h = 8,
+    # chunk 4.
     # bf16 (p = p' = 2): W copy V·h·2 = 1,600; forward 1,600 + 8·4·100 = 4,800;
-    #   backward 4·V·h = 3,200 + 1,600 + max(6·4·100 = 2,400, 2·4·100 + min(1,600, 6·800 = 4,800) = 2,400)
+    #   backward 4·V·h = 3,200 + 1,600
+    #   + max(6·4·100 = 2,400, 2·4·100 + min(1,600, 6·800 = 4,800) = 2,400)
     #   = 7,200; per token 10·(16 + 8·2) = 320: 7,520
     assert chunked_logprob_bytes(10, 100, 8, 4) == 7_520
     # with entropy_grad, k = 8: backward 3,200 + 1,600 + max(3,200, 2,400) = 8,000: 8,320
     assert chunked_logprob_bytes(10, 100, 8, 4, entropy_grad=True) == 8_320
-    # float32 (p = 4, p' = 0): no copies; forward 3,200; backward 3,200 + 4·4·100 = 4,800; 10·(16 + 32) = 480
+    # float32 (p = 4, p' = 0): no copies; forward 3,200; backward 3,200 + 4·4·100 = 4,800;
+    #   10·(16 + 32) = 480
     assert chunked_logprob_bytes(10, 100, 8, 4, compute_bytes=4) == 5_280
-    # t = 3 < chunk: c = 3; forward 1,600 + 2,400 = 4,000; backward 3,200 + 1,600 + max(1,800, 600 + 1,200)
+    # t = 3 < chunk: c = 3; forward 1,600 + 2,400 = 4,000;
+    #   backward 3,200 + 1,600 + max(1,800, 600 + 1,200)
     #   = 6,600; per token 3·32 = 96: 6,696
     assert chunked_logprob_bytes(3, 100, 8, 4) == 6_696
 

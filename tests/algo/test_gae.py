@@ -112,8 +112,8 @@ def test_length_adaptive_lambda_always_in_unit_interval():
         assert torch.isfinite(lam).all()
         assert (lam >= 0).all() and (lam <= 1).all()
         # against the formula, element by element
-        for l, got in zip(lengths.tolist()[:50], lam.tolist()[:50]):
-            want = 0.0 if l <= 0 else min(1.0, max(0.0, 1.0 - 1.0 / (alpha * l)))
+        for length, got in zip(lengths.tolist()[:50], lam.tolist()[:50]):
+            want = 0.0 if length <= 0 else min(1.0, max(0.0, 1.0 - 1.0 / (alpha * length)))
             assert abs(got - want) < 1e-6
 
 

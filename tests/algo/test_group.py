@@ -118,7 +118,8 @@ def test_dynamic_sampling_keep_other_scores():
 def test_overlong_penalty_boundaries():
     torch.manual_seed(20)
     # l_max = 20, l_cache = 4: free up to l_max − l_cache = 16; linear in (16, 20]; −1 beyond
-    #   l = 0, 16 -> 0;  l = 17 -> (16 − 17)/4 = −0.25;  l = 18 -> −0.5;  l = 20 -> −1;  l = 21, 100 -> −1
+    #   l = 0, 16 -> 0;  l = 17 -> (16 − 17)/4 = −0.25;  l = 18 -> −0.5;  l = 20 -> −1;
+    #   l = 21, 100 -> −1
     lengths = torch.tensor([0, 16, 17, 18, 20, 21, 100])
     out = overlong_penalty(lengths, 20, 4)
     assert out.shape == (7,) and out.is_floating_point()

@@ -1,4 +1,5 @@
-"""Tests for vapo_lab.algo.policy: aggregate_loss, loss_denominator, ppo_policy_loss, LOSS_AGG_MODES.
+"""Tests for vapo_lab.algo.policy: aggregate_loss, loss_denominator, ppo_policy_loss,
+LOSS_AGG_MODES.
 
 Hand cases carry their derivation in comments; random batches are checked against a slow
 per-token reference written in plain Python below (loss, analytic gradient, metrics).
@@ -149,7 +150,8 @@ def test_aggregate_loss_float_mask_equals_bool_mask():
 
 def test_aggregate_loss_normalizer_replaces_denominator():
     torch.manual_seed(4)
-    # token-mean: 10 / 10 = 1; seq-mean-token-mean: (4 + 2) / 4 = 1.5; seq-mean-token-sum: 10 / 5 = 2
+    # token-mean: 10 / 10 = 1; seq-mean-token-mean: (4 + 2) / 4 = 1.5;
+    # seq-mean-token-sum: 10 / 5 = 2
     close(aggregate_loss(AGG_L, AGG_M, "token-mean", normalizer=10.0), 1.0)
     close(aggregate_loss(AGG_L, AGG_M, "seq-mean-token-mean", normalizer=4.0), 1.5)
     close(aggregate_loss(AGG_L, AGG_M, "seq-mean-token-sum", normalizer=torch.tensor(5.0)), 2.0)

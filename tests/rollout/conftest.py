@@ -1,4 +1,5 @@
-"""Fixtures for the vLLM backend's tests on CPU: the stand-in ``vllm`` module and a tiny model to serve."""
+"""Fixtures for the vLLM backend's tests on CPU: the stand-in ``vllm`` module and a tiny model to
+serve."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def save_tiny_model(cfg, path, seed: int = 0):
 
 @pytest.fixture
 def vllm_on_cpu(monkeypatch):
-    """Installs the stand-in as ``vllm`` for one test; the variables the engine sets do not outlive it."""
+    """Installs the stand-in as ``vllm`` for one test; the variables the engine sets do not outlive
+    it."""
     fake_vllm.install(monkeypatch)
     for var in ENGINE_ENV:
         # registers the restore (unset) that a bare delenv of an unset var would not
@@ -68,19 +70,22 @@ def vllm_on_cpu(monkeypatch):
 
 @pytest.fixture(scope="session")
 def compose():
-    """The config builder: ``compose(*overrides)`` is SMALL with rollout=vllm, then ``overrides``."""
+    """The config builder: ``compose(*overrides)`` is SMALL with rollout=vllm, then
+    ``overrides``."""
     return vllm_config
 
 
 @pytest.fixture(scope="session")
 def save_tiny():
-    """The model saver: ``save_tiny(cfg, path)`` writes cfg's tiny model and tokenizer to ``path``."""
+    """The model saver: ``save_tiny(cfg, path)`` writes cfg's tiny model and tokenizer to
+    ``path``."""
     return save_tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(config, model directory, policy, tokenizer): SMALL's tiny model of seed 0, saved with its tokenizer."""
+    """(config, model directory, policy, tokenizer): SMALL's tiny model of seed 0, saved with its
+    tokenizer."""
     cfg = vllm_config()
     path = tmp_path_factory.mktemp("tiny")
     model, tokenizer = save_tiny_model(cfg, path)

@@ -86,7 +86,8 @@ _DTYPES = {
     "float16": torch.float16,
     "half": torch.float16,
 }
-# LLM's keyword arguments the stand-in knows (vLLM passes the rest to EngineArgs, which refuses unknown names)
+# LLM's keyword arguments the stand-in knows (vLLM passes the rest to EngineArgs, which refuses
+# unknown names)
 _ENGINE_ARGS = {
     "max_model_len",
     "enable_sleep_mode",
@@ -174,7 +175,8 @@ class SamplingParams:
             raise ValueError(f"n must be an int >= 1, got {self.n!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError(
-                f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}"
+                f"temperature must be >= 0 and top_p in (0, 1], got "
+                f"{self.temperature}, {self.top_p}"
             )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
@@ -207,7 +209,8 @@ class ModelConfig:
 
 
 class VllmStyleModel:
-    """The worker's model: vLLM's parameter names and ``load_weights`` over the HF model that samples."""
+    """The worker's model: vLLM's parameter names and ``load_weights`` over the HF model that
+    samples."""
 
     def __init__(self, hf: nn.Module) -> None:
         self.hf = hf.requires_grad_(False)
@@ -431,10 +434,12 @@ class LLM:
         args: tuple = (),
         kwargs: dict[str, Any] | None = None,
     ) -> list[Any]:
-        """Runs ``method`` (a worker method's name, or a function of the worker) on this rank's worker."""
+        """Runs ``method`` (a worker method's name, or a function of the worker) on this rank's
+        worker."""
         if not self.in_process and any(isinstance(t, torch.Tensor) for t in _leaves(args)):
             raise TypeError(
-                "the engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0): "
+                "the engine core runs in another process "
+                "(VLLM_ENABLE_V1_MULTIPROCESSING is not 0): "
                 "tensors do not reach it as tensors"
             )
         self.calls.append(("collective_rpc", method))
@@ -455,7 +460,8 @@ class LLM:
         self.sleeping = set(SLEEP_TAGS)
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
-        """Wakes ``tags`` (None: all); returns whether the engine is fully awake (and scheduling)."""
+        """Wakes ``tags`` (None: all); returns whether the engine is fully awake (and
+        scheduling)."""
         self.calls.append(("wake_up", None if tags is None else tuple(tags)))
         tags = list(self.sleeping) if tags is None else list(tags)
         if any(t not in self.sleeping for t in tags):
@@ -476,7 +482,8 @@ class LLM:
     def generate(
         self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True
     ) -> list[RequestOutput]:
-        """Returns one RequestOutput per prompt, in order; each prompt a ``{"prompt_token_ids": [...]}``."""
+        """Returns one RequestOutput per prompt, in order; each prompt a
+        ``{"prompt_token_ids": [...]}``."""
         prompts = prompts if isinstance(prompts, list) else [prompts]
         params = (
             sampling_params
@@ -528,7 +535,8 @@ class LLM:
             )
 
     def _complete(self, prompt: list[int], sp: SamplingParams) -> list[CompletionOutput]:
-        """Returns the n completions of ``prompt``, decoded together (one row each) with the HF model's KV cache."""
+        """Returns the n completions of ``prompt``, decoded together (one row each) with the HF
+        model's KV cache."""
         from transformers import DynamicCache
 
         n, limit = sp.n, self.model_config.max_model_len
@@ -599,7 +607,8 @@ class LLM:
     def _draw(
         self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None
     ) -> tuple[int, float, int]:
-        """Returns (token, its log-prob in ``logprobs_mode``, its rank) for one position's float32 logits."""
+        """Returns (token, its log-prob in ``logprobs_mode``, its rank) for one position's float32
+        logits."""
         raw = logits.log_softmax(-1)
         if sp.temperature < _SAMPLING_EPS:
             token, processed = int(logits.argmax()), raw
@@ -613,7 +622,8 @@ class LLM:
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """vLLM's apply_top_k_top_p_pytorch, top-p only: drops the least likely tokens whose mass stays within 1 - p."""
+    """vLLM's apply_top_k_top_p_pytorch, top-p only: drops the least likely tokens whose mass stays
+    within 1 - p."""
     if top_p >= 1:
         return logits
     sorted_logits, order = logits.sort(descending=False)
@@ -623,7 +633,8 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _dtype(name: str, model: str) -> torch.dtype:
-    """Returns the torch dtype of ``LLM(dtype=name)``; "auto": the config's, float32 served as float16."""
+    """Returns the torch dtype of ``LLM(dtype=name)``; "auto": the config's, float32 served as
+    float16."""
     if name != "auto":
         return _DTYPES[name]
     from transformers import AutoConfig

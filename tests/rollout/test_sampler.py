@@ -190,7 +190,8 @@ def test_top_p_outside_zero_one_rejected():
 
 
 def test_the_fast_decoder_keeps_every_projection_bias():
-    """Llama with mlp_bias: the fused gate/up projection carries the biases too (logits as a full pass)."""
+    """Llama with mlp_bias: the fused gate/up projection carries the biases too (logits as a full
+    pass)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=VOCAB,

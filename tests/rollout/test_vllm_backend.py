@@ -1,6 +1,7 @@
-"""The vLLM backend's pieces that need no vLLM nor GPU: the weight iterator (plain, and FSDP2-sharded
-over gloo ranks), the error paths, and the engine's sleep / push / sample protocol against a fake
-``vllm`` module. The real engine is tested by tests/rollout/test_vllm_gpu.py (``pytest -m gpu``)."""
+"""The vLLM backend's pieces that need no vLLM nor GPU: the weight iterator (plain, and
+FSDP2-sharded over gloo ranks), the error paths, and the engine's sleep / push / sample protocol
+against a fake ``vllm`` module. The real engine is tested by tests/rollout/test_vllm_gpu.py
+(``pytest -m gpu``)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def _names(buckets):
 @pytest.mark.parametrize(
     "bucket_bytes, dtype, expected",
     [
-        # 40 | +80 = 120 > 100: flush | 80, +120 > 100: flush | 120 alone (one parameter may exceed) | 20
+        # 40 | +80 = 120 > 100: flush | 80, +120 > 100: flush
+        #   | 120 alone (one parameter may exceed) | 20
         (100, None, [["a"], ["b"], ["c"], ["d"]]),
         # 40 + 80 = 120 <= 130 | +120 = 240: flush | 120, +20 = 140 > 130: flush | 20
         (130, None, [["a", "b"], ["c"], ["d"]]),
@@ -93,7 +95,8 @@ def test_every_hf_name_once_in_named_parameters_order(tied):
     pushed = [(name, t) for bucket in buckets for name, t in bucket]
     assert [n for n, _ in pushed] == [n for n, _ in model.named_parameters()]
     assert len({n for n, _ in pushed}) == len(pushed)
-    # tied: the shared matrix comes once, under the input embedding's name (vLLM refuses a lone lm_head)
+    # tied: the shared matrix comes once, under the input embedding's name (vLLM refuses a lone
+    # lm_head)
     assert ("lm_head.weight" in dict(pushed)) == (not tied)
     state = model.state_dict()
     for name, tensor in pushed:
@@ -254,7 +257,8 @@ class _FakeModel:
 
 
 class _FakeLLM:
-    """Records calls; collective_rpc runs the WeightLoader methods on a worker holding _FakeModel."""
+    """Records calls; collective_rpc runs the WeightLoader methods on a worker holding
+    _FakeModel."""
 
     extra_params: dict[str, torch.Tensor] = {}
     last: _FakeLLM | None = None
@@ -381,7 +385,8 @@ def test_level_2_wakes_weights_then_pushes_then_wakes_the_kv_cache(fake_vllm):
     engine.sleep()  # already asleep: nothing more
     with pytest.raises(WeightPushError, match="call push_weights"):
         engine.sample(*args)  # the weights were discarded
-    engine.wake()  # the trainer may wake before pushing: weights only, the KV cache waits for the push
+    # the trainer may wake before pushing: weights only, the KV cache waits for the push
+    engine.wake()
     engine.push_weights(Four())
     engine.sample(*args)
     assert [c for c in llm.calls if c[0] != "rpc"] == [
@@ -454,7 +459,8 @@ def test_make_engine_passes_the_config(fake_vllm):
 
 
 def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) -> None:
-    """On each of 2 ranks, one engine of tensor_parallel_size=2 over a fake vllm: both run both ranks' prompts."""
+    """On each of 2 ranks, one engine of tensor_parallel_size=2 over a fake vllm: both run both
+    ranks' prompts."""
     module = types.ModuleType("vllm")
     module.__version__, module.LLM = "0.33.0", _FakeLLM
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
@@ -502,7 +508,8 @@ def test_a_tensor_parallel_group_samples_its_ranks_prompts_together(tmp_path):
     assert results[0]["empty_round"] == (("generate", [[4]], [201]), 0, 0)
     assert results[1]["empty_round"] == (("generate", [[4]], [201]), 2, 2)
     assert results[0]["seed"] == results[1]["seed"] == 3  # one engine seed per group
-    # each rank gets back its own rows: fake first token 10 + the request's index in the group's batch
+    # each rank gets back its own rows: fake first token 10 + the request's index in the group's
+    # batch
     assert results[0]["prompt_ids"] == [[1]] and results[0]["first_tokens"] == [10]
     assert results[1]["prompt_ids"] == [[0, 2, 2], [3, 3, 3]] and results[1]["first_tokens"] == [
         11,

@@ -92,7 +92,8 @@ def saved(tmp_path_factory):
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_two_ranks_push_from_fsdp2_shards_and_sample(saved, tmp_path, tp):
-    """torchrun, 2 ranks: external_launcher engines (tp=1: one per rank; tp=2: one shared by both)."""
+    """torchrun, 2 ranks: external_launcher engines (tp=1: one per rank; tp=2: one shared by
+    both)."""
     _need(2)
     path, _ = saved
     run = subprocess.run(

@@ -1,6 +1,7 @@
-"""The vLLM backend's whole loop on CPU, against the stand-in for vLLM 0.33 (fake_vllm.py) serving the
-tiny model: build through ``make_engine``, sample, update the policy, sleep, push, sample again; the
-engine's context; the samples' layout; and tensor-parallel groups over two gloo ranks."""
+"""The vLLM backend's whole loop on CPU, against the stand-in for vLLM 0.33 (fake_vllm.py) serving
+the tiny model: build through ``make_engine``, sample, update the policy, sleep, push, sample
+again; the engine's context; the samples' layout; and tensor-parallel groups over two gloo
+ranks."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ PROMPTS = [
     [267, 296, 455, 330, 340, 456],
     [296, 455, 340, 456],
 ]
-BUDGET = 16  # the prompt tokens an engine of these tests is built for (its max_model_len: + max_new_tokens)
+# the prompt tokens an engine of these tests is built for (its max_model_len: + max_new_tokens)
+BUDGET = 16
 
 
 def _sample(
@@ -47,7 +49,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _logprobs_under(model, s: Samples) -> list[torch.Tensor]:
-    """Returns, per row, the sampled tokens' log-probs under ``model`` (temperature 1), from one full forward."""
+    """Returns, per row, the sampled tokens' log-probs under ``model`` (temperature 1), from one
+    full forward."""
     out = []
     for r in range(s.response_ids.shape[0]):
         prompt, response = s.prompt_ids[r][s.prompt_mask[r]], s.response_ids[r, : int(s.lengths[r])]
@@ -61,7 +64,8 @@ def _logprobs_under(model, s: Samples) -> list[torch.Tensor]:
 
 
 def _engine(path, cfg, prompt_tokens: int = BUDGET):
-    """The engine of ``cfg`` over the checkpoint at ``path``, built for prompts of ``prompt_tokens``."""
+    """The engine of ``cfg`` over the checkpoint at ``path``, built for prompts of
+    ``prompt_tokens``."""
     context = prompt_tokens + cfg.rollout.max_new_tokens
     return make_engine(path, cfg.rollout.vllm, cfg.model, cfg.seed, context)
 
@@ -171,7 +175,8 @@ def test_max_model_len_is_the_longest_prompt_plus_max_new_tokens(
             "model=hf",
             f"model.path={tmp_path}",
         )
-    # the longest of 144 problems of up to 5 digits is "x1_D .. x5_D + y1_D .. y5_D =": 2 * 5 + 2 = 12 tokens
+    # the longest of 144 problems of up to 5 digits is "x1_D .. x5_D + y1_D .. y5_D =":
+    #   2 * 5 + 2 = 12 tokens
     task = task_for(cfg.task)
     assert longest_prompt(task, tokenizer, cfg.model.chat_template)[0] == 12
     engine = make_sampling(
@@ -278,7 +283,8 @@ def test_a_tensor_parallel_pair_samples_in_lockstep_and_each_rank_gets_its_rows(
     both = ("generate", ([PROMPTS[0], PROMPTS[1], PROMPTS[0][1:]], [100, 101, 103]))
     assert pair[("lockstep", 0)]["generate"] == pair[("lockstep", 1)]["generate"] == both
     assert pair[("lockstep", 0)]["pushed"] and pair[("lockstep", 1)]["pushed"]
-    # each rank's rows are those of its own prompts, as a one-rank engine with the same weights samples them
+    # each rank's rows are those of its own prompts, as a one-rank engine with the same weights
+    # samples them
     engine = VllmEngine(path, dtype="float32", seed=0, max_model_len=32)
     engine.push_weights(_updated_policy(str(path)))
     for rank in (0, 1):

@@ -48,7 +48,8 @@ def workdir(tmp_path_factory):
 
 
 def last_metrics(run_dir):
-    """Returns {step: metrics} from a run's metrics.jsonl, the last record of each step, timings left out."""
+    """Returns {step: metrics} from a run's metrics.jsonl, the last record of each step, timings
+    left out."""
     rows = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         d = json.loads(line)

@@ -1,4 +1,5 @@
-"""Diagnostics: value bias by token position and the length profile, against hand-computed values."""
+"""Diagnostics: value bias by token position and the length profile, against hand-computed
+values."""
 
 import pytest
 import torch

@@ -27,7 +27,8 @@ def _model(**kw):
 
 
 def _rows(vocab=50, p=6, t=5):
-    """7 rows over 3 distinct prompts of 6, 3 and 1 real tokens (left-padded), responses of 1-5 tokens."""
+    """7 rows over 3 distinct prompts of 6, 3 and 1 real tokens (left-padded), responses of 1-5
+    tokens."""
     g = torch.Generator().manual_seed(1)
     prompts = []
     for n in (6, 3, 1):
@@ -67,9 +68,9 @@ def test_packed_log_probs_entropy_values_and_gradients_equal_the_padded_forward(
     mask = rows.response_mask
     assert P.shares_prompts(model.model)
     assert (len(F._groups(model.model, rows)[0]) == 3) == (path == "shared prompts")
-    # float64: one prompt per row runs the padded forward's per-token ops in its order, so it agrees to
-    # float64 rounding. Shared prompts sum their responses' gradients before a layer's backward, not
-    # after, and HF's RMSNorm computes in float32 whatever the dtype: ~1e-7 relative there.
+    # float64: one prompt per row runs the padded forward's per-token ops in its order, so it agrees
+    # to float64 rounding. Shared prompts sum their responses' gradients before a layer's backward,
+    # not after, and HF's RMSNorm computes in float32 whatever the dtype: ~1e-7 relative there.
     if dtype == torch.float32:
         tol = dict(rtol=1e-4, atol=2e-6)
     else:
@@ -155,8 +156,9 @@ def test_prompts_are_shared_only_where_they_repeat():
 
 
 def _mlp_calls(decoder):
-    """Returns a list that grows by one whenever the first layer's MLP starts a forward pass (a pre-hook:
-    a recompute may stop inside the MLP once it has every tensor the backward pass needs)."""
+    """Returns a list that grows by one whenever the first layer's MLP starts a forward pass (a
+    pre-hook: a recompute may stop inside the MLP once it has every tensor the backward pass
+    needs)."""
     calls = []
     decoder.layers[0].mlp.register_forward_pre_hook(lambda *a: calls.append(1))
     return calls

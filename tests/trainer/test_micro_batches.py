@@ -1,4 +1,5 @@
-"""Token-budget micro-batches: how rows are split, and that the split leaves the update unchanged."""
+"""Token-budget micro-batches: how rows are split, and that the split leaves the update
+unchanged."""
 
 import copy
 
@@ -12,7 +13,8 @@ from vapo_lab.trainer.update import ActorUpdate, CriticUpdate, Descent
 
 
 def _rows(lengths):
-    """Rows with the given (prompt, response) valid lengths, prompts left- and responses right-padded."""
+    """Rows with the given (prompt, response) valid lengths, prompts left- and responses
+    right-padded."""
     p, t = max(a for a, _ in lengths), max(b for _, b in lengths)
     pm = torch.tensor([[j >= p - a for j in range(p)] for a, _ in lengths])
     rm = torch.tensor([[j < b for j in range(t)] for _, b in lengths])
@@ -20,7 +22,8 @@ def _rows(lengths):
 
 
 def _cost(rows, idx):
-    """The tokens of the layout a pass runs ``idx`` in: rows x (longest prompt + longest response)."""
+    """The tokens of the layout a pass runs ``idx`` in: rows x (longest prompt + longest
+    response)."""
     return len(idx) * int(
         rows.prompt_mask[idx].sum(-1).max() + rows.response_mask[idx].sum(-1).max()
     )
@@ -36,8 +39,9 @@ def test_rows_that_fit_are_one_micro_batch_in_their_order():
 def test_rows_are_sorted_by_tokens_and_filled_to_the_budget():
     # tokens per row: 7, 4, 3, 9, 2 -> sorted (stable): rows 4 (2), 2 (3), 1 (4), 0 (7), 3 (9)
     rows = _rows([(2, 5), (3, 1), (1, 2), (4, 5), (1, 1)])
-    # budget 12: [4, 2] costs 2 x (1 + 2) = 6; adding row 1 (3, 1): 3 x (3 + 2) = 15 > 12, so it starts
-    # the next; [1] 4, + row 0 (2, 5): 2 x (3 + 5) = 16 > 12; [0] 7, + row 3: 2 x 9 = 18; [3] 9
+    # budget 12: [4, 2] costs 2 x (1 + 2) = 6; adding row 1 (3, 1): 3 x (3 + 2) = 15 > 12, so it
+    # starts the next; [1] 4, + row 0 (2, 5): 2 x (3 + 5) = 16 > 12; [0] 7, + row 3: 2 x 9 = 18;
+    # [3] 9
     parts = token_micro_batches(torch.arange(5), rows, 12)
     assert [p.tolist() for p in parts] == [[4, 2], [1], [0], [3]]
 
