@@ -155,8 +155,8 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _autocast_on(device: str) -> bool:
-    """Returns whether autocast is on for ``device`` (never for a device type autocast does not know:
-    "meta", where shapes alone are computed)."""
+    """Returns whether autocast is on for ``device`` (never for a device type autocast does not
+    know: "meta", where shapes alone are computed)."""
     try:
         return torch.is_autocast_enabled(device)
     except RuntimeError:
@@ -164,7 +164,8 @@ def _autocast_on(device: str) -> bool:
 
 
 def _no_autocast(device: str) -> contextlib.AbstractContextManager[None]:
-    """Returns a context with autocast off for ``device`` (nothing to turn off on a type it does not know)."""
+    """Returns a context with autocast off for ``device`` (nothing to turn off on a type it does not
+    know)."""
     try:
         return torch.autocast(device, enabled=False)
     except RuntimeError:
@@ -283,9 +284,9 @@ class _HeadLogprobs(torch.autograd.Function):
                 if need_w and g.dtype == acc:
                     grad_weight.addmm_(g.t(), h)  # ∂L/∂W = Σ_chunks ∂L/∂zᵀ · h
                 elif need_w:
-                    # The same, each chunk's share computed in the compute dtype and summed in float32,
-                    # a block of vocabulary rows at a time: on CPU a mixed-dtype add_ copies its whole
-                    # operand to float32 first, (V, h) of it at once.
+                    # The same, each chunk's share computed in the compute dtype and summed in
+                    # float32, a block of vocabulary rows at a time: on CPU a mixed-dtype add_
+                    # copies its whole operand to float32 first, (V, h) of it at once.
                     block = weight_block_rows(
                         min(ctx.chunk, n), ctx.vocab, hidden.shape[1], g.element_size()
                     )
@@ -313,7 +314,8 @@ def head_logprobs_and_entropy(
     entropy_grad: bool = False,
     chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Returns (log π(y) (N,), entropy H (N,) or None) from the LM head, never holding the (N, V) logits.
+    """Returns (log π(y) (N,), entropy H (N,) or None) from the LM head, never holding the (N, V)
+    logits.
 
     z = (h·Wᵀ + b) / τ, log π(y) = z_y − lse(z), H = lse(z) − Σ_v p_v·z_v with p = softmax(z): the
     values of ``token_logprobs_and_entropy(wide(lm_head(hidden)) / τ, tokens)`` (to float

@@ -54,8 +54,8 @@ def compose_config(
     """Returns the composed, resolved and validated config of one run.
 
     The preset (``algo``, else an ``algo=`` override, else conf/config.yaml's default) chooses
-    each component's ``on`` or ``off`` group (``vapo_lab.registry.presets``); a ``<component>=on|off``
-    override or ``drop`` changes that choice; Hydra composes the rest.
+    each component's ``on`` or ``off`` group (``vapo_lab.registry.presets``); a
+    ``<component>=on|off`` override or ``drop`` changes that choice; Hydra composes the rest.
 
     Args:
         algo: a preset (vapo, ppo, dapo, grpo); None keeps the default (vapo).
@@ -173,7 +173,10 @@ def _one_line(error: Exception) -> str:
             if key.startswith(("task.options.", "model.base."))
             else ""
         )
-        return f"unknown config key {key!r}{_closest_key(key)}{hint}; see `vapo-lab config` for the keys"
+        return (
+            f"unknown config key {key!r}{_closest_key(key)}{hint}; "
+            "see `vapo-lab config` for the keys"
+        )
     match = re.search(r"Could not find '([^']+)'", head)
     if match:
         group, _, option = match.group(1).partition("/")
@@ -198,7 +201,8 @@ def _one_line(error: Exception) -> str:
 
 
 def _parse_error(override: str, detail: str) -> str:
-    """Returns the one line for an override Hydra cannot parse: which one, what is wrong, the fix."""
+    """Returns the one line for an override Hydra cannot parse: which one, what is wrong, the
+    fix."""
     lines = [
         ln.strip()
         for ln in detail.splitlines()
@@ -227,11 +231,13 @@ def _parse_error(override: str, detail: str) -> str:
         if isinstance(_default_value(key), (list, dict)):
             whole = f"{opening}{inner}{closing}"
             return (
-                f"malformed override {override!r}: {problem}; write the {'list' if opening == '[' else 'value'} "
+                f"malformed override {override!r}: {problem}; write the "
+                f"{'list' if opening == '[' else 'value'} "
                 f"whole and quote the override for the shell: '{key}={whole}'"
             )
         return (
-            f"malformed override {override!r}: {problem}; {key} takes one value: write {key}={inner} "
+            f"malformed override {override!r}: {problem}; {key} takes one value: write "
+            f"{key}={inner} "
             f"(a list is written whole and quoted for the shell, e.g. {quote})"
         )
     if value.count("'") % 2 or value.count('"') % 2:
@@ -245,7 +251,8 @@ def _parse_error(override: str, detail: str) -> str:
             f"{key}='{value}' (itself inside double quotes in a shell)"
         )
     return (
-        f"malformed override {override!r}: {detail}; overrides are key=value, e.g. loss.eps_low=0.1 or "
+        f"malformed override {override!r}: {detail}; overrides are key=value, e.g. "
+        "loss.eps_low=0.1 or "
         f"clip_higher=off, and a list is quoted for the shell, e.g. {quote}"
     )
 
@@ -261,8 +268,8 @@ def _default_value(key: str) -> object:
 
 
 def _closest_key(key: str) -> str:
-    """Returns '; did you mean X?' for the closest dotted key of the default config, else the keys of
-    ``key``'s group ('; trainer has: ...'), or ''."""
+    """Returns '; did you mean X?' for the closest dotted key of the default config, else the keys
+    of ``key``'s group ('; trainer has: ...'), or ''."""
     keys = _dotted_keys(_default_tree())
     close = closest_key(key, keys)
     if close:
@@ -295,7 +302,8 @@ def closest_key(key: str, keys: Sequence[str]) -> str | None:
 
 
 def _default_tree() -> dict:
-    """Returns the default config (unresolved, without the hydra node) as nested dicts; {} if it fails."""
+    """Returns the default config (unresolved, without the hydra node) as nested dicts; {} if it
+    fails."""
     try:
         default = _hydra_compose([])
     except (HydraException, OmegaConfBaseException, ValueError):

@@ -1,4 +1,5 @@
-"""Pre-flight checks: the folders and the tracking store a command will write, checked before any compute.
+"""Pre-flight checks: the folders and the tracking store a command will write, checked before any
+compute.
 
 A run writes its folder under ``output_dir``, the shared caches under ``./.vapo_cache`` and, with
 ``tracking=mlflow``, an MLflow store (``./mlflow.db`` by default). Each of these failing after a
@@ -26,7 +27,8 @@ from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 
 @dataclass(frozen=True)
 class Need:
-    """A path a command will write: ``what`` names it as the user set it, ``fix`` says how to move it."""
+    """A path a command will write: ``what`` names it as the user set it, ``fix`` says how to move
+    it."""
 
     path: Path
     what: str  # e.g. "output_dir=runs"
@@ -35,7 +37,8 @@ class Need:
 
 def unwritable(path: str | Path) -> tuple[Path, str] | None:
     """Returns (the folder that blocks it, why) when ``path`` (a folder, made if missing) cannot be
-    written, else None. Creates and removes one temporary file in ``path`` or its nearest existing parent."""
+    written, else None. Creates and removes one temporary file in ``path`` or its nearest existing
+    parent."""
     target = Path(path).absolute()
     folder = target
     while not folder.exists() and folder != folder.parent:  # the nearest existing parent
@@ -52,7 +55,8 @@ def unwritable(path: str | Path) -> tuple[Path, str] | None:
 
 
 def writable_problems(needs: Sequence[Need]) -> list[str]:
-    """Returns one line per folder that blocks some of ``needs``, naming what goes there and each fix."""
+    """Returns one line per folder that blocks some of ``needs``, naming what goes there and each
+    fix."""
     blocked: dict[Path, tuple[str, list[Need]]] = {}
     for need in needs:
         found = unwritable(need.path)
@@ -100,7 +104,8 @@ def store_path(uri: str) -> tuple[str, Path | None]:
 def tracking_problems(
     uri: str | None, key: str = "tracking.uri", must_exist: bool = False, timeout: float = 3.0
 ) -> list[str]:
-    """Returns the problems of the MLflow store ``uri`` (None: $MLFLOW_TRACKING_URI, else ./mlflow.db).
+    """Returns the problems of the MLflow store ``uri`` (None: $MLFLOW_TRACKING_URI, else
+    ./mlflow.db).
 
     Args:
         uri: the tracking URI as given.
@@ -133,12 +138,15 @@ def tracking_problems(
     if must_exist:
         if kind == "sqlite" and not path.is_file():
             return [
-                f"{shown} does not exist (no file {path.absolute()}): give --tracking-uri the store the runs "
-                "logged to (their run.json says which), e.g. sqlite:///mlflow.db in the folder they ran from"
+                f"{shown} does not exist (no file {path.absolute()}): give --tracking-uri the "
+                "store the runs "
+                "logged to (their run.json says which), e.g. sqlite:///mlflow.db in the folder "
+                "they ran from"
             ]
         if kind == "file" and not path.is_dir():
             return [
-                f"{shown} does not exist (no folder {path.absolute()}): give --tracking-uri the store the "
+                f"{shown} does not exist (no folder {path.absolute()}): give --tracking-uri the "
+                "store the "
                 "runs logged to (their run.json says which)"
             ]
         return []
@@ -214,9 +222,9 @@ def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]
 
 
 def check_run(cfg: Any, cache_dir: str | Path) -> None:
-    """Raises ConfigError naming every place the run ``cfg`` cannot write (see ``run_problems``) and,
-    when it runs on this machine (launcher=local: ``train`` and local grids), a model and batch its
-    devices cannot hold (``fit_problems``); TrackingError when the only problem is a tracking
+    """Raises ConfigError naming every place the run ``cfg`` cannot write (see ``run_problems``)
+    and, when it runs on this machine (launcher=local: ``train`` and local grids), a model and batch
+    its devices cannot hold (``fit_problems``); TrackingError when the only problem is a tracking
     server that does not answer. Ray and Slurm cells run on other machines, whose devices this one
     cannot see."""
     from vapo_lab.track.mlflow_tracker import TrackingError
@@ -231,13 +239,15 @@ def check_run(cfg: Any, cache_dir: str | Path) -> None:
 # a plan's estimate of the longest prompt (tokens): a maths problem with its instructions (DAPO's
 # math prompts run ~100-300 tokens); `vapo-lab plan --prompt-tokens` sets another
 PROMPT_TOKENS = 512
-# the built-in sampler decodes at most this many rows at once (vapo_lab.rollout.sampler.sample's max_batch)
+# the built-in sampler decodes at most this many rows at once (vapo_lab.rollout.sampler.sample's
+# max_batch)
 BUILTIN_ROWS = 256
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A run's model shape, its sizes and what one rank of it needs (``vapo_lab.models.footprint``)."""
+    """A run's model shape, its sizes and what one rank of it needs
+    (``vapo_lab.models.footprint``)."""
 
     model: str  # where the shape came from, e.g. "Qwen2.5-32B (model.arch_name)"
     shape: Shape
@@ -340,9 +350,9 @@ def plan_run(
 
 
 def fewest_ranks(plan: RunPlan, engine_at_minimum: bool = False) -> int | None:
-    """Returns the fewest fsdp ranks (GPUs) on which ``plan``'s run fits its memory, a divisor of the
-    prompts per step (each rank samples an equal share of whole groups); None when no count does.
-    ``engine_at_minimum``: with vLLM's share at the least it needs, not as configured."""
+    """Returns the fewest fsdp ranks (GPUs) on which ``plan``'s run fits its memory, a divisor of
+    the prompts per step (each rank samples an equal share of whole groups); None when no count
+    does. ``engine_at_minimum``: with vLLM's share at the least it needs, not as configured."""
     return smallest_world(
         plan.shape,
         plan.setup,
@@ -352,8 +362,8 @@ def fewest_ranks(plan: RunPlan, engine_at_minimum: bool = False) -> int | None:
     )
 
 
-# the vLLM settings ``fastest_within`` tries beside the configured ones: verl's DAPO-32B recipe gives
-# its engine 0.8 of each GPU, which the training state's offload leaves room for
+# the vLLM settings ``fastest_within`` tries beside the configured ones: verl's DAPO-32B recipe
+# gives its engine 0.8 of each GPU, which the training state's offload leaves room for
 ENGINE_SHARES = (0.8,)
 TENSOR_PARALLEL = (1, 2, 4, 8)
 
@@ -404,10 +414,11 @@ def fastest_within(plan: RunPlan, seconds: float) -> tuple[int, dict[str, Any], 
 
 def device_memory(cfg: Any) -> tuple[float, str, str] | None:
     """Returns (bytes one rank of run ``cfg`` has, what they are, cuda or cpu) on this machine, or
-    None where it cannot tell (trainer.device=cuda with no GPU visible: the run fails on that with its own message).
+    None where it cannot tell (trainer.device=cuda with no GPU visible: the run fails on that with
+    its own message).
 
-    On CUDA: the smallest visible GPU's total memory (``torch.cuda.get_device_properties``; each rank
-    takes one GPU). On CPU: the host's RAM (/proc/meminfo MemTotal), shared by the
+    On CUDA: the smallest visible GPU's total memory (``torch.cuda.get_device_properties``; each
+    rank takes one GPU). On CPU: the host's RAM (/proc/meminfo MemTotal), shared by the
     trainer.nproc_per_node ranks of the node.
     """
     import torch
@@ -467,7 +478,8 @@ def _need_text(plan: RunPlan) -> str:
     fp, s = plan.footprint, plan.setup
     acts = max(fp.actor_activations, fp.critic_activations)
     update = (
-        f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations {acts / GB:.1f} "
+        f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations "
+        f"{acts / GB:.1f} "
         f"for a pass of {fp.pass_tokens} tokens"
         + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else "")
     )
@@ -501,7 +513,8 @@ def fixes(plan: RunPlan) -> str:
         )
     if not s.gradient_checkpointing:
         fixes.append(
-            f"model.gradient_checkpointing=true (actor activations {fp.actor_activations_full / GB:.1f} -> "
+            "model.gradient_checkpointing=true (actor activations "
+            f"{fp.actor_activations_full / GB:.1f} -> "
             f"{fp.actor_activations_ckpt / GB:.1f} GB)"
         )
     smaller = [
@@ -516,11 +529,13 @@ def fixes(plan: RunPlan) -> str:
         )
     if fp.vllm and not fp.offload and fp.rollout_peak > plan.memory:
         fixes.append(
-            "trainer.offload_during_rollout=true (the training state in host memory while vLLM samples)"
+            "trainer.offload_during_rollout=true (the training state in host memory while vLLM "
+            "samples)"
         )
     if fp.vllm and fp.engine_memory < fp.engine_minimum:
         fixes.append(
-            f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger rollout.vllm.tensor_parallel_size"
+            f"rollout.vllm.gpu_memory_utilization >= {share:.2f}, or a larger "
+            "rollout.vllm.tensor_parallel_size"
         )
     elif not fp.vllm and fp.rollout_peak > plan.memory:
         fixes.append("fewer rollout.responses_per_step or rollout.max_new_tokens")
@@ -530,14 +545,16 @@ def fixes(plan: RunPlan) -> str:
 
 
 def check_fits(cfg: Any) -> None:
-    """Raises ConfigError (one line: need, have, fixes) when run ``cfg`` cannot fit this machine's devices."""
+    """Raises ConfigError (one line: need, have, fixes) when run ``cfg`` cannot fit this machine's
+    devices."""
     require(fit_problems(cfg))
 
 
 def require_writable(
     path: str | Path, what: str, fix: str, error: type[VapoLabError] = ConfigError
 ) -> None:
-    """Raises ``error`` when the folder ``path`` cannot be made or written, naming ``what`` and ``fix``."""
+    """Raises ``error`` when the folder ``path`` cannot be made or written, naming ``what`` and
+    ``fix``."""
     require(writable_problems([Need(Path(path), what, fix)]), error)
 
 

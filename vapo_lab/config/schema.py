@@ -41,16 +41,16 @@ class ModelConfig:
     path: Optional[str] = None  # local HF checkpoint directory; None builds the embedded model
     tokenizer_path: Optional[str] = None  # defaults to `path`
     arch: ArchConfig = field(default_factory=ArchConfig)
-    # a known public architecture (vapo_lab/models/shapes.py KNOWN_ARCHS, e.g. Qwen2.5-32B): the shape
-    # `vapo-lab plan` uses while model.path is unset; a checkpoint's own config.json wins
+    # a known public architecture (vapo_lab/models/shapes.py KNOWN_ARCHS, e.g. Qwen2.5-32B): the
+    # shape `vapo-lab plan` uses while model.path is unset; a checkpoint's own config.json wins
     arch_name: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
     # recompute layer activations in the backward pass (less memory)
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
-    # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size, lr,
-    # bug_rate, slip_rate, ...); empty keeps its measured defaults
+    # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size,
+    # lr, bug_rate, slip_rate, ...); empty keeps its measured defaults
     base: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,7 +91,8 @@ class RewardConfig:
 
 @dataclass
 class VllmConfig:
-    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, docs/distributed.md, GPU / vLLM)."""
+    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, docs/distributed.md, GPU /
+    vLLM)."""
 
     # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
     gpu_memory_utilization: float = 0.5

@@ -47,7 +47,8 @@ def train_config(
     others = [o for o in overrides if not o.startswith("resume=") and o not in ranks]
     if others or algo or drop:
         raise ConfigError(
-            f"resume={resume} continues a run with its saved config: drop {others or '--algo/--drop'}"
+            f"resume={resume} continues a run with its saved config: drop "
+            f"{others or '--algo/--drop'}"
         )
     cfg, choices = saved_config(resume)
     for o in ranks:

@@ -149,7 +149,8 @@ def _relations(get: Any) -> list[str]:
     eps_low, eps_high = get("loss.eps_low"), get("loss.eps_high")
     if eps_high < eps_low:
         problems.append(
-            f"loss.eps_high={eps_high} is below eps_low={eps_low}: clip-higher only widens the upper "
+            f"loss.eps_high={eps_high} is below eps_low={eps_low}: clip-higher only widens the "
+            "upper "
             f"bound. Set loss.eps_high>={eps_low}, or choose clip_higher=off."
         )
     dual = get("loss.dual_clip")
@@ -166,8 +167,10 @@ def _relations(get: Any) -> list[str]:
     pool, n_train = get("trainer.prompt_pool"), get("task.n_train")
     if pool is not None and not batch // max(n, 1) <= pool <= n_train:
         problems.append(
-            f"trainer.prompt_pool={pool} must hold one step's {batch // max(n, 1)} prompts and at most "
-            f"task.n_train={n_train}: set it in [{batch // max(n, 1)}, {n_train}], or null for every train problem"
+            f"trainer.prompt_pool={pool} must hold one step's {batch // max(n, 1)} prompts and at "
+            "most "
+            f"task.n_train={n_train}: set it in [{batch // max(n, 1)}, {n_train}], or null for "
+            "every train problem"
         )
     mini = get("trainer.mini_batch_size")
     if batch % mini:
@@ -178,7 +181,8 @@ def _relations(get: Any) -> list[str]:
     if get("algo.advantage") == "group":
         if n < 2:
             problems.append(
-                "algo.advantage=group needs groups but rollout.n_samples=1: choose group_sampling=on "
+                "algo.advantage=group needs groups but rollout.n_samples=1: choose "
+                "group_sampling=on "
                 "(or a preset with a critic: --algo vapo / ppo)"
             )
         for c in COMPONENTS:
@@ -190,7 +194,8 @@ def _relations(get: Any) -> list[str]:
     overlong = get("reward.overlong")
     if overlong["enabled"] and not 0 < overlong["l_cache"] <= overlong["l_max"]:
         problems.append(
-            f"reward.overlong.l_cache={overlong['l_cache']} must be in (0, l_max={overlong['l_max']}]: "
+            f"reward.overlong.l_cache={overlong['l_cache']} must be in (0, "
+            f"l_max={overlong['l_max']}]: "
             "set a smaller l_cache, or reward.overlong.enabled=false"
         )
     if get("model.name") == "hf" and not get("model.path"):
@@ -205,7 +210,8 @@ def _relations(get: Any) -> list[str]:
     impl = get("trainer.adam_impl")
     if impl not in ("fused", "foreach", "for-loop"):
         problems.append(
-            f"trainer.adam_impl={impl} is not an AdamW implementation: use fused, foreach or for-loop"
+            f"trainer.adam_impl={impl} is not an AdamW implementation: use fused, foreach or "
+            "for-loop"
         )
     device = get("trainer.device")
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
@@ -223,7 +229,8 @@ def _ranks(get: Any) -> list[str]:
     tp = get("rollout.vllm.tensor_parallel_size")
     if get("rollout.backend") == "vllm" and ranks % tp:
         return [
-            f"rollout.vllm.tensor_parallel_size={tp} does not divide the {ranks} ranks (trainer.nodes x "
+            f"rollout.vllm.tensor_parallel_size={tp} does not divide the {ranks} ranks "
+            "(trainer.nodes x "
             "trainer.nproc_per_node): each engine spans tp consecutive ranks; choose a divisor"
         ]
     if ranks == 1:
@@ -236,16 +243,20 @@ def _ranks(get: Any) -> list[str]:
     prompts = get("rollout.responses_per_step") // get("rollout.n_samples")
     if prompts % ranks:
         return [
-            f"{prompts} prompts per step (rollout.responses_per_step / rollout.n_samples) do not divide among "
-            f"{ranks} ranks: choose rollout.responses_per_step as a multiple of {ranks * get('rollout.n_samples')}, "
+            f"{prompts} prompts per step (rollout.responses_per_step / rollout.n_samples) do not "
+            "divide among "
+            f"{ranks} ranks: choose rollout.responses_per_step as a multiple of "
+            f"{ranks * get('rollout.n_samples')}, "
             "or another rank count"
         ]
     return []
 
 
 def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str]:
-    """Returns a problem when ``max_new_tokens`` is below the shortest correct response of task=arith
-    (the scratchpad and boxed answer of a ``min_digits`` problem): then no response could be right."""
+    """Returns a problem when ``max_new_tokens`` is below the shortest correct response of
+    task=arith (the scratchpad and boxed answer of a ``min_digits`` problem): then no response could
+    be
+    right."""
     import inspect
 
     from vapo_lab.tasks.arith import ArithTask, response_tokens
@@ -259,9 +270,13 @@ def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str
     if max_new_tokens >= shortest:
         return []
     return [
-        f"rollout.max_new_tokens={max_new_tokens} is below the shortest correct response of task=arith: "
-        f"the scratchpad and \\boxed{{}} answer of a {low}-digit problem (task.options.min_digits={low}) take "
-        f"{shortest} tokens, so no response could be complete. Set rollout.max_new_tokens>={shortest} "
-        f"({response_tokens(high, final_carry=True) + 1} fits every problem up to {high} digits, end-of-sequence "
+        f"rollout.max_new_tokens={max_new_tokens} is below the shortest correct response of "
+        "task=arith: "
+        f"the scratchpad and \\boxed{{}} answer of a {low}-digit problem "
+        f"(task.options.min_digits={low}) take "
+        f"{shortest} tokens, so no response could be complete. Set "
+        f"rollout.max_new_tokens>={shortest} "
+        f"({response_tokens(high, final_carry=True) + 1} fits every problem up to {high} digits, "
+        "end-of-sequence "
         "included)"
     ]

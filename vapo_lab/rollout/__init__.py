@@ -29,7 +29,8 @@ def make_generator(
     pad_id: int,
     engine: Any = None,
 ) -> Generate:
-    """Returns the sampling function of ``rollout.backend`` (builtin, or vllm with its ``engine``)."""
+    """Returns the sampling function of ``rollout.backend`` (builtin, or vllm with its
+    ``engine``)."""
     if backend == "builtin":
 
         def generate(

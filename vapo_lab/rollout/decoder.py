@@ -1,17 +1,10 @@
-"""Incremental decoders with a KV cache: a fast path for Qwen2/Llama-family models, and HF's.
+"""Incremental decoders with a KV cache for the built-in sampler: ``prefill``, ``step``, ``select``
+and ``repeat``.
 
-The built-in sampler only needs two calls: ``prefill`` (the left-padded prompts) and ``step`` (one
-new token per row), each returning the last position's logits, plus ``select`` to drop finished
-rows and ``repeat`` to fan prompts out into n samples after one prefill.
-
-``FastDecoder`` runs the Qwen2 / Llama forward pass itself over the HF module weights, with a
-preallocated static KV cache; it skips the generic mask-building and cache bookkeeping of
-``transformers`` that dominate a step for small models on CPU, and runs few, larger ops per
-token: the q/k/v projections as one matmul and the MLP's gate and up projections as another (over
-weights concatenated once per decoder, i.e. once per rollout), RoPE over q and k together, and the
-attention mask built once per step for all layers. ``HFDecoder`` calls the model's own forward
-with a ``DynamicCache`` and works for any causal
-LM. ``tests/rollout/test_decoder.py`` checks that both give the logits of a full forward pass.
+``FastDecoder`` runs the Qwen2/Llama forward itself over the HF weights with a static cache and
+few, larger ops per token (transformers' generic mask and cache bookkeeping dominate a small
+model's step on CPU); ``HFDecoder`` uses any causal LM's own forward. Both give a full pass's
+logits (tests/rollout/test_decoder.py).
 """
 
 from __future__ import annotations
@@ -37,7 +30,8 @@ def supports_fast_path(model: nn.Module) -> bool:
 
 
 class FastDecoder:
-    """Qwen2/Llama forward with a static KV cache of shape (layers, B, kv_heads, max_len, head_dim)."""
+    """Qwen2/Llama forward with a static KV cache of shape (layers, B, kv_heads, max_len,
+    head_dim)."""
 
     def __init__(self, model: nn.Module, batch: int, max_len: int) -> None:
         hf = model.config
@@ -58,8 +52,10 @@ class FastDecoder:
         freqs = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
-        # per layer: the q/k/v projections as one matmul, the MLP's gate and up projections as another
-        # (copies of the weights, made once per decoder, i.e. per rollout: they are the policy's current ones)
+        # per layer: the q/k/v projections as one matmul, the MLP's gate and up projections as
+        # another (copies of the weights, made once per decoder, i.e. per rollout: they are the
+        # policy's
+        # current ones)
         self.fused = [self._fuse(layer) for layer in self.layers]
         shape = (len(self.layers), batch, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -72,8 +68,9 @@ class FastDecoder:
     def _fuse(
         layer: nn.Module,
     ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
-        """Returns ((q/k/v weight, bias), (gate/up weight, bias)), each concatenated on the output dim;
-        a bias is None when none of its projections has one (Llama's ``mlp_bias`` gives gate/up theirs)."""
+        """Returns ((q/k/v weight, bias), (gate/up weight, bias)), each concatenated on the output
+        dim; a bias is None when none of its projections has one (Llama's ``mlp_bias`` gives gate/up
+        theirs)."""
 
         def cat(*linears: nn.Module) -> tuple[Tensor, Tensor | None]:
             weight = torch.cat([m.weight for m in linears])

@@ -1,4 +1,5 @@
-"""Problems to prompt token ids: the one encoding the trainer, the critic's pretraining and evaluation share."""
+"""Problems to prompt token ids: the one encoding the trainer, the critic's pretraining and
+evaluation share."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The built-in batched sampler: prompts in, n samples each, token ids + log-probs + masks out.
+"""The built-in batched sampler: prompts in, n samples each, token ids, log-probs and masks out.
 
-One prefill per prompt, then the KV cache is fanned out to the n samples; rows that emit
-end-of-sequence are dropped from the batch as they finish, so long and short responses share a
-batch without paying for each other's padding. Deterministic for a seed on CPU: every random draw
-comes from one ``torch.Generator``.
-
-Log-probs are those of the sampled token under the temperature-scaled distribution (before top-p
-truncation), the quantity PPO's importance ratio needs when the trainer samples at temperature T.
+One prefill per prompt fanned out to its n samples; finished rows leave the batch. Every random
+draw comes from one ``torch.Generator`` (deterministic for a seed on CPU). Log-probs are of the
+sampled token under the temperature-scaled distribution, before top-p: PPO's ratio needs those.
 """
 
 from __future__ import annotations
@@ -40,7 +36,8 @@ class Samples:
         return ~self.finished
 
     def cpu(self) -> Samples:
-        """Returns the samples in host memory, where they are scored and batched (themselves there)."""
+        """Returns the samples in host memory, where they are scored and batched (themselves
+        there)."""
         if self.response_ids.device.type == "cpu":
             return self
         return dataclasses.replace(
@@ -195,7 +192,8 @@ def _sample_chunk(
 def _draw(
     logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
-    """Returns (tokens, their log-probs under the temperature-scaled distribution); T = 0 is greedy."""
+    """Returns (tokens, their log-probs under the temperature-scaled distribution); T = 0 is
+    greedy."""
     if temperature == 0:
         logp_all = logits.float().log_softmax(-1)
         token = logp_all.argmax(-1)

@@ -1,68 +1,10 @@
-"""vLLM rollouts on GPUs (``rollout=vllm``), colocated with the trainer: one engine per trainer rank.
+"""vLLM rollouts on GPUs (``rollout=vllm``): one in-process engine per trainer rank, colocated.
 
-Written against vLLM 0.33.0's public API (the ``gpu`` extra pins it; it brings torch 2.14, so it
-lives in its own environment: docs/distributed.md, "GPU / vLLM"). The GPU test is
-``pytest -m gpu tests/rollout/test_vllm_gpu.py``; the default suite runs the whole loop (build,
-sample, sleep, push, tensor-parallel groups) against a CPU stand-in for vLLM 0.33's API that samples
-with the real model (tests/rollout/fake_vllm.py). The choices, and why:
-
-1. **One in-process engine per trainer process.** Every rank builds ``vllm.LLM`` on its own GPU
-   and samples its own share of the prompts. With more than one rank it passes
-   ``distributed_executor_backend="external_launcher"``: vLLM then reuses the trainer's
-   torch.distributed world (RANK and LOCAL_RANK from torchrun or the Slurm launcher), makes
-   tensor-parallel groups of consecutive ranks, and runs in the calling process. The other
-   colocated design, a vLLM server fed weights over CUDA IPC (verl), adds a server process per
-   GPU, a control channel and a weight-transfer handshake; it pays off for asynchronous or
-   multi-turn rollouts. vapo-lab's loop is synchronous (sample, then update), so the engine
-   stays a library call, with the fewest parts a GPU user must get right and nothing to set up.
-2. **Weights pushed by name through ``LLM.collective_rpc`` to a worker extension**
-   (``worker_extension_cls``, :class:`WeightLoader`), which hands each bucket of (HF name,
-   tensor) pairs to the model's own ``load_weights``. vLLM maps HF names and fuses q/k/v and
-   gate/up itself, and slices each tensor for its tensor-parallel rank. A method named by a
-   string works whether V1 multiprocessing is on or off. ``LLM.apply_model`` with a closure
-   would need ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` once the engine core is a separate
-   process. The tensors themselves pass by reference only in-process: across processes,
-   ``collective_rpc`` carries control messages, and its generic decoder does not rebuild
-   tensors. So the engine is always in-process. ``external_launcher`` forces
-   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and this module sets it for one rank too. The old
-   backend's attribute chain into the engine (``llm_engine.model_executor.driver_worker...``)
-   is gone. ``load_weights`` copies into the existing storage, which is exact for bf16/fp16
-   rollouts on CUDA (unquantized layers have no post-load processing there). A quantized
-   rollout model would need vLLM's ``reload_weights``, which wants every weight in one call.
-3. **Pushed from the shards, one bucket at a time.** :func:`weight_buckets` walks
-   ``named_parameters()`` in the same order on every rank, casts each parameter to the engine's
-   dtype and gathers it with ``DTensor.full_tensor()`` (a collective) when FSDP2 sharded it.
-   It flushes a bucket before it would exceed ``rollout.vllm.weight_bucket_mb``, so a rank
-   never holds the full model, only one bucket or one parameter larger than a bucket. Tied
-   embeddings come out once, as ``model.embed_tokens.weight`` (``named_parameters`` drops the
-   alias; vLLM refuses a lone ``lm_head.weight`` of a tied model). After the push, every vLLM
-   parameter must have been written, or :class:`WeightPushError` is raised instead of sampling
-   from stale or discarded weights.
-4. **Sleep mode around the update** (``rollout.vllm.enable_sleep_mode``). Level 2 by default:
-   it drops the weights and the KV cache and keeps no CPU copy. Level 1 would copy the weights
-   to CPU RAM (the model's size per GPU, 8x that per 8-GPU node) and back, only for the next
-   push to overwrite them: vapo-lab pushes every weight after every update. The price of
-   level 2: wake the weights, push every weight, only then wake the KV cache (vLLM #29341: a
-   level-2 wake without a push samples garbage). This engine enforces that order whichever way
-   the trainer calls it: :meth:`VllmEngine.push_weights` wakes the weights first, the KV cache
-   wakes in :meth:`VllmEngine.wake` or :meth:`VllmEngine.sample` only once the weights are
-   current, and sampling after a level-2 sleep without a push raises. It never calls
-   ``reload_weights()``, which would reload the base model from disk (TRL #5312).
-5. **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob after
-   temperature (and, for top_p < 1, top-p renormalisation), the built-in sampler's quantity at
-   top_p = 1. The trainer still recomputes the PPO ratio's log-probs with its own forward pass
-   (``recompute_logprobs``), since the two engines' numerics differ.
-
-Contracts for the caller (the trainer): build the engine on every rank at the same point (vLLM
-all-reduces its memory budget over the world), and call ``push_weights`` on every rank (the
-gathers are collectives). With ``tensor_parallel_size`` > 1, every rank of a tensor-parallel
-group must also call ``sample`` equally often, with or without prompts (the group samples in
-lockstep): work that one rank samples alone, such as an evaluation on rank 0 only, raises
-:class:`EngineGroupError` on that rank after ``lockstep_timeout_s`` instead of hanging. vLLM
-re-seeds the process's global RNGs when it starts (Python, NumPy, torch), so the trainer draws
-only from its own generators afterwards. Every sample is seeded from the call's seed
-(:meth:`VllmEngine.sample`). The engine's own seed is ``seed`` plus the tensor-parallel group's
-index, so that the ranks of a group share it. Samples come back as CPU tensors.
+Written against vLLM 0.33.0's public API. Weights are pushed by name through ``collective_rpc``
+to a worker extension, one bucket of gathered shards at a time; the engine sleeps (level 2) for
+the updates and raises rather than sample stale weights. Callers build the engine and push on
+every rank, and every rank of a tensor-parallel group calls ``sample`` equally often. The design
+and its reasons: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -89,7 +31,8 @@ LOCKSTEP_TIMEOUT_S = 600.0
 # torch.compile. FSDP2's fully_shard and HF gradient checkpointing keep the HF names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
 _INSTALL = (
-    "pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; docs/distributed.md: "
+    "pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; "
+    "docs/distributed.md: "
     "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin"
 )
 
@@ -99,15 +42,18 @@ class BackendUnavailable(VapoLabError):
 
 
 class WeightPushError(VapoLabError):
-    """The engine's weights do not match the policy (a push missed a weight, or none followed a sleep)."""
+    """The engine's weights do not match the policy (a push missed a weight, or none followed a
+    sleep)."""
 
 
 class EngineGroupError(VapoLabError):
-    """A rank of a tensor-parallel engine group sampled while another did not (the group runs in lockstep)."""
+    """A rank of a tensor-parallel engine group sampled while another did not (the group runs in
+    lockstep)."""
 
 
 def require_vllm() -> Any:
-    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is missing."""
+    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is
+    missing."""
     try:
         import vllm
     except ImportError:
@@ -118,7 +64,8 @@ def require_vllm() -> Any:
     if _release(version) < _release(SUPPORTED_VLLM):
         raise BackendUnavailable(
             f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
-            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use rollout.backend=builtin"
+            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use "
+            "rollout.backend=builtin"
         )
     if not _cuda_visible():
         raise BackendUnavailable(
@@ -135,13 +82,15 @@ def _cuda_visible() -> bool:
 
 
 def _release(version: str) -> tuple[int, ...]:
-    """Returns the numeric release of a version string: (0, 33, 0) for '0.33.0', '0.33.0rc1' or '0.33.0+cu130'."""
+    """Returns the numeric release of a version string: (0, 33, 0) for '0.33.0', '0.33.0rc1' or
+    '0.33.0+cu130'."""
     found = re.match(r"\d+(\.\d+)*", version)
     return tuple(int(part) for part in found.group().split(".")) if found else (0,)
 
 
 def hf_name(name: str) -> str:
-    """Returns a parameter's HF name: ``name`` without the parts wrappers insert (``_WRAPPER_PARTS``)."""
+    """Returns a parameter's HF name: ``name`` without the parts wrappers insert
+    (``_WRAPPER_PARTS``)."""
     for part in _WRAPPER_PARTS:
         name = name.replace(part, "")
     return name
@@ -150,7 +99,8 @@ def hf_name(name: str) -> str:
 def weight_buckets(
     policy: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None
 ) -> Iterator[list[tuple[str, Tensor]]]:
-    """Yields the policy's weights as buckets of (HF name, full tensor), in ``named_parameters()`` order.
+    """Yields the policy's weights as buckets of (HF name, full tensor), in ``named_parameters()``
+    order.
 
     A parameter sharded by FSDP2 (a DTensor) is cast to ``dtype`` on its shard, then gathered
     with ``full_tensor()``: a collective, so every rank must iterate to the end, in the same
@@ -195,7 +145,8 @@ class WeightLoader:
 
 
 class VllmEngine:
-    """A vLLM engine holding a copy of the policy, refreshed by ``push_weights``; see the module docstring."""
+    """A vLLM engine holding a copy of the policy, refreshed by ``push_weights``; see the module
+    docstring."""
 
     recompute_logprobs = True  # the trainer recomputes the PPO ratio's log-probs (item 5)
 
@@ -227,7 +178,8 @@ class VllmEngine:
 
         Raises:
             ConfigError: bad sleep level, bucket size or tensor-parallel size.
-            BackendUnavailable: no vLLM, too old a vLLM, no GPU, or LOCAL_RANK unset with several ranks.
+            BackendUnavailable: no vLLM, too old a vLLM, no GPU, or LOCAL_RANK unset with
+                several ranks.
         """
         tp = int(tensor_parallel_size)
         if enable_sleep_mode and sleep_level not in (1, 2):
@@ -283,7 +235,8 @@ class VllmEngine:
         self._stale = False  # a level-2 sleep discarded the weights and no push has followed yet
 
     def sleep(self) -> None:
-        """Frees the engine's GPU memory for the update phase (level ``sleep_level``); a no-op without sleep mode."""
+        """Frees the engine's GPU memory for the update phase (level ``sleep_level``); a no-op
+        without sleep mode."""
         if not self.sleep_level or self._asleep:
             return
         self.llm.sleep(level=self.sleep_level)
@@ -291,13 +244,15 @@ class VllmEngine:
         self._stale = self.sleep_level == 2
 
     def wake(self) -> None:
-        """Maps the weights back; the KV cache too, unless a level-2 sleep's weights still await a push."""
+        """Maps the weights back; the KV cache too, unless a level-2 sleep's weights still await a
+        push."""
         self._wake("weights")
         if not self._stale:
             self._wake("kv_cache")
 
     def push_weights(self, policy: nn.Module) -> None:
-        """Copies the policy's current weights into the engine, bucket by bucket; call it on every rank.
+        """Copies the policy's current weights into the engine, bucket by bucket; call it on every
+        rank.
 
         Raises:
             WeightPushError: some engine parameter got no weight from the policy.
@@ -315,7 +270,8 @@ class VllmEngine:
         ]
         if missing:
             raise WeightPushError(
-                f"the policy has no weight for {len(missing)} vLLM parameter(s), e.g. {missing[:3]}: the policy's "
+                f"the policy has no weight for {len(missing)} vLLM parameter(s), e.g. "
+                f"{missing[:3]}: the policy's "
                 "parameter names must be the HF names of the checkpoint the engine was built from"
             )
         self._stale = False
@@ -333,8 +289,8 @@ class VllmEngine:
         pad_id: int,
         seed: int,
     ) -> Samples:
-        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item 5),
-        as CPU tensors (vLLM hands back Python lists).
+        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item
+        5), as CPU tensors (vLLM hands back Python lists).
 
         Prompt i's k-th sample is seeded with ``seed + i * n + k`` (vLLM seeds a request's k-th
         sample with its seed + k), so no two samples of a call share their random draws. With
@@ -393,8 +349,10 @@ class VllmEngine:
             torch.distributed.all_gather_object(shares, requests, group=self.tp_group)
         except RuntimeError as e:  # gloo: a timeout, or a peer that left
             raise EngineGroupError(
-                f"rank {self.tp_rank} of a tensor-parallel vLLM group (rollout.vllm.tensor_parallel_size={self.tp}) "
-                f"sampled and the rest of its group did not: every rank of a group must call sample equally "
+                f"rank {self.tp_rank} of a tensor-parallel vLLM group "
+                f"(rollout.vllm.tensor_parallel_size={self.tp}) "
+                "sampled and the rest of its group did not: every rank of a group must call "
+                "sample equally "
                 f"often, a rank without prompts too ({e})"
             ) from e
         start = sum(len(share) for share in shares[: self.tp_rank])
@@ -403,7 +361,8 @@ class VllmEngine:
     def _wake(self, tag: str) -> None:
         """Maps one kind of released memory back ("weights" or "kv_cache")."""
         if tag in self._asleep:
-            torch.cuda.empty_cache()  # vLLM maps its memory outside torch's cache: return the trainer's free blocks
+            # vLLM maps its memory outside torch's cache: return the trainer's free blocks
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=[tag])
             self._asleep.discard(tag)
 

@@ -1,16 +1,5 @@
-"""Advantages and critic targets of a step's batch, from the config's estimator.
-
-``algo.advantage=gae``: rewards come only at the last token (γ = 1 in the paper), advantages use
-λ_policy (fixed, or per response from its length) and critic targets λ_critic (decoupled GAE).
-GAE advantages are whitened over the batch's valid tokens (``gae.whiten``): (A − mean)/(σ + 1e-8)
-with σ the population std (÷N). verl's ``masked_whiten`` divides by sqrt(Bessel-corrected
-variance (÷(N−1)) + 1e-8), so verl's advantages are ours × sqrt((N−1)/N): a difference of
-sqrt(N/(N−1)) in scale, under 0.1% for N over 500 valid tokens.
-
-``algo.advantage=group`` (DAPO, GRPO): each response's reward against its group's, no critic.
-
-On many ranks a group is never split, so group advantages are each rank's own; the whitening mean
-and std are taken over the valid tokens of all ranks.
+"""Advantages and critic targets of a step's batch: GAE over the critic's values (λ_policy and
+λ_critic, whitened over all ranks' valid tokens), or group-relative advantages without a critic.
 """
 
 from __future__ import annotations
@@ -71,7 +60,8 @@ def compute_advantages(
     world: World | None = None,
 ) -> None:
     """Fills batch.advantages / returns / mc_returns / lam_policy by ``algo.advantage``: group
-    advantages over groups of ``n_samples``, or GAE (whitened over the valid tokens of all ranks)."""
+    advantages over groups of ``n_samples``, or GAE (whitened over the valid tokens of all
+    ranks)."""
     mask = batch.rows.response_mask
     if algo.advantage == "group":
         adv = group_advantages(batch.scores.float(), n_samples, norm_std=algo.group_norm_std)

@@ -87,7 +87,8 @@ def reward_model_key(policy_key: str, config: VapoConfig) -> str:
 
 
 def pretrained_critic_key(critic_key: str, config: VapoConfig) -> str:
-    """Returns the pretrained critic's cache key: where it started and every setting that shapes it."""
+    """Returns the pretrained critic's cache key: where it started and every setting that shapes
+    it."""
     r, t = config.rollout, config.trainer
     optimiser = [t.adam_betas, t.adam_eps, t.weight_decay, t.adam_impl, t.grad_clip]
     return cache_key(

@@ -1,24 +1,9 @@
-"""The checkpoint manager: saves and loads the stateful parts of a run it is handed.
+"""The checkpoint manager: saves and loads the stateful parts of a run it is handed, by name.
 
-It is given the parts by name and never sees the trainer's class:
-  - ``models``: weights, saved as safetensors (``save_pretrained`` / ``save``) on one process;
-  - ``optimizers``: name -> (the model's name, optimiser);
-  - ``stateful``: anything with ``state_dict`` / ``load_state_dict`` that is the same on every rank
-    (learning-rate schedulers);
-  - ``per_rank``: stateful parts whose state differs by rank (the trainer's RNG streams): every
-    rank's state is saved, and each rank loads its own; a checkpoint from another number of ranks
-    gives each rank rank 0's, and the part decides what that means for it.
-
-One process writes a checkpoint folder with :func:`vapo_lab.runs.checkpoint.save_checkpoint`;
-many ranks (``trainer.strategy=fsdp``) write their shards of the models and optimiser states with
-torch distributed checkpointing into ``dcp/`` (:mod:`vapo_lab.distributed.dcp`), which re-shards for
-any rank count, and rank 0 commits the folder the same way. A new piece of saved state is a new
-entry in ``stateful`` or ``per_rank`` (or a key of the trainer's own ``state_dict``).
-
-Resuming, :func:`checkpoint_to_resume` picks the checkpoint before anything is loaded (and before
-the run's tracking run is reopened): the newest that matches its checksums, whose models have the
-architecture of the run's (each checkpoint records them in ``trainer_state.json``; an older one's
-model folders hold their ``config.json``). Anything else is refused in one line.
+Models, optimisers, stateful parts alike on every rank (schedulers) and per-rank ones (RNG
+streams); one process writes safetensors, many ranks torch distributed checkpoints.
+``checkpoint_to_resume`` picks the newest checkpoint that matches its checksums and the run's
+architecture before anything loads (docs/training.md#faults-resume-and-safety).
 """
 
 from __future__ import annotations
@@ -95,7 +80,8 @@ class CheckpointManager:
         )
 
     def save(self, step: int) -> Path:
-        """Returns the path of the checkpoint at ``step``, written atomically (every rank calls it)."""
+        """Returns the path of the checkpoint at ``step``, written atomically (every rank calls
+        it)."""
         if self.world.initialized:
             return self._save_sharded(step)
         state = {
@@ -137,7 +123,8 @@ class CheckpointManager:
         return path
 
     def _meta(self) -> dict[str, Any]:
-        """What ``trainer_state.json`` records beside the step: each model's architecture and tensor shapes."""
+        """What ``trainer_state.json`` records beside the step: each model's architecture and tensor
+        shapes."""
         return {
             "models": {name: architecture(model) for name, model in self.models.items()},
             "shapes": {name: tensor_shapes(model) for name, model in self.models.items()},
@@ -150,8 +137,10 @@ class CheckpointManager:
         sharded = (path / DCP_DIR).is_dir()
         if sharded != self.world.initialized:
             raise CheckpointError(
-                f"{path} was written by a {'sharded (trainer.strategy=fsdp)' if sharded else 'one-process'} run and "
-                f"this run is {'sharded' if self.world.initialized else 'one process'}: resume it with the "
+                f"{path} was written by a "
+                f"{'sharded (trainer.strategy=fsdp)' if sharded else 'one-process'} run and "
+                f"this run is {'sharded' if self.world.initialized else 'one process'}: resume it "
+                "with the "
                 f"trainer.strategy it was saved with"
             )
         if sharded:
@@ -170,7 +159,8 @@ class CheckpointManager:
             )
 
     def _shared_state(self) -> dict[str, Any]:
-        """The stateful parts' states, and every rank's state of each per-rank part (a collective)."""
+        """The stateful parts' states, and every rank's state of each per-rank part (a
+        collective)."""
         return {
             **{name: part.state_dict() for name, part in self.stateful.items()},
             **{name: self.world.gather(part.state_dict()) for name, part in self.per_rank.items()},
@@ -208,7 +198,8 @@ class CheckpointManager:
             # {rank: (its exception, its stack)}, the first one told
             failures = getattr(e, "failures", None)
             cause = next(iter(failures.values()))[0] if failures else e
-            world.barrier()  # every rank's writes have ended: the main one removes the partial folder,
+            # every rank's writes have ended: the main one removes the partial folder,
+            world.barrier()
             error = (
                 abandon(self.folder, final.name, tmp, cause, tensor_bytes(shards))
                 if world.main
@@ -272,7 +263,8 @@ def _read_model(model: nn.Module, path: Path) -> nn.Module:
 
 
 def architecture(model: Any) -> dict[str, Any]:
-    """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without one."""
+    """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without
+    one."""
     hf = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
     if hf is None:
         return {}
@@ -280,7 +272,8 @@ def architecture(model: Any) -> dict[str, Any]:
 
 
 def tensor_shapes(model: nn.Module) -> dict[str, list[int]]:
-    """Returns the shape of each tensor in ``model``'s state dict (a sharded one's: the whole tensor's)."""
+    """Returns the shape of each tensor in ``model``'s state dict (a sharded one's: the whole
+    tensor's)."""
     return {key: list(value.shape) for key, value in model.state_dict().items()}
 
 
@@ -290,9 +283,10 @@ def checkpoint_to_resume(
     warn: Callable[[str], None] | None = None,
     shapes: dict[str, dict[str, list[int]]] | None = None,
 ) -> Path | None:
-    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches its
-    checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It reads
-    configs and the structure of the tensor files, no tensor: call it before anything of the run is reopened.
+    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches
+    its checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It
+    reads configs and the structure of the tensor files, no tensor: call it before anything of the
+    run is reopened.
 
     Args:
         expected: model name -> the architecture (:func:`architecture`) the run's model has.
@@ -322,8 +316,9 @@ def model_mismatch(
     shapes: dict[str, dict[str, list[int]]] | None = None,
 ) -> str | None:
     """Returns how the models of checkpoint ``path`` differ from ``expected`` and ``shapes`` (one
-    phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older vapo-lab)
-    is not judged, nor the shapes of one that recorded none. Shapes are compared for the tensors both
+    phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older
+    vapo-lab) is not judged, nor the shapes of one that recorded none. Shapes are compared for the
+    tensors both
     name: the ``ARCH_KEYS`` miss some (a mixture of experts' expert count)."""
     meta = _json(path / META_FILE)
     saved = saved_architectures(path, meta)

@@ -1,13 +1,8 @@
-"""Rollout collection: a step's prompts in a seeded order, sampled and scored, kept as one batch.
+"""Rollout collection: a step's prompts in a seeded order, sampled, scored and kept as one batch.
 
-With DAPO's dynamic sampling (``algo.dynamic_sampling``) only groups whose rewards differ are
-kept, and prompts are drawn again, up to ``rollout.max_resample_rounds`` more rounds, until the
-step has ``rollout.responses_per_step`` responses; the batch is then cut to whole groups.
-
-On many ranks (``trainer.strategy=fsdp``) every rank draws the same prompts from its copy of the
-data stream and samples its own share of them (whole groups of ``n_samples`` stay on one rank);
-the resampling rounds, and where the batch is cut, are decided on global counts, so every rank
-stops together and the ranks' batches together are the step's batch.
+With DAPO's dynamic sampling only groups with mixed rewards are kept and prompts are drawn again
+until the step is full. On many ranks every rank draws the same prompts and samples its share,
+and every decision is taken on global counts so that the ranks stop together.
 """
 
 from __future__ import annotations

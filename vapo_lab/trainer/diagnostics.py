@@ -1,20 +1,6 @@
-"""Per-step diagnostics for what VAPO argues but does not plot, logged as ``diag/*`` metrics.
-
-- Value bias by token position: mean V(s_t) − G_t over the tokens whose position t falls in each
-  bucket, G_t the realised Monte-Carlo return (γ-discounted sum of the token rewards from t on).
-  VAPO §4.1 argues that a critic initialised from the reward model is biased early in a response
-  (it was only ever trained to score the end) and that value pretraining removes the bias.
-- Response length against correctness: how many responses fall in each length bucket and what
-  fraction of them is correct, plus the mean length of correct and of wrong responses.
-- Advantage signal reaching early tokens of long responses: by token position, the mean advantage
-  of the tokens of correct long responses minus that of wrong ones. The reward arrives at the last
-  token; with GAE's λ < 1 it reaches token t − k with weight λ^k (0.95^100 = 0.006), so at early
-  positions the gap is what the critic's values carry, not the outcome (VAPO §4.2, length-adaptive
-  GAE). Near λ = 1 the whole outcome reaches every token.
-
-Buckets are powers of two, [0, 8), [8, 16), ... [256, inf), named by their first and last member
-("000_007", ..., "128_up") so that MLflow accepts the keys and they sort by position.
-Pure functions of tensors: the trainer calls them, the report reads their metrics back.
+"""Per-step ``diag/*`` metrics for what VAPO argues but does not plot: the critic's bias by token
+position, length against correctness, and the advantage gap that reaches early tokens of long
+responses (docs/training.md#metrics says what each shows). Pure functions of tensors.
 """
 
 from __future__ import annotations
@@ -23,12 +9,12 @@ import torch
 from torch import Tensor
 
 EDGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128, 256)
-# responses at least this long count as "long" for the advantage gap (about 4x the default task's median)
+# responses this long or longer are "long" for the advantage gap (~4x the default task's median)
 LONG_RESPONSE = 64
 
 
 def bucket_labels(edges: tuple[int, ...] = EDGES) -> list[str]:
-    """Returns one label per bucket, e.g. ["000_007", "008_015", ..., "128_up"]."""
+    """Returns one label per bucket, e.g. ["000_007", "008_015", ..., "256_up"]."""
     return [f"{lo:03d}_{hi - 1:03d}" for lo, hi in zip(edges, edges[1:])] + [f"{edges[-1]:03d}_up"]
 
 
@@ -87,7 +73,8 @@ def value_bias_sums(
 def value_bias_from_sums(
     sums: Tensor, counts: Tensor, edges: tuple[int, ...] = EDGES
 ) -> dict[str, float]:
-    """Returns ``value_bias_by_position``'s dict from the (summed) parts ``value_bias_sums`` returned."""
+    """Returns ``value_bias_by_position``'s dict from the (summed) parts ``value_bias_sums``
+    returned."""
     if counts[-1] == 0:
         return {}
     out = {

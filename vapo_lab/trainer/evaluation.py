@@ -1,8 +1,9 @@
 """The trainer's periodic held-out evaluation: avg@k and pass@k of the policy on the eval split.
 
 It samples ``rollout.eval_samples`` responses per eval problem at the evaluation temperature and
-top-p (on many ranks each rank its share of the problems), scores them with the training reward's verdicts, and reduces them with
-:mod:`vapo_lab.eval.metrics`, the same functions ``vapo-lab eval`` reports.
+top-p (on many ranks each rank its share of the problems), scores them with the training reward's
+verdicts, and reduces them with :mod:`vapo_lab.eval.metrics`, the same functions ``vapo-lab eval``
+reports.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def evaluate(
     """Returns held-out avg@k (mean per-sample accuracy), pass@k, mean length and truncated
     fraction on the eval split, k = ``rollout.eval_samples`` at the evaluation temperature and
     top-p; every rank of ``world`` samples its share of the problems (rank r with a generator
-    seeded ``seeds.chunk_seed(seed, r)``: one process, ``seed`` itself) and gets the whole result."""
+    seeded ``seeds.chunk_seed(seed, r)``: one process, ``seed`` itself) and gets the whole
+    result."""
     world = world or single()
     k = rollout.eval_samples
     problems = list(task.eval)

@@ -1,14 +1,8 @@
 """Training-time forward passes over (prompt, response) rows: log-probs, entropy, values.
 
-Rows are the sampler's layout: prompts left-padded to P, responses right-padded to T. A
-micro-batch is trimmed to its own longest prompt and response before the forward pass, so short
-rows do not pay for the batch's longest. The logits at position P−1+t predict response token t;
-the critic's value there is V(s_t), the value of the state before token t.
-
-Qwen2/Llama models run the packed forward of :mod:`vapo_lab.models.packed` (only the valid
-tokens, each distinct prompt once), sharded or not; other models run Hugging Face's padded one.
-Rows go through a pass in micro-batches of at most ``trainer.max_tokens_per_micro_batch`` tokens
-(``token_micro_batches``), counted in the padded layout a micro-batch is trimmed to.
+Rows are left-padded prompts (P) and right-padded responses (T); the logits at P−1+t predict
+response token t, where the critic's value is V(s_t). Qwen2/Llama models run the packed forward
+(valid tokens only, each prompt once); others Hugging Face's padded one.
 """
 
 from __future__ import annotations
@@ -80,12 +74,14 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 def _groups(decoder: nn.Module, rows: Rows) -> tuple[Tensor, Tensor] | None:
-    """``prompt_groups`` of ``rows``: the packed path's prompt grouping, or None for HF's padded forward."""
+    """``prompt_groups`` of ``rows``: the packed path's prompt grouping, or None for HF's padded
+    forward."""
     return prompt_groups(decoder, rows.prompt_ids, rows.prompt_mask, rows.response_mask)
 
 
 def _unpack(packed: Tensor, mask: Tensor) -> Tensor:
-    """Returns the (B, T) tensor with ``packed`` (N,) at the valid positions of ``mask`` and 0 elsewhere."""
+    """Returns the (B, T) tensor with ``packed`` (N,) at the valid positions of ``mask`` and 0
+    elsewhere."""
     return packed.new_zeros(mask.shape).masked_scatter(mask, packed)
 
 
@@ -101,8 +97,8 @@ def policy_forward(
 
     Logits are divided by ``temperature`` so that the ratio to the sampler's log-probs is exact.
     Only the response positions go through the LM head (a P-fold saving for long prompts), and on
-    the packed path (:func:`packed_states`: Qwen2/Llama, sharded or not) only their valid tokens. The
-    entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
+    the packed path (:func:`packed_states`: Qwen2/Llama, sharded or not) only their valid tokens.
+    The entropy carries gradients only with ``entropy_grad`` (an entropy bonus); as a metric it is
     computed from detached logits, so the backward pass does not go through it. A sharded model's
     pass runs inside its FSDP2 hooks (``as_forward``), its own forward or not.
     """
@@ -157,8 +153,9 @@ def _head_logprobs(
     with_entropy: bool,
     entropy_grad: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """Returns (log π(y) (N,), entropy (N,) or None) of the LM head over the states ``hidden`` (N, H),
-    a chunk of tokens at a time (``head_logprobs_and_entropy``): the (N, V) logits never exist."""
+    """Returns (log π(y) (N,), entropy (N,) or None) of the LM head over the states ``hidden`` (N,
+    H), a chunk of tokens at a time (``head_logprobs_and_entropy``): the (N, V) logits never
+    exist."""
     head = model.lm_head
     return head_logprobs_and_entropy(
         hidden, head.weight, tokens, head.bias, temperature, with_entropy, entropy_grad
@@ -199,11 +196,11 @@ def row_tokens(rows: Rows) -> Tensor:
 def token_micro_batches(
     index: Tensor, rows: Rows, budget: int, by_length: bool = True
 ) -> list[Tensor]:
-    """Returns the rows ``index`` of ``rows`` in micro-batches of at most ``budget`` tokens each, counted
-    in the layout a pass runs a micro-batch in (``Rows.take``): rows x (longest prompt + longest
-    response). One micro-batch where all fit; else the rows sorted by their own tokens (stable) and
-    filled greedily in that order, so like lengths share a micro-batch and little is padding. A row
-    longer than ``budget`` is a micro-batch alone. As verl's dynamic batch size
+    """Returns the rows ``index`` of ``rows`` in micro-batches of at most ``budget`` tokens each,
+    counted in the layout a pass runs a micro-batch in (``Rows.take``): rows x (longest prompt +
+    longest response). One micro-batch where all fit; else the rows sorted by their own tokens
+    (stable) and filled greedily in that order, so like lengths share a micro-batch and little is
+    padding. A row longer than ``budget`` is a micro-batch alone. As verl's dynamic batch size
     (``ppo_max_token_len_per_gpu``): a micro-batch holds many short responses or one long one.
     ``by_length=False`` fills them in ``index``'s order (micro-batches that are optimiser steps)."""
     if len(index) == 0:
@@ -229,9 +226,9 @@ def token_micro_batches(
 def batched_logprobs(
     model: nn.Module, rows: Rows, micros: list[Tensor], temperature: float, extra: int = 0
 ) -> Tensor:
-    """Returns the response log-probs of ``model`` for all rows, (B, T), on the rows' device, one pass
-    per micro-batch of ``micros`` (``token_micro_batches``), after ``extra`` discarded passes on a
-    dummy row (a sharded model's ranks make equal passes)."""
+    """Returns the response log-probs of ``model`` for all rows, (B, T), on the rows' device, one
+    pass per micro-batch of ``micros`` (``token_micro_batches``), after ``extra`` discarded passes
+    on a dummy row (a sharded model's ranks make equal passes)."""
     device = rows.prompt_ids.device
     parts = []
     for _ in range(extra):
@@ -257,7 +254,8 @@ def batched_values(critic: nn.Module, rows: Rows, micros: list[Tensor], extra: i
 
 
 def _scatter(parts: list[Tensor], micros: list[Tensor], rows: Rows) -> Tensor:
-    """Returns the (B, T) tensor holding each micro-batch's (rows, its own T) ``parts`` at its rows, 0 beyond."""
+    """Returns the (B, T) tensor holding each micro-batch's (rows, its own T) ``parts`` at its rows,
+    0 beyond."""
     dtype = parts[0].dtype if parts else torch.float32
     out = torch.zeros(rows.response_ids.shape, dtype=dtype, device=rows.prompt_ids.device)
     for idx, part in zip(micros, parts):

@@ -40,7 +40,8 @@ class StepTimes:
 
 
 def step_metrics(batch: Batch, world: World, actor_lr: float, times: StepTimes) -> dict[str, float]:
-    """Returns the step's rollout, advantage, timing and diagnostic metrics over all ranks' batches."""
+    """Returns the step's rollout, advantage, timing and diagnostic metrics over all ranks'
+    batches."""
     mask = batch.rows.response_mask
     gathered = world.gather((batch.scores, batch.correct, batch.lengths, batch.truncated))
     scores, correct, lengths, truncated = (torch.cat([g[i] for g in gathered]) for i in range(4))
@@ -107,7 +108,8 @@ def _mean(world: World, x: Tensor, mask: Tensor) -> float:
 
 
 def _var(world: World, xs: Tensor, mask: Tensor) -> Tensor:
-    """The population variances of each ``xs[i]`` over the valid entries of all ranks, in two passes."""
+    """The population variances of each ``xs[i]`` over the valid entries of all ranks, in two
+    passes."""
     count = _count(world, xs[0], mask)
     means = world.sum(torch.stack([masked_sum(x, mask) for x in xs])) / count
     return (

@@ -47,7 +47,8 @@ class Phases:
         optimizers: list[torch.optim.Optimizer | None],
     ) -> tuple[Batch, dict[str, float]]:
         """Returns ``collect``'s batch and counters, sampled with ``models`` and ``optimizers`` (and
-        ``policy``, unless it is what samples) in host memory under ``trainer.offload_during_rollout``."""
+        ``policy``, unless it is what samples) in host memory under
+        ``trainer.offload_during_rollout``."""
         p = self.parts
         with self._on_host(policy, models, optimizers):
             return collect(

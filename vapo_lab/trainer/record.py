@@ -73,9 +73,9 @@ def folder_to_resume(resume: str | None) -> Path | None:
 
 
 def claim_run_dir(cfg: VapoConfig) -> Path:
-    """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``, numbered
-    (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two runs started
-    together never share a folder."""
+    """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``,
+    numbered (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two
+    runs started together never share a folder."""
     name = cfg.run_name or f"{cfg.algo.name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -181,9 +181,9 @@ class RunRecord:
 
     def close(self, status: str, step: int, error: BaseException | None = None) -> None:
         """Ends the tracking run as ``status`` (FINISHED, FAILED, KILLED); a run that did not finish
-        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it). Raises nothing
-        of its own: a file that cannot be written (a full disk) is told in a line, and the tracking
-        run is ended whatever happened to the files."""
+        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it). Raises
+        nothing of its own: a file that cannot be written (a full disk) is told in a line, and the
+        tracking run is ended whatever happened to the files."""
         try:
             self._note_failure(status, step, error)
         finally:
@@ -202,7 +202,8 @@ class RunRecord:
                 failure.unlink(missing_ok=True)
             except OSError as e:
                 self.log(
-                    f"could not remove {failure} of an earlier failure ({e.strerror or e}): the run finished"
+                    f"could not remove {failure} of an earlier failure ({e.strerror or e}): the "
+                    "run finished"
                 )
             return
         what = "interrupted" if status == "KILLED" else "failed"
@@ -217,18 +218,21 @@ class RunRecord:
             )
         except OSError as e:
             self.log(
-                f"could not write {failure} ({e.strerror or e}): the run {what} at step {step}; {resume}"
+                f"could not write {failure} ({e.strerror or e}): the run {what} at step {step}; "
+                f"{resume}"
             )
             with contextlib.suppress(OSError):  # a half-written failure.txt would mislead
                 failure.unlink()
 
     def _end_tracking(self, status: str) -> None:
-        """Marks the tracking run ``status``; a tracker that fails is told in one line, never raised."""
+        """Marks the tracking run ``status``; a tracker that fails is told in one line, never
+        raised."""
         try:
             spool = self.tracker.finish(status)
         except Exception as e:  # noqa: BLE001 - never an error on top of the run's own
             self.log(
-                f"tracking: could not mark run {self.run_id} {status} ({first_line(e)}); its metrics are in "
+                f"tracking: could not mark run {self.run_id} {status} ({first_line(e)}); its "
+                "metrics are in "
                 f"{self.run_dir / METRICS_FILE}"
             )
             return

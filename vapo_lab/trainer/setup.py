@@ -146,7 +146,8 @@ def check_context(
         raise ConfigError(
             f"the longest prompt ({tokens} tokens, problem {problem.id}) plus "
             f"rollout.max_new_tokens={max_new_tokens} exceeds the model's context of {context} "
-            "tokens: lower rollout.max_new_tokens, drop long problems, or use a model with a longer "
+            "tokens: lower rollout.max_new_tokens, drop long problems, or use a model with a "
+            "longer "
             "context" + (" (model.arch.max_position_embeddings)" if model.name == "tiny" else "")
         )
 
@@ -209,8 +210,8 @@ def checked_policy(
     world: World,
     sharded: bool,
 ) -> tuple[Any, Any, str, Path]:
-    """Returns ``load_policy``'s four, the policy on ``device`` in eval mode, after checking that the
-    prompts fit its context: for model=tiny before the base build (its tokenizer is the task's
+    """Returns ``load_policy``'s four, the policy on ``device`` in eval mode, after checking that
+    the prompts fit its context: for model=tiny before the base build (its tokenizer is the task's
     vocabulary), for a checkpoint once it is loaded."""
     model, new = config.model, config.rollout.max_new_tokens
     if model.name == "tiny":

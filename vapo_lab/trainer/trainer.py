@@ -118,7 +118,8 @@ class Trainer:
         self.critic = self.critic_opt = self.critic_sched = None
         self.step, self.best_eval, self.warned_lambda = 0, None, False
         self.started = self.closed = False
-        # chosen before the tracking run is reopened: a refused checkpoint leaves its status as it was
+        # chosen before the tracking run is reopened: a refused checkpoint leaves its status as it
+        # was
         self.resume_dir = resume_dir
         self.resume_from = self._checkpoint_to_resume(resume_dir) if resume_dir else None
         self.record = self._record(choices, resume_dir, command, tags, parent_run_id)
@@ -414,7 +415,8 @@ class Trainer:
         tags: dict[str, str] | None,
         parent_run_id: str | None,
     ) -> RunRecord | RankRecord:
-        """Rank 0's RunRecord; on the other ranks a RankRecord of the same folder and tracking run."""
+        """Rank 0's RunRecord; on the other ranks a RankRecord of the same folder and tracking
+        run."""
         if self.world.main:
             record = RunRecord(
                 self.config, choices or {}, resume_dir, command, tags, parent_run_id, self.log
