@@ -94,41 +94,23 @@ def build_base(
 ) -> BaseModel:
     """Returns the base model for ``options``, building and caching it on first use.
 
-    Keyword options (defaults in :data:`DEFAULTS`; from Hydra: the task keys below,
-    ``model.arch.*`` and ``+model.base.<option>=...`` for the rest):
-        task_seed, n_train, n_eval, min_digits, max_digits, length_exponent, readout: the arith task
-            (``task.seed``, ``task.n_train``, ``task.n_eval``, ``task.options.*``).
-        bug_rate: share of traces with the systematic bug where it applies (0.7: the mode).
-        bug_sums: the column digit sums x + y at which, with a carry in, the bug applies
-            (9..18: every overflowing column).
-        slip_rate: probability of a random wrong sum digit at any other column (0.05).
-        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-            max_position_embeddings, rope_theta, init_std: the tiny model.
-        seed: init, batch order and noise draws.
-        steps, batch_size: optimiser steps (800) and traces per step (16).
-        lr, warmup_steps, min_lr_ratio: AdamW peak learning rate (3e-3), linear warmup (30
-            steps), then cosine decay to ``min_lr_ratio * lr`` (0.1).
-        weight_decay, grad_clip: AdamW weight decay (0.01); gradient-norm clip (1.0).
-        eval_samples: samples per held-out problem for the temperature-1 accuracy (2).
+    ``options`` are keys of :data:`DEFAULTS` (from Hydra: the task's keys, ``model.arch.*`` and
+    ``+model.base.<option>=...``); their hash names the entry, ``<cache_dir>/<config hash>/``.
 
     Args:
-        cache_dir: where built models are kept; default ``.vapo_cache/base`` in the working
-            directory. The model goes to ``<cache_dir>/<config hash>/``.
+        cache_dir: where built models are kept; default ``.vapo_cache/base``.
         force: rebuild even if the cache has this config.
-        progress: called once a build starts (not on a cache hit): returns the context manager of
-            the progress bar that training and measuring report to (its ``add_task`` / ``update``
-            are rich.Progress's; it may yield None); None shows no progress.
-        num_threads: torch CPU threads during the build (restored afterwards); None (the default)
-            leaves the process's thread settings untouched (see :func:`_threads`).
-        log: told, in one line, when a cached or shipped entry fails its checksums and is not used.
-        shipped_dir: where the shipped models are (default :data:`SHIPPED_DIR`); None: none. Its
-            entry for this config is used when the cache has none (and ``force`` is False).
+        progress: called once a build starts (not on a cache hit); returns the context manager
+            of a progress bar with rich.Progress's ``add_task`` / ``update``, or yielding None.
+        num_threads: torch CPU threads during the build, restored afterwards; None leaves the
+            process's thread settings untouched (:func:`_threads`).
+        log: told, in one line, when a cached or shipped entry fails its checksums.
+        shipped_dir: the shipped models (None: none), used when the cache has no entry.
 
     Returns:
         the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
-        and one key per digit bucket, e.g. ``"6-10"``}, plus timings (``train_seconds``,
-        ``eval_seconds``, ``build_seconds``), parameter count, final loss and the response-length
-        range in tokens (eos included).
+        and one key per digit bucket, e.g. ``"6-10"``}, timings, parameter count, final loss and
+        the response-length range in tokens (eos included).
 
     Raises:
         ConfigError: an unknown option.

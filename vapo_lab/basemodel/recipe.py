@@ -51,7 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "rope_theta": 1e6,
     "init_std": 0.1,
     # pre-training: inside a 3-minute budget on 2 cores; batch and lr were chosen against
-    # alternatives on the same tokens (docs/benchmarks.md#base-model-builds)
+    # alternatives on the same tokens (docs/benchmarks.md#base-model-builds). seed: init, batch
+    # order and noise draws; lr: AdamW's peak, after warmup_steps of linear warmup, decayed on a
+    # cosine to min_lr_ratio x lr
     "seed": 0,
     "steps": 800,
     "batch_size": 16,

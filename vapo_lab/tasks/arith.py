@@ -95,14 +95,12 @@ def response_tokens(n_digits: int, final_carry: bool = False) -> int:
 
 
 class ArithTask:
-    """Returns problems of n-digit addition with a scratchpad; train and eval splits are disjoint.
+    """n-digit addition problems with a scratchpad, in disjoint train and eval splits.
+
+    The same ``seed`` always gives the same problems, in order; the eval split depends only on
+    (seed, n_eval, min_digits, max_digits), so growing the train split never changes it.
 
     Args:
-        seed: the generator seed; the same seed always gives the same problems, in order.
-        n_train: number of training problems.
-        n_eval: number of held-out problems. The eval split depends only on (seed, n_eval,
-            min_digits, max_digits), not on n_train, so growing the train split never changes it.
-        min_digits: fewest digits per number (>= 1).
         max_digits: most digits per number; the vocabulary grows with it (columns 1..max_digits).
         length_exponent: n is drawn with P(n) ∝ n^-length_exponent; 0 is uniform, the default
             0.75 a long tail of long problems (docs/default-task.md).
