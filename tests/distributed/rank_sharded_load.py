@@ -1,13 +1,13 @@
-"""Loads saved checkpoints with ``load_sharded_causal_lm`` on however many ranks torchrun started (or
-one plain process with ``--single``); rank 0 saves what the test compares. Run by
+"""Loads saved checkpoints with ``load_sharded_causal_lm`` on however many ranks torchrun started
+(or one plain process with ``--single``); rank 0 saves what the test compares. Run by
 tests/distributed/test_sharded_load.py:
 
     # every parameter gathered whole, every rank's buffers and logits, the elements each rank read
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_sharded_load.py \
-        equal out.pt ckpt_a ckpt_b
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_sharded_load.py equal out.pt ckpt_a ckpt_b
     # peak RSS of the set-up (2 ranks; --single: one process, from_pretrained)
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_sharded_load.py \
-        rss out.pt ckpt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_sharded_load.py rss out.pt ckpt
 """
 
 import argparse

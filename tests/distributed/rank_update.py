@@ -2,7 +2,8 @@
 started (or one plain process with ``--single``); rank 0 saves the losses, gradients and
 parameters to compare. Run by tests/distributed/test_update_equality.py:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_update.py vapo out.pt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_update.py vapo out.pt
 """
 
 import argparse
@@ -87,8 +88,9 @@ def main() -> None:
         "--average", action="store_true", help="leave FSDP's gradient averaging on (a scale bug)"
     )
     a = ap.parse_args()
-    # float64 throughout: the two (packed passes on one process and through FSDP2's hooks) then agree
-    # to ~1e-15, where float32 rounding (each rank pads its own rows) gave up to 5e-5 and hid errors
+    # float64 throughout: the two (packed passes on one process and through FSDP2's hooks) then
+    # agree to ~1e-15, where float32 rounding (each rank pads its own rows) gave up to 5e-5 and hid
+    # errors
     torch.set_default_dtype(torch.float64)
     cfg = config(a.preset)
     cfg.trainer.strategy = "single" if a.single else "fsdp"

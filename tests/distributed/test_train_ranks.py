@@ -48,7 +48,8 @@ def test_two_ranks_run_to_the_end_each_step_logged_once(ranks_dir):
 
 def test_the_ranks_build_the_reward_model_and_pretrain_the_critic_together(ranks_dir):
     """In a fresh folder both ranks sample and train the reward model and the value pretraining (no
-    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank count."""
+    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank
+    count."""
     import json
 
     cache = ranks_dir / ".vapo_cache"

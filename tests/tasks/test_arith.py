@@ -53,7 +53,8 @@ def test_prompt_and_answer_by_hand():
 
 
 def test_final_carry_is_the_leading_answer_digit():
-    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1 -> "1" "1" "2"
+    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1
+    # -> "1" "1" "2"
     problem = Problem("p", "", "112", {"n_digits": 2, "x": 95, "y": 17})
     assert ArithTask(0, 0, 0).trace(problem) == " c2_0 z2_2 c1_1 z1_1 c0_1 \\boxed{112}"
 
