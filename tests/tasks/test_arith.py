@@ -29,7 +29,10 @@ def test_splits_are_disjoint_even_when_small_problems_run_out():
     # 1..2 digits: 55 + 4095 unordered pairs; x + y and y + x count as the same problem, so
     # the 1-digit problems run out and the generator must redraw
     task = ArithTask(0, n_train=2000, n_eval=500, min_digits=1, max_digits=2)
-    keys = lambda ps: {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+
+    def keys(ps):
+        return {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+
     assert len(keys(task.train)) == 2000 and len(keys(task.eval)) == 500
     assert not keys(task.train) & keys(task.eval)
     assert len({p.id for p in task.train + task.eval}) == 2500
