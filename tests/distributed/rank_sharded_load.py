@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - imported before the baseline, as both paths use it
+
+# imported before the baseline, as both paths use it
+import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
 from tests.distributed.ranks import READ, count_reads, leave
 from vapo_lab.distributed.fsdp import full

@@ -135,7 +135,11 @@ def main() -> None:
     if ref is not None:
         batch.ref_logprobs = batched_logprobs(ref, local, micro, temperature, extra)
     compute_advantages(cfg.algo, cfg.gae, cfg.kl, cfg.rollout.n_samples, batch, world)
-    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731 - scale errors show in SGD
+
+    # SGD, so that scale errors show
+    def sgd(m):
+        return torch.optim.SGD(m.parameters(), lr=0.05)
+
     use_critic = cfg.algo.advantage == "gae"
     descent = Descent(cfg.trainer, torch.Generator().manual_seed(3), world)
     metrics = {}

@@ -79,7 +79,10 @@ def test_killed_on_every_rank_then_resumed_equals_the_uninterrupted_run(ranks_di
     assert_like_reference(run_dir, ranks_dir / "runs" / "reference", store(ranks_dir))
 
 
-def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(ranks_dir, small_disk):  # noqa: F811
+def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(
+    ranks_dir,
+    small_disk,  # noqa: F811
+):
     """Both ranks write their shards of step 6 (DCP) to a disk with room for half of it."""
     import json
 
