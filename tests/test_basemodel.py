@@ -151,8 +151,9 @@ def test_default_recipe_meets_its_targets_and_a_fresh_build_matches_the_shipped_
     assert lengths["min"] < 10 and lengths["max"] > 100 and lengths["max"] >= 8 * lengths["min"]
     # The shipped model of this config: bit-identical on the machine that built it; elsewhere the
     # kernels may round differently, so the build is held to the shipped model's accuracy, measured
-    # on the same 256 held-out problems x 2 samples: a binomial standard error of ~1.7 points each at
-    # temperature 1, ~2.3 for a difference of two independent draws; held within 3 of those, 7 points.
+    # on the same 256 held-out problems x 2 samples: a binomial standard error of ~1.7 points each
+    # at temperature 1, ~2.3 for a difference of two independent draws; held within 3 of those, 7
+    # points.
     shipped = build_base(tmp_path / "other")
     assert shipped.shipped and shipped.config == base.config
     for mode in ("t1", "greedy"):
@@ -186,7 +187,9 @@ ids, labels = R._collate([tok(p.prompt).input_ids for p in task.train],
 def grad_hash():
     model.zero_grad()
     R._response_loss(model, ids, labels, tok.pad_token_id).backward()
-    return hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest()
+    return hashlib.sha256(
+        b"".join(p.grad.numpy().tobytes() for p in model.parameters())
+    ).hexdigest()
 
 def modal_hash():
     return Counter(grad_hash() for _ in range(7)).most_common(1)[0][0]
@@ -219,8 +222,9 @@ def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
-# A build with progress, its output a pipe (a Slurm log, nohup, | tee): a marker is written to the same
-# pipe at the 10th of 20 training steps; progress lines must come before it, not all at the end.
+# A build with progress, its output a pipe (a Slurm log, nohup, | tee): a marker is written to the
+# same pipe at the 10th of 20 training steps; progress lines must come before it, not all at the
+# end.
 _BUILD_INTO_A_PIPE = """
 import sys
 from rich.progress import TextColumn
@@ -236,7 +240,9 @@ def marked(*args):
     return loss(*args)
 
 R._response_loss = marked
-B.build_base(sys.argv[1], progress=lambda: progress_bar(True, None, *default_columns(), TextColumn("{task.fields[info]}")),
+B.build_base(sys.argv[1],
+             progress=lambda: progress_bar(True, None, *default_columns(),
+                                           TextColumn("{task.fields[info]}")),
              **SMALL)
 print("MARKER: built", file=sys.stderr, flush=True)
 """
@@ -298,7 +304,8 @@ def test_the_base_model_library_draws_no_progress_bars_itself():
 
     code = (
         "import sys, vapo_lab.basemodel; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'vapo_lab.commands.progress'))"
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] == 'rich' or m == 'vapo_lab.commands.progress'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

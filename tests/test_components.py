@@ -103,7 +103,8 @@ def test_table1_values_from_the_paper():
 
 def test_table1_grid_cells_come_from_the_registries():
     cells = [(r.cell, r.algo, r.drop) for r in table1.cells()]
-    # the presets with a paper score first (registry order), then the ablated preset without each component
+    # the presets with a paper score first (registry order), then the ablated preset without each
+    # component
     presets = [(p.name, p.name, ()) for p in PRESETS if p.table1 is not None]
     ablations = [(f"{table1.ABLATED}-no-{c.name}", table1.ABLATED, (c.name,)) for c in COMPONENTS]
     assert cells == presets + ablations
@@ -132,7 +133,8 @@ def test_only_the_critic_stages_need_a_critic():
     for component in COMPONENTS:
         assert component.needs_critic == (component.stage in CRITIC_STAGES), component.name
     assert any(c.needs_critic for c in COMPONENTS) and not all(c.needs_critic for c in COMPONENTS)
-    # a preset without a value model (group-relative advantages) turns on no component that needs one
+    # a preset without a value model (group-relative advantages) turns on no component that needs
+    # one
     for preset in PRESETS:
         if option_values("algo", preset.name).get("algo.advantage") == "group":
             assert not [n for n in preset.on() if COMPONENTS.get(n).needs_critic], preset.name

@@ -1,4 +1,5 @@
-"""`vapo-lab plan` and the refusal of `train` for a run its devices cannot hold (vapo_lab.config.preflight)."""
+"""`vapo-lab plan` and the refusal of `train` for a run its devices cannot hold
+(vapo_lab.config.preflight)."""
 
 import json
 import os
@@ -17,8 +18,8 @@ from vapo_lab.models.shapes import Shape
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "300"}
-# the paper's scale before it was planned: 8 sequences of 20,992 tokens a micro-batch, a 32B vLLM engine
-# on one GPU given half of it, the training state resident while it samples
+# the paper's scale before it was planned: 8 sequences of 20,992 tokens a micro-batch, a 32B vLLM
+# engine on one GPU given half of it, the training state resident while it samples
 PAPER_8X16 = [
     "scale=paper",
     "trainer.strategy=fsdp",
@@ -64,15 +65,17 @@ def test_plan_of_the_paper_setup_on_128_gpus():
         "4.05 GB",
     ]
     assert rows["KV cache per sequence"][0] == "5.50 GB"
-    # state 8.09 + gathered 5.06 + a checkpointed pass of 8 x 20,992 tokens (qwen2_pass_activation_bytes)
+    # state 8.09 + gathered 5.06 + a checkpointed pass of 8 x 20,992 tokens
+    # (qwen2_pass_activation_bytes)
     assert rows["need a GPU"][0] == "209.18 GB"
     assert rows["  sequences decoded at once"][0] == "0 of 64 requests"
     assert "fits 80 GB GPUs at N = 128: no" in result.output
     assert "fewest GPUs that fit: none" in result.output
     assert "estimated step at N = 128: never (no sequence fits)" in result.output
     assert (
-        "to fit, fix with one or more of: trainer.max_tokens_per_micro_batch=41984 (the update then fits; "
-        "167936 tokens a pass now); rollout.vllm.gpu_memory_utilization >= 0.89"
+        "to fit, fix with one or more of: trainer.max_tokens_per_micro_batch=41984 "
+        "(the update then fits; 167936 tokens a pass now); "
+        "rollout.vllm.gpu_memory_utilization >= 0.89"
     ) in result.output
 
 
@@ -250,8 +253,9 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
     ).footprint.need / 1e9 == pytest.approx(79.3, abs=0.05)
 
 
-# -- experiments/table1-small-gpu.yaml: the resources its header states -------------------------------
-# Qwen2.5-1.5B's published config.json (huggingface.co/Qwen/Qwen2.5-1.5B), the base of scale=small-gpu
+# -- experiments/table1-small-gpu.yaml: the resources its header states --------------------------
+# Qwen2.5-1.5B's published config.json (huggingface.co/Qwen/Qwen2.5-1.5B), the base of
+# scale=small-gpu
 QWEN25_1_5B = {
     "model_type": "qwen2",
     "hidden_size": 1536,
@@ -289,8 +293,8 @@ def test_table1_small_gpu_fits_the_gpus_its_header_states(tmp_path):
     # update: state + the gathered FSDP root (embeddings + final norm) and 2 layers in bf16 + the
     # larger of the actor's and the critic's checkpointed pass of 17,408 tokens (the budget: 2
     # sequences of s = 512 + 8192) in bf16 copies of the shards, the tensors autograd keeps
-    # (qwen2_pass_activation_bytes, worked by hand in tests/bench/test_plan_check.py), the actor's with
-    # its chunked log-prob pass over 2 x 8192 response tokens in chunks of 2^28 / (4·V) = 441
+    # (qwen2_pass_activation_bytes, worked by hand in tests/bench/test_plan_check.py), the actor's
+    # with its chunked log-prob pass over 2 x 8192 response tokens in chunks of 2^28 / (4·V) = 441
     shape = Shape(
         hidden_size=h,
         num_layers=L,

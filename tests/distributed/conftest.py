@@ -1,4 +1,5 @@
-"""Runs scripts on 1 or 2 CPU ranks (gloo) with torchrun; `group`: a process group of this one process."""
+"""Runs scripts on 1 or 2 CPU ranks (gloo) with torchrun; `group`: a process group of this one
+process."""
 
 import os
 import socket
@@ -17,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 def torchrun(
     nproc: int, script: Path, *args: str, timeout: int = 300
 ) -> subprocess.CompletedProcess:
-    """Runs ``script args`` on ``nproc`` ranks of this machine; raises with the ranks' output on failure."""
+    """Runs ``script args`` on ``nproc`` ranks of this machine; raises with the ranks' output on
+    failure."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     done = subprocess.run(
         [

@@ -3,7 +3,8 @@
 torch's AdamW kernels. Imported by tests/distributed/test_offload.py for one process, and run by it
 on 2 ranks (FSDP2 over gloo), each rank writing its checks to ``<out>/rank<r>.json``:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_offload.py out
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_offload.py out
 """
 
 import argparse

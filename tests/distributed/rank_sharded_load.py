@@ -1,13 +1,13 @@
-"""Loads saved checkpoints with ``load_sharded_causal_lm`` on however many ranks torchrun started (or
-one plain process with ``--single``); rank 0 saves what the test compares. Run by
+"""Loads saved checkpoints with ``load_sharded_causal_lm`` on however many ranks torchrun started
+(or one plain process with ``--single``); rank 0 saves what the test compares. Run by
 tests/distributed/test_sharded_load.py:
 
     # every parameter gathered whole, every rank's buffers and logits, the elements each rank read
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_sharded_load.py \
-        equal out.pt ckpt_a ckpt_b
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_sharded_load.py equal out.pt ckpt_a ckpt_b
     # peak RSS of the set-up (2 ranks; --single: one process, from_pretrained)
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_sharded_load.py \
-        rss out.pt ckpt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_sharded_load.py rss out.pt ckpt
 """
 
 import argparse
@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - imported before the baseline, as both paths use it
+
+# imported before the baseline, as both paths use it
+import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
 from tests.distributed.ranks import READ, count_reads, leave
 from vapo_lab.distributed.fsdp import full

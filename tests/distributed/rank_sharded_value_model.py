@@ -1,6 +1,6 @@
-"""Builds value models sharded with ``load_sharded_value_model`` on the ranks torchrun started, saves
-them from their shards with ``save_sharded_value_model`` and loads what was saved sharded again; rank 0
-saves what the test compares. Run by tests/distributed/test_sharded_value_model.py:
+"""Builds value models sharded with ``load_sharded_value_model`` on the ranks torchrun started,
+saves them from their shards with ``save_sharded_value_model`` and loads what was saved sharded
+again; rank 0 saves what the test compares. Run by tests/distributed/test_sharded_value_model.py:
 
     # for each pair: the critic from the causal LM's directory, from the value model's, each saved
     # under out_dir, the second save loaded again
@@ -34,8 +34,9 @@ def load(world: World, path, dtype: str, source: str) -> tuple[torch.nn.Module, 
 
 
 def hidden(critic: torch.nn.Module) -> torch.Tensor:
-    """The backbone's last hidden states, as the critic's forward computes them (a zero head's values
-    are zero whatever the backbone): run as the critic's forward, so that FSDP2 gathers the root."""
+    """The backbone's last hidden states, as the critic's forward computes them (a zero head's
+    values are zero whatever the backbone): run as the critic's forward, so that FSDP2 gathers the
+    root."""
     positions = (MASK.cumsum(-1) - 1).clamp(min=0)
     return critic.backbone(
         input_ids=IDS, attention_mask=MASK, position_ids=positions
@@ -43,8 +44,9 @@ def hidden(critic: torch.nn.Module) -> torch.Tensor:
 
 
 def observe(world: World, critic: torch.nn.Module, read: list[int]) -> dict:
-    """Returns what the test compares of a sharded critic: every parameter gathered whole (collectives,
-    in the same order on every rank), every rank's buffers and values, the shards' dtypes."""
+    """Returns what the test compares of a sharded critic: every parameter gathered whole
+    (collectives, in the same order on every rank), every rank's buffers and values, the shards'
+    dtypes."""
     params = {
         n: full(p.detach()).clone() for n, p in critic.named_parameters(remove_duplicate=False)
     }
@@ -79,7 +81,8 @@ def run(world: World, out: Path, dirs: list[str]) -> None:
         critic, read = load(world, vm, "float32", "value_model")
         results[f"{name}/value_model"] = observe(world, critic, read)
         save_sharded_value_model(critic, out / f"{name}-resaved", world)
-        # computing in bf16 this time: float32 shards all the same, FSDP2's policy casting the passes
+        # computing in bf16 this time: float32 shards all the same, FSDP2's policy casting the
+        # passes
         again, read = load(world, out / f"{name}-resaved", "bfloat16", "value_model")
         results[f"{name}/reloaded"] = observe(world, again, read)
         with torch.no_grad():

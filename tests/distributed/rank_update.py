@@ -2,7 +2,8 @@
 started (or one plain process with ``--single``); rank 0 saves the losses, gradients and
 parameters to compare. Run by tests/distributed/test_update_equality.py:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_update.py vapo out.pt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_update.py vapo out.pt
 """
 
 import argparse
@@ -87,8 +88,9 @@ def main() -> None:
         "--average", action="store_true", help="leave FSDP's gradient averaging on (a scale bug)"
     )
     a = ap.parse_args()
-    # float64 throughout: the two (packed passes on one process and through FSDP2's hooks) then agree
-    # to ~1e-15, where float32 rounding (each rank pads its own rows) gave up to 5e-5 and hid errors
+    # float64 throughout: the two (packed passes on one process and through FSDP2's hooks) then
+    # agree to ~1e-15, where float32 rounding (each rank pads its own rows) gave up to 5e-5 and hid
+    # errors
     torch.set_default_dtype(torch.float64)
     cfg = config(a.preset)
     cfg.trainer.strategy = "single" if a.single else "fsdp"
@@ -133,7 +135,11 @@ def main() -> None:
     if ref is not None:
         batch.ref_logprobs = batched_logprobs(ref, local, micro, temperature, extra)
     compute_advantages(cfg.algo, cfg.gae, cfg.kl, cfg.rollout.n_samples, batch, world)
-    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731 - scale errors show in SGD
+
+    # SGD, so that scale errors show
+    def sgd(m):
+        return torch.optim.SGD(m.parameters(), lr=0.05)
+
     use_critic = cfg.algo.advantage == "gae"
     descent = Descent(cfg.trainer, torch.Generator().manual_seed(3), world)
     metrics = {}

@@ -2,7 +2,8 @@
 every parameter, gradient and AdamW state tensor lands in new host storage (pinned from CUDA),
 comes back bit-equal, and the next steps equal a twin's that never left, for each AdamW kernel,
 on one process and FSDP2-sharded on 2 gloo ranks; a trainer run with
-``trainer.offload_during_rollout=true`` steps as one without: same metrics, weights and AdamW state."""
+``trainer.offload_during_rollout=true`` steps as one without: same metrics, weights and AdamW
+state."""
 
 import copy
 import json

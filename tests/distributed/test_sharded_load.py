@@ -1,8 +1,8 @@
-"""A model built sharded (meta device, FSDP2, then each rank's slices read from the safetensors) is the
-model ``from_pretrained`` loads: every parameter gathered whole and every buffer (the rotary
+"""A model built sharded (meta device, FSDP2, then each rank's slices read from the safetensors) is
+the model ``from_pretrained`` loads: every parameter gathered whole and every buffer (the rotary
 ``inv_freq``, which no checkpoint holds) equal exactly, the logits to 1e-6, on 2 gloo ranks
-(tests/distributed/rank_sharded_load.py), for tied and untied embeddings, fp32 and bf16 files, and a
-checkpoint split over two files. Each rank reads only its slices. The slow test measures the
+(tests/distributed/rank_sharded_load.py), for tied and untied embeddings, fp32 and bf16 files, and
+a checkpoint split over two files. Each rank reads only its slices. The slow test measures the
 set-up's peak memory on each of 2 ranks against one process's (docs/distributed.md).
 """
 
@@ -42,7 +42,8 @@ CHECKPOINTS = {
 def save_tiny(
     path: Path, tied: bool, dtype: torch.dtype, max_shard_size: str | None = None
 ) -> Path:
-    """Saves a random Qwen2 of ~82k parameters (vocab 301: rows split 151 + 150 over 2 ranks, uneven)."""
+    """Saves a random Qwen2 of ~82k parameters (vocab 301: rows split 151 + 150 over 2 ranks,
+    uneven)."""
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=301,
@@ -129,7 +130,8 @@ def test_bf16_compute_keeps_float32_shards_and_casts_in_the_passes(tmp_path, gro
     with torch.no_grad():
         logits = model(IDS).logits
         fp32 = reference(path)(IDS).logits
-    # FSDP2's policy is live: the pass ran in bf16 (8 mantissa bits), so it rounds the float32 logits
+    # FSDP2's policy is live: the pass ran in bf16 (8 mantissa bits), so it rounds the float32
+    # logits
     assert logits.dtype == torch.bfloat16
     assert not torch.equal(logits.float(), fp32)
 
@@ -175,7 +177,8 @@ def test_a_key_in_two_files_is_refused(tmp_path, group):
         load_sharded_causal_lm(path, group, torch.device("cpu"))
 
 
-# ~316M parameters (exact count asserted below), saved once in bf16 (0.63 GB on disk, 1.26 GB as float32)
+# ~316M parameters (exact count asserted below), saved once in bf16 (0.63 GB on disk, 1.26 GB as
+# float32)
 BIG = dict(
     vocab_size=32000,
     hidden_size=1024,
@@ -198,9 +201,11 @@ def test_each_rank_sets_up_with_about_half_the_memory(tmp_path):
             sys.executable,
             "-c",
             (
-                "import torch; from transformers import Qwen2Config, Qwen2ForCausalLM; torch.manual_seed(0); "
+                "import torch; from transformers import Qwen2Config, Qwen2ForCausalLM; "
+                "torch.manual_seed(0); "
                 f"m = Qwen2ForCausalLM(Qwen2Config(**{BIG!r})); "
-                f"assert sum(p.numel() for p in m.parameters()) == {BIG_PARAMS}, sum(p.numel() for p in m.parameters()); "
+                f"assert sum(p.numel() for p in m.parameters()) == {BIG_PARAMS}, "
+                "sum(p.numel() for p in m.parameters()); "
                 f"m.to(torch.bfloat16).save_pretrained({str(path)!r})"
             ),
         ],

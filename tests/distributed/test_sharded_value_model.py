@@ -1,13 +1,13 @@
-"""A value model built sharded (meta device, FSDP2, each rank's slices read from the safetensors) is the
-value model one process makes, and one saved from its shards is the one ``ValueModel.save`` writes:
-on 2 gloo ranks (tests/distributed/rank_sharded_value_model.py, one torchrun for every case), for a
-random Qwen2 with tied and untied embeddings,
+"""A value model built sharded (meta device, FSDP2, each rank's slices read from the safetensors) is
+the value model one process makes, and one saved from its shards is the one ``ValueModel.save``
+writes: on 2 gloo ranks (tests/distributed/rank_sharded_value_model.py, one torchrun for every
+case), for a random Qwen2 with tied and untied embeddings,
 
 (a) started from a causal LM's directory: ``ValueModel.from_causal_lm(from_pretrained(dir))``, every
     parameter and buffer exactly, the values to 1e-6;
 (b) from a ``ValueModel.save`` directory with a nonzero head: ``ValueModel.load(dir)`` exactly;
-(c) saved from its shards: ``ValueModel.load`` of what was written is the gathered shards exactly, and
-    load -> save -> load gives back the weights it started from.
+(c) saved from its shards: ``ValueModel.load`` of what was written is the gathered shards exactly,
+    and load -> save -> load gives back the weights it started from.
 """
 
 import json
@@ -37,7 +37,8 @@ MODELS = {"tied-bf16": (True, torch.bfloat16), "untied-fp32": (False, torch.floa
 
 
 def save_lm(path: Path, tied: bool, dtype: torch.dtype) -> Path:
-    """Saves a random Qwen2 causal LM of ~82k parameters (vocab 301: rows split 151 + 150 over 2 ranks)."""
+    """Saves a random Qwen2 causal LM of ~82k parameters (vocab 301: rows split 151 + 150 over 2
+    ranks)."""
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=301,
@@ -83,7 +84,8 @@ def assert_same_params(got: dict, ref: dict) -> None:
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Every model of MODELS saved as a causal LM and as a value model, then (a), (b), (c) in one
-    torchrun of 2 ranks; returns {name: (lm dir, value model dir, out dir)}, and the ranks' results."""
+    torchrun of 2 ranks; returns {name: (lm dir, value model dir, out dir)}, and the ranks'
+    results."""
     root = tmp_path_factory.mktemp("sharded_vm")
     dirs = {}
     for name, spec in MODELS.items():
@@ -155,7 +157,8 @@ def test_a_critic_from_a_value_model_dir_is_value_model_load(two_ranks, name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_a_critic_saved_from_its_shards_loads_as_the_shards(two_ranks, name):
     root, dirs, out = two_ranks
-    # the last saved after a bf16 pass that left the root gathered (in bf16): its float32 shards all the same
+    # the last saved after a bf16 pass that left the root gathered (in bf16): its float32 shards
+    # all the same
     for saved, key in (
         (root / f"{name}-from-lm", "causal_lm"),
         (root / f"{name}-resaved", "value_model"),
@@ -182,7 +185,8 @@ def test_a_critic_saved_from_its_shards_loads_as_the_shards(two_ranks, name):
     assert_same_params(whole(ValueModel.load(root / f"{name}-resaved")), whole(ref))
     check_sharded(out[f"{name}/reloaded"], ref, compute="torch.bfloat16")
     check_read(out[f"{name}/reloaded"], ref)
-    # the bf16 policy is live: the pass ran in bf16 (8 mantissa bits), so it rounds the float32 values
+    # the bf16 policy is live: the pass ran in bf16 (8 mantissa bits), so it rounds the float32
+    # values
     with torch.no_grad():
         fp32 = ref.eval()(IDS, MASK)
     assert all(not torch.equal(v, fp32) for v in out[f"{name}/reloaded"]["values"])

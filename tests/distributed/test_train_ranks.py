@@ -48,7 +48,8 @@ def test_two_ranks_run_to_the_end_each_step_logged_once(ranks_dir):
 
 def test_the_ranks_build_the_reward_model_and_pretrain_the_critic_together(ranks_dir):
     """In a fresh folder both ranks sample and train the reward model and the value pretraining (no
-    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank count."""
+    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank
+    count."""
     import json
 
     cache = ranks_dir / ".vapo_cache"
@@ -78,7 +79,10 @@ def test_killed_on_every_rank_then_resumed_equals_the_uninterrupted_run(ranks_di
     assert_like_reference(run_dir, ranks_dir / "runs" / "reference", store(ranks_dir))
 
 
-def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(ranks_dir, small_disk):  # noqa: F811
+def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(
+    ranks_dir,
+    small_disk,  # noqa: F811
+):
     """Both ranks write their shards of step 6 (DCP) to a disk with room for half of it."""
     import json
 

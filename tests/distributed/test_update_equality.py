@@ -1,8 +1,8 @@
 """An update on 2 ranks (FSDP2 over gloo) equals the one-process update on the same global batch:
 losses and metrics, gradients and parameters after the step, for the VAPO, PPO, DAPO and GRPO
-presets (tests/distributed/rank_update.py: 2 optimiser steps per epoch, 2 epochs, micro-batches of 4, an
-old policy off the current one so that clipping is live), in float64, so that the two agree to
-~1e-15 and the bounds can be tight.
+presets (tests/distributed/rank_update.py: 2 optimiser steps per epoch, 2 epochs, micro-batches of
+4, an old policy off the current one so that clipping is live), in float64, so that the two agree
+to ~1e-15 and the bounds can be tight.
 
 The optimiser is SGD, whose step is proportional to the gradient: AdamW would hide a gradient
 off by a constant factor (NOTES-scale.md). The last test shows the check catching one: FSDP2's

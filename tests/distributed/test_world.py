@@ -1,5 +1,6 @@
 """init_world: what it hands torch.distributed, worked out by hand from the launcher's variables.
-torch.distributed is replaced by a recorder, so the CUDA path is checked on a machine without one."""
+torch.distributed is replaced by a recorder, so the CUDA path is checked on a machine without
+one."""
 
 import pytest
 import torch

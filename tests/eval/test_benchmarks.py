@@ -1,4 +1,5 @@
-"""Benchmarks: the packaged sets load with their row counts, any JSONL file loads, bad input is named."""
+"""Benchmarks: the packaged sets load with their row counts, any JSONL file loads, bad input is
+named."""
 
 import json
 import re

@@ -1,4 +1,5 @@
-"""`vapo-lab eval` on the tiny model (arith and aime24), its one-line errors, and `vapo-lab bench generate`."""
+"""`vapo-lab eval` on the tiny model (arith and aime24), its one-line errors, and
+`vapo-lab bench generate`."""
 
 import importlib.util
 import json
@@ -107,8 +108,9 @@ def test_vllm_backend_without_vllm_is_one_clear_line(tiny, tmp_path):
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         (
-            "error: --backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu extra in a GPU "
-            "environment of its own (vLLM pins its own torch; docs/distributed.md, GPU / vLLM), or use --backend builtin"
+            "error: --backend vllm needs vLLM, which is not installed: install vapo-lab with its "
+            "gpu extra in a GPU environment of its own (vLLM pins its own torch; "
+            "docs/distributed.md, GPU / vLLM), or use --backend builtin"
         )
     ]
 

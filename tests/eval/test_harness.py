@@ -90,7 +90,8 @@ def test_same_seed_same_samples_and_another_seed_others(tiny, tmp_path):
 
 
 def test_arith_reproduces_the_trainers_periodic_eval(tiny, tmp_path):
-    """Same checkpoint, one chunk, default seed (the trainer's seed*7919 + step): the same figures."""
+    """Same checkpoint, one chunk, default seed (the trainer's seed*7919 + step): the same
+    figures."""
     from transformers import AutoModelForCausalLM
 
     from vapo_lab.config.schema import typed

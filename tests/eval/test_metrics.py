@@ -1,4 +1,5 @@
-"""avg@k, its standard error and bootstrap CI, pass@k, maj@k: hand-worked numbers and brute force."""
+"""avg@k, its standard error and bootstrap CI, pass@k, maj@k: hand-worked numbers and brute
+force."""
 
 import itertools
 import math
@@ -50,7 +51,8 @@ def test_pass_at_k_rejects_impossible_counts():
 
 
 def test_pass_at_k_table_by_hand():
-    # problem 1: 1 of 4 correct; pass@1 = 1/4, pass@2 = 1 − C(3,2)/C(4,2) = 1 − 3/6 = 1/2, pass@4 = 1
+    # problem 1: 1 of 4 correct; pass@1 = 1/4, pass@2 = 1 − C(3,2)/C(4,2) = 1 − 3/6 = 1/2,
+    # pass@4 = 1
     # problem 2: 4 of 4 correct; pass@k = 1 for all k
     table = pass_at_k_table([[True, False, False, False], [True, True, True, True]])
     assert table == pytest.approx({1: 0.625, 2: 0.75, 4: 1.0}, abs=1e-12)

@@ -1,4 +1,5 @@
-"""What --model names: a run, one of its checkpoints, its MLflow run id, the latest run, a model folder."""
+"""What --model names: a run, one of its checkpoints, its MLflow run id, the latest run, a model
+folder."""
 
 import pytest
 

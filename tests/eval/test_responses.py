@@ -1,4 +1,5 @@
-"""`--responses` mode: responses generated elsewhere graded exactly as the hand-checked grader table says."""
+"""`--responses` mode: responses generated elsewhere graded exactly as the hand-checked grader
+table says."""
 
 import importlib.util
 import json
@@ -26,7 +27,8 @@ CASES = _table()
 
 
 def _files(tmp_path, integer):
-    """Writes a benchmark (one problem per case) and a responses file; returns their paths and the cases."""
+    """Writes a benchmark (one problem per case) and a responses file; returns their paths and the
+    cases."""
     cases = [c for c in CASES if c[2] is integer]
     data, responses = tmp_path / f"table-{integer}.jsonl", tmp_path / f"responses-{integer}.jsonl"
     data.write_text(
@@ -80,8 +82,8 @@ def test_responses_cli_prints_the_figures(tmp_path):
 
 
 def test_a_grading_timeout_is_counted_and_reported(tmp_path):
-    # (9)^{(9)^{(9)^{(9)}}} passes the grader's pre-checks and sympy expands it for minutes: over the
-    # 2 s limit, its worker is killed; it counts wrong, and the summary and warnings say so
+    # (9)^{(9)^{(9)^{(9)}}} passes the grader's pre-checks and sympy expands it for minutes: over
+    # the 2 s limit, its worker is killed; it counts wrong, and the summary and warnings say so
     data = tmp_path / "d.jsonl"
     # not integer
     data.write_text(json.dumps({"id": "p1", "problem": "?", "answer": r"\frac{1}{2}"}) + "\n")
@@ -114,11 +116,13 @@ def test_a_grading_timeout_is_counted_and_reported(tmp_path):
 def test_several_responses_per_problem_and_bad_lines(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(
-        '{"id": "p1", "problem": "?", "answer": "12"}\n{"id": "p2", "problem": "?", "answer": "3"}\n'
+        '{"id": "p1", "problem": "?", "answer": "12"}\n'
+        '{"id": "p2", "problem": "?", "answer": "3"}\n'
     )
     ok = tmp_path / "r.jsonl"
     ok.write_text(
-        '{"problem_id": "p1", "response": "\\\\boxed{12}"}\n{"problem_id": "p1", "response": "no"}\n'
+        '{"problem_id": "p1", "response": "\\\\boxed{12}"}\n'
+        '{"problem_id": "p1", "response": "no"}\n'
         '{"id": "p2", "response": "Answer: 3", "finish_reason": "stop", "length": 4}\n'
         '{"id": "p2", "response": "\\\\boxed{4}", "finish_reason": "length", "length": 9}\n'
     )

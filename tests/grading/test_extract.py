@@ -1,4 +1,5 @@
-"""Extracting the final answer and normalising it: shared with the tasks, and linear on adversarial text."""
+"""Extracting the final answer and normalising it: shared with the tasks, and linear on
+adversarial text."""
 
 import time
 

@@ -1,4 +1,5 @@
-r"""Matching answers: a hand-checked table of responses, and grade_many's time limit and crash handling."""
+r"""Matching answers: a hand-checked table of responses, and grade_many's time limit and crash
+handling."""
 
 import ast
 import multiprocessing
@@ -139,7 +140,8 @@ _ON_A_THREAD = r"""
 import threading, time
 from vapo_lab.grading import grade
 cases = [("tower", r"\boxed{9^{9^{9^{9}}}}", "1", 5.0),   # refused by the pre-check
-         ("slow", r"\boxed{(9)^{(9)^{(9)^{(9)}}}}", "1", 2.0),  # passes the pre-checks: killed at 2 s
+         # passes the pre-checks: killed at 2 s
+         ("slow", r"\boxed{(9)^{(9)^{(9)^{(9)}}}}", "1", 2.0),
          ("half", r"\boxed{\frac{1}{2}}", "0.5", 5.0)]  # a symbolic comparison off the main thread
 out = {}
 def run():

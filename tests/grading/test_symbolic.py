@@ -1,4 +1,5 @@
-"""The pre-checks before math-verify: huge, deeply nested and power-tower answers are graded fast, right ones still right."""
+"""The pre-checks before math-verify: huge, deeply nested and power-tower answers are graded fast,
+right ones still right."""
 
 import time
 
@@ -47,7 +48,8 @@ def test_pre_checks_keep_right_answers_right():
     assert grade(r"\boxed{2^{2^{2}}}", "16") and grade(r"\boxed{2^{10}}", "1024")
     # a continued fraction nested 3 deep: 1/(1 + 1/(1 + 1/2)) = 1/(1 + 2/3) = 3/5
     assert grade(r"\boxed{\frac{1}{1+\frac{1}{1+\frac{1}{2}}}}", r"\frac{3}{5}")
-    # 399 characters, within the limit of 400: 0+0+...+0+1 = 1 (4 x the reference's 1 character is less)
+    # 399 characters, within the limit of 400: 0+0+...+0+1 = 1 (4 x the reference's 1 character is
+    # less)
     assert grade("\\boxed{" + "0+" * 199 + "1}", "1")
     # 403 characters: past it, so compared as text only
     assert not grade("\\boxed{" + "0+" * 201 + "1}", "1")

@@ -47,7 +47,8 @@ def _count(module: torch.nn.Module) -> int:
 
 # -- parameters ----------------------------------------------------------------------------------
 def test_parameter_counts_of_a_small_shape_by_hand():
-    # q 8x8 + 8 bias = 72; k = v = 8x4 + 4 = 36; o 8x8 = 64 (no bias); MLP 3 x 8x16 = 384; norms 2x8 = 16
+    # q 8x8 + 8 bias = 72; k = v = 8x4 + 4 = 36; o 8x8 = 64 (no bias); MLP 3 x 8x16 = 384;
+    # norms 2x8 = 16
     assert layer_params(SMALL) == 72 + 36 + 36 + 64 + 384 + 16 == 608
     # embeddings 10x8 = 80, 2 layers, final norm 8; tied: no lm_head
     assert actor_params(SMALL) == 80 + 2 * 608 + 8 == 1304
@@ -94,8 +95,9 @@ def test_the_embedded_model_has_the_count_the_plan_gives():
 
 
 def test_qwen25_counts_match_the_published_figures():
-    # model cards (huggingface.co/Qwen/Qwen2.5-*): total and non-embedding parameters, in billions, to
-    # their last digit (the cards round some and cut others: 7B's 7.6156 is "7.61", 0.5B's 0.3579 "0.36")
+    # model cards (huggingface.co/Qwen/Qwen2.5-*): total and non-embedding parameters, in billions,
+    # to their last digit (the cards round some and cut others: 7B's 7.6156 is "7.61", 0.5B's
+    # 0.3579 "0.36")
     cards = {"Qwen2.5-0.5B": (0.49, 0.36), "Qwen2.5-1.5B": (1.54, 1.31), "Qwen2.5-7B": (7.61, 6.53)}
     for name, (total, non_embedding) in cards.items():
         shape = KNOWN_ARCHS[name]
@@ -103,7 +105,8 @@ def test_qwen25_counts_match_the_published_figures():
         assert abs(non_embedding_params(shape) / 1e9 - non_embedding) < 0.01, name
     assert actor_params(KNOWN_ARCHS["Qwen2.5-7B"]) == 7_615_616_512
     q32 = known_arch("Qwen2.5-32B")
-    # the bf16 checkpoint's model.safetensors.index.json: total_size 65,527,752,704 bytes = 2 x parameters
+    # the bf16 checkpoint's model.safetensors.index.json: total_size 65,527,752,704 bytes
+    # = 2 x parameters
     assert actor_params(q32) * 2 == 65_527_752_704
     assert actor_params(q32) == 32_763_876_352
     # its card says 32.5B total, 31.0B non-embedding: rounded down; ours are within 1% of both
@@ -193,8 +196,9 @@ def test_paper_setup_adds_up():
     assert fp.state == 16 * trained / 128
     # the pass's response tokens 8 x 20,480 = 163,840 through the chunked LM head
     assert fp.logprob == chunked_logprob_bytes(163_840, 152064, 5120, 441, 2) == 6_754_110_464
-    # a pass: 8 rows of 512 + 20,480 tokens, checkpointed, bf16 copies of the shards (FSDP2's "cast"):
-    # the tensors autograd keeps (qwen2_pass_activation_bytes, by hand in tests/bench/test_plan_check.py)
+    # a pass: 8 rows of 512 + 20,480 tokens, checkpointed, bf16 copies of the shards (FSDP2's
+    # "cast"): the tensors autograd keeps (qwen2_pass_activation_bytes, by hand in
+    # tests/bench/test_plan_check.py)
     assert fp.actor_activations == qwen2_pass_activation_bytes(
         q32, 8, 512, 20480, True, "lm", 2, False, "packed", 441, "cast"
     )
@@ -220,8 +224,8 @@ def test_smallest_world_is_the_first_divisor_that_fits():
     q32 = KNOWN_ARCHS["Qwen2.5-32B"]
     one = replace(PAPER, micro_tokens=20992, engine_memory=0.9 * 80e9)
     fp = estimate(q32, one)
-    # rollout: 16 B x 64.75B params / N + vLLM's 72 GB <= 80 GB  =>  N >= 129.5; the first divisor of
-    # the 512 prompts at or above it: 256
+    # rollout: 16 B x 64.75B params / N + vLLM's 72 GB <= 80 GB  =>  N >= 129.5; the first divisor
+    # of the 512 prompts at or above it: 256
     n_min = 16 * (fp.actor_params + fp.critic_params) / (80e9 - 72e9)
     assert 129 < n_min < 130
     assert smallest_world(q32, one, 80e9) == 130

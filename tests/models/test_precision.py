@@ -114,7 +114,8 @@ class _LM(torch.nn.Module):
 
 
 def test_the_forward_passes_move_rows_to_the_models_device():
-    """Rows made on the CPU (vLLM returns Python lists) meet a model on another device: here meta."""
+    """Rows made on the CPU (vLLM returns Python lists) meet a model on another device: here
+    meta."""
     from vapo_lab.trainer.forward import value_forward
 
     logprobs, _ = policy_forward(_LM().to("meta"), _rows())

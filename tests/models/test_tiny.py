@@ -33,7 +33,10 @@ def test_parameter_count_is_about_one_million(tokenizer):
 
 def test_structured_init_shares_type_position_and_digit_parts(tokenizer):
     emb = build_tiny_model(tokenizer).get_input_embeddings().weight.detach()
-    e = lambda word: emb[tokenizer.convert_tokens_to_ids(word)]
+
+    def e(word):
+        return emb[tokenizer.convert_tokens_to_ids(word)]
+
     # x3_7 - x3_2 = digit(7) - digit(2) = y5_7 - y5_2 = "7" - "2" (the plain answer digits)
     torch.testing.assert_close(e("x3_7") - e("x3_2"), e("y5_7") - e("y5_2"), atol=1e-6, rtol=0)
     torch.testing.assert_close(e("x3_7") - e("x3_2"), e("7") - e("2"), atol=1e-6, rtol=0)

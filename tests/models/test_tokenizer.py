@@ -1,4 +1,5 @@
-"""Tests for vapo_lab.models.tokenizer: exact round trips, task words as single tokens, save/load."""
+"""Tests for vapo_lab.models.tokenizer: exact round trips, task words as single tokens,
+save/load."""
 
 import json
 from pathlib import Path

@@ -29,7 +29,10 @@ def test_splits_are_disjoint_even_when_small_problems_run_out():
     # 1..2 digits: 55 + 4095 unordered pairs; x + y and y + x count as the same problem, so
     # the 1-digit problems run out and the generator must redraw
     task = ArithTask(0, n_train=2000, n_eval=500, min_digits=1, max_digits=2)
-    keys = lambda ps: {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+
+    def keys(ps):
+        return {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+
     assert len(keys(task.train)) == 2000 and len(keys(task.eval)) == 500
     assert not keys(task.train) & keys(task.eval)
     assert len({p.id for p in task.train + task.eval}) == 2500
@@ -53,7 +56,8 @@ def test_prompt_and_answer_by_hand():
 
 
 def test_final_carry_is_the_leading_answer_digit():
-    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1 -> "1" "1" "2"
+    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1
+    # -> "1" "1" "2"
     problem = Problem("p", "", "112", {"n_digits": 2, "x": 95, "y": 17})
     assert ArithTask(0, 0, 0).trace(problem) == " c2_0 z2_2 c1_1 z1_1 c0_1 \\boxed{112}"
 

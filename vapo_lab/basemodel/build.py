@@ -1,18 +1,11 @@
-"""Building and caching the embedded default's base model (the recipe: :mod:`vapo_lab.basemodel.recipe`).
+"""Building and caching the embedded default's base model (its recipe: :mod:`.recipe`).
 
 The result is cached under ``<cache_dir>/<hash of the config>/`` with ``save_pretrained`` (model
-and tokenizer, loadable with :func:`vapo_lab.models.load_model_and_tokenizer`) plus
-``base.json`` (config and measured accuracies); a second call with the same config returns at
-once. Progress is the caller's to show: it passes a factory of progress bars, called only when a
-build actually runs.
-
-The package ships the entries of the two embedded settings' configs (the default and
-``scale=cpu-long``) under ``vapo_lab/shipped/base/<hash>/``, in the cache's layout and with its
-checksums (:data:`SHIPPED_DIR`, written by ``vapo-lab base ship``): a first run in a fresh folder
-loads them instead of spending minutes on the build (docs/benchmarks.md#base-model-builds), and
-every machine starts RL from the same bits. The lookup order is the
-folder's cache, then the shipped entry, then a build: a model built here (``--force``) stays the
-one used, and any other config is built as before.
+and tokenizer) plus ``base.json`` (config and measured accuracies). The lookup order is the
+folder's cache, then the entry the package ships for the two embedded settings
+(:data:`SHIPPED_DIR`, written by ``vapo-lab base ship``), then a build: a first run in a fresh
+folder builds nothing and every machine starts RL from the same bits (docs/default-task.md,
+Shipped cache entries).
 """
 
 from __future__ import annotations
@@ -61,7 +54,7 @@ class BaseModel:
         config: the build config (its hash names the directory).
         metrics: accuracies and timings measured at build time (see :func:`build_base`).
         cached: True when this call found the model already built (in the cache or shipped).
-        shipped: True when it is the package's shipped model (``path`` is under :data:`SHIPPED_DIR`).
+        shipped: True when it is the package's shipped model (``path`` under :data:`SHIPPED_DIR`).
     """
 
     path: Path
@@ -101,41 +94,23 @@ def build_base(
 ) -> BaseModel:
     """Returns the base model for ``options``, building and caching it on first use.
 
-    Keyword options (defaults in :data:`DEFAULTS`; from Hydra: the task keys below, ``model.arch.*`` and
-    ``+model.base.<option>=...`` for the rest):
-        task_seed, n_train, n_eval, min_digits, max_digits, length_exponent, readout: the arith task
-            (``task.seed``, ``task.n_train``, ``task.n_eval``, ``task.options.*``).
-        bug_rate: share of traces with the systematic bug where it applies (0.7: the mode).
-        bug_sums: the column digit sums x + y at which, with a carry in, the bug applies
-            (9..18: every overflowing column).
-        slip_rate: probability of a random wrong sum digit at any other column (0.05).
-        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-            max_position_embeddings, rope_theta, init_std: the tiny model.
-        seed: init, batch order and noise draws.
-        steps, batch_size: optimiser steps (800) and traces per step (16).
-        lr, warmup_steps, min_lr_ratio: AdamW peak learning rate (3e-3), linear warmup (30
-            steps), then cosine decay to ``min_lr_ratio * lr`` (0.1).
-        weight_decay, grad_clip: AdamW weight decay (0.01); gradient-norm clip (1.0).
-        eval_samples: samples per held-out problem for the temperature-1 accuracy (2).
+    ``options`` are keys of :data:`DEFAULTS` (from Hydra: the task's keys, ``model.arch.*`` and
+    ``+model.base.<option>=...``); their hash names the entry, ``<cache_dir>/<config hash>/``.
 
     Args:
-        cache_dir: where built models are kept; default ``.vapo_cache/base`` in the working
-            directory. The model goes to ``<cache_dir>/<config hash>/``.
+        cache_dir: where built models are kept; default ``.vapo_cache/base``.
         force: rebuild even if the cache has this config.
-        progress: called once a build starts (not on a cache hit): returns the context manager of
-            the progress bar that training and measuring report to (its ``add_task`` / ``update``
-            are rich.Progress's; it may yield None); None shows no progress.
-        num_threads: torch CPU threads during the build (restored afterwards); None (the default)
-            leaves the process's thread settings untouched (see :func:`_threads`).
-        log: told, in one line, when a cached or shipped entry fails its checksums and is not used.
-        shipped_dir: where the shipped models are (default :data:`SHIPPED_DIR`); None: none. Its
-            entry for this config is used when the cache has none (and ``force`` is False).
+        progress: called once a build starts (not on a cache hit); returns the context manager
+            of a progress bar with rich.Progress's ``add_task`` / ``update``, or yielding None.
+        num_threads: torch CPU threads during the build, restored afterwards; None leaves the
+            process's thread settings untouched (:func:`_threads`).
+        log: told, in one line, when a cached or shipped entry fails its checksums.
+        shipped_dir: the shipped models (None: none), used when the cache has no entry.
 
     Returns:
         the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
-        and one key per digit bucket, e.g. ``"6-10"``}, plus timings (``train_seconds``,
-        ``eval_seconds``, ``build_seconds``), parameter count, final loss and the response-length
-        range in tokens (eos included).
+        and one key per digit bucket, e.g. ``"6-10"``}, timings, parameter count, final loss and
+        the response-length range in tokens (eos included).
 
     Raises:
         ConfigError: an unknown option.
@@ -206,10 +181,10 @@ def build_base(
 
 
 def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None:
-    """Writes model, tokenizer and meta to a temporary sibling directory, then renames it to ``path``.
+    """Writes model, tokenizer and meta to a temporary sibling directory, then renames it ``path``.
 
-    A crash leaves no half-written cache entry (``base.json`` is written last, and readers look
-    for it); when two processes build the same config at once, the second keeps the first's copy.
+    A crash leaves no half-written cache entry, and when two processes build the same config at
+    once, the second keeps the first's copy.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -233,12 +208,9 @@ def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None
 def _threads(n: int | None):
     """Sets torch's CPU thread count for the block, then restores it; with None, touches nothing.
 
-    ``torch.set_num_threads`` is not free of side effects even when the count does not change:
-    it also pins MKL's thread count and turns MKL's dynamic threading off, and from then on some
-    kernels round differently (measured: the policy's gradients after
-    ``torch.set_num_threads(torch.get_num_threads())`` differ at the 1e-8 level). A build that
-    called it on the way out would make a run that built its base in-process drift away from the
-    same run with the base cached, so with ``n=None`` the process is left exactly as it was.
+    ``torch.set_num_threads`` pins MKL's threads even when the count does not change, and some
+    kernels then round differently (gradients differ at 1e-8), so a run that built its base
+    in-process would drift from the same run with the base cached.
     """
     if n is None:
         yield

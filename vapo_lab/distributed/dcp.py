@@ -1,14 +1,10 @@
 """Torch distributed checkpoints (DCP) that load without running code from the files.
 
-Each rank writes its shards of the models and optimiser states into one folder
-(``torch.distributed.checkpoint.save``); loading re-shards them for whatever world size loads
-them, so a run saved on N ranks resumes on N ranks exactly and loads on any other count.
-
-DCP reads its ``.metadata`` with ``pickle.load`` and its non-tensor entries with a full (not
-weights-only) ``torch.load``; both could run code from a file someone hands over. Here the
-metadata is read with an unpickler that admits only DCP's own metadata classes, torch's sizes,
-dtypes and layouts, and paths, and non-tensor entries with ``torch.load(weights_only=True)``; anything else is
-refused with one line (:class:`~vapo_lab.errors.CheckpointError`).
+Each rank writes its shards into one folder, and a load re-shards them for any world size. DCP's
+own reader unpickles ``.metadata`` and ``torch.load``s non-tensor entries in full, so either could
+run code from a file someone hands over: here the metadata unpickler admits only DCP's metadata
+classes (and torch sizes, dtypes, layouts and paths), entries load with ``weights_only=True``,
+and anything else is refused in one line (:class:`~vapo_lab.errors.CheckpointError`).
 """
 
 from __future__ import annotations
@@ -103,16 +99,16 @@ def _planner() -> Any:
 
 
 def save_sharded(path: Path, state: dict[str, Any]) -> None:
-    """Writes ``state`` (model / optimiser state dicts of sharded modules, tensors, numbers) to
-    the folder ``path``, each rank its shards; a collective."""
+    """Writes ``state`` (state dicts of sharded modules, tensors, numbers) to the folder ``path``,
+    each rank its shards; a collective."""
     import torch.distributed.checkpoint as dcp
 
     dcp.save(state, checkpoint_id=str(path))
 
 
 def load_sharded(path: Path, state: dict[str, Any]) -> None:
-    """Loads the folder ``path`` into ``state`` in place (its tensors, re-sharded as they are
-    now); a collective."""
+    """Loads the folder ``path`` into ``state``'s tensors in place, re-sharded as they are now; a
+    collective."""
     import torch.distributed.checkpoint as dcp
 
     reader = _reader(path)

@@ -1,29 +1,10 @@
-"""The trainer's state in host memory while the rollout generates, back on its device for the update.
+"""The training state in host memory while the rollout generates, back on its device for the update.
 
-With vLLM on the trainer's GPU, the actor's, critic's and reference's parameters, gradients and
-AdamW state would sit idle on the GPU through generation. :func:`to_host` moves them all to host
-memory (pinned when they come from CUDA, so that :func:`to_device`'s copy back is fast) and frees
-the CUDA cache; :func:`to_device` puts every tensor back where it was. verl does the same around
-its rollout (``offload_fsdp_model_to_cpu`` / ``offload_fsdp_optimizer`` in verl/utils/fsdp_utils.py).
-
-On a CPU-only run the host *is* the device: an offload is then a copy into fresh host storage
-(and so is the way back), which changes no number and costs two copies per step.
-
-Pitfalls, each checked by tests/distributed/test_offload.py:
-
-1. FSDP2 parameters move through the module (``module._apply``, what ``module.to`` runs), never
-   ``p.data = ...``: on a DTensor parameter that assignment leaves its local shard (and FSDP2's own
-   ``FSDPParam._sharded_param_data``, which the next all-gather reads) in the old storage, so
-   nothing is freed. ``FSDPModule._apply`` reshards, swaps each parameter's contents in place
-   (the ``nn.Parameter`` objects, which the optimiser holds, stay) and re-points
-   ``_sharded_param_data`` at the new shard (``FSDPParam.reset_sharded_param``). Upstream verl
-   moved from ``p.data`` to ``model.to`` / ``model.cpu`` for FSDP2 for this reason.
-2. An unevenly sharded FSDP2 parameter (rows not divisible by the ranks) is re-padded by FSDP2
-   into fresh, unpinned memory on the way to the host; its copy back is an ordinary one.
-3. AdamW's ``step`` stays where torch keeps it: without ``fused`` or ``capturable`` it lives on
-   the CPU whatever the parameters' device, and the foreach and for-loop kernels read it there
-   (note "special device hosting for step" in torch/optim/adam.py); the fused kernel wants it on
-   the parameters' device, so there it moves with them.
+:func:`to_host` moves the actor's, critic's and reference's parameters, gradients and AdamW state
+to host memory (pinned when they come from CUDA) and frees the CUDA cache, so that vLLM can use
+the GPU; :func:`to_device` puts every tensor back. On a CPU-only run both are plain copies. The
+pitfalls this avoids (FSDP2 shards, uneven shards, AdamW's ``step``) are in docs/distributed.md,
+GPU / vLLM.
 """
 
 from __future__ import annotations
@@ -60,11 +41,9 @@ def to_host(
     """Returns the record of moving ``modules`` (parameters, their gradients, buffers) and the state
     tensors of ``optimizers`` into fresh storage on ``host``; None entries are skipped.
 
-    Tensors that come from CUDA land in pinned memory and the CUDA cache is emptied after; on a
-    CPU-only run (``host`` is the device) every tensor is copied into new host storage.
-
     Raises:
-        ValueError: a module's tensors are on more than one device, or two modules share parameters.
+        ValueError: a module's tensors are on more than one device, or two modules share
+            parameters.
         RuntimeError: the move replaced a parameter object (torch's
             ``set_overwrite_module_params_on_conversion(True)``): its optimiser would lose it.
     """
@@ -160,7 +139,7 @@ def _move_module(module: nn.Module, device: torch.device) -> None:
     ``device``, keeping every parameter object (the optimiser holds them)."""
     params = [id(p) for p in module.parameters()]
     with torch.no_grad():
-        # FSDPModule overrides _apply (pitfall 1): it reshards and re-points its shards' storage
+        # not p.data = ...: FSDPModule's _apply reshards and re-points its own shard references
         module._apply(lambda t: _copy(t, device))
     if [id(p) for p in module.parameters()] != params:
         raise RuntimeError(

@@ -1,8 +1,7 @@
 """The ranks of one run and the reductions the trainer makes over them.
 
-:class:`World` says who this process is; its methods are the only collectives the trainer calls
-(sums, maxima, gathers, a broadcast, a barrier). With one process and no process group they are
-identities, so the single-process path runs the same code without a single collective.
+:class:`World`'s methods are the only collectives the trainer calls; with one process and no
+process group they are identities, so the single-process path runs the same code.
 """
 
 from __future__ import annotations
@@ -49,14 +48,14 @@ class World:
         return self._all_reduce(t, torch.distributed.ReduceOp.SUM) if self.initialized else t
 
     def mean(self, x: Tensor) -> float:
-        """Returns the mean of the entries of ``x`` over all ranks (one process: ``x.mean()``, as is)."""
+        """Returns the mean of the entries of ``x`` over all ranks (one process: ``x.mean()``)."""
         if not self.initialized:
             return float(x.mean())
         return float(self.sum(x.double().sum()) / self.sum(float(x.numel())).clamp(min=1))
 
     def std(self, x: Tensor) -> float:
-        """Returns the sample standard deviation of the entries of ``x`` over all ranks (one process:
-        ``x.std()``, as is; 0 for fewer than two entries)."""
+        """Returns the sample standard deviation of the entries of ``x`` over all ranks (one
+        process: ``x.std()``); 0 for fewer than two entries."""
         if not self.initialized:
             return float(x.std()) if x.numel() > 1 else 0.0
         x = x.double()
@@ -77,8 +76,8 @@ class World:
         return self._all_reduce(t, torch.distributed.ReduceOp.MAX) if self.initialized else t
 
     def _all_reduce(self, t: Tensor, op: Any) -> Tensor:
-        """Returns ``t`` reduced over ranks with ``op``, on ``t``'s device (the collective itself runs
-        on ``comm_device``: nccl reduces only CUDA tensors)."""
+        """Returns ``t`` reduced over ranks with ``op``, on ``t``'s device; the collective runs on
+        ``comm_device`` because nccl reduces only CUDA tensors."""
         moved = t.to(self.comm_device)
         torch.distributed.all_reduce(moved, op=op)
         return moved.to(t.device)
@@ -160,16 +159,16 @@ def init_world(trainer: Any, device: torch.device) -> World:
     rank, size, local = found
     if size != want:
         raise ConfigError(
-            f"this process is one of {size} ranks but trainer.nodes x trainer.nproc_per_node = {want}: "
-            "start the run with `vapo-lab train` or set the two to match the launch"
+            f"this process is one of {size} ranks but trainer.nodes x trainer.nproc_per_node = "
+            f"{want}: start the run with `vapo-lab train` or set the two to match the launch"
         )
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         bound = None
         if device.type == "cuda":
             torch.cuda.set_device(local)
-            # bound to its GPU, NCCL need not guess the device from the global rank (a hang where
-            # ranks and GPUs do not map one to one) and reports a communicator that fails at once
+            # bound to its GPU, NCCL does not guess the device from the global rank (a hang where
+            # ranks and GPUs do not map one to one) and fails at once on a bad communicator
             bound = torch.device("cuda", local)
         torch.distributed.init_process_group(
             backend, rank=rank, world_size=size, timeout=TIMEOUT, device_id=bound

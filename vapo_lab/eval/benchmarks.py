@@ -1,9 +1,8 @@
 """Benchmarks: the packaged sets (``BENCHMARKS``), any JSONL file of problems, and arith.
 
-``BENCHMARKS`` is the one list of packaged sets; ``benchmark_names`` adds ``arith``, the embedded
-task's held-out split of the evaluated run, with the prompts the trainer gives and graded as the
-trainer's periodic eval grades it (the task's own verifier, a truncated response counting wrong).
-``load_eval_bench`` returns any of them as an ``EvalBench``: problems, their prompts, their grader.
+``arith`` is the embedded task's held-out split of the evaluated run, prompted and graded as the
+trainer's periodic eval does it (the task's verifier, a truncated response wrong).
+``load_eval_bench`` returns any of them as an ``EvalBench``.
 """
 
 from __future__ import annotations
@@ -104,21 +103,22 @@ def load_benchmark(
 
 
 def check_benchmark_name(name_or_path: str | Path) -> None:
-    """Raises ConfigError unless ``name_or_path`` is a packaged benchmark or an existing file (reads nothing:
-    a command checks it before it resolves or loads a model)."""
+    """Raises ConfigError unless ``name_or_path`` is a packaged benchmark or an existing file; reads
+    nothing, so a command checks it before it loads a model."""
     name = str(name_or_path)
     if name in BENCHMARKS or Path(name).is_file():
         return
     close = difflib.get_close_matches(name, list(BENCHMARKS), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError(
-        f"benchmark {name!r} is neither a packaged benchmark{hint} nor an existing file. Use one of "
-        f"{', '.join(BENCHMARKS)}, or the path of a JSONL file with problem and answer fields."
+        f"benchmark {name!r} is neither a packaged benchmark{hint} nor an existing file. "
+        f"Use one of {', '.join(BENCHMARKS)}, or the path of a JSONL file with problem and "
+        "answer fields."
     )
 
 
 def benchmark_names() -> list[str]:
-    """Returns the names a benchmark argument takes besides a JSONL path: arith, then ``BENCHMARKS``."""
+    """Returns the names a benchmark argument takes besides a JSONL path: arith, ``BENCHMARKS``."""
     return [ARITH, *BENCHMARKS]
 
 
@@ -162,8 +162,8 @@ def arith_bench(ref: ModelRef | None) -> EvalBench:
 
     if ref is None or (ref.cfg is None and ref.base_config is None):
         raise EvalError(
-            "benchmark arith is the held-out split of a run's embedded task: give --model a vapo-lab "
-            "run (or the embedded base model's folder), not a model without one"
+            "benchmark arith is the held-out split of a run's embedded task: give --model a "
+            "vapo-lab run (or the embedded base model's folder), not a model without one"
         )
     if ref.cfg is not None:
         c = ref.cfg.task
@@ -205,15 +205,16 @@ def arith_bench(ref: ModelRef | None) -> EvalBench:
 
 
 def check_benchmark(bench: str | None, data: str | Path | None = None) -> None:
-    """Raises EvalError or ConfigError unless ``bench`` / ``data`` name one benchmark that exists; reads
-    nothing, so a command checks it before it resolves or loads a model."""
+    """Raises EvalError or ConfigError unless ``bench`` / ``data`` name one benchmark that exists;
+    reads nothing, so a command checks it before it loads a model."""
     if data is not None:
         if bench not in (None, str(data)):
             raise EvalError(f"give either a benchmark name ({bench}) or --data {data}, not both")
         check_benchmark_name(data)
     elif bench is None:
         raise EvalError(
-            f"no benchmark given: name one of {', '.join(benchmark_names())}, or give --data FILE.jsonl"
+            f"no benchmark given: name one of {', '.join(benchmark_names())}, "
+            "or give --data FILE.jsonl"
         )
     elif bench != ARITH:
         check_benchmark_name(bench)

@@ -1,22 +1,9 @@
-r"""The evaluation harness: N samples per problem from a model, graded, scored, saved, logged.
+"""The evaluation harness: N samples per problem from a model, graded, scored, saved, logged.
 
-``evaluate_model`` resolves ``--model`` (``model_ref``: a local Hugging Face folder, a vapo-lab
-run directory or its MLflow run id: the run's latest checkpoint or ``step``; default the latest
-run under ``runs/``), samples ``samples`` responses per problem with the paper's protocol by
-default (``settings``: temperature 1.0, top_p 0.7, ``MATH_TEMPLATE`` asking for a ``\boxed{}``
-answer, the tokenizer's chat template when it has one), grades them with the shared grader
-(``scoring``: ``grade_many``, worker processes, a time limit per sample) and returns avg@N ± SE,
-a 95% bootstrap CI over problems, pass@k, maj@N, mean response length and the truncated
-fraction. ``responses.grade_responses`` grades a JSONL of responses generated elsewhere.
-
-Seeding. Problems are generated in fixed chunks of ``chunk_problems`` problems; chunk c draws
-from its own ``torch.Generator`` seeded with ``seeds.chunk_seed(seed, c)``, so an interrupted evaluation
-resumed from its complete chunks (``files.open_samples``) ends with the same file and metrics as
-an uninterrupted one (on CPU, where the sampler is deterministic). Chunk 0 is seeded with
-``seed`` itself: with one chunk (``chunk_problems=0``) the draws are exactly those of the
-trainer's ``evaluate(..., seed)``.
-
-Library code: nothing here prints; the CLI renders progress through ``on_progress`` and ``log``.
+``evaluate_model`` samples each chunk of problems from its own seeded generator, grades it and
+appends it to the samples file, so that a resumed evaluation equals an uninterrupted one
+(docs/evaluation.md, Outputs and resuming). Nothing here prints: the CLI renders progress through
+``on_progress`` and ``log``.
 """
 
 from __future__ import annotations
@@ -104,26 +91,19 @@ def evaluate_model(
     on_progress: Callable[[int, int], None] | None = None,
     log: Callable[[str], None] = lambda message: None,
 ) -> EvalResult:
-    """Returns the graded evaluation of ``model`` on ``bench``: N samples per problem, metrics, files.
+    """Returns the graded evaluation of ``model`` on ``bench``: samples, metrics, files.
 
     Args:
         bench: arith, a packaged benchmark (``benchmarks.BENCHMARKS``) or a JSONL path (None with
             ``data``).
         model: see ``resolve_model``; None: the latest run under ``runs_dir``.
         step: the run checkpoint's training step (None: the latest checkpoint).
-        settings: sampling and grading (the defaults are the paper's AIME protocol).
-        out_dir: output folder; None: ``default_out_dir``. Holding samples written with the same
-            settings, it is resumed; with other settings it is refused (``overwrite`` restarts).
-        data, problem_key, answer_key: a JSONL benchmark and its field names.
-        runs_dir: where runs (and the latest one) are looked for.
-        track: log the metrics to MLflow: into the training run at the checkpoint's step when
-            the model is a run's checkpoint tracked in MLflow, else to a new run in experiment
-            ``eval``. False: nothing is logged.
+        out_dir: output folder (None: ``default_out_dir``); samples written there with the same
+            settings are resumed, with others refused (``overwrite`` restarts).
+        track: log the metrics to MLflow (``tracking.log_metrics_to_mlflow``).
         tracking_uri: the MLflow store for a new run (default: ``resolve_tracking_uri``).
-        overwrite: delete earlier samples in ``out_dir`` first.
         on_progress: called with (samples done, samples in all) at the start and after each
             chunk; an exception raised there stops the evaluation with the chunks so far on disk.
-        log: receives progress messages (resuming, warnings).
 
     Raises:
         EvalError, ConfigError: bad model, benchmark, settings or out folder; one line each.
@@ -239,7 +219,7 @@ def _generate(
     on_progress: Callable[[int, int], None] | None,
     log: Callable[[str], None],
 ) -> _Generation:
-    """Generates, grades and appends every chunk after the first ``complete``, extending ``records``."""
+    """Generates, grades and appends every chunk after the first ``complete`` to ``records``."""
     samples_path = plan.out / SAMPLES_FILE
     problems = {p.id: p for p in bch.problems}
     total = len(bch.problems) * plan.n
@@ -249,15 +229,18 @@ def _generate(
     if complete == len(plan.chunks):
         log(f"{samples_path} is complete: metrics recomputed from it, nothing generated")
         return gen
-    longest = lambda tokenizer: max(len(p) for p in prompt_ids(bch, tokenizer, settings)[0])  # noqa: E731
-    gen.loaded = load_generator(ref, settings, plan.max_tokens, plan.seed, longest)
+
+    def longest_prompt(tokenizer: Any) -> int:
+        return max(len(p) for p in prompt_ids(bch, tokenizer, settings)[0])
+
+    gen.loaded = load_generator(ref, settings, plan.max_tokens, plan.seed, longest_prompt)
     ids, gen.chat_template_applied = prompt_ids(bch, gen.loaded.tokenizer, settings)
     context = gen.loaded.context()
     longest = max(len(p) for p in ids)
     if context is not None and longest + plan.max_tokens > context:
         gen.warnings.append(
-            f"the longest prompt ({longest} tokens) plus --max-tokens {plan.max_tokens} exceeds the "
-            f"model's context of {context} tokens: its outputs there are out of distribution"
+            f"the longest prompt ({longest} tokens) plus --max-tokens {plan.max_tokens} exceeds "
+            f"the model's context of {context} tokens: its outputs there are out of distribution"
         )
         log(f"warning: {gen.warnings[-1]}")
     for c_index in range(complete, len(plan.chunks)):
@@ -280,7 +263,7 @@ def _sample_chunk(
     ids: list[list[int]],
     c_index: int,
 ) -> list[dict[str, Any]]:
-    """Returns the ungraded sample records of chunk ``c_index``, drawn from the chunk's own generator."""
+    """Returns the ungraded sample records of chunk ``c_index``, drawn from its own generator."""
     import torch
 
     loaded, n = gen.loaded, plan.n
@@ -313,7 +296,8 @@ def _sample_chunk(
 
 
 def _engine_record(out: Path, gen: _Generation, settings: EvalSettings) -> dict[str, Any]:
-    """Returns what only a loaded engine knows; when nothing was generated now, the earlier summary's record."""
+    """Returns what only a loaded engine knows; when nothing was generated now, the earlier
+    summary's record."""
     loaded = gen.loaded
     if loaded is not None:
         return {
@@ -345,7 +329,7 @@ def _summary(
     records: list[dict[str, Any]],
     gen: _Generation,
 ) -> dict[str, Any]:
-    """Returns the summary of the evaluation: settings, engine, metrics, per-problem rows, timings."""
+    """Returns the evaluation's summary: settings, engine, metrics, per-problem rows, timings."""
     engine = _engine_record(plan.out, gen, settings)
     metrics, rows = compute_metrics(records, bch.problems, bch.integer_answers)
     wall = time.perf_counter() - gen.started

@@ -1,8 +1,7 @@
-"""Loading what generation needs: the tokenizer, the policy (or a vLLM engine), the sampler, the prompts.
+"""Loading what generation needs: the tokenizer, the policy or a vLLM engine, the sampler, prompts.
 
-Models load through :mod:`vapo_lab.models.load`, the trainer's own loader, and sample through
-``vapo_lab.rollout.make_generator``, the trainer's own sampler; a run's arith prompts are the
-trainer's (``encode_prompts``), so evaluation draws what the trainer's periodic eval draws.
+All through the trainer's own loader, sampler and prompt encoding, so that evaluation draws what
+the trainer's periodic eval draws.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from vapo_lab.eval.settings import EvalError, EvalSettings
 
 @dataclass
 class Loaded:
-    """A loaded generation engine: ``generate(prompts, n, temperature, top_p, generator)`` and its record."""
+    """A loaded generation engine, ``generate(prompts, n, temperature, top_p, generator)``, and its
+    record."""
 
     policy: Any  # None for vLLM
     tokenizer: Any
@@ -67,8 +67,8 @@ def _require_vllm() -> None:
         if "not installed" in str(e):
             raise EvalError(
                 "--backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu "
-                "extra in a GPU environment of its own (vLLM pins its own torch; docs/distributed.md, "
-                "GPU / vLLM), or use --backend builtin"
+                "extra in a GPU environment of its own (vLLM pins its own torch; "
+                "docs/distributed.md, GPU / vLLM), or use --backend builtin"
             ) from None
         raise EvalError(str(e).replace("rollout.backend=", "--backend ")) from None
 
@@ -104,7 +104,8 @@ def load_generator(
         policy = load_causal_lm(ref.path, dtype, ref.trust_remote_code).to(device)
         name, version = (
             "builtin",
-            f"vapo-lab {__version__}, torch {torch.__version__}, transformers {transformers.__version__}",
+            f"vapo-lab {__version__}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}",
         )
     else:
         from vapo_lab.rollout.vllm_backend import VllmEngine

@@ -44,7 +44,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_ks(n: int) -> list[int]:
-    """Returns the k reported for n samples: 1, 2, 4, ... up to n, and n itself (e.g. 1, 2, 4, 5 for 5)."""
+    """Returns the k reported for n samples: the powers of 2 up to n, and n (1, 2, 4, 5 for 5)."""
     ks = [1 << j for j in range(n.bit_length()) if 1 << j <= n]
     return ks if ks[-1] == n else ks + [n]
 
@@ -92,8 +92,8 @@ def bootstrap_ci(
 
     Draws B = ``resamples`` sets of P problem indices (seeded numpy PCG64, so the same inputs and
     seed give the same interval), takes each set's mean a_i, and returns the (1 − level)/2 and
-    (1 + level)/2 quantiles of the B means (numpy's linear interpolation). Vectorised in blocks
-    of about 4M indices to bound memory for large P.
+    (1 + level)/2 quantiles of the B means (numpy's linear interpolation), in blocks of about 4M
+    indices to bound memory.
     """
     if not 0 < level < 1 or resamples < 1:
         raise ValueError(
@@ -138,7 +138,7 @@ def maj_at_k(
     k: int | None = None,
     integer: bool = False,
 ) -> float:
-    r"""Returns maj@k: the fraction of problems whose majority answer over the first k samples is correct.
+    r"""Returns maj@k: the fraction of problems whose majority answer over k samples is correct.
 
     Answers vote by ``normalize_answer(answer, integer)`` key, so "025" and "25" (integer sets),
     or "\dfrac12" and "\frac{1}{2}", vote together; answers equal only symbolically (0.5 vs

@@ -1,8 +1,8 @@
 """What ``--model`` names, resolved to files: a run's checkpoint, or a local model folder.
 
-A vapo-lab run (the folder the trainer writes, read through :mod:`vapo_lab.runs.find`) is named
-by its directory, one of its checkpoint folders, or its MLflow run id; a bare ``save_pretrained``
-folder (a Hugging Face model, or the embedded base model with its ``base.json``) by its path.
+A vapo-lab run is named by its directory, one of its checkpoint folders or its MLflow run id; a
+``save_pretrained`` folder (a Hugging Face model, or the embedded base with its ``base.json``) by
+its path.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ NO_MODEL = {
 
 
 def _find_run(run_id: str, runs_dir: Path, tracking_uri: str | None = None) -> Path:
-    """Returns the run directory of tracking run ``run_id``: under ``runs_dir``, else its MLflow tag."""
+    """Returns the run directory of tracking run ``run_id``: under ``runs_dir``, else by its MLflow
+    tag."""
     found_here = run_with_id(run_id, runs_dir)
     if found_here is not None:
         return found_here
@@ -98,7 +99,8 @@ def _find_run(run_id: str, runs_dir: Path, tracking_uri: str | None = None) -> P
         return Path(found)
     raise EvalError(
         f"--model {run_id}: no run with this MLflow run id under {runs_dir}/ nor in the tracking "
-        "store (or its run_dir tag points nowhere): give the run directory instead, e.g. runs/vapo-seed0-..."
+        "store (or its run_dir tag points nowhere): give the run directory instead, "
+        "e.g. runs/vapo-seed0-..."
     )
 
 
@@ -115,8 +117,8 @@ def _run_checkpoint(run_dir: Path, step: int | None) -> ModelRef:
         ckpt = latest_checkpoint(run_dir / CHECKPOINTS)
         if ckpt is None:
             raise EvalError(
-                f"run {run_dir} has no checkpoint yet (saved every trainer.save_every steps): wait for "
-                "one, or evaluate a model folder with --model PATH"
+                f"run {run_dir} has no checkpoint yet (saved every trainer.save_every steps): "
+                "wait for one, or evaluate a model folder with --model PATH"
             )
         step = checkpoint_step(ckpt)
     elif step not in found:
@@ -149,7 +151,7 @@ def _run_checkpoint(run_dir: Path, step: int | None) -> ModelRef:
 
 
 def _model_folder(path: Path, step: int | None) -> ModelRef:
-    """Returns the ModelRef of a ``save_pretrained`` folder outside any run (``step`` must be None)."""
+    """Returns the ModelRef of a ``save_pretrained`` folder outside any run (``step`` None)."""
     if step is not None:
         raise EvalError(
             f"--step {step} picks a checkpoint of a vapo-lab run, but --model {path} is a "

@@ -1,8 +1,7 @@
 """``--responses``: grading a JSONL of responses generated elsewhere (any engine), with no model.
 
-The benchmark's references and grader are those of ``evaluate_model``; the output folder holds
-the graded ``samples.jsonl`` and ``summary.json`` (no settings.json: nothing is generated, so
-nothing is resumed).
+References and grader are those of ``evaluate_model``; the output folder holds the graded
+``samples.jsonl`` and ``summary.json``, and no settings.json (nothing is generated to resume).
 """
 
 from __future__ import annotations
@@ -23,19 +22,19 @@ from vapo_lab.tasks import Problem, jsonl_objects
 
 
 def read_responses(path: str | Path, problems: Sequence[Problem]) -> list[dict[str, Any]]:
-    """Returns sample records from a JSONL of responses: ``problem_id`` (or ``id``) and ``response``.
-
-    Optional keys: ``sample_index`` (default: order of appearance per problem), ``length`` and
-    ``finish_reason`` ("length" = truncated). Records come back in benchmark order.
+    """Returns sample records, in benchmark order, from a JSONL of ``problem_id`` (or ``id``) and
+    ``response``, optionally ``sample_index`` (default: order of appearance per problem),
+    ``length`` and ``finish_reason`` ("length" = truncated).
 
     Raises:
-        EvalError: a missing file, a malformed line, an unknown problem id, or a sample_index that is
-            not one of 0..k-1 (k: the problem's responses) or repeats, named with its line.
+        EvalError: a missing file, a malformed line, an unknown problem id, or a sample_index
+            that is not one of 0..k-1 (k: the problem's responses) or repeats, with its line.
     """
     path = Path(path)
     if not path.is_file():
         raise EvalError(
-            f"--responses {path} does not exist: give a JSONL file with problem_id and response keys"
+            f"--responses {path} does not exist: "
+            "give a JSONL file with problem_id and response keys"
         )
     known = {p.id: p for p in problems}
     per_problem: dict[str, list[dict[str, Any]]] = {}
@@ -98,15 +97,15 @@ def _check_numbering(
         index, number = r["sample_index"], line_of[id(r)]
         if not 0 <= index < len(rows):
             raise EvalError(
-                f"{path}:{number}: sample_index {index} is out of range: problem {pid} has {len(rows)} "
-                f"responses, numbered 0..{len(rows) - 1}, each once; renumber them, or leave "
-                "sample_index out (order of appearance)"
+                f"{path}:{number}: sample_index {index} is out of range: problem {pid} has "
+                f"{len(rows)} responses, numbered 0..{len(rows) - 1}, each once; renumber them, "
+                "or leave sample_index out (order of appearance)"
             )
         if index in seen:
             raise EvalError(
-                f"{path}:{number}: sample_index {index} of problem {pid} is given twice (also on line "
-                f"{seen[index]}); number its responses 0..{len(rows) - 1}, each once, or leave "
-                "sample_index out (order of appearance)"
+                f"{path}:{number}: sample_index {index} of problem {pid} is given twice (also "
+                f"on line {seen[index]}); number its responses 0..{len(rows) - 1}, each once, "
+                "or leave sample_index out (order of appearance)"
             )
         seen[index] = number
 
@@ -125,11 +124,8 @@ def grade_responses(
     track: bool = True,
     tracking_uri: str | None = None,
 ) -> EvalResult:
-    """Returns the graded evaluation of responses generated elsewhere (any engine), with no model.
-
-    The benchmark's references and grader are those of ``evaluate_model``; arith needs ``model``
-    (or a latest run) for its task. Writes ``samples.jsonl`` (graded) and ``summary.json``.
-    """
+    """Returns the graded evaluation of responses generated elsewhere (any engine), with no model;
+    arith needs ``model`` (or a latest run) for its task."""
     check_settings(settings)
     check_benchmark(bench, data)
     ref = (
@@ -154,8 +150,8 @@ def grade_responses(
     warnings = []
     if metrics["problems_graded"] < len(bch.problems):
         warnings.append(
-            f"{len(bch.problems) - metrics['problems_graded']} of {len(bch.problems)} problems have no "
-            "response: metrics are over the graded ones only"
+            f"{len(bch.problems) - metrics['problems_graded']} of {len(bch.problems)} problems "
+            "have no response: metrics are over the graded ones only"
         )
     failed = failed_grades(metrics)
     if failed:

@@ -1,4 +1,4 @@
-"""Scoring sample records: grade them, then avg@N ± SE, bootstrap CI, pass@k, maj@N and their MLflow names.
+"""Scoring sample records: grading them, then avg@N ± SE, bootstrap CI, pass@k, maj@N, MLflow names.
 
 A sample record is one line of ``samples.jsonl``: ``problem_id``, ``sample_index``, ``prompt``,
 ``response``, ``extracted_answer``, ``reference``, ``correct``, ``length``, ``finish_reason``
@@ -42,9 +42,8 @@ def grade_records(
 ) -> None:
     """Fills ``extracted_answer``, ``correct`` and ``grade_status`` of each record in place.
 
-    arith: the task's verifier (the last box equals the sum), a truncated response wrong, as in
-    the trainer's reward and eval. Otherwise ``grade_many`` (worker processes, a time limit per
-    sample; a timeout or crash counts wrong and is reported in ``grade_status``).
+    arith: the task's verifier, a truncated response wrong, as in the trainer's reward and eval;
+    otherwise ``grade_many``, whose timeouts and crashes count wrong.
     """
     if bench.verify is not None:
         for r in records:
@@ -83,7 +82,7 @@ def grader_settings(bench: EvalBench, settings: EvalSettings) -> dict[str, Any]:
 
 
 def grading_record(bench: EvalBench, settings: EvalSettings) -> dict[str, Any]:
-    """Returns the summary's ``grading`` entry: ``grader_settings`` and how the CI is bootstrapped."""
+    """Returns the summary's ``grading`` entry: ``grader_settings`` and the CI's bootstrap."""
     return {
         **grader_settings(bench, settings),
         "bootstrap": {
@@ -96,7 +95,8 @@ def grading_record(bench: EvalBench, settings: EvalSettings) -> dict[str, Any]:
 
 
 def failed_grades(metrics: dict[str, Any]) -> str | None:
-    """Returns ``"2 timeout, 1 error"`` for the samples the grader timed out or crashed on, else None."""
+    """Returns ``"2 timeout, 1 error"`` for the samples the grader timed out or crashed on, or
+    None."""
     bad = {k: v for k, v in metrics["grade_status"].items() if k in FAILED_STATUSES}
     return ", ".join(f"{v} {k}" for k, v in bad.items()) if bad else None
 
@@ -106,10 +106,9 @@ def compute_metrics(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Returns (metrics, per-problem rows) of graded sample records, problems in benchmark order.
 
-    Problems without a record are left out (``problems_graded`` counts the rest). avg@N is the
-    mean per-sample accuracy (pass@1 from N samples), its SE and bootstrap CI over problems;
-    pass@k for k = 1, 2, 4, ... N (the unbiased estimator); maj@N votes by normalised answer.
-    ``grade_timeouts`` / ``grade_errors`` count the samples the grader timed out on / crashed on.
+    Problems without a record are left out (``problems_graded`` counts the rest); the metrics
+    are those of :mod:`vapo_lab.eval.metrics`, and ``grade_timeouts`` / ``grade_errors`` count
+    the samples the grader timed out / crashed on.
     """
     by_problem: dict[str, list[dict[str, Any]]] = {}
     for r in records:

@@ -1,11 +1,9 @@
-"""The activation memory of a training pass: what autograd keeps, tensor by tensor, as vapo-lab runs it.
+"""The activation memory of a training pass: what autograd keeps, tensor by tensor, in bytes.
 
-Pure functions of a model's ``Shape`` and a pass's sizes (no torch), used by the plan
-(:mod:`vapo_lab.models.footprint`). ``chunked_logprob_bytes`` is the peak of the chunked LM head
-(``vapo_lab.algo.lm.head_logprobs_and_entropy``, measured on CPU to 0.05%: docs/benchmarks.md, Log-prob
-pass memory); ``qwen2_pass_activation_bytes`` a whole Qwen2 pass, its layers and head included
-(within 0.97-1.05 of the peaks ``python -m vapo_lab.bench.plan_check`` measures: docs/benchmarks.md,
-Plan against measured memory). Bytes throughout.
+Pure functions of a model's ``Shape`` and a pass's sizes (no torch) for the plan
+(:mod:`vapo_lab.models.footprint`): ``chunked_logprob_bytes`` is the chunked LM head's peak,
+``qwen2_pass_activation_bytes`` a whole Qwen2 pass; both are checked against CPU peaks
+(docs/benchmarks.md, Log-prob pass memory and Plan against measured memory).
 """
 
 from __future__ import annotations
@@ -27,15 +25,16 @@ def chunked_logprob_bytes(
     * forward, a chunk: its float32 logits z − max and exp(z − max): 8·c·V (the bf16 logits, p·c·V,
       are freed before the exponential);
     * backward: the float32 gradient of W, 4·V·h, summed over the chunks (autograd then adds it to
-      W.grad: all of it is extra once an earlier micro-batch's gradient is there); a chunk's float32
-      ∂L/∂z, computed in place in its recomputed logits, and the same in the compute dtype:
-      (4 + p)·c·V (8·c·V with ``entropy_grad``: log p and p at once); then, under p < 4, its share of
-      ∂L/∂W, a block of rows at a time in the compute dtype and in float32 (``weight_block_rows``:
-      at most 4·c·V, and at most (p + 4)·V·h), beside the p·c·V chunk;
+      W.grad: all of it is extra once an earlier micro-batch's gradient is there); a chunk's
+      float32 ∂L/∂z, computed in place in its recomputed logits, and the same in the compute
+      dtype: (4 + p)·c·V (8·c·V with ``entropy_grad``: log p and p at once); then, under p < 4,
+      its share of ∂L/∂W, a block of rows at a time in the compute dtype and in float32
+      (``weight_block_rows``: at most 4·c·V, and at most (p + 4)·V·h), beside the p·c·V chunk;
     * per token: log π, H, lse, ∂L/∂log π (4 bytes each) and ∂L/∂h (h·p): t·(16 + h·p).
 
     peak = t·(16 + h·p) + max(V·h·p' + 8·c·V,
-                              4·V·h + V·h·p' + max(k·c·V, p'·c·V + min(4·c·V, (p' + 4)·V·h)·[p' > 0])),
+                              4·V·h + V·h·p'
+                              + max(k·c·V, p'·c·V + min(4·c·V, (p' + 4)·V·h)·[p' > 0])),
     p' = p if p < 4 else 0, k = 8 with ``entropy_grad`` else 4 + p'. Against (t, V) logits this is
     constant in t but for the per-token term. Not counted: the caller's hidden states and W, and a
     GEMM library's own scratch (a few MB).
@@ -58,23 +57,17 @@ def chunked_logprob_bytes(
 
 
 # -- a Qwen2 pass --------------------------------------------------------------------------------
-# Measured against peak RSS on CPU by ``python -m vapo_lab.bench.plan_check`` (docs/benchmarks.md,
-# "Plan against measured memory"). Korthikanti et al. 2022's Eq. 1 (34 bytes a token and hidden unit a
-# layer, what the plan counted before) is written for GPT (a 4h GeLU MLP, LayerNorm, dropout, everything in one 16-bit dtype); these count the tensors
-# that autograd keeps for vapo-lab's Qwen2 passes: the SwiGLU MLP, RMSNorms computed in float32,
-# RoPE, grouped-query attention through torch's SDPA with the packed path's boolean mask, under
-# either mixed precision vapo-lab runs (``vapo_lab.models.precision``):
+# The tensors autograd keeps in vapo-lab's Qwen2 passes (SwiGLU MLP, float32 RMSNorms, RoPE,
+# grouped-query SDPA with the packed path's boolean mask), under either mixed precision
+# (``vapo_lab.models.precision``); at p = 4 (float32) the two coincide:
 #
-# * ``precision="autocast"`` (trainer.strategy=single): float32 parameters, ``torch.autocast`` casts
-#   each linear's input and weight to the compute dtype: the residual stream stays float32, every
-#   linear keeps its own cast of its input, and the casts of the weights live through the pass;
-# * ``precision="cast"`` (trainer.strategy=fsdp: FSDP2's MixedPrecisionPolicy): the parameters
-#   themselves are cast to the compute dtype, so the residual stream, RoPE and the head's input are
-#   in it; no weight copies beyond FSDP's gathered units (``Footprint.gathered``). Its inventory is
-#   checked on CPU on a model cast to bf16 (FSDP computes in float32 on CPU); FSDP's own buffers
-#   (all-gathers, reduce-scatters) are not measured here.
-#
-# At p = 4 (float32) the two coincide.
+# * ``precision="autocast"`` (trainer.strategy=single): float32 parameters; ``torch.autocast``
+#   casts each linear's input and weight, so the residual stream stays float32, every linear keeps
+#   its own cast of its input, and the weights' casts live through the pass;
+# * ``precision="cast"`` (trainer.strategy=fsdp, FSDP2's MixedPrecisionPolicy): the parameters
+#   themselves are cast, so the residual stream, RoPE and the head's input are in the compute
+#   dtype, with no weight copies beyond FSDP's gathered units (``Footprint.gathered``). Checked on
+#   CPU on a model cast to bf16; FSDP's own communication buffers are not counted.
 
 F32 = 4  # bytes: the RMSNorms' float32 internals, SDPA's logsumexp, float32 gradients
 
@@ -102,7 +95,7 @@ def qwen2_layer_activation_bytes(
     * the norms' outputs as the linears keep them: one tensor each (2·p·h), but under autocast with
       p < 4 a cast per linear, q/k/v and gate/up: 5·p·h;
     * MLP: gate's output (SiLU's input), SiLU's output, up's output, their product (down's input):
-      4·p·i (GPT's 4h GeLU MLP keeps 4h + 4h + h in Korthikanti's 19·s·b·h);
+      4·p·i;
     * o_proj's input p·q; SDPA's query p·q and logsumexp 4·a;
     * ``layout="packed"`` (``vapo_lab.models.packed``): q and k after RoPE (in r: the tables are)
       and v, which index_copy keeps to spread them into the padded layout, r·(q + k) + p·k; SDPA's
@@ -160,7 +153,7 @@ def qwen2_layer_activation_bytes(
 
 
 def _linear_weights(shape: Shape) -> int:
-    """Returns one decoder layer's linear weights (no biases, no norms): h·(q + 2k) + q·h + 3·h·i."""
+    """Returns one decoder layer's linear weights, no biases or norms: h·(q + 2k) + q·h + 3·h·i."""
     h = shape.hidden_size
     q, k = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     return h * (q + 2 * k) + q * h + 3 * h * shape.intermediate_size
@@ -187,7 +180,8 @@ def qwen2_saved_bytes(
     ``"value"`` (the critic): Linear(h, 1) keeps its input in the compute dtype, p·h (and under
     autocast its weight's copy, p·h once). Packed, the final norm and head see the response tokens
     only; padded, the norm sees every token, the value head too, the LM head a copy of the response
-    positions. Floating-point tensors only: index and mask tensors (a few bytes a token) are not counted.
+    positions. Floating-point tensors only: index and mask tensors (a few bytes a token) are not
+    counted.
     """
     h, p = shape.hidden_size, compute_bytes
     n, t = rows * (prompt + response), rows * response

@@ -1,29 +1,10 @@
-"""What a run needs before it runs: parameter counts, memory per GPU, KV cache, tokens per step.
+"""What a run needs before it runs: parameter counts, memory per GPU, KV cache, time per step.
 
 Pure functions of a model's ``Shape`` (:mod:`vapo_lab.models.shapes`) and the run's sizes
-(``Setup``); nothing here reads a config, touches a device or imports torch. ``vapo-lab plan``
-prints ``estimate``'s numbers and ``train`` refuses a run that does not fit its devices
-(``Footprint.fits``, called by ``vapo_lab.config.preflight.check_fits``). Bytes throughout; GB = 10^9 bytes (as the
-ZeRO paper counts).
-
-Sources:
-
-* parameters: transformers' ``modeling_qwen2`` (q/k/v projections with biases, o_proj and the
-  SwiGLU MLP without, two RMSNorms a layer, a final norm, lm_head unless tied) and
-  ``vapo_lab.models.value.ValueModel`` (the critic: the backbone without lm_head + Linear(h, 1)).
-* training state: ZeRO (Rajbhandari et al. 2020, §3.1): mixed-precision Adam holds 16 bytes per
-  parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. vapo-lab
-  keeps float32 master weights on every strategy (``vapo_lab.models.precision``): 4 (weights) + 4
-  (gradients) + 8 (Adam m, v), the same 16, sharded under ``trainer.strategy=fsdp``.
-* activations and log-probs: :mod:`vapo_lab.models.activations`, what autograd keeps in a Qwen2
-  pass tensor by tensor and the chunked LM head's peak (both checked against CPU peaks,
-  docs/benchmarks.md).
-* KV cache: 2 (K and V) x L x kv heads x d x bytes per token, as vLLM and the built-in sampler
-  allocate it (``vapo_lab.rollout.decoder.FastDecoder``).
-* time: a roofline. Decoding is bound by memory bandwidth (each step reads the engine's weights and
-  its sequences' KV cache once); the update by arithmetic (6 FLOPs per parameter and token forward
-  and backward, 2 per forward-only pass or recomputation, plus causal attention's 2·L·s·h per token
-  and pass). ``Hardware`` holds the rates and the shares of them reached, stated assumptions.
+(``Setup``), without torch or a config: ``vapo-lab plan`` prints ``estimate``'s numbers, and
+``train`` refuses a run that does not fit its devices (``Footprint.fits``, through
+``vapo_lab.config.preflight.check_fits``). Bytes throughout; GB = 10^9 bytes, as ZeRO counts.
+The sources of each formula: docs/distributed.md, Resource plan.
 """
 
 from __future__ import annotations
@@ -80,15 +61,14 @@ def non_embedding_params(s: Shape) -> int:
 
 # -- training state ------------------------------------------------------------------------------
 def state_bytes_per_param(strategy: str, dtype: str) -> tuple[int, int, int]:
-    """Returns (weights, gradients, optimizer) bytes per parameter, before sharding: (4, 4, 8) on
-    every strategy and compute dtype. Parameters, gradients and Adam's m and v stay in float32, the
-    master weights (``vapo_lab.models.precision``; FSDP2 keeps fp32 shards): 16 in all, ZeRO's
-    figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ)."""
+    """Returns (weights, gradients, optimizer) bytes per parameter before sharding: (4, 4, 8) on
+    every strategy and compute dtype, float32 masters and Adam's m and v (``models.precision``):
+    16 in all, ZeRO's figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ)."""
     return 4, 4, 8
 
 
 def sharded(total: float, world: int) -> float:
-    """Returns a rank's share of ``total`` bytes sharded over ``world`` ranks: total / N (ZeRO-3)."""
+    """Returns a rank's share of ``total`` bytes sharded over N = ``world`` ranks: total / N."""
     return total / world
 
 
@@ -125,7 +105,8 @@ class Setup:
     tensor_parallel_size: int = 1  # vLLM: its weights and KV cache split over t GPUs
     engine_memory: float = 0.0  # vLLM: bytes it takes of each GPU (gpu_memory_utilization x memory)
     engine_sleeps: bool = True  # vLLM: frees its memory during the update (sleep mode)
-    offload: bool = False  # trainer.offload_during_rollout: the training state in host memory while vLLM samples
+    # trainer.offload_during_rollout: the training state in host memory while vLLM samples
+    offload: bool = False
     # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
     logprob_chunk: int | None = None
     ppo_epochs: int = 1
@@ -148,7 +129,7 @@ class Hardware:
 
 @dataclass(frozen=True)
 class Footprint:
-    """What one rank of a run holds, in bytes, and how long its step takes, in seconds (``estimate``)."""
+    """What one rank of a run holds, in bytes, and how long its step takes, in seconds."""
 
     actor_params: int
     critic_params: int  # 0 without a critic
@@ -204,7 +185,7 @@ class Footprint:
     @property
     def train_peak(self) -> float:
         """Returns the update phase: state + gathered units + the larger of the actor's and the
-        critic's activations (they are updated one after the other) + vLLM's share if it stays awake."""
+        critic's activations (updated one after the other) + vLLM's share if it stays awake."""
         awake = self.engine_memory if self.vllm and not self.engine_sleeps else 0.0
         return (
             self.state
@@ -255,13 +236,12 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
       (FSDP2 does not reshard the root after forward) and one layer is prefetched: root + 2 layers.
     * A pass holds at most ``micro_tokens`` tokens (``trainer.max_tokens_per_micro_batch``, counted
       in the padded layout a pass runs), and at least one longest sequence: pass_tokens =
-      max(s, min(micro_tokens, rows x s)), rows = min(mini_batch_size, ceil(B / N)) (a mini-batch is a
-      random draw from the whole batch, so a rank's share of one can reach all its responses).
-      Activations: ``qwen2_pass_activation_bytes`` for pass_tokens // s rows of s tokens (the tensors
-      autograd keeps, derived one by one and within 5% of CPU measurements, docs/benchmarks.md; no
-      stored attention scores, as flash attention), the actor's with the chunked log-prob pass over
-      its response tokens. FSDP2 computes in bf16 copies ("cast"); one process under autocast,
-      whose float32 residual stream and cast-weight cache it counts.
+      max(s, min(micro_tokens, rows x s)), rows = min(mini_batch_size, ceil(B / N)) (a mini-batch
+      is a random draw from the whole batch, so a rank's share of one can reach all its
+      responses). Activations: ``qwen2_pass_activation_bytes`` for pass_tokens // s rows of s
+      tokens (no stored attention scores, as flash attention), the actor's with the chunked
+      log-prob pass over its response tokens. FSDP2 computes in bf16 copies ("cast"); one process
+      under autocast, whose float32 residual stream and cast-weight cache it counts.
     * Sampling, builtin: under single the sampler runs the policy itself; under fsdp each rank
       keeps an unsharded replica of the actor in the compute dtype. Its static KV cache holds up to
       ``builtin_rows`` of the rank's ceil(B / N) responses at once.
@@ -338,7 +318,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         return 2 * params + attention
 
     flops = setup.ppo_epochs * (trained_pass(actor) + (trained_pass(critic) if critic else 0.0))
-    # before the update: the old log-probs (recomputed where vLLM sampled), the reference's, the values
+    # before the update: the old log-probs (recomputed where vLLM sampled), the reference's, values
     flops += forward_pass(actor) * ((1 if vllm else 0) + (1 if setup.reference else 0))
     flops += forward_pass(critic) if critic else 0.0
     update = responses * s * flops / (hw.flops * hw.flops_share)

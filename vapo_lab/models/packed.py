@@ -1,15 +1,10 @@
-"""The packed training forward of Qwen2/Llama transformers: every token-wise op on the valid tokens
-only, attention alone in the padded layout, each distinct prompt computed once.
+"""The packed training forward of Qwen2/Llama transformers: token-wise ops on valid tokens only,
+attention alone in the padded layout, each distinct prompt computed once.
 
-Rows are (prompt, response) pairs: prompts left-padded, responses right-padded. Where prompts repeat
-(group sampling puts G responses of one prompt in a batch) each distinct prompt runs through the
-transformer once and every response attends to its prompt's keys and values: the same maths as a
-forward pass over each prompt ++ response, so the same gradients (a shared prompt's gradient is the
-sum of its responses'). ``vapo_lab.trainer.forward`` chooses this path or Hugging Face's padded one.
-
-Gradient checkpointing: ``enable_checkpointing`` turns on Hugging Face's, which recomputes each
-decoder layer in the backward pass; ``packed_states`` calls the layers' submodules itself, past HF's
-wrapper, so it reads the same switch (``checkpointing``) and checkpoints its own per-layer step.
+Rows are (prompt, response) pairs, prompts left-padded and responses right-padded. Where prompts
+repeat (group sampling), each distinct prompt runs once and its responses attend to its keys and
+values: the same maths, and gradients, as a pass over each prompt ++ response.
+``vapo_lab.trainer.forward`` chooses this path or Hugging Face's padded one.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ def enable_checkpointing(model: nn.Module) -> None:
 
 
 def checkpointing(decoder: nn.Module) -> bool:
-    """Returns True when ``decoder``'s forward pass should recompute its layers in the backward pass:
+    """Returns True when ``decoder``'s forward should recompute its layers in the backward pass:
     HF's checkpointing is on, the model is training and gradients are being recorded."""
     return (
         bool(getattr(decoder, "gradient_checkpointing", False))
@@ -186,7 +181,7 @@ def packed_states(
     h = decoder.embed_tokens(p_ids.reshape(-1)[p_sel])  # (Np, H)
     g = decoder.embed_tokens(response_ids.reshape(-1)[r_sel])  # (Nr, H)
     for layer in decoder.layers:
-        # as_forward: a sharded layer's parameters are gathered (and its gradients reduced) around it
+        # as_forward: a sharded layer's parameters are gathered (gradients reduced) around it
         h, g = (
             checkpoint(as_forward, layer, block, layer, h, g, use_reentrant=False)
             if recompute

@@ -78,7 +78,7 @@ class Shape:
 
 
 def read_shape(path: str | Path) -> Shape:
-    """Returns the shape in ``path``/config.json (a local checkpoint directory; nothing is downloaded).
+    """Returns the shape in ``path``/config.json, a local checkpoint directory.
 
     Raises:
         ConfigError: no config.json there, or it is not JSON or lacks a key.
@@ -116,13 +116,9 @@ def _qwen25(
     )
 
 
-# The config.json numbers of the public base checkpoints (huggingface.co/Qwen/<name>/blob/main/config.json:
-# hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
-# vocab_size, tie_word_embeddings, max_position_embeddings). Checks: the counts they give match the
-# model cards' totals and non-embedding counts for 0.5B (0.49B, 0.36B), 1.5B (1.54B, 1.31B) and 7B
-# (7.61B, 6.53B); for 32B they give 32,763,876,352 parameters, which is the bf16 checkpoint's
-# model.safetensors.index.json total_size (65,527,752,704 bytes) / 2, while its card rounds to 32.5B
-# (non-embedding 31.0B; the layers alone hold 31.2B). tests/models/test_footprint.py asserts these.
+# The public base checkpoints' config.json numbers (huggingface.co/Qwen/<name>): h, L, a, kv, i, V,
+# tied, context. tests/models/test_footprint.py checks the counts they give against the model cards
+# and the 32B checkpoint's size (docs/distributed.md, Resource plan).
 KNOWN_ARCHS: dict[str, Shape] = {
     "Qwen2.5-0.5B": _qwen25(896, 24, 14, 2, 4864, 151936, True, 32768),
     "Qwen2.5-1.5B": _qwen25(1536, 28, 12, 2, 8960, 151936, True, 131072),

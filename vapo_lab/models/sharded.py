@@ -1,33 +1,12 @@
-"""Building a causal LM already sharded: on the meta device, sharded, then filled from its safetensors.
+"""Building a causal LM or a value model already sharded, so that no rank ever holds it whole.
 
-``from_pretrained`` puts the whole model in every rank's memory before FSDP2 shards it: for a 32B
-model, 131 GB of float32 on each rank. ``load_sharded_causal_lm`` does what torchtitan does, with
-torch's own engines, so that no rank ever holds more than its shards (plus the pages of the
-safetensors it has read, mmap'd: file-backed memory the kernel can reclaim):
-
-1. the model is built from its ``config.json`` on the meta device (shapes, no storage), tagged with
-   its compute dtype (``set_compute``: a dtype change on meta allocates nothing);
-2. FSDP2 shards it (:func:`vapo_lab.distributed.fsdp.shard`) and ``to_empty`` allocates each
-   rank's float32 shards, uninitialised, on ``device``;
-3. non-persistent buffers (Qwen2's rotary ``inv_freq``), which no checkpoint holds, are computed
-   by the model's own ``initialize_weights``, the very call ``from_pretrained`` makes for them,
-   with every parameter marked as loaded so that nothing else is drawn;
-4. ``torch.distributed.checkpoint.load`` with ``HuggingFaceStorageReader`` reads the safetensors
-   file(s) into the sharded state dict: each rank reads only the rows of its shards, converted
-   from the file's dtype (bf16 or fp32) to the float32 shards as they are copied.
-
-Tied weights (``lm_head.weight`` is ``model.embed_tokens.weight`` under ``tie_word_embeddings``)
-are one parameter, read once under the first of its names that the checkpoint holds. The
-checkpoint's keys must be the model's own names (no transformers key conversion, as for some MoE
-checkpoints): a missing or misshapen key is refused in one line, all of them at once. Reading
-safetensors runs no code from the files (JSON headers and raw tensor bytes only).
-
-The critic is built the same way (``load_sharded_value_model``): the value model on meta, its backbone
-read from a ``ValueModel.save`` directory (keys without the ``model.`` prefix) or from the policy's
-causal LM directory (``model.*`` keys: DCP matches a state dict to the files by key, so the shards are
-handed to it under the file's names), its head from ``value_head.pt`` or zero. ``save_sharded_value_model``
-writes ``ValueModel.save``'s layout from the shards, gathered one parameter at a time into rank 0's CPU
-memory: no rank builds a whole model to save one.
+As torchtitan does: the model is built from its ``config.json`` on the meta device, sharded with
+FSDP2, allocated with ``to_empty``, its non-persistent buffers computed by its own
+``initialize_weights``, then each rank's slices of the safetensors are read into its float32
+shards (``torch.distributed.checkpoint`` with ``HuggingFaceStorageReader``). Tied weights are read
+once; a missing, misshapen or duplicated key is refused in one line. ``save_sharded_value_model``
+writes ``ValueModel.save``'s layout a parameter at a time. Memory measured: docs/distributed.md,
+Sharded construction from a checkpoint.
 """
 
 from __future__ import annotations
@@ -61,21 +40,12 @@ def load_sharded_causal_lm(
     compute_dtype_name: str = "float32",
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """Returns the causal LM saved in directory ``path``, sharded over ``world`` with FSDP2, in eval mode.
+    """Returns the causal LM saved in directory ``path`` (config.json and safetensors, one file or
+    several, bf16, fp16 or fp32), sharded over ``world`` with FSDP2, in eval mode.
 
-    Args:
-        path: a directory with ``config.json`` and safetensors weights, one file or several
-            (``model.safetensors.index.json``), in bf16, fp16 or fp32.
-        world: the ranks to shard over; with one process and no process group the model is
-            loaded whole with ``from_pretrained`` (as :func:`vapo_lab.models.load.load_causal_lm`)
-            and moved to ``device``, not sharded.
-        device: where each rank's shards live (``cpu`` under gloo, this rank's GPU under nccl).
-        compute_dtype_name: ``model.dtype``, the dtype passes compute in (``set_compute``).
-        trust_remote_code: ``model.trust_remote_code``.
-
-    Returns:
-        the model with float32 parameters (each rank's shards only), non-persistent buffers as
-        ``from_pretrained`` computes them, FSDP2's mixed-precision policy for its compute dtype.
+    Each rank holds float32 shards on ``device``, computing in ``compute_dtype_name``
+    (``model.dtype``). With one process and no process group the model is loaded whole with
+    ``from_pretrained`` and moved to ``device``, not sharded.
 
     Raises:
         ConfigError: ``path`` has no config.json or no .safetensors file, or the dtype is unknown.
@@ -117,27 +87,12 @@ def load_sharded_value_model(
     trust_remote_code: bool = False,
 ) -> ValueModel:
     """Returns the value model (critic) saved in, or started from, directory ``path``, sharded over
-    ``world`` with FSDP2 (the value model the root, its backbone's layers the units), in eval mode.
+    ``world`` with FSDP2 as ``load_sharded_causal_lm`` shards a causal LM, in eval mode.
 
-    Args:
-        path: ``source="value_model"``: a directory ``ValueModel.save`` wrote (the backbone's
-            config.json and safetensors, keys without the ``model.`` prefix, ``value_head.pt``,
-            ``value_model.json``); ``source="causal_lm"``: a causal LM's directory (the policy's),
-            whose transformer (``model.*`` keys) becomes the backbone, under a zero head: what
-            ``ValueModel.from_causal_lm`` makes of it.
-        world: the ranks to shard over; with one process and no process group the value model is
-            loaded whole (``ValueModel.load``, or ``from_causal_lm`` of ``from_pretrained``) and
-            moved to ``device``, not sharded.
-        device: where each rank's shards live (``cpu`` under gloo, this rank's GPU under nccl).
-        compute_dtype_name: ``model.dtype``, the dtype passes compute in (``set_compute``).
-        source: ``value_model`` or ``causal_lm``.
-        trust_remote_code: ``model.trust_remote_code`` (``causal_lm`` only, as ``ValueModel.load``
-            takes none).
-
-    Returns:
-        the value model with float32 parameters (each rank's shards only), the head's beside the
-        backbone's, non-persistent buffers as ``from_pretrained`` computes them, FSDP2's
-        mixed-precision policy for its compute dtype.
+    ``source="value_model"``: a directory ``ValueModel.save`` wrote. ``source="causal_lm"``: a
+    causal LM's directory (the policy's), whose transformer (``model.*`` keys) becomes the backbone
+    under a zero head, as ``ValueModel.from_causal_lm`` makes it. ``trust_remote_code`` applies to
+    ``causal_lm`` only. Without a process group it loads whole, not sharded.
 
     Raises:
         ConfigError: ``source`` is unknown, or as ``load_sharded_causal_lm``.
@@ -215,8 +170,8 @@ def _backbone_key(name: str, prefix: str | None) -> str | None:
 
 @torch.no_grad()
 def _set_head(critic: ValueModel, head: dict[str, Tensor] | None) -> None:
-    """Sets the sharded head from its whole state dict, ``head`` (None: zeros, as
-    ``ValueModel.__init__``); each rank keeps its slice, with no collective (every rank has it whole)."""
+    """Sets the sharded head from its whole state dict ``head`` (None: zeros, as
+    ``ValueModel.__init__``); each rank keeps its slice, with no collective."""
     from torch.distributed.tensor import distribute_tensor
 
     problems = []
@@ -241,19 +196,15 @@ def _set_head(critic: ValueModel, head: dict[str, Tensor] | None) -> None:
 
 
 def save_sharded_value_model(critic: ValueModel, path: str | Path, world: World) -> None:
-    """Writes ``critic`` to directory ``path`` in ``ValueModel.save``'s layout, gathering a sharded
-    critic parameter by parameter into a CPU state dict on rank 0 only, which writes it: no rank
-    builds a whole model (every rank calls this; it ends with a barrier).
+    """Writes ``critic`` to directory ``path`` in ``ValueModel.save``'s layout, gathered parameter
+    by parameter into rank 0's CPU memory, which writes it; every rank calls this (a barrier ends
+    it).
 
-    The backbone goes to one ``model.safetensors`` in float32 (the shards' dtype) with its
-    config.json, as ``save_pretrained`` writes them for a model without key conversions or tied
-    weights in its transformer (Qwen2, Llama); the head to ``value_head.pt``. A critic not sharded
-    is saved with ``ValueModel.save`` on rank 0.
-
-    torch's ``HuggingFaceStorageWriter`` is not used: every rank would write its slices to
-    ``path/sharded`` and rank 0 would then consolidate them into ``model-00001-of-00001.safetensors``,
-    a name ``from_pretrained`` does not read without an index, leaving the slices behind: the bytes
-    written twice, then files to rename and delete, for a file the gather writes directly.
+    The backbone goes to one float32 ``model.safetensors`` with its config.json, as
+    ``save_pretrained`` writes them for a transformer without key conversions or tied weights
+    (Qwen2, Llama); the head to ``value_head.pt``. A critic not sharded is saved with
+    ``ValueModel.save`` on rank 0. Why not ``HuggingFaceStorageWriter``: docs/distributed.md,
+    Sharded construction from a checkpoint.
     """
     path = Path(path)
     if not is_sharded(critic):
@@ -268,8 +219,8 @@ def save_sharded_value_model(critic: ValueModel, path: str | Path, world: World)
 
 
 def _gather(critic: ValueModel, keep: bool) -> dict[str, Tensor]:
-    """Returns {state dict name: whole tensor on the CPU} of ``critic``'s parameters and persistent
-    buffers where ``keep`` (rank 0), {} elsewhere; a collective per parameter, on every rank alike."""
+    """Returns {state dict name: whole CPU tensor} of ``critic``'s parameters and persistent
+    buffers where ``keep`` (rank 0), {} elsewhere; a collective per parameter on every rank."""
     from torch.distributed.fsdp import FSDPModule
 
     for m in critic.modules():
@@ -290,8 +241,8 @@ def _gather(critic: ValueModel, keep: bool) -> dict[str, Tensor]:
 
 
 def _write(critic: ValueModel, state: dict[str, Tensor], path: Path) -> None:
-    """Writes the whole ``state`` of ``critic`` as ``ValueModel.save`` does (backbone safetensors and
-    config.json, head file, value_model.json), replacing a sharded save's files left at ``path``."""
+    """Writes the whole ``state`` of ``critic`` as ``ValueModel.save`` does, replacing a sharded
+    save's files left at ``path``."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
@@ -339,7 +290,8 @@ def _check(path: Path, compute_dtype_name: str) -> list[Path]:
             f"model.path={str(path)!r} has no .safetensors weights"
             + (f" (only {', '.join(others)})" if others else "")
             + ": the sharded load reads safetensors only. Re-save the model there with "
-            "save_pretrained (transformers writes safetensors), or set model.path to one that has them."
+            "save_pretrained (transformers writes safetensors), or set model.path to one that "
+            "has them."
         )
     if (path / INDEX).is_file():
         named = set(json.loads((path / INDEX).read_text())["weight_map"].values())
@@ -354,10 +306,13 @@ def _check(path: Path, compute_dtype_name: str) -> list[Path]:
 
 @torch.no_grad()
 def _init_buffers(model: nn.Module, arch: str) -> None:
-    """Computes ``model``'s non-persistent buffers (which no checkpoint holds and ``to_empty`` left
-    garbage) as ``from_pretrained`` does: the model's ``initialize_weights``, with every parameter
-    and persistent buffer marked as loaded (transformers' own flag), so that only the rest is set.
-    Raises CheckpointError for a buffer it left unset (a model whose ``_init_weights`` misses it)."""
+    """Computes ``model``'s non-persistent buffers (no checkpoint holds them; ``to_empty`` left
+    garbage) as ``from_pretrained`` does: ``initialize_weights``, with every parameter and
+    persistent buffer marked as loaded (transformers' flag), so that only the rest is set.
+
+    Raises:
+        CheckpointError: a buffer left unset (a model whose ``_init_weights`` misses it).
+    """
     non_persistent = {}
     for owner_name, owner in model.named_modules():
         for name in owner._non_persistent_buffers_set:
@@ -433,7 +388,7 @@ def _fill(
                 f"{key} is {tuple(saved[key].size)}, the model's is {tuple(shard_of.shape)}"
             )
         elif len({tuple(c.offsets) for c in saved[key].chunks}) < len(saved[key].chunks):
-            # one key twice at the same place (a stale file beside the checkpoint's), not DCP's slices
+            # one key twice at one place (a stale file beside the checkpoint's), not DCP's slices
             problems.append(f"{key} is in more than one of {', '.join(f.name for f in files)}")
         wanted[key] = shard_of
     if problems:

@@ -1,11 +1,9 @@
 """The registries: the one list of each kind of thing vapo-lab knows by name.
 
-``components`` holds the seven VAPO components (with the paper's Table 1 score without each),
-``presets`` the algorithm presets (VAPO, vanilla PPO, DAPO, GRPO: which components each turns on,
-and the paper's score), ``table1`` derives the rows of the paper's Table 1 and the cells of its
-grid from those two. Composition, validation, the grid and the report read these lists; nothing
-restates them. Tasks, benchmarks and launchers keep their registries beside their code
-(``vapo_lab.tasks``, ``vapo_lab.eval.benchmarks``, ``vapo_lab.launch``).
+``components`` holds the seven VAPO components, ``presets`` the algorithm presets, and ``table1``
+derives the paper's Table 1 rows and grid cells from those two; everything else reads these lists
+rather than restating them. Tasks, benchmarks and launchers keep their registries beside their
+code.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
 
     def register(self, item: T) -> T:
-        """Returns ``item`` after adding it; raises ValueError if its name is taken or it is malformed."""
+        """Returns ``item`` after adding it; a taken name or a malformed item raises ValueError."""
         if item.name in self._items:
             raise ValueError(f"{self.kind} {item.name!r} is already registered")
         if self._check is not None:

@@ -1,11 +1,8 @@
 """The one registry of the seven VAPO components.
 
-One name per component is the registry key, the Hydra config group (``conf/<name>/{on,off}.yaml``),
-the ``--drop`` value, the MLflow tag and the Table 1 row ("w/o <name>"). An entry records where
-the paper introduces it, the config keys it owns, the trainer stage it changes and the paper's
-Table 1 score without it; the on/off *values* of those keys are read from the config group's two
-files, so conf/ stays the single source of truth and ``vapo-lab components`` can never show
-values the trainer does not use.
+A component's name is its registry key, Hydra config group (``conf/<name>/{on,off}.yaml``),
+``--drop`` value, MLflow tag and Table 1 row ("w/o <name>"). Its on/off *values* are read from the
+config group's files, so ``vapo-lab components`` never shows values the trainer does not use.
 """
 
 from __future__ import annotations
@@ -37,9 +34,9 @@ class Component:
     origin: str
     stage: str
     keys: tuple[str, ...]
-    # the paper's AIME24 avg@32 for "VAPO without it" (VAPO.md Table 1);
+    # the paper's AIME24 avg@32 for "VAPO without it" (VAPO.md Table 1); None for a component the
+    # paper does not ablate (its grid cell runs, with no paper score beside it)
     table1_without: float | None
-    # None for a component the paper does not ablate (its grid cell runs, with no paper score beside it)
 
     @property
     def row(self) -> str:
@@ -68,7 +65,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 @cache
 def option_values(name: str, option: str) -> dict[str, Any]:
-    """Returns {dotted key: raw value} that conf/<name>/<option>.yaml sets (interpolations unresolved)."""
+    """Returns {dotted key: raw value} that conf/<name>/<option>.yaml sets, unresolved."""
     path = conf_dir() / name / f"{option}.yaml"
     with path.open(encoding="utf-8") as f:
         data = yaml.safe_load(f) or {}
@@ -99,7 +96,9 @@ COMPONENTS.register(
     Component(
         name="decoupled_gae",
         title="Decoupled GAE",
-        summary="critic targets from GAE with its own λ_critic = 1 (unbiased), policy keeps λ_policy",
+        summary=(
+            "critic targets from GAE with its own λ_critic = 1 (unbiased), policy keeps λ_policy"
+        ),
         paper_section="§4.1",
         origin="VC-PPO",
         stage="advantages",

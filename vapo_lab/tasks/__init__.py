@@ -1,8 +1,8 @@
 """Verifiable tasks: the Problem record, the answer extractor and the task registry.
 
-A task object has ``.train`` and ``.eval`` (lists of :class:`Problem`, disjoint) and
-``.verify(response_text, problem) -> bool``; the reward (1/0 or ±1) is made from that bool
-elsewhere, so every task is graded the same way by the rollout and by evaluation.
+A task has ``.train`` and ``.eval`` (disjoint lists of :class:`Problem`) and
+``.verify(response_text, problem) -> bool``, from which the rollout and evaluation alike make the
+reward.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
     """Yields (line number, object) for each non-blank line of the JSONL file ``path``.
 
     Raises:
-        error: a line that is not UTF-8, not valid JSON or not a JSON object, named by file and line number.
+        error: a line that is not UTF-8, not valid JSON or not a JSON object, named by file and
+            line number.
     """
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -44,8 +45,8 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise error(
-                    f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                    "save it as UTF-8"
+                    f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                    f"{e.start + 1}); save it as UTF-8"
                 ) from None
             if not line.strip():
                 continue
@@ -97,7 +98,8 @@ def build_task(name: str, **kwargs: Any) -> Any:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ConfigError(
-            f"task.name={name!r} is not a known task{hint}. Set task.name to one of: {', '.join(names)}."
+            f"task.name={name!r} is not a known task{hint}. "
+            f"Set task.name to one of: {', '.join(names)}."
         )
     module, attr = _BUILTIN[name].split(":")
     return getattr(importlib.import_module(module), attr)(**kwargs)

@@ -42,7 +42,7 @@ def load_jsonl(
     limit: int = -1,
     prefix: str = "",
 ) -> list[Problem]:
-    """Returns the problems of a JSONL file; raises ConfigError naming the file and line of a bad line."""
+    """Returns the problems of a JSONL file; a bad line raises ConfigError naming it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
@@ -101,7 +101,10 @@ class MathTask:
             held = held[:n_eval]
         if n_train > 0:
             train = train[:n_train]
-        render = lambda p: Problem(p.id, prompt_template.format(problem=p.prompt), p.answer, p.meta)
+
+        def render(p: Problem) -> Problem:
+            return Problem(p.id, prompt_template.format(problem=p.prompt), p.answer, p.meta)
+
         self.train, self.eval = [render(p) for p in train], [render(p) for p in held]
         self.seed = seed
 
