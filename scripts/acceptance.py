@@ -1,12 +1,14 @@
-"""The Python half of scripts/gpu-acceptance.sh: what is easier to read or build in Python than in
-bash. Each subcommand prints what the script records; none of them trains or evaluates anything
-itself except ``peak``, which runs one ``vapo-lab`` command in this process to read its peak memory.
+"""The Python half of scripts/gpu-acceptance.sh: what is easier to read or build in Python.
+
+Each subcommand prints what the script records; none trains or evaluates anything itself except
+``peak``, which runs one ``vapo-lab`` command in this process to read its peak memory.
 
     python scripts/acceptance.py env                                  # the machine, as JSON
     python scripts/acceptance.py missing scripts/gpu-requirements.txt # pins not installed
     python scripts/acceptance.py make-model DIR --size full|small     # a random Qwen2 checkpoint
     python scripts/acceptance.py prompt-tokens MODEL_DIR DATA.jsonl   # the longest math prompt
     python scripts/acceptance.py peak OUT.json -- train ...           # vapo-lab ARGS + peak memory
+    python scripts/acceptance.py logprob-peak --device cuda            # step e's result
     python scripts/acceptance.py pytest-summary LOG                   # step a's result
     python scripts/acceptance.py train-summary RUN_DIR                # step b's result
     python scripts/acceptance.py fsdp-summary RUN_DIR PEAK.json PLAN  # step c's result
@@ -29,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-# The embedded default's held-out avg@4 before and after its 80 steps on 2-core CPUs (README: 44.8 up to
-# 2026-11-28, 42.0 on a 2-core Xeon since), printed beside the GPU's for comparison, not as a threshold.
+# The embedded default's held-out avg@4 before and after its 80 steps on 2-core CPUs (42.0 on the
+# Xeon: docs/benchmarks.md), printed beside the GPU's for comparison, not as a threshold.
 CPU_BASE, CPU_FINAL = 23.5, 44.8
 TAIL_LINES = 15  # a failed step keeps this many of its last log lines
 
@@ -73,9 +75,11 @@ def _cpu_name() -> str:
 
 
 def cmd_missing(args: argparse.Namespace) -> None:
-    """Prints each pin whose distribution is not installed (one NAME==VERSION a line); a pin
-    installed at another version is left alone (stderr says so): this must not change a working
-    environment, only complete a bare one."""
+    """Prints each pin whose distribution is not installed, one NAME==VERSION a line.
+
+    A pin installed at another version is kept (stderr says so): this completes a bare environment,
+    it never changes a working one.
+    """
     from importlib.metadata import PackageNotFoundError, version
 
     for line in Path(args.requirements).read_text().splitlines():
@@ -139,7 +143,8 @@ def cmd_make_model(args: argparse.Namespace) -> None:
     model.to(torch.bfloat16).save_pretrained(args.dir)
     tokenizer.save_pretrained(args.dir)
     print(
-        f"{sum(p.numel() for p in model.parameters()):,} parameters ({args.size}, bfloat16) in {args.dir}"
+        f"{sum(p.numel() for p in model.parameters()):,} parameters "
+        f"({args.size}, bfloat16) in {args.dir}"
     )
 
 
@@ -173,10 +178,11 @@ def cmd_prompt_tokens(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------- peak
 def cmd_peak(args: argparse.Namespace) -> int:
-    """Runs `vapo-lab ARGS` in this process and writes its peak memory to OUT: the CUDA caching
-    allocator's peak (torch.cuda.max_memory_allocated / reserved) and the process's peak RSS. A
-    run of one rank (strategy=single, or fsdp with N = 1) trains in this process, so this is its
-    GPU peak; the trainer logs only RSS."""
+    """Runs `vapo-lab ARGS` in this process and writes its peak memory to OUT.
+
+    The peaks are the CUDA caching allocator's (max_memory_allocated / reserved) and the process's
+    RSS; a one-rank run trains in this process, so this is its GPU peak (the trainer logs only RSS).
+    """
     import resource
 
     import torch
@@ -202,10 +208,12 @@ def cmd_peak(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------- logprob
 def cmd_logprob_peak(args: argparse.Namespace) -> None:
-    """Step e: the chunked log-prob pass's peak memory (one layer: hidden states into the LM head,
-    forward under bf16 autocast + backward) beside `vapo-lab plan`'s figure for it
-    (models.activations.chunked_logprob_bytes). On CUDA: torch.cuda.max_memory_allocated over the
-    pass less what was allocated before it; on CPU: vapo_lab.bench.logits_memory's VmHWM method."""
+    """Step e: prints the chunked log-prob pass's peak memory beside `vapo-lab plan`'s figure.
+
+    The pass is the LM head and log-softmax, forward under bf16 autocast + backward. On CUDA the
+    peak is torch.cuda.max_memory_allocated less what was allocated before; on CPU,
+    vapo_lab.bench.logits_memory's VmHWM method.
+    """
     import torch
 
     from vapo_lab.algo.lm import default_chunk_tokens, head_logprobs_and_entropy
@@ -299,7 +307,8 @@ def cmd_train_summary(args: argparse.Namespace) -> None:
         (_, base), (last, final) = evals[0], evals[-1]
         parts.append(
             f"{key.split('/')[1].replace('_at_', '@')} {base:.1f} → {final:.1f} at step {last}: "
-            f"{final - base:+.1f} (CPU {CPU_FINAL} − {CPU_BASE} = {CPU_FINAL - CPU_BASE:+.1f} at 80)"
+            f"{final - base:+.1f} "
+            f"(CPU {CPU_FINAL} − {CPU_BASE} = {CPU_FINAL - CPU_BASE:+.1f} at 80)"
         )
     elif evals:
         parts.append(f"only the eval at step {evals[0][0]}: {evals[0][1]:.1f}")
@@ -373,13 +382,15 @@ def cmd_eval_summary(args: argparse.Namespace) -> None:
     gen_s, tokens = t.get("generate_s"), t.get("generated_tokens")
     speed = f", {tokens / gen_s:,.0f} tokens/s" if gen_s and tokens else ""
     print(
-        f"{s['benchmark']['name']} avg@{n} {100 * m[f'avg_at_{n}']:.1f}% over {m['samples_graded']} samples"
+        f"{s['benchmark']['name']} avg@{n} {100 * m[f'avg_at_{n}']:.1f}% "
+        f"over {m['samples_graded']} samples"
         f"{speed} (the tiny arith model: near zero expected)"
     )
     print(
         f"- model: {s['model'].get('checkpoint') or s['model'].get('path')}; "
-        f"generation {s['generation']['device']} {s['generation']['dtype']}, max {s['generation']['max_tokens']} "
-        f"tokens; mean length {m['response_length']:.0f}, truncated {100 * m['truncated_frac']:.1f}%"
+        f"generation {s['generation']['device']} {s['generation']['dtype']}, "
+        f"max {s['generation']['max_tokens']} tokens; "
+        f"mean length {m['response_length']:.0f}, truncated {100 * m['truncated_frac']:.1f}%"
     )
     if t:
         print(
@@ -405,8 +416,7 @@ def cmd_pytest_summary(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------- records
 def cmd_record(args: argparse.Namespace) -> None:
-    """Appends one step's row to RESULTS (JSON lines); a step that did not end well keeps its
-    log's last lines."""
+    """Appends one step's row to RESULTS (JSON lines); a step that failed keeps its log's tail."""
     summary = (
         Path(args.summary).read_text().splitlines()
         if args.summary and Path(args.summary).is_file()
@@ -458,7 +468,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     ]
     for r in rows:
         out.append(
-            f"| {r['id']}. {r['title']} | {r['status']} | {r['seconds']:.0f} s | {_cell(r['result'])} |"
+            f"| {r['id']}. {r['title']} | {r['status']} | {r['seconds']:.0f} s | "
+            f"{_cell(r['result'])} |"
         )
     out += ["", "## Steps", ""]
     for r in rows:

@@ -1,5 +1,7 @@
-"""Counts of the package's shape that issue 45 tracks, for a checkout: docstring share, lines over
-100 columns, modules taking the whole config, casts of config values in the phases' packages.
+"""Prints the counts of the package's shape that issue 45 tracks, for a checkout.
+
+The counts: docstring share, lines over 100 columns, modules taking the whole config, and casts of
+config values in the phases' packages.
 
     python scripts/code_counts.py [path/to/checkout]
 """

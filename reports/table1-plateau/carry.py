@@ -1,17 +1,16 @@
 """Carries the grids' finished runs from one machine to the next through git.
 
-A session's machine can be replaced by a fresh one with only the repository on it (2026-11-28: the
-grid folder and its 138 finished runs were gone). So the finished runs travel in this folder:
+A session's machine can be replaced by a fresh one holding only the repository, so the finished
+runs travel in this folder:
 
-    python reports/table1-plateau/carry.py save $ROOT      # finished runs -> carried/<grid>/<cell>.json.gz
-    python reports/table1-plateau/carry.py restore $ROOT   # on a new machine, before run.sh
+    python reports/table1-plateau/carry.py save $ROOT     # finished runs -> carried/<grid>/
+    python reports/table1-plateau/carry.py restore $ROOT  # on a new machine, before run.sh
 
 ``save`` exports, from a consistent copy of $ROOT/mlflow.db, every cell run that MLflow marks
-FINISHED and whose status file says finished (a run cut short is left out: it starts again on the
-next machine). ``restore`` imports the carried runs that the store lacks (``vapo-lab report --runs``'s
-import: each keeps its original id as ``vapo.source_run_id``) and writes their cells' status files
-as finished, so run.sh skips them. Both are idempotent. The files are raw runs of unfinished grids,
-kept only to continue them: no table is made from them until make.sh's grids are complete.
+FINISHED and whose status file says finished (a run cut short starts again on the next machine).
+``restore`` imports the carried runs the store lacks (each keeps its original id as
+``vapo.source_run_id``) and marks their cells finished, so run.sh skips them. Both are idempotent.
+The files are raw runs of unfinished grids, kept only to continue them.
 """
 
 from __future__ import annotations
@@ -67,8 +66,8 @@ def save(root: Path) -> None:
             folder.mkdir(parents=True, exist_ok=True)
             new = 0
             for r in done:
-                # one file a run, written once (a run carried before is here again, imported): git keeps
-                # each run's bytes once however often the grid is saved
+                # one file a run, written once: git keeps each run's bytes once however often
+                # the grid is saved (a run carried before comes back here, imported)
                 path = folder / f"{r['tags']['cell_key']}.json.gz"
                 if not path.exists():
                     write_export(path, name, [r])

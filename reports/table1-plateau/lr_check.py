@@ -1,7 +1,7 @@
-"""The learning-rate check of predictions.md: each preset's plateau score and learning speed at each
-actor lr, seeds 0-2, from runs exports (the main grid's seeds 0-2 give lr 2e-5), scored by the
-report's own `run_score`; then whether VAPO's best lr beats PPO's and DAPO's best, by how much, and
-whether predictions.md's rule reports the main grid's VAPO-above verdict as depending on the step size.
+"""Prints predictions.md's learning-rate check: each preset's plateau score and learning speed at
+each actor lr, seeds 0-2, from runs exports, scored by the report's own `run_score`; then whether
+VAPO's best beats PPO's and DAPO's best, by how much, and whether predictions.md's rule calls the
+main grid's VAPO-above verdict dependent on the step size.
 
     python reports/table1-plateau/lr_check.py reports/table1-plateau/runs.json.gz \
         reports/table1-plateau/lr-half/runs.json.gz reports/table1-plateau/lr-double/runs.json.gz
@@ -30,7 +30,7 @@ MARGIN = 2.0  # points of plateau score: predictions.md's "within 2 points"
 
 
 def cells(paths: list[str]) -> dict[tuple[str, str], dict[int, tuple[float, float]]]:
-    """Returns {(preset, actor lr): {seed: (plateau score, learning speed)}} of the presets' runs."""
+    """Returns {(preset, actor lr): {seed: (plateau score, learning speed)}} of preset runs."""
     found: dict[tuple[str, str], dict[int, tuple[float, float]]] = defaultdict(dict)
     for path in paths:
         for run in read_export(path)["runs"]:  # the checked reader: a runs file is untrusted input
@@ -71,11 +71,13 @@ def main(paths: list[str]) -> None:
     for preset in ("Vanilla PPO", "DAPO"):
         if "VAPO" in best and preset in best:
             (lr_v, v), (lr_o, o) = best["VAPO"], best[preset]
-            # predictions.md's rule: another preset's best at another lr than the main grid's, within 2 points
+            # predictions.md's rule: another preset's best at another lr than the main grid's,
+            # within 2 points
             depends = lr_o != MAIN_LR and v - o <= MARGIN
             verdict = "depends on the step size" if depends else "does not depend on the step size"
             print(
-                f"best VAPO ({v:.1f} at {float(lr_v):.0e}) - best {preset} ({o:.1f} at {float(lr_o):.0e})"
+                f"best VAPO ({v:.1f} at {float(lr_v):.0e}) - "
+                f"best {preset} ({o:.1f} at {float(lr_o):.0e})"
                 f" = {v - o:+.1f}: VAPO above {preset} {verdict}"
             )
 

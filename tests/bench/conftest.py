@@ -1,4 +1,4 @@
-"""The benchmark's shared model and a small step, built once for the vapo-lab vs TRL benchmark tests."""
+"""The shared model and a small step of the vapo-lab vs TRL benchmark tests, built once."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""`vapo-lab bench scale`: the summary arithmetic on hand-made numbers, and (slow) one real round."""
+"""`vapo-lab bench scale`: the summary arithmetic on hand-made numbers and (slow) a real round."""
 
 import json
 import math
@@ -213,8 +213,8 @@ def test_the_report_says_no_speed_up_is_expected_on_two_cores():
     assert "no speed-up" not in format_scale_benchmark({**result, "cpus": 16, "threads": 16})
 
 
-# the trainer tests' small config (a base model, reward model and critic that build in seconds), less
-# the keys the benchmark sets itself
+# the trainer tests' small config (a base model, reward model and critic that build in seconds),
+# less the keys the benchmark sets itself
 SMALL = [o for o in TRAINER_SMALL if o.lstrip("+").split("=", 1)[0] not in OWNED_KEYS]
 
 

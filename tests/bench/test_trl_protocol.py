@@ -26,7 +26,7 @@ def test_dead_worker_is_one_line_error_with_its_last_words(tmp_path, small_spec)
 
 def test_worker_entry_runs_by_path_where_vapo_lab_is_not_installed(tmp_path, small_spec):
     # python -S: no site-packages, so neither vapo-lab nor torch, as for the package in a TRL env;
-    # the entry point loads vapo_lab from this tree and reaches the worker dispatch (an unknown kind)
+    # the entry point loads vapo_lab from this tree and reaches the worker dispatch (unknown kind)
     argv = worker_argv(sys.executable, "nope", tmp_path / "model", small_spec, tmp_path)
     done = subprocess.run(
         [argv[0], "-S", *argv[1:]],

@@ -9,7 +9,8 @@ from vapo_lab.bench.trl.theirs import _verifier_reward_model, disable_gc_collect
 def test_verifier_reward_model_grades_and_counts_like_ppo_trainer_reads_it(model_dir, small_spec):
     from transformers import AutoTokenizer
 
-    # PPOTrainer: score(getattr(m, m.base_model_prefix)(input_ids, attention_mask, ...).hidden_states[-1])
+    # PPOTrainer reads:
+    # score(getattr(m, m.base_model_prefix)(input_ids, attention_mask, ...).hidden_states[-1])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     task = bench_task(small_spec)
     right, wrong = task.train[0], task.train[1]

@@ -1,4 +1,4 @@
-"""The update benchmark: its real-token share by hand, its padded reference path, and (slow) a run."""
+"""The update benchmark: its real-token share by hand, its padded reference path, (slow) a run."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from vapo_lab.trainer import forward as F
 
 
 def _rows():
-    # prompts of 2 and 3 tokens (left-padded to 3), responses of 1, 4 and 2 tokens (right-padded to 4)
+    # prompts of 2 and 3 tokens (left-padded to 3), responses of 1, 4 and 2 (right-padded to 4)
     pm = torch.tensor([[False, True, True], [True, True, True], [False, True, True]])
     rm = torch.arange(4)[None] < torch.tensor([1, 4, 2])[:, None]
     return F.Rows(torch.ones(3, 3, dtype=torch.long), pm, torch.ones(3, 4, dtype=torch.long), rm)

@@ -46,8 +46,8 @@ def _last_place(written: str) -> Decimal:
 
 
 def text_mismatches(made: str, committed: str) -> list[str]:
-    """Returns how ``made`` differs from ``committed`` beyond the rounding of its numbers (empty when
-    it does not): the text around the numbers must be equal, each number written to the same
+    """Returns how ``made`` differs from ``committed`` beyond the rounding of its numbers (empty
+    when it does not): the text around the numbers must be equal, each number written to the same
     places and within one unit of the last of them. Reads in order and stops at the first
     difference of text (the numbers after it no longer pair up)."""
     (made_text, made_nums), (ref_text, ref_nums) = split_numbers(made), split_numbers(committed)
@@ -63,7 +63,8 @@ def text_mismatches(made: str, committed: str) -> list[str]:
                 or abs(Decimal(made_nums[k]) - Decimal(ref_nums[k])) > unit
             ):
                 out.append(
-                    f"number {k}: {made_nums[k]} != {ref_nums[k]} (to one unit in its last place, {unit}), "
+                    f"number {k}: {made_nums[k]} != {ref_nums[k]} "
+                    f"(to one unit in its last place, {unit}), "
                     f"after {b[-60:]!r}"
                 )
     return out

@@ -40,7 +40,8 @@ def test_paired_t_by_hand():
     assert t.name == "paired t" and t.n == 5 and t.difference == pytest.approx(1.4)
     assert t.se == pytest.approx(se)
     assert t.p == pytest.approx(2 * stats.stats.t.sf(1.4 / se, 4))
-    # 32 sign patterns; |mean| >= 1.4 for the pattern, its negation and two others with the 0.5 flipped... 4 of 32
+    # 32 sign patterns; |mean| >= 1.4 for the pattern, its negation and two others with the 0.5
+    # flipped... 4 of 32
     assert t.sign_flip_p == pytest.approx(4 / 32)
     assert t.ci95[0] == pytest.approx(1.4 - stats.stats.t.ppf(0.975, 4) * se)
 
@@ -50,8 +51,8 @@ def test_sign_flip_p_by_hand_and_its_ties_survive_the_last_bits():
     assert stats.sign_flip_p([1.0, 2.0, 3.0]) == 2 / 8
     # [0.1, 0.1, -0.1]: every pattern's |sum| is 0.1 or 0.3: all 8 reach 0.1
     assert stats.sign_flip_p([0.1, 0.1, -0.1]) == 1.0
-    # the same differences with the last one from a cancellation (100.1 - 100.0 = 0.0999999999999943):
-    # scipy's permutation_test reads 0.5 here; the tie is a tie
+    # the same differences with the last one from a cancellation (100.1 - 100.0 =
+    # 0.0999999999999943): scipy's permutation_test reads 0.5 here; the tie is a tie
     assert stats.sign_flip_p([0.1, 0.1, -(100.1 - 100.0)]) == 1.0
     assert stats.sign_flip_p([0.0, 0.0]) == 1.0
     # plain differences: as scipy reads them
@@ -214,7 +215,7 @@ def test_verdicts_follow_the_preregistered_rules(tmp_path):
     by_id = {r["id"]: r for r in result["predictions"]}
     assert by_id["a"]["test"] == "paired t" and by_id["a"]["n"] == 6
     assert by_id["a"]["difference"] == pytest.approx(-5 + 0.3 / 6)
-    # Holm over the five tested p-values (a and e share their two-sided p; b and c are TOST p-values)
+    # Holm over the five tested p-values (a and e share their two-sided p; b and c are TOST ones)
     own = [by_id[i]["p_tested"] for i in "abcde"]
     assert [by_id[i]["holm_p"] for i in "abcde"] == pytest.approx(stats.holm(own))
     assert by_id["b"]["p_tested"] == pytest.approx(

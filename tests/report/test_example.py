@@ -1,6 +1,6 @@
-"""Each committed report is what `vapo-lab report` makes from its committed runs file (and, where the
-folder holds one, its predictions file): every word, run id and command exactly, every number to
-the precision it is written at (``compare``). Floats that differ in their last bits, as another
+"""Each committed report is what `vapo-lab report` makes from its committed runs file (and, where
+the folder holds one, its predictions file): every word, run id and command exactly, every number
+to the precision it is written at (``compare``). Floats that differ in their last bits, as another
 machine's numpy or scipy sums them, give the same report; a figure that moves does not."""
 
 import gzip
@@ -22,9 +22,10 @@ TEXT = ("table1.md", "table1.tex", "table1.csv", "index.md", "report.json")
 
 
 def remake(runs: Path, folder: Path, out: Path) -> Report:
-    """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made: with its
-    predictions.yaml where it has one, and the options of its remake.yaml where it has one (``score``,
-    and ``also``: the other experiments' runs files, relative to the folder, that its plan reads)."""
+    """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made: with
+    its predictions.yaml where it has one, and the options of its remake.yaml where it has one
+    (``score``, and ``also``: the other experiments' runs files, relative to the folder, that its
+    plan reads)."""
     import yaml
 
     predictions = folder / "predictions.yaml"

@@ -1,5 +1,6 @@
-"""reports/table1-plateau/lr_check.py against values worked out by hand: plateau score (steps 40 and
-50 of 50) and learning speed (trapezoids / 50) of each preset at each lr, and the best-lr comparison."""
+"""reports/table1-plateau/lr_check.py against values worked out by hand: plateau score (steps 40
+and 50 of 50) and learning speed (trapezoids / 50) of each preset at each lr, and the best-lr
+comparison."""
 
 import importlib.util
 from pathlib import Path
@@ -11,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "reports" / "table1-plateau" / "l
 
 
 def _run(algo, seed, lr, curve, status="FINISHED", repeat=None):
-    """A run of preset ``algo`` as the trainer tags it; ``repeat``: (step, value) logged again later."""
+    """A run of preset ``algo`` as the trainer tags it; ``repeat``: a (step, value) logged again."""
     points = [[10 * i, 0, v / 100] for i, v in enumerate(curve)]  # [step, timestamp, value]
     if repeat:
         points.append([repeat[0], 1, repeat[1] / 100])
@@ -72,10 +73,10 @@ def test_lr_check_by_hand(tmp_path, capsys):
         "Vanilla PPO lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7"
     )
     assert out[-2:] == [
-        "best VAPO (90.0 at 2e-05) - best Vanilla PPO (83.3 at 4e-05) = +6.7: VAPO above Vanilla PPO does not "
+        "best VAPO (90.0 at 2e-05) - best Vanilla PPO (83.3 at 4e-05) = +6.7: VAPO above Vanilla "
+        "PPO does not depend on the step size",
+        "best VAPO (90.0 at 2e-05) - best DAPO (90.0 at 2e-05) = +0.0: VAPO above DAPO does not "
         "depend on the step size",
-        "best VAPO (90.0 at 2e-05) - best DAPO (90.0 at 2e-05) = +0.0: VAPO above DAPO does not depend on the "
-        "step size",
     ]
     assert len(out) == 6
 
@@ -93,14 +94,16 @@ def test_a_rival_best_at_another_lr_within_two_points_makes_the_verdict_depend_o
     runs += [_run(p, s, "2e-05", [50.0] * 6) for p in ("ppo", "dapo") for s in (0, 1, 2)]
     out = _printed(tmp_path, runs, capsys)
     assert out[-2:] == [
-        "best VAPO (90.0 at 2e-05) - best Vanilla PPO (87.0 at 4e-05) = +3.0: VAPO above Vanilla PPO does not "
-        "depend on the step size",
-        "best VAPO (90.0 at 2e-05) - best DAPO (88.5 at 4e-05) = +1.5: VAPO above DAPO depends on the step size",
+        "best VAPO (90.0 at 2e-05) - best Vanilla PPO (87.0 at 4e-05) = +3.0: VAPO above Vanilla "
+        "PPO does not depend on the step size",
+        "best VAPO (90.0 at 2e-05) - best DAPO (88.5 at 4e-05) = +1.5: VAPO above DAPO depends on "
+        "the step size",
     ]
 
 
 def test_a_step_logged_twice_counts_once_with_its_later_value(tmp_path, capsys):
-    # a resumed run logged step 50 again (70 first, then 90): plateau (90 + 90) / 2, not (90 + 70 + 90) / 3
+    # a resumed run logged step 50 again (70 first, then 90): plateau (90 + 90) / 2, not
+    # (90 + 70 + 90) / 3
     curve = [50.0, 60.0, 70.0, 80.0, 90.0, 70.0]
     out = _printed(
         tmp_path, [_run("vapo", s, "2e-05", curve, repeat=(50, 90.0)) for s in (0, 1, 2)], capsys

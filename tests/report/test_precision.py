@@ -1,4 +1,5 @@
-"""report.json's rounding (``precision``): significant digits kept, float noise dropped, the tree as it was."""
+"""report.json's rounding (``precision``): significant digits kept, float noise dropped, the tree
+as it was."""
 
 import math
 

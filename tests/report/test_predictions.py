@@ -59,7 +59,8 @@ def test_long_accuracy_weights_each_step_by_its_count():
             "diag.length.acc_032_063": [(10, 1.0)],
         },
     )
-    # late (steps 9-10): (10*0.5 + 30*0.1 + 10*0.2) / 50 = 10 / 50 = 20%; step 1 and short responses left out
+    # late (steps 9-10): (10*0.5 + 30*0.1 + 10*0.2) / 50 = 10 / 50 = 20%; step 1 and short
+    # responses left out
     assert pred.MEASURES["long_accuracy"].read(r, "late", KEY) == pytest.approx(20.0)
     assert pred.MEASURES["long_accuracy"].read(r, "early", KEY) == pytest.approx(100.0)
 
@@ -155,7 +156,8 @@ def test_markdown_states_each_verdict_and_the_goal_count():
             "expect 'down'",
         ),
         (
-            "predictions: [{id: 1, row: clip_higher, measure: score, window: mid, expect: lower, paper: lower}]",
+            "predictions: [{id: 1, row: clip_higher, measure: score, window: mid, expect: lower, "
+            "paper: lower}]",
             "window 'mid'",
         ),
         ("predictions: [{id: 1, row: clip_higher, measure: score}]", "lacks expect, paper"),

@@ -101,9 +101,10 @@ def test_table_numbers_are_the_hand_computed_aggregates(store, tmp_path):
         and rows["w/o group_sampling"]["mean"] is None
     )
     assert rows["w/o decoupled_gae"]["state"] == "not run"
-    # rank agreement over the 4 scored rows: ours PPO 30 < DAPO 46 < w/o CH 53 = VAPO 53; paper 5 < 46 < 50 < 60.
-    # Ranks: ours [1, 2, 3.5, 3.5], paper [1, 3, 2, 4]; centred [-1.5, -0.5, 1, 1] and [-1.5, 0.5, -0.5, 1.5]:
-    # ρ = 3 / √(4.5·5). τ-b: 4 concordant pairs, 1 discordant (DAPO, w/o CH), 1 tied in ours: 3 / √(5·6).
+    # rank agreement over the 4 scored rows: ours PPO 30 < DAPO 46 < w/o CH 53 = VAPO 53; paper
+    # 5 < 46 < 50 < 60. Ranks: ours [1, 2, 3.5, 3.5], paper [1, 3, 2, 4]; centred
+    # [-1.5, -0.5, 1, 1] and [-1.5, 0.5, -0.5, 1.5]: ρ = 3 / √(4.5·5). τ-b: 4 concordant pairs,
+    # 1 discordant (DAPO, w/o CH), 1 tied in ours: 3 / √(5·6).
     assert rep.rank["n"] == 4
     assert rep.rank["spearman"] == pytest.approx(3 / math.sqrt(22.5), abs=1e-6)
     assert rep.rank["kendall"] == pytest.approx(3 / math.sqrt(30), abs=1e-6)
@@ -309,7 +310,8 @@ def test_diagnostics_are_the_hand_computed_aggregates(store, tmp_path):
         "all": pytest.approx(0.5),
     }
     la = rep.diagnostics["diag_length"]["VAPO"]
-    # step 1 of both seeds: 12 responses of 0-7 tokens, half correct; late (step 5): 4 short, all correct
+    # step 1 of both seeds: 12 responses of 0-7 tokens, half correct; late (step 5): 4 short, all
+    # correct
     assert la["early"]["000_007"] == {"count": 12.0, "acc": pytest.approx(0.5)}
     assert la["late"]["008_015"] == {"count": 12.0, "acc": pytest.approx(0.5)}
     lam = rep.diagnostics["diag_lambda"]
@@ -345,7 +347,7 @@ def test_runs_without_diagnostics_say_so(store, tmp_path):
 
 
 def test_a_report_from_a_runs_export_is_the_same_report(store, tmp_path):
-    """Export -> import into a fresh store -> report gives the very same files (run ids included)."""
+    """Export, import into a fresh store, report: the very same files (run ids included)."""
     from vapo_lab.report import report_from_export
     from vapo_lab.track.export import ExportError, export_runs
 

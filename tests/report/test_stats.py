@@ -21,7 +21,7 @@ from vapo_lab.report.table import Row, to_csv, to_latex, to_markdown
 
 
 def exact_percentile(values: list[float], q: float) -> float:
-    """The q-quantile of equally likely ``values``: the smallest v with P(X <= v) >= q (slow, by sorting)."""
+    """The q-quantile of equally likely ``values``: the smallest v with P(X <= v) >= q."""
     ordered = sorted(values)
     return ordered[math.ceil(q * len(ordered)) - 1]
 
@@ -161,8 +161,9 @@ def test_rank_interval_is_the_exact_percentile_of_all_16_resamples():
             means = [sum(a) / 2, sum(b) / 2, 25.0]
             rhos.append(sps.spearmanr(means, paper).statistic)
             taus.append(sps.kendalltau(means, paper).statistic)
-    # lowest: A = 30, B = 30 (probability 1/4 · 1/2): ranks (2.5, 2.5, 1), ρ = -1.5 / √(1.5·2) = -√3/2,
-    # τ-b = -2 / √(2·3); highest: A = 10, B = 20 (1/16): ranks (1, 2, 3), ρ = τ = 1
+    # lowest: A = 30, B = 30 (probability 1/4 · 1/2): ranks (2.5, 2.5, 1),
+    # ρ = -1.5 / √(1.5·2) = -√3/2, τ-b = -2 / √(2·3); highest: A = 10, B = 20 (1/16): ranks
+    # (1, 2, 3), ρ = τ = 1
     assert exact_interval(rhos) == pytest.approx((-math.sqrt(3) / 2, 1.0), abs=1e-6)
     assert exact_interval(taus) == pytest.approx((-2 / math.sqrt(6), 1.0), abs=1e-6)
     ci = stats.rank_interval(rows, paper)
@@ -218,8 +219,8 @@ def test_rows_with_seeds_on_both_sides_say_yes_or_no():
     )
     # every resample keeps DAPO below VAPO, as the paper has it (50 < 60): ρ = 1, interval [1, 1]
     assert (
-        "over 2 rows: Spearman ρ = 1.00 [95% interval 1.00, 1.00], Kendall τ-b = 1.00 [95% interval 1.00, 1.00]"
-        in md
+        "over 2 rows: Spearman ρ = 1.00 [95% interval 1.00, 1.00], "
+        "Kendall τ-b = 1.00 [95% interval 1.00, 1.00]" in md
     )
     md = to_markdown(_rows(vapo=[50.0, 51.0, 52.0], dapo=[48.0, 51.0, 54.0]), "avg@4 final")
     # paired differences -2, 0, +2: mean 0, p = 1
@@ -261,7 +262,8 @@ def test_a_smoothed_line_is_drawn_over_the_raw_band():
         _run(1, [2.0, 4.0, 2.0, 4.0]),
     ]
     steps, line, low, high = mean_band(runs, "m", smooth=0.5)
-    # EMA α 0.5 of the means by hand: 1, 0.5·3 + 0.5·1 = 2, 0.5·1 + 0.5·2 = 1.5, 0.5·3 + 0.5·1.5 = 2.25
+    # EMA α 0.5 of the means by hand: 1, 0.5·3 + 0.5·1 = 2, 0.5·1 + 0.5·2 = 1.5,
+    # 0.5·3 + 0.5·1.5 = 2.25
     assert line == pytest.approx([1.0, 2.0, 1.5, 2.25])
     assert low == pytest.approx([0.0, 2.0, 0.0, 2.0]) and high == pytest.approx(
         [2.0, 4.0, 2.0, 4.0]

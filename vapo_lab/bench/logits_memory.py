@@ -1,28 +1,15 @@
-"""Peak memory of the actor's log-prob pass: the LM head over every token against the chunked head.
+"""Measures the peak memory of the actor's log-prob pass, the LM head unchunked against chunked.
 
-Run ``python -m vapo_lab.bench.logits_memory`` (defaults: T = 2048 and 4096 response tokens,
-V = 152,064 and h = 896, Qwen2.5-0.5B's vocabulary and hidden size). Two cases, forward + backward
-of one pass under bf16 autocast on CPU, with float32 master weights:
+``python -m vapo_lab.bench.logits_memory`` (defaults: T = 2048 and 4096 response tokens,
+Qwen2.5-0.5B's V = 152,064 and h = 896) runs two cases, forward under bf16 autocast + backward
+outside it, float32 master weights, loss Σ log π over a bf16 (T, h) leaf of hidden states:
 
-* ``unchunked``: what ``vapo_lab.trainer.forward._policy_forward`` runs today on its packed path:
-  ``lm_head`` (an ``nn.Linear(h, V, bias=False)``, as Qwen2's) over every token, widened to float32,
-  divided by τ, then ``token_logprobs_and_entropy`` (entropy without gradient);
+* ``unchunked``: ``vapo_lab.trainer.forward._policy_forward``'s packed path: ``lm_head`` over
+  every token, widened to float32, divided by τ, then ``token_logprobs_and_entropy``;
 * ``chunked``: ``vapo_lab.algo.lm.head_logprobs_and_entropy`` on the same head and tokens.
 
-The hidden states h (T, h) are a bf16 leaf that requires grad (the backbone's output under
-autocast); the loss is Σ log π, its backward run outside autocast, as the trainer's.
-
-Method: each case runs in a fresh subprocess. It builds its tensors in place (no temporary
-copies) and runs the case once on its first min(T, chunk) tokens, which starts the libraries'
-threads and kernels (about 12 MB that a training loop holds already), then drops the gradients.
-It resets the kernel's high-water mark of its resident set (``5`` into /proc/self/clear_refs),
-reads its resident set size (VmRSS, /proc/self/status), runs the pass, and reads the high-water
-mark (VmHWM). Peak = VmHWM after the pass − VmRSS before it: every byte the pass touched at its
-fullest, W's new float32 gradient (4·V·h) included. torch's CPU allocator does not cache, and the
-subprocess runs with ``MALLOC_MMAP_THRESHOLD_=65536``: glibc then maps every allocation of 64 KiB
-or more with mmap and unmaps it when freed (by default it raises that threshold up to 32 MiB as
-blocks are freed, and serves later ones from a heap it keeps), so the RSS follows the live tensors.
-What it also counts: the GEMM library's own scratch (about 7 MB here).
+Each case runs in a fresh subprocess after a warm-up pass; peak = VmHWM after the pass − VmRSS
+before it, W's new float32 gradient included (method: docs/benchmarks.md#log-prob-pass-memory).
 """
 
 from __future__ import annotations
@@ -49,7 +36,8 @@ CASES = ("unchunked", "chunked")
 # The unchunked pass holds about 4 float32 (T, V) tensors at its peak; refuse one predicted to need
 # more than this share of the machine's available memory (other jobs share it).
 SAFE_SHARE = 0.8
-# glibc's mmap threshold in the measuring subprocess: allocations of 64 KiB or more are unmapped when freed
+# glibc's mmap threshold in the measuring subprocess: blocks of 64 KiB or more are unmapped when
+# freed, so the RSS follows the live tensors
 MMAP_THRESHOLD = 65536
 
 
@@ -78,14 +66,14 @@ def available_bytes() -> int:
 
 
 def unchunked_need(tokens: int, vocab: int, hidden: int) -> float:
-    """Returns a generous estimate of the unchunked pass's peak: 4.5 float32 (T, V) tensors + 8·V·h."""
+    """Returns a generous estimate of the unchunked peak in bytes: 4.5 float32 (T, V) + 8·V·h."""
     return 4.5 * 4 * tokens * vocab + 8 * vocab * hidden
 
 
 def _unchunked_forward(
     head: torch.nn.Linear, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_policy_forward``'s packed path from the hidden states on: lm_head, wide, /τ, log-softmax."""
+    """Runs ``_policy_forward``'s packed path from the hidden states on: head, /τ, log-softmax."""
     logits = head(hidden)
     logits = logits.float() if logits.element_size() < 4 else logits  # vapo_lab.models.value.wide
     if temperature != 1.0:
@@ -122,7 +110,7 @@ def _pass(
 def measure_case(
     case: str, tokens: int, vocab: int, hidden: int, chunk: int, temperature: float, seed: int
 ) -> dict:
-    """Runs one pass of ``case`` in this process and returns its measurements (see the module docstring)."""
+    """Runs one pass of ``case`` in this process and returns its measurements."""
     torch.manual_seed(seed)
     # float32 master weights, initialised in place
     head = torch.nn.Linear(hidden, vocab, bias=False)
@@ -224,7 +212,7 @@ def run_logits_memory(
 
 
 def format_logits_memory(rows: list[dict]) -> str:
-    """Plain-text table of ``run_logits_memory``'s rows, the before/after ratio per T and a legend."""
+    """Returns ``run_logits_memory``'s rows as a table, each T's ratio of peaks, and a legend."""
     lines = [
         f"{'case':<10} {'T':>6} {'chunk':>6} {'peak MB':>10} {'x logits':>9} {'formula MB':>11} "
         f"{'measured/formula':>17} {'s':>6}"
@@ -257,7 +245,7 @@ def format_logits_memory(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print the table (`python -m vapo_lab.bench.logits_memory --tokens 2048,4096`)."""
+    """Prints the table (`python -m vapo_lab.bench.logits_memory --tokens 2048,4096`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="2048,4096", help="comma-separated T values")
     parser.add_argument("--vocab", type=int, default=152_064, help="V (Qwen2.5's 152,064)")
@@ -313,8 +301,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(rows))
         return
     print(
-        f"LM-head log-prob pass, bf16 autocast on CPU, V = {args.vocab:,}, h = {args.hidden}; torch "
-        f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+        f"LM-head log-prob pass, bf16 autocast on CPU, V = {args.vocab:,}, h = {args.hidden}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs"
     )
     print(format_logits_memory(rows))

@@ -1,36 +1,12 @@
-"""The plan's memory formulas (``vapo_lab.models.footprint``) against peaks measured on CPU.
+"""Checks the plan's memory formulas (``vapo_lab.models.footprint``) against peaks measured on CPU.
 
-Run ``python -m vapo_lab.bench.plan_check``. A Qwen2 model built in code (nothing downloaded; by
-default h = 1024, L = 4, 8 query / 2 key-value heads of 128, i = 2816, V = 32,000, untied: 110.6M
-parameters, its critic 77.9M) and one micro-batch of 4 rows x (64 prompt + 448 response) tokens,
-every token valid: the layout ``vapo-lab plan`` counts (rows x (longest prompt + longest response)
-= 2,048 tokens, 1,792 of them response tokens). Cases, each in a fresh subprocess:
-
-* ``state``: the training state, params + gradients + AdamW's m and v, after one ``backward`` and
-  one ``torch.optim.AdamW(fused=True).step()``, against 16·P (``state_bytes_per_param``);
-* ``pass``: one training pass through the trainer's code, ``policy_forward(model, rows,
-  with_entropy=True)`` (actor) or ``value_forward`` (critic) + a token-mean loss's backward, with
-  Hugging Face's gradient checkpointing off or on (``enable_checkpointing`` + ``train()``), in
-  float32, under bf16 autocast over float32 masters (``set_compute``: trainer.strategy=single) or
-  cast to bf16 (``bf16-cast``: what FSDP2's MixedPrecisionPolicy computes with), on the packed path
-  (``vapo_lab.models.packed``; rows this full would take Hugging Face's padded one, so
-  ``PACK_BELOW_SHARE`` is raised above 1: the packed path the trainer runs where prompts repeat or
-  rows are padded, here with every token valid) or the padded one (one padding token in the last
-  row's prompt and one in its response, as rows that take it have some), with torch's default SDPA
-  backend or its math backend. Against the plan's ``actor_activations_*`` / ``critic_activations_*``
-  for the same ``Setup`` and against ``qwen2_pass_activation_bytes``; without checkpointing, also the
-  bytes autograd saves (every floating-point ``_saved_*`` tensor of the graph, parameters excluded,
-  each storage once) against ``qwen2_saved_bytes``.
-
-Method (as ``vapo_lab.bench.logits_memory``): the subprocess runs with ``MALLOC_MMAP_THRESHOLD_=65536``
-so that freed tensors leave the resident set; torch's CPU allocator caches nothing. State: the same
-model classes at a tiny size, a backward and a fused AdamW step first (transformers imports its
-modules lazily: about 90 MB of code on the first model built), then VmRSS before the model is built,
-after it (params, against 4·P) and after one backward on a short row and the step (against 16·P).
-Pass: a first pass over the same rows allocates the gradients (the state a pass finds resident) and
-brings the libraries' threads, kernels and scratch to their steady size (oneDNN keeps about 20 MB
-after its first large bf16 GEMMs); then the high-water mark is reset (``5`` into
-/proc/self/clear_refs) and peak = VmHWM after the second pass − VmRSS before it.
+``python -m vapo_lab.bench.plan_check`` builds a Qwen2 in code (by default 110.6M parameters, its
+critic 77.9M) and one micro-batch of 4 rows x (64 prompt + 448 response) tokens, every token valid.
+It measures, each case in a fresh subprocess, the training state (params, gradients and AdamW's m
+and v, against 16·P) and one training pass through the trainer's code (actor or critic; float32,
+bf16 autocast or bf16-cast; checkpointing off or on; packed or padded; default or math SDPA)
+against the plan's figure, the per-tensor formula and, without checkpointing, the bytes autograd
+saves. Setup, method and results: docs/benchmarks.md#plan-against-measured-memory.
 """
 
 from __future__ import annotations
@@ -99,7 +75,8 @@ class Case:
     kind: str  # state | pass
     checkpointing: bool = False
     dtype: str = "float32"  # the compute dtype: float32 | bfloat16
-    precision: str = "autocast"  # bf16 by autocast over float32 masters, or cast: the model cast to bf16 (FSDP2's)
+    # bf16 by autocast over float32 masters, or cast: the model cast to bf16 (FSDP2's)
+    precision: str = "autocast"
     layout: str = "packed"  # packed | padded
     attention: str = "default"  # default | math (torch's SDPA backend)
 
@@ -140,7 +117,7 @@ BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def plan_setup(spec: CheckSpec, checkpointing: bool, dtype: str) -> Setup:
-    """Returns the one-rank ``Setup`` whose pass is the measured micro-batch (chunked head as preflight sets it)."""
+    """Returns the one-rank ``Setup`` whose pass is the measured micro-batch (chunked head)."""
     from vapo_lab.algo.lm import default_chunk_tokens
 
     return Setup(
@@ -159,7 +136,7 @@ def plan_setup(spec: CheckSpec, checkpointing: bool, dtype: str) -> Setup:
 
 
 def predicted(case: Case, spec: CheckSpec) -> dict:
-    """Returns the plan's figure for ``case`` and the per-tensor formula's (and the saved bytes it predicts)."""
+    """Returns the plan's and the per-tensor formula's figures for ``case``, and its saved bytes."""
     shape = spec.shape()
     if case.kind == "state":
         params = actor_params(shape) if case.model == "actor" else critic_params(shape)
@@ -190,7 +167,7 @@ def predicted(case: Case, spec: CheckSpec) -> dict:
 
 
 def full_rows(spec: CheckSpec, rows: int, prompt: int, response: int, seed: int):
-    """Rows of distinct random prompts (left-padded layout) and responses (right-padded), every token valid."""
+    """Returns rows of distinct random prompts and responses, every token valid."""
     import torch
 
     from vapo_lab.trainer.forward import Rows
@@ -205,10 +182,11 @@ def full_rows(spec: CheckSpec, rows: int, prompt: int, response: int, seed: int)
 
 
 def pass_rows(spec: CheckSpec, layout: str, seed: int):
-    """Returns the measured micro-batch: ``full_rows`` for the packed path (every token valid, its
-    worst case); for the padded one, the same with its last row's first prompt token and last
-    response token padding, as rows that take Hugging Face's padded forward have some (it then
-    passes a mask and repeats K and V to the query heads; the layout, and n, stay the same)."""
+    """Returns the measured micro-batch: ``full_rows``, the packed path's worst case.
+
+    For the padded layout the last row's first prompt token and last response token are padding,
+    as rows that take Hugging Face's padded forward have some (so it passes a mask).
+    """
     rows = full_rows(spec, spec.rows, spec.prompt, spec.response, seed)
     if layout == "padded":
         rows.prompt_mask[-1, 0] = False
@@ -218,7 +196,7 @@ def pass_rows(spec: CheckSpec, layout: str, seed: int):
 
 @contextlib.contextmanager
 def pass_layout(name: str):
-    """Within the block, the trainer's passes take the ``packed`` path whatever the rows, or HF's ``padded`` one."""
+    """Makes the trainer's passes take the ``packed`` path whatever the rows, or HF's ``padded``."""
     from vapo_lab.bench.update import padded_path
     from vapo_lab.models import packed
 
@@ -235,8 +213,7 @@ def pass_layout(name: str):
 
 
 def build_model(case: Case, spec: CheckSpec):
-    """Returns ``case``'s model of ``spec``'s shape, float32, random (seeded): a Qwen2ForCausalLM
-    (actor) or a ``ValueModel`` on a Qwen2Model (critic)."""
+    """Returns ``case``'s seeded float32 model: a Qwen2ForCausalLM or a ``ValueModel`` (critic)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
@@ -259,10 +236,11 @@ def build_model(case: Case, spec: CheckSpec):
 
 
 def training_model(case: Case, spec: CheckSpec):
-    """Returns ``build_model``'s model in training mode, with Hugging Face's gradient checkpointing
-    where ``case`` asks for it, computing in ``case.dtype``: under autocast over float32 masters
-    (``set_compute``, as trainer.strategy=single), or cast to it (what FSDP2's MixedPrecisionPolicy
-    computes with under trainer.strategy=fsdp; on CPU vapo-lab's FSDP computes in float32)."""
+    """Returns ``build_model``'s model in training mode, as ``case`` asks it checkpointed and typed.
+
+    bf16 is autocast over float32 masters (``set_compute``, as trainer.strategy=single) or the model
+    cast to it (what FSDP2's MixedPrecisionPolicy computes with).
+    """
     from vapo_lab.models.dtypes import DTYPES
     from vapo_lab.models.packed import enable_checkpointing
     from vapo_lab.models.precision import set_compute
@@ -279,7 +257,7 @@ def training_model(case: Case, spec: CheckSpec):
 
 
 def sdpa_backend(name: str):
-    """Returns a context in which torch's SDPA runs its ``default`` choice or its ``math`` backend."""
+    """Returns a context in which torch's SDPA runs its ``default`` choice or ``math`` backend."""
     if name == "default":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -288,8 +266,10 @@ def sdpa_backend(name: str):
 
 
 def pass_loss(model, rows, actor: bool):
-    """Returns (a token-mean loss over the response tokens, the pass's output): −mean log π and the
-    log-probs (actor), mean (V − 1)² and the values (critic)."""
+    """Returns (a token-mean loss over the response tokens, the pass's output).
+
+    The actor's: −mean log π and the log-probs; the critic's: mean (V − 1)² and the values.
+    """
     from vapo_lab.algo.masked import masked_mean
     from vapo_lab.trainer.forward import policy_forward, value_forward
 
@@ -302,11 +282,12 @@ def pass_loss(model, rows, actor: bool):
 
 
 def saved_by_autograd(output, model) -> tuple[int, list[str]]:
-    """Returns (bytes of the floating-point tensors the graph behind ``output`` saves, ``model``'s
-    parameters excluded, each storage once; the names of its SDPA nodes), read from every node's
-    ``_saved_*`` attributes (and a custom Function's ``saved_tensors``): what ``qwen2_saved_bytes``
-    counts. Call it before backward, without checkpointing (unpacking a checkpointed tensor would
-    recompute its layer)."""
+    """Returns (bytes of the float tensors the graph behind ``output`` saves, its SDPA node names).
+
+    Read from every node's ``_saved_*`` (or a custom Function's ``saved_tensors``), parameters
+    excluded, each storage once: what ``qwen2_saved_bytes`` counts. Call it before backward and
+    without checkpointing: unpacking a checkpointed tensor would recompute its layer.
+    """
     import torch
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -339,13 +320,13 @@ def saved_by_autograd(output, model) -> tuple[int, list[str]]:
 
 
 def measure_case(case: Case, spec: CheckSpec) -> dict:
-    """Runs ``case`` in this process and returns its measurements (see the module docstring)."""
+    """Runs ``case`` in this process and returns its measurements."""
     import torch
 
     actor = case.model == "actor"
     if case.kind == "state":
-        # the same classes once at a tiny size first: transformers' modules import lazily (about 90 MB
-        # of code on the first model built) and the libraries start
+        # the same classes at a tiny size first: transformers imports its modules lazily (about
+        # 90 MB of code on the first model built) and the libraries start
         tiny = replace(spec, hidden=64, layers=1, heads=2, kv_heads=1, intermediate=128, vocab=128)
         warm = build_model(case, tiny)
         with pass_layout(case.layout):
@@ -375,9 +356,8 @@ def measure_case(case: Case, spec: CheckSpec) -> dict:
     attention = sdpa_backend(case.attention)
     with pass_layout(case.layout), attention:
         rows = pass_rows(spec, case.layout, spec.seed + 2)
-        # a first pass over the same rows: the gradients resident, the libraries' threads, kernels and
-        # scratch at their steady size (oneDNN keeps ~20 MB after its first large bf16 GEMMs): what the
-        # second micro-batch of a step finds
+        # a first pass over the same rows leaves what a step's second micro-batch finds: the
+        # gradients resident, the libraries' threads, kernels and scratch at their steady size
         pass_loss(model, rows, actor)[0].backward()
         gc.collect()
         _reset_high_water_mark()
@@ -404,9 +384,11 @@ def run_plan_check(
     threads: int | None = None,
     log=lambda text: None,
 ) -> list[dict]:
-    """Measures each case in a fresh subprocess; returns one dict per case with the plan's and the
-    formula's figures beside the measurement (``measured/plan``, ``measured/formula``). A case
-    predicted to need more than ``SAFE_SHARE`` of the memory available is skipped, the reason in its row."""
+    """Measures each case in a fresh subprocess; returns a dict a case beside the plan and formula.
+
+    A case predicted to need more than ``SAFE_SHARE`` of the available memory is skipped, the reason
+    in its row.
+    """
     out = []
     for case in cases:
         row = {"case": case.name, **asdict(case), **predicted(case, spec)}
@@ -446,7 +428,7 @@ def _mb(b: float) -> str:
 
 
 def format_plan_check(rows: list[dict]) -> str:
-    """Plain-text table of ``run_plan_check``'s rows and a legend."""
+    """Returns ``run_plan_check``'s rows as a plain-text table, and a legend."""
     lines = [
         (
             f"{'quantity':<34} {'measured MB':>12} {'plan MB':>10} {'/plan':>6} {'formula MB':>11} "
@@ -470,21 +452,24 @@ def format_plan_check(rows: list[dict]) -> str:
         )
         lines.append(
             f"{r['case']:<34} {_mb(r['measured_bytes']):>12} {_mb(r['plan_bytes']):>10} "
-            f"{r['measured/plan']:>6.3f} {_mb(r['formula_bytes']):>11} {r['measured/formula']:>9.3f} "
+            f"{r['measured/plan']:>6.3f} {_mb(r['formula_bytes']):>11} "
+            f"{r['measured/formula']:>9.3f} "
             f"{saved} {r['seconds']:>5.1f}"
         )
     backends = sorted({b for r in rows for b in r.get("sdpa_nodes", [])})
     states = [r for r in rows if r.get("kind") == "state" and "params_bytes" in r]
     for r in states:
         lines.append(
-            f"{r['case']}: params alone {_mb(r['params_bytes'])} MB = {r['params_bytes'] / r['params_formula']:.3f}"
+            f"{r['case']}: params alone {_mb(r['params_bytes'])} MB = "
+            f"{r['params_bytes'] / r['params_formula']:.3f}"
             f" x 4·P (P = {r['params']:,})"
         )
     lines += [
         f"SDPA backward nodes seen: {', '.join(backends) or '-'}",
         (
-            "measured: VmHWM after the pass − VmRSS before it (gradients resident), one fresh process a "
-            "case; state: VmRSS after AdamW's step − before the model; plan: footprint.estimate's "
+            "measured: VmHWM after the pass − VmRSS before it (gradients resident), "
+            "one fresh process a case; state: VmRSS after AdamW's step − before the model; "
+            "plan: footprint.estimate's "
             "{actor,critic}_activations_{full,ckpt} (16·P for the state); formula: "
             "activations.qwen2_pass_activation_bytes; saved: the autograd graph's saved tensors "
             "against activations.qwen2_saved_bytes"
@@ -494,7 +479,7 @@ def format_plan_check(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print the table (`python -m vapo_lab.bench.plan_check`)."""
+    """Prints the table (`python -m vapo_lab.bench.plan_check`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = CheckSpec()
     for field in (
@@ -553,7 +538,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in {c.name for c in CASES}]
     if unknown:
         parser.error(
-            f"unknown case(s) {', '.join(map(repr, unknown))}: choose from {', '.join(c.name for c in CASES)}"
+            f"unknown case(s) {', '.join(map(repr, unknown))}: "
+            f"choose from {', '.join(c.name for c in CASES)}"
         )
     cases = tuple(c for c in CASES if c.name in names)
     rows = run_plan_check(spec, cases, args.threads, log=lambda text: print(text, file=sys.stderr))
@@ -562,9 +548,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     shape = spec.shape()
     print(
-        f"Plan against measured memory: Qwen2 h = {spec.hidden}, L = {spec.layers}, {spec.heads} / {spec.kv_heads} "
-        f"heads of {shape.head_dim}, i = {spec.intermediate}, V = {spec.vocab:,} (actor {actor_params(shape):,}, "
-        f"critic {critic_params(shape):,} parameters); {spec.rows} rows x ({spec.prompt} + {spec.response}) tokens; "
+        f"Plan against measured memory: Qwen2 h = {spec.hidden}, L = {spec.layers}, "
+        f"{spec.heads} / {spec.kv_heads} heads of {shape.head_dim}, i = {spec.intermediate}, "
+        f"V = {spec.vocab:,} (actor {actor_params(shape):,}, "
+        f"critic {critic_params(shape):,} parameters); "
+        f"{spec.rows} rows x ({spec.prompt} + {spec.response}) tokens; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     )

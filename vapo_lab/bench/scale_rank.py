@@ -1,17 +1,16 @@
-"""One rank of a `vapo-lab bench scale` run: trains a few steps and, on rank 0, writes their timings.
+"""One rank of a `vapo-lab bench scale` run: trains a few steps; rank 0 writes their timings.
 
 ``python -m vapo_lab.bench.scale_rank --out FILE --warmup W --steps S [overrides...]`` runs alone
 (trainer.strategy=single) or as one of the ranks torchrun starts (trainer.strategy=fsdp). It builds
-the trainer's own :class:`~vapo_lab.trainer.trainer.Trainer` from the overrides and calls its
-``train_step`` W + S + 1 times, each after a barrier (every rank starts the step together):
+the trainer's own :class:`~vapo_lab.trainer.trainer.Trainer` and calls ``train_step`` W + S + 1
+times, each after a barrier:
 
 * W warm-up steps, not reported (first-call allocations, lazy initialisation);
 * S timed steps: rank 0's wall seconds around ``train_step``, the CPU seconds all ranks used
-  meanwhile (``time.process_time``: every thread of the process) and the step's own metrics
-  (``time/*``, the responses and their mean length over all ranks);
-* one profiled step under ``torch.profiler`` on every rank (symmetric: a profiler that slowed rank 0
-  alone would make the other rank wait, and rank 0 less): rank 0's trace gives the communication
-  time (:func:`vapo_lab.bench.scale.comm_profile`). Its timings are kept apart from the timed steps.
+  meanwhile (``time.process_time``: every thread of the process) and the step's own metrics;
+* one profiled step under ``torch.profiler`` on every rank (a profiler that slowed rank 0 alone
+  would make the other rank wait, and rank 0 less): rank 0's trace gives the communication time
+  (:func:`vapo_lab.bench.scale.comm_profile`).
 
 No evaluation, no checkpoint: the loop's held-out evaluation and saves are not part of a step.
 """
@@ -41,8 +40,7 @@ KEPT = (
 
 
 def _step_record(wall: float, cpu: float, m: dict[str, float]) -> dict[str, Any]:
-    """Returns one step's record: rank 0's wall seconds, the CPU seconds of all ranks, the trainer's
-    phase seconds, the step's response tokens over all ranks."""
+    """Returns one step's record: wall and all ranks' CPU seconds, phases, response tokens."""
     nan = float("nan")
     kept = {k.split("/")[1]: float(m.get(k, nan)) for k in KEPT}
     tokens = (
@@ -54,7 +52,7 @@ def _step_record(wall: float, cpu: float, m: dict[str, float]) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one rank (see the module docstring); returns the exit status."""
+    """Runs one rank; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m vapo_lab.bench.scale_rank")
     parser.add_argument("--out", required=True, type=Path, help="rank 0's JSON record")
     parser.add_argument("--warmup", type=int, default=1)

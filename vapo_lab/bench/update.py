@@ -1,21 +1,12 @@
-"""Benchmark of the training passes: packed (``models.packed.packed_states``) against padded.
+"""Benchmarks the training passes: packed (``models.packed.packed_states``) against padded.
 
-``vapo-lab bench update`` samples one default training step's batch from the embedded default's
-base model (the shipped one: 8 prompts x 8 responses at temperature 1, up to 160 new tokens), then
-times the update passes the trainer makes over it, packed and padded, interleaved repeat by
-repeat: for the actor, forward (log-probs and entropy) and backward over each micro-batch of each
-mini-batch (mini-batches of 16 drawn as the trainer draws them, split into length-sorted
-micro-batches of 8); for the critic (the policy's transformer with a scalar head), the same with
-values. The padded path is Hugging Face's forward over each padded prompt ++ response (what the
-trainer ran before packing); the packed path runs every token-wise op on the valid tokens only.
-
-It also reports the real-token share: the valid (prompt + response) tokens of a micro-batch over
-the positions that the padded path's token-wise ops process (rows x (longest prompt + longest
-response)); on the packed path the token-wise ops process the valid tokens only (share 1), and only
-attention still sees the padded layout.
-
-Both paths get the same micro-batches and the same weights (gradients are zeroed, no optimiser
-step), and the run checks that their log-probs, values and gradients agree (float32 rounding).
+``vapo-lab bench update`` samples one default training step's batch from the shipped base model,
+then times the trainer's update passes over it (forward + backward over each micro-batch; the
+actor's log-probs and entropy, the critic's values), packed and padded (Hugging Face's forward),
+interleaved repeat by repeat. Both paths get the same micro-batches and weights, and the run
+checks that their log-probs, values and gradients agree to float32 rounding. It also reports the
+real-token share: a micro-batch's valid tokens over the padded layout's rows x (longest prompt +
+longest response) positions.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from vapo_lab.errors import ConfigError
 
 @contextmanager
 def padded_path():
-    """Within the block, the training passes take Hugging Face's padded forward (the reference)."""
+    """Makes the training passes take Hugging Face's padded forward (the reference) in the block."""
     from vapo_lab.models import packed
 
     original = packed.shares_prompts
@@ -108,8 +99,10 @@ def _timed(
     output: Callable[[Any], torch.Tensor],
     loss: Callable[[torch.Tensor], torch.Tensor],
 ) -> tuple[float, torch.Tensor]:
-    """Forward (``output(rows)``) and backward (``loss(output)``) over every micro-batch of
-    ``split``; returns (seconds, the outputs at valid positions, concatenated)."""
+    """Runs forward and backward over every micro-batch of ``split``.
+
+    Returns (seconds, the outputs at valid positions, concatenated).
+    """
     module.zero_grad(set_to_none=True)
     start = time.perf_counter()
     kept = []
@@ -123,8 +116,7 @@ def _timed(
 
 
 def _passes(model: Any, critic: Any, rows: Any, split: list[list[torch.Tensor]]) -> dict[str, Any]:
-    """Runs the actor's and the critic's forward + backward over every micro-batch; returns seconds,
-    and the outputs and gradients to compare."""
+    """Runs the actor's and critic's passes; returns their seconds, outputs and gradients."""
     from vapo_lab.trainer.forward import policy_forward, value_forward
 
     out: dict[str, Any] = {}
@@ -151,7 +143,7 @@ def run_update_benchmark(
     threads: int | None = None,
     log: Callable[[str], None] = lambda text: None,
 ) -> dict[str, Any]:
-    """Times packed and padded training passes over one default step, interleaved ``repeats`` times.
+    """Times packed and padded training passes over one default step, ``repeats`` interleaved.
 
     Returns {"share_padded", "tokens", "rows", "packed": {actor_s, critic_s lists}, "padded": ...,
     "max_abs_diff": {logprobs, values, grads}}.
@@ -193,7 +185,8 @@ def run_update_benchmark(
             log(
                 f"repeat {i}/{repeats}: "
                 + ", ".join(
-                    f"{n} actor {result[n]['actor_s'][-1]:.2f}s critic {result[n]['critic_s'][-1]:.2f}s"
+                    f"{n} actor {result[n]['actor_s'][-1]:.2f}s "
+                    f"critic {result[n]['critic_s'][-1]:.2f}s"
                     for n in ("padded", "packed")
                 )
             )
@@ -208,13 +201,14 @@ def run_update_benchmark(
 
 
 def format_update_benchmark(result: dict[str, Any]) -> str:
-    """Plain-text report of ``run_update_benchmark``: timings, ratios with their spread, the share."""
+    """Returns ``run_update_benchmark``'s report: timings, ratios with their spread, the share."""
 
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
 
     lines = [
-        f"training passes over one default step: {result['rows']} responses, {result['tokens']} valid tokens "
+        f"training passes over one default step: {result['rows']} responses, "
+        f"{result['tokens']} valid tokens "
         f"({result['response_tokens']} in responses), {result['micro_batches']} micro-batches; "
         f"torch threads {torch.get_num_threads()}",
         f"real-token share of the padded layout: {100 * result['share_padded']:.1f}% "
@@ -231,7 +225,8 @@ def format_update_benchmark(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "ratio: padded seconds / packed seconds of the same repeat (interleaved, order alternating); "
+        "ratio: padded seconds / packed seconds of the same repeat "
+        "(interleaved, order alternating); "
         f"median and range over {len(result['packed']['actor_s'])} repeats after one warm-up.",
         "max |packed - padded|: "
         + ", ".join(

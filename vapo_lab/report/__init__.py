@@ -61,15 +61,15 @@ def make_report(
 
     Args:
         experiment: the MLflow experiment of a grid (a grid file's name, e.g. table1).
-        out: output folder.
-        tracking_uri: the store (default: tracking.uri resolution: MLFLOW_TRACKING_URI, ./mlflow.db).
+        tracking_uri: the store (default: tracking.uri's resolution: MLFLOW_TRACKING_URI,
+            ./mlflow.db).
         variants: Figure 2's variants (default VAPO and DAPO).
-        fig1_variants: Figure 1's variants (default VAPO, DAPO, GRPO and any other preset present).
-        score: how a run's held-out curve becomes its score (``table.SCORES``): "final" (the default),
-            "best", "plateau" or "speed".
-        smooth: the EMA α of Figure 2's lines in (0, 1] (default ``figures.FIG2_EMA``); 1 = none.
-        band: the seed band around the mean over seeds in every figure: "minmax" or "std" (``BANDS``).
-        predictions: a predictions YAML (``report.predictions``) to score against the runs, written
+        fig1_variants: Figure 1's variants (default VAPO, DAPO, GRPO and Vanilla PPO, if present).
+        score: how a run's held-out curve becomes its score (``table.SCORES``): "final" (the
+            default), "best", "plateau" or "speed".
+        smooth: the EMA α of Figure 2's lines in (0, 1]; 1 = none.
+        band: the seed band around the mean over seeds in every figure: "minmax" or "std".
+        predictions: a predictions YAML or confirmatory plan to score against the runs, written
             to predictions_scored.md and index.md.
 
     Raises:
@@ -188,9 +188,8 @@ def make_report(
 def report_from_export(
     path: str | Path | list[str | Path], out: str | Path | None = None, **kwargs: Any
 ) -> Report:
-    """Imports runs exports (``vapo-lab report --save-runs``) into a temporary MLflow store and reports
-    on the first one's experiment (the others: the experiments a plan's families also read): the
-    committed reports are remade this way from their runs files."""
+    """Reports on runs exports (``vapo-lab report --save-runs``) via a temporary MLflow store: on
+    the first file's experiment, the others holding the experiments a plan's families also read."""
     import tempfile
 
     from vapo_lab.track.export import import_runs, read_export
@@ -247,14 +246,16 @@ def _index(
         "",
         "![Figure 2](figure2.png)",
         "",
-        f"{' vs '.join(variants)}: the line is the mean over seeds at each step, {smoothing_text(smooth)}; "
+        f"{' vs '.join(variants)}: the line is the mean over seeds at each step, "
+        f"{smoothing_text(smooth)}; "
         f"the band is the seeds' raw values. {band_text(band)} [PDF](figure2.pdf)",
         "",
         "## Figure 1",
         "",
         "![Figure 1](figure1.png)",
         "",
-        f"Held-out score: mean over seeds at each evaluation, no smoothing. {band_text(band)} [PDF](figure1.pdf)",
+        f"Held-out score: mean over seeds at each evaluation, no smoothing. {band_text(band)} "
+        "[PDF](figure1.pdf)",
         "",
     ]
     for name, d in rep.figure1.items():
@@ -302,10 +303,11 @@ DIAG_TEXT = {
     ),
     "diag_adv_gap": (
         "Advantage reaching the early tokens of long responses",
-        "Over training responses of 64+ tokens, the mean advantage of correct responses' tokens minus "
-        "wrong ones' at each position, in the first and the last fifth of training. With λ_policy = 0.95 "
-        "a token k steps before the end gets 0.95^k of the outcome; length-adaptive GAE (VAPO §4.2) keeps "
-        "λ near 1 for long responses so the outcome reaches their first tokens.",
+        "Over training responses of 64+ tokens, the mean advantage of correct responses' tokens "
+        "minus wrong ones' at each position, in the first and the last fifth of training. With "
+        "λ_policy = 0.95 a token k steps before the end gets 0.95^k of the outcome; "
+        "length-adaptive GAE (VAPO §4.2) keeps λ near 1 for long responses so the outcome reaches "
+        "their first tokens.",
     ),
     "diag_lambda": (
         "λ_policy against response length",
@@ -332,7 +334,7 @@ BANDED = ("diag_value_bias", "diag_adv_gap", "diag_length", "diag_clip")
 
 
 def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -> list[str]:
-    """Returns index.md's diagnostics: each figure with a line on what it shows and its key numbers."""
+    """Returns index.md's diagnostics: each figure, a line on what it shows, its key numbers."""
     if not rep.diagnostics:
         return [
             "",
@@ -345,7 +347,8 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
     absent = [DIAG_TEXT[stem][0] for stem in DIAG_TEXT if stem not in rep.diagnostics]
     if absent:
         why = (
-            " (the advantage gap needs correct and wrong responses of 64+ tokens in the same window)"
+            " (the advantage gap needs correct and wrong responses of 64+ tokens "
+            "in the same window)"
             if "diag_adv_gap" not in rep.diagnostics
             else ""
         )
@@ -378,8 +381,8 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
             lines.append("")
         elif stem == "diag_lambda":
             at = ", ".join(
-                f"λ({l}) = {precision.fixed(v, precision.DIAGNOSTIC)}"
-                for l, v in info.get("lambda_at", {}).items()
+                f"λ({length}) = {precision.fixed(v, precision.DIAGNOSTIC)}"
+                for length, v in info.get("lambda_at", {}).items()
             )
             mean = precision.fixed(info.get("mean", float("nan")), precision.DIAGNOSTIC)
             zero = precision.fixed(100 * info.get("zero_frac", float("nan")), precision.SHARE)
@@ -404,12 +407,12 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
 
 
 def _diag(v: float) -> str:
-    """A value-bias or advantage-gap cell, signed, at ``precision.DIAGNOSTIC`` places."""
+    """Returns a value-bias or advantage-gap cell, signed, at ``precision.DIAGNOSTIC`` places."""
     return precision.fixed(v, precision.DIAGNOSTIC, signed=True)
 
 
 def _percent(fraction: float) -> str:
-    """An accuracy as a percentage at ``precision.PERCENT`` places: "57%"."""
+    """Returns an accuracy as a percentage at ``precision.PERCENT`` places: "57%"."""
     return precision.fixed(100 * fraction, precision.PERCENT) + "%"
 
 

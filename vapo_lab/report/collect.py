@@ -1,4 +1,4 @@
-"""Read a grid's runs from MLflow and group them into the paper's variants (rows of Table 1).
+"""Reads a grid's runs from MLflow and groups them into the paper's variants (rows of Table 1).
 
 Only MLflow is read (the local store or a server): a report can be made on any machine that sees
 the tracking store, with no access to run folders. A run's variant comes from its tags — ``algo``
@@ -48,8 +48,7 @@ PARAMS = ("gae.alpha", "gae.lam_policy", "gae.lam_policy_mode", "rollout.max_new
 
 
 def variant_of(tags: dict[str, str]) -> str:
-    """Returns the Table 1 row of a run from its tags, e.g. "w/o clip_higher"; other
-    combinations read like "VAPO w/o a, b" or "DAPO w/o x"."""
+    """Returns the Table 1 row of a run from its tags, e.g. "w/o clip_higher", "VAPO w/o a, b"."""
     algo = tags.get("algo", "?")
     off = sorted(x for x in tags.get("components_off", "none").split(",") if x and x != "none")
     preset = PRESETS.get(algo) if algo in PRESETS else None
@@ -80,8 +79,9 @@ def variant_of(tags: dict[str, str]) -> str:
 def load_runs(
     tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()
 ) -> list[RunData]:
-    """Returns the cell runs of ``experiment`` (grid parent runs left out), with the histories of
-    ``metrics`` (every metric under ``PREFIXES`` is always read).
+    """Returns the cell runs of ``experiment`` (no grid parent runs) with their metric histories.
+
+    The histories are those of ``metrics`` and of every metric under ``PREFIXES``.
 
     Raises:
         ReportError: no such store (a local one is never created), no such experiment, or no runs
@@ -144,8 +144,7 @@ def load_runs(
 
 
 def last_per_step(points: Iterable[tuple[int, int, float]]) -> list[tuple[int, float]]:
-    """Returns a metric's [(step, value)] by step from its [(step, timestamp, value)]: a resumed run
-    may log a step twice, and the later value counts."""
+    """Returns [(step, value)] of [(step, timestamp, value)]; a step logged twice keeps its last."""
     by_step: dict[int, float] = {}
     for step, _, value in sorted(points, key=lambda p: (p[0], p[1])):
         by_step[int(step)] = float(value)
@@ -153,8 +152,7 @@ def last_per_step(points: Iterable[tuple[int, int, float]]) -> list[tuple[int, f
 
 
 def _one_per_config(found: list[Any]) -> list[Any]:
-    """Returns the training runs, one per config hash: a cell run twice (two grids with the same
-    cell, a rerun) counts once — its latest finished run, else its latest run."""
+    """Returns the training runs, one per config hash: its latest finished run, else its latest."""
     best: dict[str, Any] = {}
     for r in found:
         tags = r.data.tags

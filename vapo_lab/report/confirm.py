@@ -1,22 +1,12 @@
-"""Scores a pre-registered confirmatory plan: t-tests per prediction, Holm per family, equivalence
-margins for "same", the goal's tally of components and the rank agreement with the paper.
+"""Scores a pre-registered confirmatory plan: a t-test per prediction, Holm per family.
 
 A plan is a predictions YAML with ``families`` (``reports/table1-plateau/predictions.yaml``); the
-older format without them (one bootstrap rule, no correction) is ``predictions``'. Each prediction
-compares, over a grid's seeds, a variant with a reference (VAPO unless ``against`` names one), or
-tests a per-seed ``contrast`` (a sum of variants with coefficients: the 2x2's interaction), on a
-measure: ``plateau_score`` and ``learning_speed`` (``table.SCORES``) or one of ``predictions.MEASURES``.
-
-- The test (``stats.compare``): paired t over the seeds both sides have when they have the same
-  seeds (one grid's cells share a seed's base model, data order and held-out samples), else Welch.
-- A directional prediction's p is the two-sided test's; a "same" prediction's is its TOST p against
-  its ``margin`` (``stats.tost_p``). Holm adjusts them over the family; at ``alpha``: directional
-  confirmed when significant in the predicted direction, refuted when significant the other way;
-  "same" confirmed when equivalence is significant, refuted when the 95% interval lies wholly outside
-  ±margin; else inconclusive.
-- The goal counts a component when a prediction that counts for it (its row, or ``counts_for``) is
-  significant in the paper's direction: the two-sided p, Holm-adjusted over the family's two-sided
-  p-values (a "same" prediction's TOST p says nothing about direction).
+older format without them is ``predictions``'. Each prediction compares a variant with a reference
+(VAPO unless ``against`` names one), or tests a per-seed ``contrast`` of variants, on
+``plateau_score``, ``learning_speed`` or one of ``predictions.MEASURES``; a "same" prediction is
+tested for equivalence within its ``margin``. Beside the verdicts come the goal's tally of
+components, the claims, the plateau rule and the rank agreement with the paper. The rules:
+docs/report.md#predictions.
 """
 
 from __future__ import annotations
@@ -74,12 +64,12 @@ class Plan:
 
     @property
     def main(self) -> str:
-        """The experiment of the first family: the Table 1 grid."""
+        """Returns the experiment of the first family: the Table 1 grid."""
         return next(iter(self.families.values()))["experiment"]
 
 
 def is_plan(path: str | Path) -> bool:
-    """Whether a predictions YAML is a confirmatory plan (it has ``families``)."""
+    """Returns whether a predictions YAML is a confirmatory plan (it has ``families``)."""
     import yaml
 
     try:
@@ -90,7 +80,7 @@ def is_plan(path: str | Path) -> bool:
 
 
 def _variant(name: str) -> str:
-    """A preset or component name as its Table 1 row ("ppo" -> "Vanilla PPO"); a full label as is."""
+    """Returns a preset or component name as its Table 1 row ("ppo" -> "Vanilla PPO")."""
     return row_name(name) if name in PRESETS or name in COMPONENTS.names() else name
 
 
@@ -265,7 +255,7 @@ def score(
 
 
 def _holm_some(ps: list[float | None]) -> list[float | None]:
-    """Holm over the p-values that exist; None stays None."""
+    """Returns the Holm-adjusted p-values of those that exist; None stays None."""
     real = [p for p in ps if p is not None]
     adjusted = iter(stats.holm(real))
     return [None if p is None else next(adjusted) for p in ps]
@@ -319,7 +309,7 @@ def _comparison(p: Planned) -> str:
 
 
 def _claim(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """VAPO above DAPO / vanilla PPO: the first plateau-score prediction of that preset's row, read the other way."""
+    """Returns a claim "VAPO above <preset>", read from its row's first plateau-score prediction."""
     preset = {"vapo_above_dapo": "dapo", "vapo_above_ppo": "ppo"}.get(name)
     label = row_name(preset) if preset else name
     r = next(
@@ -346,7 +336,7 @@ def _claim(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def plateau_check(vapo: list[RunData], key: str) -> dict[str, Any]:
     """Returns VAPO's seed-mean held-out curve over the last ``PLATEAU_FRACTION`` of the steps and
-    whether it stays within ``PLATEAU_TOLERANCE`` points (the pre-registered plateau rule)."""
+    whether it stays within ``PLATEAU_TOLERANCE`` points: the pre-registered plateau rule."""
     runs = [r for r in vapo if r.status == "FINISHED" and r.history.get(key)]
     if not runs:
         return {"flat": None, "points": {}}
@@ -364,8 +354,7 @@ def plateau_check(vapo: list[RunData], key: str) -> dict[str, Any]:
 
 
 def _rank(groups: Groups, key: str) -> dict[str, Any]:
-    """Spearman ρ and Kendall τ-b of the Table 1 rows' mean plateau scores against the paper's, with
-    their bootstrap intervals over seeds (``stats.rank_interval``)."""
+    """Returns Spearman ρ and Kendall τ-b of the plateau means against the paper's, with CIs."""
     paper = paper_scores()
     rows = {
         v: list(per_seed(groups.get(v, []), "plateau_score", "all", key).values()) for v in paper
@@ -404,7 +393,7 @@ def _measure_text(r: dict[str, Any]) -> str:
 
 
 def to_markdown(result: dict[str, Any], source: str = "") -> str:
-    """Returns the scored plan as Markdown: a table per family, the plateau check, the claims, the goal."""
+    """Returns the scored plan as Markdown: a table a family, the plateau check, claims, goal."""
     pv = precision.p_value
     alpha = result["alpha"]
     lines = []
@@ -414,9 +403,10 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
             f"{precision.fixed(v, precision.SCORE)} at step {s}" for s, v in pc["points"].items()
         )
         lines += [
-            f"**Plateau rule** (VAPO's seed-mean held-out curve over the last 20% of the steps moves at most "
-            f"{PLATEAU_TOLERANCE:g} point): {'held' if pc['flat'] else 'NOT held'}: {pts} "
-            f"({pc['seeds']} seeds; spread {precision.fixed(pc['spread'], precision.SCORE)}).",
+            f"**Plateau rule** (VAPO's seed-mean held-out curve over the last 20% of the steps "
+            f"moves at most {PLATEAU_TOLERANCE:g} point): {'held' if pc['flat'] else 'NOT held'}: "
+            f"{pts} ({pc['seeds']} seeds; spread "
+            f"{precision.fixed(pc['spread'], precision.SCORE)}).",
             "",
         ]
     for fam, info in result["families"].items():
@@ -424,8 +414,8 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
         lines += [
             f"**{fam}: {info.get('text', '')}** (experiment `{info['experiment']}`)",
             "",
-            "| # | comparison | measure | expected | test (n) | difference [95% interval] | p | p tested "
-            "| Holm p | verdict | paper's direction |",
+            "| # | comparison | measure | expected | test (n) | difference [95% interval] | p "
+            "| p tested | Holm p | verdict | paper's direction |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
@@ -435,7 +425,8 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
                 ""
                 if r["difference"] is None
                 else (
-                    f"{_num(r['difference'], d, True)} [{_num(r['ci95'][0], d, True)}, {_num(r['ci95'][1], d, True)}]"
+                    f"{_num(r['difference'], d, True)} "
+                    f"[{_num(r['ci95'][0], d, True)}, {_num(r['ci95'][1], d, True)}]"
                 )
             )
             test = r["note"] or ("" if r["test"] is None else f"{r['test']} ({r['n']})")
@@ -445,7 +436,8 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
                 else ("TOST " if r["expect"] == "same" else "") + pv(r["p_tested"])
             )
             lines.append(
-                f"| {r['id']} | {r['comparison']} | {_measure_text(r)} | {expect} | {test} | {diff} | "
+                f"| {r['id']} | {r['comparison']} | {_measure_text(r)} | {expect} | {test} "
+                f"| {diff} | "
                 f"{'' if r['p'] is None else pv(r['p'])} | {tested} | "
                 f"{'' if r['holm_p'] is None else pv(r['holm_p'])} | **{r['verdict']}** | "
                 f"{'yes' if r['paper_direction'] else 'no'} |"
@@ -462,9 +454,9 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
         for c in result["claims"]
     ]
     lines.append(
-        f"- Components separable in the paper's direction (a prediction counting for them significant "
-        f"after Holm, two-sided, the paper's sign): {len(g['moved'])} of {len(g['components'])}"
-        + (f" ({', '.join(g['moved'])})." if g["moved"] else ".")
+        f"- Components separable in the paper's direction (a prediction counting for them "
+        f"significant after Holm, two-sided, the paper's sign): {len(g['moved'])} of "
+        f"{len(g['components'])}" + (f" ({', '.join(g['moved'])})." if g["moved"] else ".")
     )
     rk = result["rank"]
     if rk.get("spearman") is not None:
@@ -474,7 +466,8 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
             f"- Spearman ρ of the {rk['n']} rows' mean plateau scores against the paper's: "
             f"{precision.fixed(rk['spearman'], precision.CORRELATION)}"
             + (
-                f" [{stats.LEVEL} bootstrap interval {precision.fixed(ci[0], precision.CORRELATION)}, "
+                f" [{stats.LEVEL} bootstrap interval "
+                f"{precision.fixed(ci[0], precision.CORRELATION)}, "
                 f"{precision.fixed(ci[1], precision.CORRELATION)}]"
                 if ci
                 else ""
@@ -487,12 +480,13 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
         )
     lines += [
         "",
-        f"Rules (pre-registered{f' in {source}' if source else ''}): paired t-test by seed where both sides "
-        f"have the same seeds, else Welch's; sign-flip p beside it, deciding nothing. p tested: the two-sided "
-        f"p of a directional prediction, the TOST p of a 'same' one (equivalence within ±margin); Holm over "
-        f"the family; α = {alpha:g}. Directional: confirmed when Holm p < α with the predicted sign, refuted "
-        f"with the other; same: confirmed when Holm p < α, refuted when the 95% interval lies wholly outside "
-        f"±margin; else inconclusive. Paper's direction: the two-sided p, Holm-adjusted over the family's "
+        f"Rules (pre-registered{f' in {source}' if source else ''}): paired t-test by seed where "
+        f"both sides have the same seeds, else Welch's; sign-flip p beside it, deciding nothing. "
+        f"p tested: the two-sided p of a directional prediction, the TOST p of a 'same' one "
+        f"(equivalence within ±margin); Holm over the family; α = {alpha:g}. Directional: "
+        f"confirmed when Holm p < α with the predicted sign, refuted with the other; same: "
+        f"confirmed when Holm p < α, refuted when the 95% interval lies wholly outside ±margin; "
+        f"else inconclusive. Paper's direction: the two-sided p, Holm-adjusted over the family's "
         f"two-sided p-values, < α with the paper's sign.",
     ]
     return "\n".join(lines) + "\n"

@@ -1,21 +1,12 @@
-"""Diagnostics the paper argues but does not plot, from the trainer's ``diag/*`` and ``gae/*`` metrics.
+"""Draws the diagnostics the paper argues but does not plot, from ``diag/*`` and ``gae/*``.
 
-- Value bias: mean V(s_t) − G_t by token-position bucket, early and late in training, per variant
-  (VAPO §4.1: without value pretraining the critic is biased, most at the start of a response).
-- Advantage gap: over responses of 64+ tokens, the mean advantage of correct minus wrong
-  responses' tokens by position bucket, early and late (VAPO §4.2: with a fixed λ = 0.95 the
-  outcome fades before it reaches the first tokens of a long response).
-- λ_policy against response length: λ = 1 − 1/(α·l) over the lengths the policy produced, ours
-  beside the paper's α = 0.05 over its 500-20,000-token responses.
-- Response length against correctness: accuracy per length bucket early and late, and the mean
-  length of correct and of wrong responses against step.
-- Clip fractions, low and high, against step, with and without clip-higher.
-
-"Early" is the first fifth of a run's training steps (at least one), "late" the last fifth; a
-metric not logged at every step (a length bucket no response reached, the advantage gap of a step
-without long responses of both kinds) is read at the steps of the window where it was logged. Means
-over seeds are of per-run means, drawn with a seed band over those per-run means (``figures.BANDS``);
-accuracies per length bucket pool the responses of all seeds (no band).
+Value bias and advantage gap by token position, λ_policy against response length, accuracy against
+response length, and clip fractions against step (what each shows: docs/report.md). "Early" is the
+first fifth of a run's training steps (at least one), "late" the last fifth; a metric not logged at
+every step (a length bucket no response reached, the advantage gap of a step without long
+responses of both kinds) is read at the steps of the window where it was logged. Means over seeds
+are of per-run means, drawn with a seed band over those (``figures.BANDS``); accuracies per length
+bucket pool the responses of all seeds (no band).
 """
 
 from __future__ import annotations
@@ -42,15 +33,14 @@ def pretty(label: str) -> str:
 
 
 def window_steps(steps: list[int], which: str, frac: float = WINDOW) -> list[int]:
-    """Returns the first (``which="early"``) or last ("late") fraction ``frac`` of ``steps``, at least one."""
+    """Returns the first (``which="early"``) or last ("late") ``frac`` of ``steps``, at least 1."""
     steps = sorted(steps)
     n = max(1, math.ceil(frac * len(steps)))
     return steps[:n] if which == "early" else steps[-n:]
 
 
 def training_steps(run: RunData, key: str | None = None) -> list[int]:
-    """Returns the run's training steps: those that logged a rollout reward (every training step
-    does), else those of ``key``."""
+    """Returns the run's training steps: those that logged a rollout reward, else ``key``'s."""
     steps = [s for s, _ in run.history.get("rollout/reward", [])]
     if not steps and key is not None:
         steps = [s for s, _ in run.history.get(key, [])]
@@ -58,21 +48,19 @@ def training_steps(run: RunData, key: str | None = None) -> list[int]:
 
 
 def in_window(run: RunData, which: str, key: str | None = None) -> set[int]:
-    """Returns the training steps of window ``which``: "early", "late" (see :func:`window_steps`) or "all"."""
+    """Returns the training steps of window ``which``: "early", "late" or "all"."""
     steps = training_steps(run, key)
     return set(steps) if which == "all" else set(window_steps(steps, which)) if steps else set()
 
 
 def windowed(run: RunData, key: str, which: str) -> list[float]:
-    """The values of ``key`` logged within window ``which`` of the run's training steps (a metric not
-    logged at every step, like the advantage gap, has fewer values there, never values from
-    outside the window)."""
+    """Returns the values of ``key`` logged within window ``which`` of the run's training steps."""
     keep = in_window(run, which, key)
     return [v for s, v in run.history.get(key, []) if s in keep]
 
 
 def buckets(runs: list[RunData], prefix: str) -> list[str]:
-    """Returns the names the runs logged under ``prefix``, e.g. the bucket labels "008_015", "all"."""
+    """Returns the names the runs logged under ``prefix``, e.g. bucket labels "008_015", "all"."""
     return sorted({k[len(prefix) :] for r in runs for k in r.history if k.startswith(prefix)})
 
 
@@ -84,8 +72,7 @@ def bucket_start(label: str) -> int:
 def by_position_per_run(
     runs: list[RunData], prefix: str = BIAS
 ) -> dict[str, dict[str, list[float]]]:
-    """Returns {"early"|"late": {bucket label: [each run's windowed mean]}} of a by-position metric
-    (``prefix``: ``BIAS`` or ``GAP``), over the runs that logged it."""
+    """Returns {"early"|"late": {bucket: [each run's windowed mean]}} of a BIAS or GAP metric."""
     out: dict[str, dict[str, list[float]]] = {}
     for which in ("early", "late"):
         for label in buckets(runs, prefix):
@@ -104,8 +91,7 @@ def by_position_profile(runs: list[RunData], prefix: str = BIAS) -> dict[str, di
 
 
 def length_accuracy(runs: list[RunData]) -> dict[str, dict[str, dict[str, float]]]:
-    """Returns {"early"|"late": {bucket: {"count": responses, "acc": fraction correct}}}, pooling
-    the responses of every run's window (accuracy weighted by each step's count)."""
+    """Returns {"early"|"late": {bucket: {"count", "acc"}}}, every run's window pooled."""
     labels = [k[len("count_") :] for k in buckets(runs, LENGTH) if k.startswith("count_")]
     out: dict[str, dict[str, dict[str, float]]] = {}
     for which in ("early", "late"):
@@ -135,7 +121,7 @@ def length_histogram(runs: list[RunData]) -> dict[str, float]:
 
 
 def lambda_policy(length: float, alpha: float) -> float:
-    """λ_policy = 1 − 1/(α·l) clamped to [0, 1] (the trainer's formula, in plain floats for plotting)."""
+    """Returns λ_policy = 1 − 1/(α·l) clamped to [0, 1]: the trainer's formula, in plain floats."""
     return min(1.0, max(0.0, 1.0 - 1.0 / (alpha * length))) if length > 0 else 0.0
 
 
@@ -171,7 +157,7 @@ def summarize(groups: dict[str, list[RunData]]) -> dict[str, Any]:
 
 
 def _present(groups: dict[str, list[RunData]], names: tuple[str, ...], prefix: str) -> list[str]:
-    """Returns the variants among ``names`` (then any other) whose runs logged a ``prefix`` metric."""
+    """Returns ``names``'s variants, then any other, whose runs logged a ``prefix`` metric."""
     has = [n for n in groups if any(k.startswith(prefix) for r in groups[n] for k in r.history)]
     return [n for n in names if n in has] + sorted(set(has) - set(names))
 
@@ -186,7 +172,7 @@ def _plt() -> Any:
 
 
 def _dress(ax: Any, title: str, xlabel: str, **title_kw: Any) -> None:
-    """Title, x label, grid, and a legend when the axis has lines."""
+    """Sets the axis's title, x label, grid, and a legend when it has lines."""
     ax.set_title(title, **title_kw)
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
@@ -233,9 +219,9 @@ def figure_value_bias(
 def figure_adv_gap(
     groups: dict[str, list[RunData]], out: Path, band: str = "minmax"
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Writes diag_adv_gap: over responses of 64+ tokens, the mean advantage of correct minus wrong
-    responses' tokens by position bucket, (a) early, (b) late; VAPO, w/o length-adaptive GAE, vanilla
-    PPO and DAPO (mean over seeds, ``band``). Returns (paths, {variant: profile})."""
+    """Writes diag_adv_gap: correct minus wrong responses' mean advantage by position over 64+-token
+    responses, (a) early, (b) late; VAPO, w/o length-adaptive GAE, vanilla PPO and DAPO (mean over
+    seeds, ``band``). Returns (paths, {variant: profile})."""
     names = _present(
         groups,
         (row_name("vapo"), row_name("length_adaptive_gae"), row_name("ppo"), row_name("dapo")),
@@ -263,8 +249,7 @@ def _by_position(
     ylabel: str,
     suptitle: str,
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Draws a by-position metric (``prefix`` + bucket), early and late, one line per variant; no
-    figure when no variant has a value at any position (e.g. no correct 64+-token response)."""
+    """Draws a by-position metric early and late, a line a variant; no figure without a value."""
     if not any(
         k != "all"
         for name in names
@@ -306,9 +291,9 @@ def _by_position(
 def figure_lambda(
     groups: dict[str, list[RunData]], out: Path, band: str = "minmax"
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Writes diag_lambda: (a) λ_policy(l) with our α over the lengths our policy produced (bars:
-    share of responses per length bucket, all seeds pooled), (b) the paper's α = 0.05 over its
-    lengths. No per-run means, so no seed band (``band`` is taken for the common signature)."""
+    """Writes diag_lambda: (a) λ_policy(l) with our α over our policy's lengths (bars: share of
+    responses per length bucket, all seeds pooled), (b) the paper's α = 0.05 over its lengths. No
+    per-run means, so no seed band (``band`` is taken for the common signature)."""
     names = _present(groups, (row_name("vapo"), row_name("dapo")), LENGTH + "count_")
     if not names:
         return [], {}
@@ -343,12 +328,14 @@ def figure_lambda(
         ls = list(range(1, max_len + 1))
         ax.plot(
             ls,
-            [lambda_policy(l, alpha) for l in ls],
+            [lambda_policy(length, alpha) for length in ls],
             color="tab:blue",
             label=f"length-adaptive, α = {alpha:g}",
         )
         info["lambda_at"] = {
-            l: lambda_policy(l, alpha) for l in (5, 10, 20, 50, 100) if l <= max_len
+            length: lambda_policy(length, alpha)
+            for length in (5, 10, 20, 50, 100)
+            if length <= max_len
         }
     fixed = next(
         (
@@ -385,7 +372,7 @@ def figure_lambda(
     ls = list(range(PAPER_LENGTHS[0], PAPER_LENGTHS[1] + 1, 100))
     ax.plot(
         ls,
-        [lambda_policy(l, PAPER_ALPHA) for l in ls],
+        [lambda_policy(length, PAPER_ALPHA) for length in ls],
         color="tab:blue",
         label=f"α = {PAPER_ALPHA}",
     )
@@ -449,7 +436,8 @@ def figure_length(
                     mean,
                     ls=style,
                     color=f"C{i}",
-                    label=f"{name}: {key.split('_')[0]} (n={seeds_with(groups[name], LENGTH + key)})",
+                    label=f"{name}: {key.split('_')[0]} "
+                    f"(n={seeds_with(groups[name], LENGTH + key)})",
                 )
                 axes[1].fill_between(steps, low, high, alpha=0.12, color=f"C{i}")
     axes[1].set_ylabel("mean response length (tokens)")

@@ -1,11 +1,11 @@
-"""Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score against step).
+"""Draws Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score by step).
 
 Curves are the mean over a variant's seeds at each step, smoothed by an EMA named in the caption
-(Figure 2's default ``FIG2_EMA``; the held-out curves of Figure 1 are not smoothed), drawn over a
-band of the seeds' raw values at each step (``BANDS``: min-max over seeds, the default, or the
-mean ± 1 sample std), as the paper's Figure 2 draws its curves. With 2 or 3 seeds the min-max band is also the percentile-bootstrap
-interval of the mean at each step (``stats``); a variant with one seed has no band. Written as
-PNG and PDF with matplotlib's Agg backend (no display needed).
+(Figure 1's held-out curves are not smoothed), drawn over a band of the seeds' raw values at each
+step (``BANDS``: min-max, the default, or mean ± 1 sample std), as the paper's Figure 2 draws its
+curves. With 2 or 3 seeds the min-max band is also the percentile-bootstrap interval of the mean
+(``stats``); a variant with one seed has no band. Written as PNG and PDF with matplotlib's Agg
+backend (no display needed).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from vapo_lab.registry.table1 import row_name
 from vapo_lab.report.collect import RunData
 from vapo_lab.report.stats import LEVEL
 
-# Figure 2's per-step curves zig-zag by ±0.2 reward between steps: an EMA of α 0.2 (a ~9-step memory)
+# Figure 2's per-step curves zig-zag by ±0.2 reward between steps: an EMA of α 0.2 (~9-step memory)
 FIG2_EMA = 0.2
 FIG2_PANELS = [
     ("rollout/response_length", "(a) mean response length (tokens)"),
@@ -66,9 +66,11 @@ def seeds_with(runs: list[RunData], key: str) -> int:
 def mean_band(
     runs: list[RunData], key: str, smooth: float = 1.0, band: str = "minmax"
 ) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Returns (steps, line, low, high) of ``key`` over ``runs`` at the steps every run logged: the
-    line is the mean over seeds, smoothed by ``ema`` (``smooth`` 1: none); low and high are ``spread``
-    over the seeds' raw values at each step, so the band shows the step-to-step noise the line smooths."""
+    """Returns (steps, line, low, high) of ``key`` over ``runs`` at the steps every run logged.
+
+    The line is the mean over seeds, smoothed by ``ema`` (``smooth`` 1: none); low and high are
+    ``spread`` over the seeds' raw values: the band shows the step-to-step noise the line smooths.
+    """
     series = [dict(h) for r in runs if (h := r.history.get(key, []))]
     if not series:
         return [], [], [], []
@@ -84,10 +86,13 @@ def mean_band(
 
 
 def smoothing_text(smooth: float) -> str:
-    """The caption's words for a line's smoothing."""
+    """Returns the caption's words for a line's smoothing."""
     if smooth >= 1:
         return "no smoothing"
-    return f"EMA with α = {smooth:g} (each point {smooth:g} of its step's value plus {1 - smooth:g} of the line's last)"
+    return (
+        f"EMA with α = {smooth:g} (each point {smooth:g} of its step's value "
+        f"plus {1 - smooth:g} of the line's last)"
+    )
 
 
 def _save(fig: Any, out: Path, stem: str) -> list[Path]:
@@ -145,8 +150,7 @@ def first_reach(steps: list[int], values: list[float], target: float) -> int | N
 def figure1(
     groups: dict[str, list[RunData]], variants: list[str], key: str, out: Path, band: str = "minmax"
 ) -> tuple[list[Path], dict[str, Any]]:
-    """Writes Figure 1: held-out score against step, with the step at which each variant first
-    reaches 90% of VAPO's final score marked; returns (paths, {variant: {"final", "reach_90"}})."""
+    """Writes Figure 1 (held-out score, 90% of VAPO's final marked); returns (paths, info)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,19 +1,11 @@
 """Scores pre-registered predictions against a grid's runs: confirmed, refuted or not separable.
 
-A predictions file (YAML, kept in the report folder beside the prose it transcribes; see
-``reports/table1-cpu-long/predictions.yaml``) lists, for a Table 1 row, a ``measure`` of each run
-(``MEASURES``), the training ``window`` it is read over, the direction we ``expect`` for the row
-against VAPO (``lower``, ``higher`` or ``same``) and the direction the ``paper`` argues. Each
-prediction is scored by ``stats``' rule for Table 1: the row's per-seed values against VAPO's, a
-percentile-bootstrap interval of the difference of means, separable when it excludes 0.
-
-- ``lower``/``higher``: confirmed when separable in that direction, refuted when separable the
-  other way, else not separable.
-- ``same``: confirmed when not separable, refuted when separable (either way).
-
-Beside each verdict, whether the row moved separably in the paper's direction: the issue's goal
-counts the components for which it did on the score or on a mechanism diagnostic. Two claims
-about the presets are scored too: vanilla PPO lowest, VAPO above DAPO.
+A predictions file (YAML beside the prose it transcribes, e.g.
+``reports/table1-cpu-long/predictions.yaml``) names, for a Table 1 row, a ``measure``
+(``MEASURES``), the training ``window`` it is read over, the direction we ``expect`` against VAPO
+(``lower``, ``higher`` or ``same``) and the one the ``paper`` argues. Each is scored by Table 1's
+separability rule on the per-seed values, and so are two claims about the presets (the rule:
+docs/report.md#predictions). Plans with ``families`` are scored by ``confirm``.
 """
 
 from __future__ import annotations
@@ -49,13 +41,13 @@ CLAIMS = {
 
 
 def _window_mean(run: RunData, key: str, window: str) -> float | None:
-    """Mean of ``key`` over the steps of ``window`` at which it was logged; None when never."""
+    """Returns the mean of ``key`` over the steps of ``window`` at which it was logged, or None."""
     vals = windowed(run, key, window)
     return sum(vals) / len(vals) if vals else None
 
 
 def _bucket_mean(run: RunData, prefix: str, window: str) -> float | None:
-    """Mean over the early-token buckets of each bucket's window mean (buckets never logged are skipped)."""
+    """Returns the mean over the early-token buckets of each one's window mean (None if none)."""
     vals = [
         m
         for b in buckets([run], prefix)
@@ -76,7 +68,7 @@ def _gap(run: RunData, window: str, score_key: str) -> float | None:
 
 
 def _long_accuracy(run: RunData, window: str, score_key: str) -> float | None:
-    """Accuracy of the window's 64+-token training responses, each step weighted by its count (x100)."""
+    """Returns the accuracy (x100) of the window's 64+-token training responses, count-weighted."""
     keep = in_window(run, window)
     count = correct = 0.0
     for b in (b for b in buckets([run], LENGTH + "count_") if bucket_start(b) >= LONG_RESPONSE):
@@ -213,7 +205,7 @@ def per_seed(runs: list[RunData], measure: str, window: str, score_key: str) -> 
 
 
 def verdict(expect: str, interval: tuple[float, float] | None) -> str:
-    """Returns "confirmed", "refuted", "not separable" or "not determinable" (under 2 seeds a side)."""
+    """Returns "confirmed", "refuted", "not separable" or "not determinable" (< 2 seeds a side)."""
     if interval is None:
         return "not determinable"
     sep = stats.separable(interval)
@@ -226,7 +218,7 @@ def verdict(expect: str, interval: tuple[float, float] | None) -> str:
 
 
 def _moved(paper: str, interval: tuple[float, float] | None) -> bool:
-    """Whether the row moved separably in the paper's direction."""
+    """Returns whether the row moved separably in the paper's direction."""
     if interval is None or paper == "same" or not stats.separable(interval):
         return False
     return (interval[1] < 0) == (paper == "lower")
@@ -238,9 +230,9 @@ def score(
     groups: dict[str, list[RunData]],
     score_key: str,
 ) -> dict[str, Any]:
-    """Returns {"predictions": [...], "claims": [...], "goal": {...}}: each prediction with the row's
-    and VAPO's per-seed values, the difference and its interval, the verdict and whether the row
-    moved in the paper's direction; the goal's count of components that moved."""
+    """Returns {"predictions": [...], "claims": [...], "goal": {...}}: each prediction with both
+    sides' per-seed values, the difference and its interval, the verdict and whether the row moved
+    the paper's way; the goal's count of components that moved."""
     reference = row_name(ABLATED)
     ref_runs = groups.get(reference, [])
     scored = []
@@ -332,8 +324,8 @@ def _ci(ci: tuple[float, float] | None, digits: int = precision.SCORE) -> str:
 
 
 def _digits(measure: str) -> int:
-    """The places a measure is written to: points for scores and accuracies, ``precision.FRACTION``
-    for clip fractions, ``precision.DIAGNOSTIC`` for the others."""
+    """Returns the places a measure is written to: points for scores and accuracies,
+    ``precision.FRACTION`` for clip fractions, ``precision.DIAGNOSTIC`` for the others."""
     if measure in ("score", "long_accuracy"):
         return precision.SCORE
     return precision.FRACTION if measure == "clipfrac_high" else precision.DIAGNOSTIC
@@ -350,7 +342,8 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
         d = _digits(s["measure"])
         window = f" ({s['window']} window)" if MEASURES[s["measure"]].windowed else ""
         lines.append(
-            f"| {s['id']} | {s['variant']} | {MEASURES[s['measure']].text}{window} | {s['expect']} | "
+            f"| {s['id']} | {s['variant']} | {MEASURES[s['measure']].text}{window} "
+            f"| {s['expect']} | "
             f"{_signed(s['difference'], d)} {_ci(s['interval'], d)} | **{s['verdict']}** | "
             f"{'yes' if s['paper_direction'] else 'no'} |"
         )
@@ -365,16 +358,17 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
     lines += [
         "",
         "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
-        f"Components whose row moved separably in the paper's direction on the score or a mechanism "
-        f"diagnostic: {len(g['moved'])} of {len(g['components'])}"
+        f"Components whose row moved separably in the paper's direction on the score or a "
+        f"mechanism diagnostic: {len(g['moved'])} of {len(g['components'])}"
         + (f" ({', '.join(g['moved'])})." if g["moved"] else "."),
     ]
     rule = (
-        "Rule: per-seed values of the row against VAPO's; the 95% percentile-bootstrap interval of the difference "
-        "of means (each side's seeds resampled on their own, as Table 1's separability); lower/higher: confirmed "
-        "when the interval excludes 0 on the predicted side, refuted when on the other, else not separable; same: "
-        "confirmed when it holds 0, refuted when not. Windows: early = first fifth of training steps, late = last "
-        "fifth, all = every step."
+        "Rule: per-seed values of the row against VAPO's; the 95% percentile-bootstrap interval "
+        "of the difference of means (each side's seeds resampled on their own, as Table 1's "
+        "separability); lower/higher: confirmed when the interval excludes 0 on the predicted "
+        "side, refuted when on the other, else not separable; same: confirmed when it holds 0, "
+        "refuted when not. Windows: early = first fifth of training steps, late = last fifth, all "
+        "= every step."
     )
     lines += ["", rule + (f" Predictions from {source}." if source else "")]
     return "\n".join(lines) + "\n"

@@ -1,12 +1,10 @@
-"""Table 1: our score per variant beside the paper's, with seed statistics and rank agreement.
+"""Builds Table 1: our score per variant beside the paper's, seed statistics and rank agreement.
 
-Score = held-out eval avg@k of a run, ×100. ``final`` (the default) is the last evaluation of a
-finished run; ``best`` the highest evaluation of the run (optimistic: it selects on the eval set).
-A variant's score is the mean over its finished seeds, with the sample standard deviation (n-1),
-the seed count and a 95% bootstrap interval over seeds; each row says whether the seeds separate
-it from VAPO; a variant with no finished seed reads "not run" or "running, step k". The
-statistics and their rules are in ``stats`` (one place), and ``stats.NOTE`` prints them under
-the table.
+A run's score is its held-out avg@k ×100, read from its curve as ``SCORES`` says (``final`` by
+default). A variant's is the mean over its finished seeds with the sample std (n-1), the seed
+count and a 95% bootstrap interval, and whether the seeds separate it from VAPO; a variant with no
+finished seed reads "not run" or "running, step k". The statistics and their rules are
+``stats``'s, and ``stats.NOTE`` prints them under the table.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def _std(xs: list[float]) -> float | None:
-    """Sample standard deviation (n-1); None under two values (one seed has no spread)."""
+    """Returns the sample standard deviation (n-1); None under two values (no spread)."""
     if len(xs) < 2:
         return None
     m = sum(xs) / len(xs)
@@ -70,7 +68,7 @@ PLATEAU_FRACTION = 0.2
 
 
 def run_score(run: RunData, key: str, which: str = "final") -> float | None:
-    """Returns a run's held-out score x100 by ``which`` (``SCORES``), None when it has no evaluation."""
+    """Returns a run's held-out score x100 by ``which`` (``SCORES``); None without an evaluation."""
     h = sorted(run.history.get(key, []))
     if not h:
         return None
@@ -120,8 +118,7 @@ def build_table(groups: dict[str, list[RunData]], key: str, which: str = "final"
 
 
 def rank_agreement(rows: list[Row]) -> dict[str, Any]:
-    """Returns Spearman ρ and Kendall τ-b between our means and the paper's, over rows that have
-    both, with their bootstrap intervals over seeds (``stats.rank_interval``)."""
+    """Returns Spearman ρ and Kendall τ-b of our means against the paper's, with their intervals."""
     both = [r for r in rows if r.mean is not None and r.paper is not None]
     if len(both) < 2:
         return {
@@ -147,14 +144,14 @@ def rank_agreement(rows: list[Row]) -> dict[str, Any]:
 
 
 def _fmt(v: float | None, signed: bool = False) -> str:
-    """A score in points (or a difference of scores) at ``precision.SCORE`` places; "" for none."""
+    """Returns a score in points, or a difference of scores, at ``precision.SCORE`` places."""
     return "" if v is None else precision.fixed(v, precision.SCORE, signed)
 
 
 def against_reference(rows: list[Row]) -> dict[str, tuple[stats.Test, float]]:
     """Returns {variant: (its test against VAPO, the Holm-adjusted p over the rows tested)}: paired
-    by seed where the row and VAPO have the same seeds, else Welch (``stats.compare``); rows or a
-    VAPO with under 2 seeds are not tested."""
+    by seed where the row and VAPO have the same seeds, else Welch; rows or a VAPO with under 2
+    seeds are not tested."""
     reference = PRESETS.get(ABLATED).table1_row
     vapo = next((r for r in rows if r.variant == reference), None)
     if vapo is None:
@@ -170,9 +167,9 @@ def against_reference(rows: list[Row]) -> dict[str, tuple[stats.Test, float]]:
 
 
 def table_records(rows: list[Row]) -> list[dict[str, Any]]:
-    """Returns one dict per row: variant, ours (mean, std, 95% interval, n), delta vs our VAPO with
-    its bootstrap interval, its test against VAPO (paired or Welch t, Holm-adjusted over the rows) and
-    whether that separates it at ``stats.ALPHA``, paper, paper delta, the other score."""
+    """Returns one dict per row: ours (mean, std, 95% interval, n), delta vs our VAPO with its
+    interval, the test against VAPO (Holm-adjusted over the rows) and whether it separates the row,
+    the paper's score and delta, and the other score."""
     reference = PRESETS.get(ABLATED).table1_row  # deltas are against VAPO, ours and the paper's
     vapo = next((r for r in rows if r.variant == reference), None)
     ours_ref = vapo.mean if vapo else None
@@ -221,7 +218,7 @@ OTHER = {
 
 
 def _other_label(score_label: str) -> str:
-    """ "avg@4 final" -> "avg@4 best", "avg@16 plateau" -> "avg@16 speed" and back."""
+    """Returns the other column's label: "avg@4 final" -> "avg@4 best", and so on, and back."""
     head, which = score_label.rsplit(" ", 1)
     return f"{head} {OTHER[which]}"
 
@@ -230,7 +227,7 @@ NO_INTERVAL = "n=1, no interval"  # one seed: no spread, so neither "± 0.0" nor
 
 
 def _mean_std(mean: float | None, std: float | None, pm: str = " ± ") -> str:
-    """ "49.5 ± 0.8"; the bare mean for one seed (no spread); "" for none."""
+    """Returns "49.5 ± 0.8"; the bare mean for one seed (no spread); "" for none."""
     if mean is None:
         return ""
     return _fmt(mean) if std is None else f"{_fmt(mean)}{pm}{_fmt(std)}"
@@ -241,7 +238,7 @@ def _interval(ci: tuple[float, float] | None, signed: bool = False) -> str:
 
 
 def _ci_cell(d: dict[str, Any]) -> str:
-    """The row's interval; says why there is none for a scored row with one seed."""
+    """Returns the row's interval cell, or why there is none for a scored row with one seed."""
     if d["ci"] is not None:
         return _interval(d["ci"])
     return NO_INTERVAL if d["seeds"] == 1 else ""
@@ -252,8 +249,8 @@ def _delta_cell(d: dict[str, Any]) -> str:
 
 
 def _separable_cell(d: dict[str, Any], dash: str = "—") -> str:
-    """yes / no; "reference" on VAPO's row; ``dash`` (not determinable) for a scored row without
-    an interval of its difference (it or VAPO has one seed); "" for an unscored row."""
+    """Returns yes or no with the test; "reference" on VAPO's row; ``dash`` (not determinable) for a
+    scored row not tested (it or VAPO has one seed); "" for an unscored row."""
     if d["reference"]:
         return "reference" if d["mean"] is not None else ""
     if d["separable"] is None:
@@ -261,7 +258,10 @@ def _separable_cell(d: dict[str, Any], dash: str = "—") -> str:
     flip = (
         "" if d["sign_flip_p"] is None else f"; sign-flip p {precision.p_value(d['sign_flip_p'])}"
     )
-    return f"{'yes' if d['separable'] else 'no'} ({d['test']}, Holm p {precision.p_value(d['holm_p'])}{flip})"
+    return (
+        f"{'yes' if d['separable'] else 'no'} "
+        f"({d['test']}, Holm p {precision.p_value(d['holm_p'])}{flip})"
+    )
 
 
 def _rank_text(ra: dict[str, Any]) -> str:
@@ -278,7 +278,8 @@ def _rank_text(ra: dict[str, Any]) -> str:
     if ra["n"] < 2:
         return f"Rank agreement with the paper: needs at least 2 scored rows ({ra['n']} so far)."
     return (
-        f"Rank agreement with the paper over {ra['n']} rows: Spearman ρ = {one(ra['spearman'], ra['spearman_ci'])}, "
+        f"Rank agreement with the paper over {ra['n']} rows: "
+        f"Spearman ρ = {one(ra['spearman'], ra['spearman_ci'])}, "
         f"Kendall τ-b = {one(ra['kendall'], ra['kendall_ci'])}."
     )
 
@@ -286,8 +287,10 @@ def _rank_text(ra: dict[str, Any]) -> str:
 def to_markdown(rows: list[Row], score_label: str) -> str:
     pct = stats.LEVEL
     lines = [
-        f"| variant | ours: {score_label} (mean ± std) | {pct} interval | seeds | Δ vs our VAPO [{pct} interval] "
-        f"| separable from VAPO | paper (AIME24 avg@32) | paper Δ | ours: {_other_label(score_label)} (mean ± std) |",
+        f"| variant | ours: {score_label} (mean ± std) | {pct} interval | seeds "
+        f"| Δ vs our VAPO [{pct} interval] "
+        f"| separable from VAPO | paper (AIME24 avg@32) | paper Δ "
+        f"| ours: {_other_label(score_label)} (mean ± std) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for d in table_records(rows):
@@ -306,7 +309,8 @@ def to_latex(rows: list[Row], score_label: str) -> str:
     lines = [
         r"\begin{tabular}{lrrrrlrrr}",
         r"\toprule",
-        rf"Variant & Ours ({score_label}) & {pct} interval & Seeds & $\Delta$ [{pct}] & Separable & Paper & "
+        rf"Variant & Ours ({score_label}) & {pct} interval & Seeds & $\Delta$ [{pct}] & "
+        rf"Separable & Paper & "
         rf"Paper $\Delta$ & Ours ({_other_label(score_label)}) \\",
         r"\midrule",
     ]
@@ -319,7 +323,8 @@ def to_latex(rows: list[Row], score_label: str) -> str:
         )
         lines.append(
             f"{name} & {ours} & {_ci_cell(d)} & {d['seeds']} & {_delta_cell(d)} & "
-            f"{_separable_cell(d, '---')} & {_fmt(d['paper'])} & {_fmt(d['paper_delta'], True)} & {other} \\\\"
+            f"{_separable_cell(d, '---')} & {_fmt(d['paper'])} & "
+            f"{_fmt(d['paper_delta'], True)} & {other} \\\\"
         )
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -334,8 +339,7 @@ def _p(v: float | None) -> str:
 
 
 def to_csv(rows: list[Row]) -> str:
-    """Returns Table 1 as CSV: numbers to ``precision.CSV`` places; an empty cell where a value does
-    not exist (std and interval of a one-seed row, separability not determinable)."""
+    """Returns Table 1 as CSV, numbers to ``precision.CSV`` places, missing values empty."""
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(

@@ -42,7 +42,8 @@ def check_trl_python(part: str, python: str | Path) -> Path:
     if not path.is_file():
         name, version = ENVS[part]
         raise TrlBenchError(
-            f"TRL env for the {part.upper()} comparison not found ({path} is missing; it needs trl=={version}): "
+            f"TRL env for the {part.upper()} comparison not found "
+            f"({path} is missing; it needs trl=={version}): "
             f"create it with `vapo-lab bench trl --setup` (or: {setup_command(part)}), "
             f"or pass --trl{'' if part == 'ppo' else '-grpo'}-python PATH"
         )

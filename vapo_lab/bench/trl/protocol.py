@@ -22,7 +22,8 @@ from vapo_lab.bench.trl.spec import BenchSpec, TrlBenchError
 
 # driver-side wait for one worker message (setup or a block of steps) before giving up
 MESSAGE_TIMEOUT_S = 900.0
-# the worker entry point, run by path: a TRL env's interpreter cannot import an uninstalled package by name
+# the worker entry point, run by path: a TRL env's interpreter cannot import an uninstalled
+# package by name
 WORKER_MAIN = Path(__file__).resolve().with_name("__main__.py")
 
 
@@ -158,7 +159,7 @@ class WorkerProcess:
 
 
 def worker_env(spec: BenchSpec) -> dict[str, str]:
-    """Returns the environment of every worker: ``spec.threads`` threads, offline, CPU only, quiet."""
+    """Returns every worker's environment: ``spec.threads`` threads, offline, CPU only, quiet."""
     env = dict(os.environ)
     threads = str(spec.threads)
     env.update(
@@ -180,7 +181,10 @@ def worker_env(spec: BenchSpec) -> dict[str, str]:
 def worker_argv(
     python: str | Path, kind: str, model_dir: Path, spec: BenchSpec, workdir: Path
 ) -> list[str]:
-    """Returns the command line that starts a worker of ``kind`` (``ours-<algo>``, ``trl-ppo``, ``trl-grpo``)."""
+    """Returns the command line that starts a worker of ``kind``.
+
+    ``kind`` is ``ours-<algo>``, ``trl-ppo`` or ``trl-grpo`` (each TRL kind also with ``-nogc``).
+    """
     return [
         str(python),
         str(WORKER_MAIN),

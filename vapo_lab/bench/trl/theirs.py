@@ -93,15 +93,12 @@ def gc_collect_calls(module: Any) -> int:
 
 
 def disable_gc_collect(module: Any) -> int:
-    """Makes ``gc.collect()`` a no-op inside ``module`` (a trainer's module); returns the calls it had.
+    """Makes ``gc.collect()`` a no-op in ``module`` (a trainer's); returns the calls it has.
 
-    TRL's PPOTrainer runs ``gc.collect()`` twice per step (after the rollout and at the end of the
-    step, each after ``torch.cuda.empty_cache()``): a full collection of the interpreter's heap, a
-    large share of its CPU step (docs/benchmarks.md#rl-step-against-trl). Only the module's own
-    global ``gc`` is replaced, by
-    an object whose ``collect`` does nothing; the interpreter's collector and every other module
-    are untouched. The count is of ``gc.collect(`` in the module's source, so that the report can
-    say what was disabled (0: the trainer does not call it, and nothing changes).
+    TRL's PPOTrainer runs a full collection twice per step, a large share of its CPU step
+    (docs/benchmarks.md#rl-step-against-trl). Only the module's own global ``gc`` is replaced; the
+    interpreter's collector and every other module are untouched. The calls are counted in the
+    module's source, so that the report can say what was disabled (0: nothing changes).
     """
     import types
 
@@ -116,7 +113,7 @@ def serve_trl_ppo(
 ) -> None:
     """Worker loop of TRL's PPOTrainer (trl==1.12.0) on the benchmark's work.
 
-    ``gc_off``: with the trainer's per-step ``gc.collect()`` calls disabled (:func:`disable_gc_collect`).
+    ``gc_off``: with the trainer's per-step ``gc.collect()`` calls disabled.
     """
     torch = _trl_setup(spec)
     import trl
