@@ -42,8 +42,9 @@ class LocalLauncher:
             if nodes > 1:
                 raise LaunchError(
                     f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
-                    f"the ranks of this machine only; use --launcher slurm (it submits {nodes} nodes "
-                    f"x {per_node} tasks), or set trainer.nodes=1; nothing was submitted"
+                    "the ranks of this machine only; "
+                    f"use --launcher slurm (it submits {nodes} nodes x {per_node} tasks), "
+                    "or set trainer.nodes=1; nothing was submitted"
                 )
 
     def submit(

@@ -1,9 +1,10 @@
-"""Submitting a grid, the same way whatever the launcher (``vapo-lab sweep`` / ``ablate --table1``).
+"""Submitting a grid, the same way whatever the launcher (``vapo-lab sweep`` / ``ablate
+--table1``).
 
 ``submit_grid``:
 
-1. the launcher's preflight checks (Slurm commands and partition, Ray address, cells it cannot run:
-   a many-rank cell on Ray, on many nodes locally) and the tracking store are checked before
+1. the launcher's preflight checks (Slurm commands and partition, Ray address, cells it cannot
+   run: a many-rank cell on Ray, on many nodes locally) and the tracking store are checked before
    anything is submitted (every cell's config was composed and checked when the grid was
    expanded);
 2. the grid's folder ``<output_dir>/grids/<grid id>/`` is created or reopened (``grid.json``: the
@@ -56,7 +57,9 @@ def submit_grid(
             others always wait).
         log: where progress lines go.
     """
-    launchers: dict[str, Any] = OmegaConf.to_container(cfg.launcher, resolve=True)  # type: ignore[assignment]
+    launchers: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
+        cfg.launcher, resolve=True
+    )
     settings: dict[str, Any] = launchers.get(launcher.name, {})
     grid_id = specs[0].grid_id
     grid_dir = grid_dir_for(cfg.output_dir, grid_id)
@@ -130,7 +133,8 @@ def submit_grid(
     record["submissions"].append(entry)
     write_record(grid_dir, record)
     log(
-        f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, {len(sub.skipped_finished)} finished, "
+        f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, "
+        f"{len(sub.skipped_finished)} finished, "
         f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}"
     )
     try:
@@ -176,10 +180,11 @@ def dry_run_text(
     settings: dict[str, Any],
     todo: list[CellSpec],
 ) -> str:
-    """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then what
-    the launcher adds for the cells ``todo`` that would run."""
+    """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then
+    what the launcher adds for the cells ``todo`` that would run."""
     lines = [
-        f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), experiment {grid.experiment!r}, "
+        f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), "
+        f"experiment {grid.experiment!r}, "
         f"folder {sub.grid_dir}",
         f"{'cell':<44} {'seed':>4}  {'config':<16}  state",
     ]
