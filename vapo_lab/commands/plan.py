@@ -280,8 +280,7 @@ def _size(n: float) -> str:
 
 
 def _verdict(p: RunPlan) -> str:
-    """Returns the closing lines: fits or not at the requested ranks, the fewest GPUs that fit, and
-    the vLLM share that works."""
+    """Returns the closing lines: fits or not, fewest GPUs that fit, the vLLM share that works."""
     from vapo_lab.config.preflight import fastest_within, fewest_ranks, fixes
     from vapo_lab.models.footprint import GB
 

@@ -1,5 +1,4 @@
-"""Progress of long phases (base build, training, evaluation): a live bar on a terminal, plain
-lines in a log.
+"""Progress of long phases (base build, training, evaluation): a bar on a terminal, lines in a log.
 
 A rich bar redraws itself in place; when its console is not an interactive terminal (a Slurm log,
 ``nohup``, ``| tee``) it draws nothing until it stops, so a job that works for minutes looks hung.
@@ -92,7 +91,6 @@ class PlainProgress:
     vapo-lab makes.
 
     Attributes:
-        file: where the lines go (a log file, a pipe).
         interval: seconds between lines of one task; None: :func:`interval_from_env`.
         clock: seconds, monotonic (tests pass a fake one).
     """

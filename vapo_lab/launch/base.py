@@ -108,8 +108,7 @@ def log_folder(grid_dir: Path) -> Path:
 
 
 def cell_failed(sub: Submission, grid_dir: Path, key: str, log: Log) -> None:
-    """Records in ``sub`` a cell whose worker raised: the error its status file holds, and its
-    log."""
+    """Records in ``sub`` a cell whose worker raised, with its status file's error and its log."""
     sub.failed(
         key,
         str(read_status(grid_dir, key).get("error")),

@@ -198,11 +198,8 @@ def builtin_grids() -> dict[str, Path]:
 
 
 def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
-    """Returns the grid in a YAML file (or a shipped one by name, e.g. ``table1``).
-
-    Args:
-        path_or_name: a grid file, or the name of one under experiments/.
-        seeds: replace the file's seeds with 0..seeds-1.
+    """Returns the grid in a YAML file, or a shipped one by name (e.g. ``table1``), with seeds
+    0..``seeds``-1 instead of the file's when ``seeds`` is given.
 
     Raises:
         ConfigError: missing file, bad YAML, or a malformed grid (named, with the fix).
@@ -349,8 +346,7 @@ def yaml_file(path: Path, what: str) -> Any:
 
 
 def drop_grid(drops: Sequence[str], seeds: int = 1) -> Grid:
-    """Returns the one-variant grid of ``vapo-lab ablate --drop A [--drop B]``: VAPO without
-    them."""
+    """Returns the one-variant grid of ``ablate --drop A [--drop B]``: VAPO without them."""
     check_seeds(seeds)
     name = "vapo-no-" + "-".join(drops)
     return Grid(

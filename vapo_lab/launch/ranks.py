@@ -1,11 +1,9 @@
 """One training run on many ranks of this node: torchrun starts them, each runs :func:`main`.
 
 ``vapo-lab train trainer.strategy=fsdp trainer.nproc_per_node=N`` calls :func:`run_ranks`, which
-runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m vapo_lab.launch.ranks
-<the same arguments>`` and waits. torchrun sets each rank's RANK / WORLD_SIZE / LOCAL_RANK /
-MASTER_* (and OMP_NUM_THREADS=1), and stops every rank when one fails. Each rank composes the same
-config from the same arguments; rank 0 alone opens the run folder and tracking run (a time-stamped
-run name is decided once, there) and writes the result. A rank that fails writes its error line
+runs this module under torchrun (:func:`torchrun_command`) and waits; torchrun stops every rank
+when one fails. Each rank composes the same config from the same arguments; rank 0 alone opens
+the run folder and tracking run and writes the result. A rank that fails writes its error line
 where the parent finds it, so the run fails with that rank's message.
 
 On many nodes, run the module under torchrun on each node yourself (docs/distributed.md has the
@@ -38,8 +36,7 @@ class RankFailed(VapoLabError):
 
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
-    """Returns the torchrun command that starts ``nproc`` ranks of ``vapo-lab train <args>``
-    here."""
+    """Returns the torchrun command starting ``nproc`` ranks of ``vapo-lab train <args>`` here."""
     return [
         sys.executable,
         "-m",

@@ -6,9 +6,8 @@ unless ``launcher.ray.expose=true``), ``auto`` joins the running cluster, ``host
 worker process whose output goes to ``<grid>/logs/<cell key>.log``. The submission returns when
 every cell has ended; one failed cell does not stop the others.
 
-A cell is one Ray task, one process: a many-rank cell (``trainer.strategy=fsdp`` over
-``trainer.nodes x trainer.nproc_per_node`` > 1 ranks) is refused before anything is submitted,
-naming the launchers that run it (local: torchrun on this machine; Slurm: a multi-task job).
+A cell is one Ray task, one process: a many-rank cell is refused before anything is submitted,
+naming the launchers that run it.
 """
 
 from __future__ import annotations

@@ -33,14 +33,12 @@ def write_record(grid_dir: Path, record: dict[str, Any]) -> None:
 
 
 def known_job_ids(record: dict[str, Any]) -> dict[str, str]:
-    """Returns {cell key (or "prepare"): job id} over every submission of the record, the latest
-    last."""
+    """Returns {cell key (or "prepare"): job id} over every submission, the latest last."""
     return {k: v for s in record.get("submissions", []) for k, v in s.get("job_ids", {}).items()}
 
 
 def find_grid(output_dir: str | Path, grid: str | None) -> Path:
-    """Returns the folder of grid id ``grid`` (or a unique prefix of it), the latest grid when
-    None."""
+    """Returns the folder of grid id ``grid`` (or a unique prefix), the latest grid when None."""
     root = Path(output_dir) / "grids"
     found = sorted(
         (p for p in root.glob("*") if (p / "grid.json").is_file()),

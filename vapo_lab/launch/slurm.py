@@ -1,5 +1,4 @@
-"""The Slurm launcher (``launcher=slurm``): one prepare job, then job arrays of the cells
-(submitit).
+"""The Slurm launcher (``launcher=slurm``, through submitit): a prepare job, then the cells' arrays.
 
 The arrays depend on the prepare job (``afterok``), so no cell starts before the shared caches
 exist. Each array task runs ``CellJobRunner``: on preemption or time limit Slurm signals it,
@@ -34,8 +33,7 @@ Cell = TypeVar("Cell")  # a CellJob or a CellSpec
 
 
 class SlurmLauncher:
-    """Submits a grid's cells as Slurm job arrays (one per shape of cell) after a prepare job;
-    optionally waits for them."""
+    """Submits a grid's cells as Slurm job arrays after a prepare job, and can wait for them."""
 
     name = "slurm"
     detached = True
@@ -96,8 +94,7 @@ class SlurmLauncher:
         )
 
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
-        """Waits until every cell's status is final (finished / failed) or its job has left the
-        queue."""
+        """Waits until every cell's status is final or its job has left the queue."""
         grid_dir = Path(jobs[0].grid_dir)
         left = {j.spec.key: sub.job_ids[j.spec.key] for j in jobs}
         while left:
