@@ -2,13 +2,14 @@
 preemption, torchrun stopping its ranks) and Ctrl-C: a stop request, acted on where the run can
 stop cleanly.
 
-The handler only records the request (which signal, when): a handler runs wherever the main thread
-is, and an exception raised inside a weakref or garbage-collection callback (one of SQLAlchemy's,
-under MLflow) is printed as "Exception ignored" and dropped. The trainer acts on the request at its
-next safe point (:func:`stop_point`: before each step and before each evaluation) by raising
-:class:`StopRequested`, a KeyboardInterrupt: the run ends as Ctrl-C ends it, KILLED in MLflow (a
-grid cell: ``failed``, with the signal as its error), its last checkpoint intact, resumed by the
-same command. On many ranks a request on any rank stops them all at the same point.
+The handler only records the request (which signal, when), since raising there would lose it: a
+handler runs wherever the main thread is, and an exception raised inside a weakref or
+garbage-collection callback (one of SQLAlchemy's, under MLflow) is printed as "Exception ignored"
+and dropped. The trainer acts on the request at its next safe point (:func:`stop_point`: before
+each step and before each evaluation) by raising :class:`StopRequested`, a KeyboardInterrupt: the
+run ends as Ctrl-C ends it, KILLED in MLflow (a grid cell: ``failed``, with the signal as its
+error), its last checkpoint intact, resumed by the same command. On many ranks a request on any
+rank stops them all at the same point.
 
 A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step or set-up), stops
 the run where it is: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s after their SIGTERM

@@ -1,10 +1,10 @@
 """Submitting a grid the same way whatever the launcher (``vapo-lab sweep``, ``ablate --table1``).
 
 ``submit_grid`` runs the launcher's preflight checks and checks the tracking store before
-anything is submitted; creates or reopens the grid's folder (``record``); skips the cells already
-finished and those still running in a live job; and hands the rest to the launcher: first one job
-that prepares the shared caches, then the cells. The grid id hashes the cells' configs, so the
-same grid submitted again reopens the same folder and the same MLflow runs.
+anything is submitted; creates or reopens the grid's folder (``vapo_lab.launch.record``); skips
+the cells already finished and those still running in a live job; and hands the rest to the
+launcher: first one job that prepares the shared caches, then the cells. The grid id hashes the
+cells' configs, so the same grid submitted again reopens the same folder and the same MLflow runs.
 """
 
 from __future__ import annotations
