@@ -25,7 +25,8 @@ def _boom(*args, **kwargs):
 
 @pytest.fixture
 def no_compute(monkeypatch, tmp_path):
-    """An empty working directory in which building, loading, submitting or generating fails the test."""
+    """An empty working directory in which building, loading, submitting or generating fails the
+    test."""
     import vapo_lab.basemodel.build
     import vapo_lab.eval.harness
     import vapo_lab.eval.responses
@@ -244,7 +245,8 @@ def test_unknown_eval_benchmark_is_refused_before_the_model(no_compute, where):
 def _responses(folder, lines):
     data = folder / "d.jsonl"
     data.write_text(
-        '{"id": "p1", "problem": "?", "answer": "12"}\n{"id": "p2", "problem": "?", "answer": "3"}\n'
+        '{"id": "p1", "problem": "?", "answer": "12"}\n'
+        '{"id": "p2", "problem": "?", "answer": "3"}\n'
     )
     responses = folder / "r.jsonl"
     responses.write_text("".join(line + "\n" for line in lines))

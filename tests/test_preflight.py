@@ -1,4 +1,5 @@
-"""Pre-flight checks (vapo_lab.config.preflight): each small check on its own, leaving nothing behind."""
+"""Pre-flight checks (vapo_lab.config.preflight): each small check on its own, leaving nothing
+behind."""
 
 import os
 import socket

@@ -29,7 +29,8 @@ from vapo_lab.commands import (
 from vapo_lab.commands.output import state
 
 app = typer.Typer(
-    help="vapo-lab: reproduce, ablate and extend VAPO (value-model PPO for long chain-of-thought RL).",
+    help="vapo-lab: reproduce, ablate and extend VAPO "
+    "(value-model PPO for long chain-of-thought RL).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -1,4 +1,4 @@
-"""Checksummed folders: a cache entry or a checkpoint is used only if every byte is what was written.
+"""Checksummed folders: a cache entry or checkpoint is used only if every byte is as written.
 
 A writer calls :func:`write_manifest` last, after every other file of the folder is complete; it
 records the SHA-256 and size of each file in ``manifest.json``. A reader calls
@@ -6,7 +6,7 @@ records the SHA-256 and size of each file in ``manifest.json``. A reader calls
 file or a missing manifest is named, and the caller rebuilds (caches) or falls back to an older
 folder (checkpoints) instead of loading it.
 
-Cost: one full read of the folder per write and per check: noise beside a step at this scale
+Cost: one full read of the folder per write and per check, noise beside a step at this scale
 (docs/benchmarks.md, checksums); a multi-hundred-GB sharded checkpoint would want checksums per
 shard, written by the rank that writes the shard.
 """
@@ -21,10 +21,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-# the caches of the working folder (base model, reward model, pretrained critic), each entry checksummed
+# the caches of the working folder (base model, reward model, pretrained critic), each checksummed
 CACHE_DIR = Path(".vapo_cache")
-# entries shipped in the package, in the caches' layout (<kind>/<key>/): looked up after the folder's
-# own cache, so that a fresh folder starts the embedded settings from the same bits on every machine
+# entries shipped in the package, in the caches' layout (<kind>/<key>/): looked up after the
+# folder's own cache, so that a fresh folder starts the embedded settings from the same bits on
+# every machine
 SHIPPED_DIR = Path(__file__).resolve().with_name("shipped")
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
@@ -44,7 +45,7 @@ def _files(folder: Path) -> list[Path]:
 
 
 def write_manifest(folder: Path) -> None:
-    """Writes ``folder/manifest.json``: {relative path: {sha256, bytes}} of every other file in it."""
+    """Writes ``folder/manifest.json``: {relative path: {sha256, bytes}} of every other file."""
     entries = {
         p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
         for p in _files(folder)
@@ -101,18 +102,20 @@ def find_entry(
             return path, shipped
         if log is not None:  # the caller then tries the shipped entry, else builds anew
             log(
-                f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): not using it"
+                f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable "
+                f"({problem}): not using it"
             )
     return None
 
 
 def ship_entry(entry: Path, shipped_dir: Path) -> Path:
-    """Copies the cache entry folder ``entry`` to ``<shipped_dir>/<its name>/`` (replacing one there;
-    ``shipped_dir``: e.g. ``SHIPPED_DIR / "base"``), checked against its manifest before and after;
-    returns the shipped folder.
+    """Returns the shipped folder after copying the cache entry folder ``entry`` to
+    ``<shipped_dir>/<its name>/`` (replacing one there; ``shipped_dir``: e.g. ``SHIPPED_DIR /
+    "base"``), checked against its manifest before and after.
 
     Raises:
-        ValueError: ``entry`` is already that folder, or its files (or the copy's) fail their checksums.
+        ValueError: ``entry`` is already that folder, or its files (or the copy's) fail their
+            checksums.
     """
     target = Path(shipped_dir) / entry.name
     if target.resolve() == Path(entry).resolve():

@@ -21,7 +21,7 @@ def rollout_seed(seed: int, rank: int) -> int:
 
 
 def rollout_reseed(seed: int, rank: int, step: int) -> int:
-    """A rank's rollout stream started afresh at ``step`` (a checkpoint resumed on another rank count)."""
+    """A rank's rollout stream restarted at ``step`` (a checkpoint resumed on other rank counts)."""
     return rollout_seed(seed, rank) + STEP_STRIDE * step
 
 

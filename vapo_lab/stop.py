@@ -1,23 +1,23 @@
-"""How a training process meets SIGTERM (``kill``, a container stop, Slurm's scancel or preemption,
-torchrun stopping its ranks) and Ctrl-C: a stop request, acted on where the run can stop cleanly.
+"""How a training process meets SIGTERM (``kill``, a container stop, Slurm's scancel or
+preemption, torchrun stopping its ranks) and Ctrl-C: a stop request, acted on where the run can
+stop cleanly.
 
-The handler used to raise KeyboardInterrupt itself, and signals were lost: a handler runs wherever
-the main thread is, and an exception raised inside a weakref or garbage-collection callback (one of
-SQLAlchemy's, under MLflow) is printed as "Exception ignored" and dropped, so a run went on until a
-second SIGTERM, and Slurm sends one. Now the handler records the request (which signal, when) and
-the trainer acts on it at its next safe point (:func:`stop_point`, which ``Trainer.train`` calls
-before each step, after the one before it was logged and saved, and before each evaluation) by
-raising :class:`StopRequested`, a KeyboardInterrupt: the run ends as Ctrl-C ended it, KILLED in
-MLflow with failure.txt (a grid cell: ``failed``, with the signal as its error), its last checkpoint
-intact, resumed by the same command.
-On many ranks every rank asks at the same points and a request on any rank stops them all there.
+The handler only records the request (which signal, when), since raising there would lose it: a
+handler runs wherever the main thread is, and an exception raised inside a weakref or
+garbage-collection callback (one of SQLAlchemy's, under MLflow) is printed as "Exception ignored"
+and dropped. The trainer acts on the request at its next safe point (:func:`stop_point`: before
+each step and before each evaluation) by raising :class:`StopRequested`, a KeyboardInterrupt: the
+run ends as Ctrl-C ends it, KILLED in MLflow (a grid cell: ``failed``, with the signal as its
+error), its last checkpoint intact, resumed by the same command. On many ranks a request on any
+rank stops them all at the same point.
 
 A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step or set-up), stops
-the run where it is, as the old handler did: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s
-after their SIGTERM by default, and a run stopped before then is still recorded as KILLED.
+the run where it is: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s after their SIGTERM
+by default, and a run stopped before then is still recorded as KILLED.
 
-The launch code installs the handler (``vapo-lab train``, a grid cell, each of torchrun's ranks); the
-module sits below the trainer so that the trainer can ask it without importing the launch layer.
+The launch code installs the handler (``vapo-lab train``, a grid cell, each of torchrun's ranks);
+the module sits below the trainer so that the trainer can ask it without importing the launch
+layer.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 FORCE_AFTER_S = 10.0  # a request not acted on by then stops the run where it is
-# one stop often comes as two signals at once (Ctrl-C reaches torchrun's ranks from the terminal and
-# again from torchrun, which passes its signals on): a second one this soon is the same request
+# one stop often comes as two signals at once (Ctrl-C reaches torchrun's ranks from the terminal
+# and again from torchrun, which passes its signals on): a second one this soon is the same request
 SAME_STOP_S = 1.0
 WATCH_EVERY_S = 0.25  # how often the watchdog looks at a waiting request
 
@@ -80,7 +80,7 @@ class StopHandler:
         self._watchdog.start()
 
     def __call__(self, signum: int, frame: Any) -> None:
-        """Records a first signal; raises StopRequested at once for a second one (or the watchdog's)."""
+        """Records a first signal; raises StopRequested at once for a second (or the watchdog's)."""
         req = self.request
         if req is None:
             self.request = StopRequest(signum, time.time())
@@ -95,9 +95,9 @@ class StopHandler:
             )
 
     def stop_point(self, world: Any = None) -> None:
-        """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank of
-        ``world`` (a ``World``; every rank must call this at the same points: it is a collective).
-        The request is consumed: a later signal is a new one."""
+        """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank
+        of ``world`` (a ``World``; every rank must call this at the same points: it is a
+        collective). The request is consumed: a later signal is a new one."""
         req = self.request
         signum = req.signum if req else 0
         if world is not None and world.initialized:
@@ -121,7 +121,7 @@ class StopHandler:
             _installed = None
 
     def _watch(self) -> None:
-        """Stops the run where it is when a request has waited ``FORCE_AFTER_S`` for a safe point."""
+        """Stops the run where it is when a request waited ``FORCE_AFTER_S`` for a safe point."""
         while not self._closed.wait(WATCH_EVERY_S):
             req = self.request
             if req is not None and not self._forced and time.time() - req.at >= FORCE_AFTER_S:
@@ -135,22 +135,21 @@ _installed: StopHandler | None = None
 
 
 def stop_point(world: Any = None) -> None:
-    """A safe point: raises StopRequested if a stop was asked (see ``StopHandler.stop_point``; on many
-    ranks a collective). Without an installed handler (a run in a library call, a thread) it does
-    nothing, on every rank alike: ranks are started by the same code."""
+    """A safe point: raises StopRequested if a stop was asked (see ``StopHandler.stop_point``; on
+    many ranks a collective). Without an installed handler (a run in a library call, a thread) it
+    does nothing, on every rank alike: ranks are started by the same code."""
     if _installed is not None:
         _installed.stop_point(world)
 
 
 def sigterm_interrupts() -> StopHandler | None:
     """Makes SIGTERM and Ctrl-C stop the run at its next safe point (see the module docstring);
-    returns the handler, or None off the main thread (only the main thread can set a handler: there
-    this does nothing).
+    returns the handler, or None off the main thread (only the main thread can set a handler).
 
-    Under submitit, which ignores SIGTERM so that Slurm's SIGKILL ``KillWait`` seconds later is what
-    ends a job, this handler replaces submitit's: a cancelled cell stops within one step, its last
-    checkpoint intact, and the same grid command resumes it. submitit's USR2 handler (checkpoint and
-    requeue) is left alone.
+    Under submitit, which ignores SIGTERM so that Slurm's SIGKILL ``KillWait`` seconds later is
+    what ends a job, this handler replaces submitit's: a cancelled cell stops within one step, its
+    last checkpoint intact, and the same grid command resumes it. submitit's USR2 handler
+    (checkpoint and requeue) is left alone.
     """
     if threading.current_thread() is not threading.main_thread():
         return None

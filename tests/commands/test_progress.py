@@ -1,5 +1,5 @@
-"""Progress of long phases: a rich bar on a terminal; in a log (Slurm, nohup, | tee) plain lines with
-phase, step k/N, rate and ETA at a steady interval, each flushed."""
+"""Progress of long phases: a rich bar on a terminal; in a log (Slurm, nohup, | tee) plain lines
+with phase, step k/N, rate and ETA at a steady interval, each flushed."""
 
 import io
 
@@ -64,7 +64,8 @@ def test_slow_steps_show_seconds_per_step_and_a_resumed_count_from_where_it_star
     task = bar.add_task("vapo", total=80, completed=40, stats="")  # resumed at step 40
     clock.now = 23.0
     bar.update(task, completed=42, stats="reward 0.250 acc 0.250 len 12")
-    # 2 steps in 23 s: 11.5 s/step; ETA 38 x 11.5 = 437 s = 7m17s; the empty field at the start is left out
+    # 2 steps in 23 s: 11.5 s/step; ETA 38 x 11.5 = 437 s = 7m17s; the empty field at the start is
+    # left out
     assert log.lines() == [
         "vapo: step 40/80 (50%)",
         "vapo: step 42/80 (52%), 11.5 s/step, ETA 7m17s, reward 0.250 acc 0.250 len 12",

@@ -23,7 +23,8 @@ RUN = [o for o in SMALL if o != "tracking=none"] + STEPS
 def train(
     workdir: Path, *args: str, fault: str | None = None, timeout: int = 600
 ) -> subprocess.CompletedProcess:
-    """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL point)."""
+    """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL
+    point)."""
     env = {k: v for k, v in os.environ.items() if k != "VAPO_FAULT"}
     if fault:
         env["VAPO_FAULT"] = fault
@@ -75,14 +76,15 @@ def assert_like_reference(run_dir: Path, reference: Path, uri: str) -> None:
 
 
 def _same_nan(value):
-    """``value``, with any NaN as the string "nan": NaN != NaN, and a metric may be NaN (the critic's
-    explained variance of returns that do not vary)."""
+    """``value``, with any NaN as the string "nan": NaN != NaN, and a metric may be NaN (the
+    critic's explained variance of returns that do not vary)."""
     return "nan" if isinstance(value, float) and math.isnan(value) else value
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A working directory whose caches (base, reward model, critic) and reference run are built once."""
+    """A working directory whose caches (base, reward model, critic) and reference run are built
+    once."""
     path = tmp_path_factory.mktemp("faults")
     done = train(path, *RUN, f"tracking.uri={store(path)}", "run_name=reference")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -94,7 +96,8 @@ MB = 1 << 20
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 40 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards (skips where mounting is refused)."""
+    """A 40 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards (skips where mounting is
+    refused)."""
     mount = tmp_path / "disk"
     mount.mkdir()
     try:
@@ -109,7 +112,8 @@ def small_disk(tmp_path):
         pytest.skip(f"cannot mount a tmpfs to fill up ({e}): run as root to test a full disk")
     if done.returncode != 0:
         pytest.skip(
-            f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): run as root to test a full disk"
+            f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): "
+            "run as root to test a full disk"
         )
     try:
         yield mount
@@ -124,7 +128,8 @@ def small_disk(tmp_path):
 
 
 def fill(disk: Path, leave: int) -> Path:
-    """Writes a file that leaves ``leave`` bytes free on ``disk``; returns it (delete it to free the space)."""
+    """Writes a file that leaves ``leave`` bytes free on ``disk``; returns it (delete it to free
+    the space)."""
     filler = disk / "filler"
     size = shutil.disk_usage(disk).free - leave
     with filler.open("wb") as f:

@@ -35,7 +35,8 @@ def config(folder: Path, backend: str):
 
 
 def wait_for_all(folder: Path, index: int, processes: int, timeout: float = 300.0) -> None:
-    """A barrier on files: returns once every process of the round has arrived, all within a few ms."""
+    """A barrier on files: returns once every process of the round has arrived, all within a few
+    ms."""
     ready = folder / "ready"
     ready.mkdir(parents=True, exist_ok=True)
     (ready / str(index)).touch()

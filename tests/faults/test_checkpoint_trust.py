@@ -228,7 +228,8 @@ def _status(workdir, run_dir):
 
 
 def refused(workdir, run_dir, *expected):
-    """Resumes ``run_dir``; checks it is refused in one line holding ``expected`` and changes nothing."""
+    """Resumes ``run_dir``; checks it is refused in one line holding ``expected`` and changes
+    nothing."""
     metrics = (run_dir / "metrics.jsonl").read_bytes()
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     done = train(workdir, f"resume=runs/{run_dir.name}")

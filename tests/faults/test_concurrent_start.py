@@ -69,7 +69,8 @@ def test_runs_started_together_each_claim_a_folder_of_their_own(tmp_path):
 @pytest.mark.slow
 def test_runs_started_together_on_a_fresh_sqlite_store_all_start(tmp_path):
     # before the fix every round failed: MLflow's schema creation raced (`table experiments already
-    # exists`, `Online migration expected to match one row`), a ~100-line traceback and a folder left behind
+    # exists`, `Online migration expected to match one row`), a ~100-line traceback and a folder
+    # left behind
     rounds = race(tmp_path, processes=3, rounds=3, backend="mlflow")
     assert problems(rounds, tmp_path) == []
     for k, got in enumerate(rounds):

@@ -13,7 +13,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
-from tests.distributed.conftest import group  # noqa: F401 (a fixture: a process group of this process)
+# a fixture: a process group of this process
+from tests.distributed.conftest import group  # noqa: F401
 from vapo_lab.distributed.fsdp import shard
 from vapo_lab.errors import CheckpointError
 from vapo_lab.integrity import manifest_problem
@@ -24,7 +25,8 @@ from .conftest import MB, RUN, assert_like_reference, fill, store, train
 
 
 class Weights:
-    """A model as the checkpoint writer sees one: ``state_dict`` and ``save`` (one safetensors file)."""
+    """A model as the checkpoint writer sees one: ``state_dict`` and ``save`` (one safetensors
+    file)."""
 
     def __init__(self, mib: int):
         self.weight = torch.ones(mib * MB // 4)

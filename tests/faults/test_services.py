@@ -43,7 +43,11 @@ def _train_steps(run_dir):
         return set()
 
 
-def test_scancel_then_resubmit_resumes_to_the_uninterrupted_history(slurm, workdir, monkeypatch):  # noqa: F811
+def test_scancel_then_resubmit_resumes_to_the_uninterrupted_history(
+    slurm,  # noqa: F811
+    workdir,
+    monkeypatch,
+):
     monkeypatch.chdir(workdir)
     # long enough that the cancel lands mid-run; checkpoints every 10 steps
     steps = [

@@ -100,7 +100,8 @@ def test_the_trainers_stop_point_asks_the_installed_handler_and_nothing_once_it_
 
 
 def test_a_stop_with_no_safe_point_in_time_stops_where_the_run_is(monkeypatch):
-    """A step longer than FORCE_AFTER_S: the run is stopped before SIGKILL (Slurm's KillWait) comes."""
+    """A step longer than FORCE_AFTER_S: the run is stopped before SIGKILL (Slurm's KillWait)
+    comes."""
     monkeypatch.setattr(stop, "FORCE_AFTER_S", 0.2)
     before = [signal.getsignal(signum) for signum in stop.SIGNALS]
     with (
@@ -177,7 +178,8 @@ RANKS = [o for o in RUN if not o.startswith("trainer.threads")] + [
 
 
 def _rank_pid(parent: int, rank: int) -> int | None:
-    """Returns the pid of rank ``rank`` among the descendants of process ``parent`` (torchrun's ranks)."""
+    """Returns the pid of rank ``rank`` among the descendants of process ``parent`` (torchrun's
+    ranks)."""
     for proc in Path("/proc").iterdir():
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
@@ -218,8 +220,9 @@ def _logged(run_dir: Path) -> int:
 
 @pytest.mark.slow
 def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
-    """torchrun's ranks each get a stop, not always together: they agree at each safe point, so a run
-    whose rank 1 alone is signalled stops cleanly on both (before: rank 0 failed in its next collective)."""
+    """torchrun's ranks each get a stop, not always together: they agree at each safe point, so a
+    run whose rank 1 alone is signalled stops cleanly on both (before: rank 0 failed in its next
+    collective)."""
     name = "sigterm-rank1"
     run_dir = workdir / "runs" / name
     proc = subprocess.Popen(
@@ -260,6 +263,7 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
         f"stopped after step {stopped} of 8 (SIGTERM): continue it with: "
         f"vapo-lab train resume=runs/{name}"
     )
-    # after the last logged step, or after the next one's update when it stopped before its evaluation
+    # after the last logged step, or after the next one's update when it stopped before its
+    # evaluation
     assert stopped == last or (stopped == last + 1 and stopped % 4 == 0), (stopped, last)
     assert (run_dir / "failure.txt").read_text().startswith(f"interrupted at step {stopped}")

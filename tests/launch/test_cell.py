@@ -1,4 +1,5 @@
-"""A cell's job runs the config its grid composed (composed once), and prepares each cache set once."""
+"""A cell's job runs the config its grid composed (composed once), and prepares each cache set
+once."""
 
 from pathlib import Path
 
@@ -88,8 +89,9 @@ def test_prepare_builds_each_cache_set_once(table1_specs, tmp_path, monkeypatch)
 
 
 def test_prepare_leaves_a_many_rank_cells_critic_caches_to_its_ranks(tmp_path, monkeypatch):
-    """A 2-rank cell's reward model and pretrained critic are built by its own ranks together (keyed
-    by the rank count, on the cell's devices); the prepare job builds only the base model they share."""
+    """A 2-rank cell's reward model and pretrained critic are built by its own ranks together
+    (keyed by the rank count, on the cell's devices); the prepare job builds only the base model
+    they share."""
     from vapo_lab.launch.grid import load_grid
 
     specs = load_grid("table1", seeds=1).expand(

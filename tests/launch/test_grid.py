@@ -120,7 +120,8 @@ def test_malformed_grid_files_are_named_with_the_fix(tmp_path, text, message):
 def test_a_cell_that_does_not_compose_is_named(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text(
-        "name: g\ncells:\n  - {name: ok, algo: vapo}\n  - {name: bad, algo: vapo, drop: [clip_highr]}\n"
+        "name: g\ncells:\n  - {name: ok, algo: vapo}\n"
+        "  - {name: bad, algo: vapo, drop: [clip_highr]}\n"
     )
     with pytest.raises(ConfigError, match="cell bad") as e:
         load_grid(path).expand()

@@ -65,7 +65,7 @@ def _grid(tmp_path, cells):
     return load_grid(path)
 
 
-# ---- grouping and the sbatch parameters of a multi-task array --------------------------------------
+# ---- grouping and the sbatch parameters of a multi-task array ------------------------------------
 
 
 def test_a_cells_ranks_are_nodes_by_nproc_under_fsdp_only():
@@ -153,7 +153,7 @@ def test_cli_dry_run_of_a_grid_with_a_two_rank_cell(in_tmp):
     assert not (in_tmp / "runs").exists()
 
 
-# ---- launchers that cannot run a cell refuse it before anything is submitted ------------------------
+# ---- launchers that cannot run a cell refuse it before anything is submitted ---------------------
 
 
 def test_ray_refuses_a_many_rank_cell_in_one_line_naming_the_other_launchers(in_tmp):
@@ -188,12 +188,12 @@ def test_local_launcher_refuses_a_cell_on_many_nodes(in_tmp):
     )
 
 
-# ---- every rank runs the cell; rank 0 alone writes its status ---------------------------------------
+# ---- every rank runs the cell; rank 0 alone writes its status ------------------------------------
 
 
 class FakeTrainer:
-    """A Trainer that counts its steps (on rank 0, as Trainer does), or fails on construction: ``fail[rank]``
-    is the exception to raise, or a function that raises it."""
+    """A Trainer that counts its steps (on rank 0, as Trainer does), or fails on construction:
+    ``fail[rank]`` is the exception to raise, or a function that raises it."""
 
     fail: dict = {}
 
@@ -340,7 +340,7 @@ def test_each_task_of_a_multi_task_job_gets_its_rank(tmp_path, monkeypatch):
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"]
 
 
-# ---- slow: a 2-rank cell trained to the end ---------------------------------------------------------
+# ---- slow: a 2-rank cell trained to the end ------------------------------------------------------
 
 
 def _check_two_rank_run(run_dir: Path, steps: int) -> None:

@@ -1,4 +1,5 @@
-"""A local Ray started by the launcher listens on 127.0.0.1 only (unless launcher.ray.expose=true)."""
+"""A local Ray started by the launcher listens on 127.0.0.1 only (unless
+launcher.ray.expose=true)."""
 
 import subprocess
 import sys

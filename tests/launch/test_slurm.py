@@ -42,7 +42,8 @@ def server(tmp_path_factory):
 def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(
     slurm, in_tmp, server
 ):
-    """The issue's "done when": `vapo-lab ablate --table1 --seeds 1 --launcher slurm` with a few steps."""
+    """The issue's "done when": `vapo-lab ablate --table1 --seeds 1 --launcher slurm` with a few
+    steps."""
     overrides = [*SMALL, *SLURM, f"tracking.uri={server.url}"]
     sub = run_grid(
         load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print

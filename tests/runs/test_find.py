@@ -1,4 +1,5 @@
-"""Finding runs on disk: the latest run, a run by its tracking id, its complete checkpoints by step."""
+"""Finding runs on disk: the latest run, a run by its tracking id, its complete checkpoints by
+step."""
 
 import json
 import os

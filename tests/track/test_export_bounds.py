@@ -1,6 +1,6 @@
-"""An untrusted runs export (`vapo-lab report --runs FILE`) is read in bounded memory and checked run by
-run: a file over the caps, not gzip, not JSON or not what `export_runs` writes is refused in one line
-naming the problem (the first bad run and field) before any MLflow store is made."""
+"""An untrusted runs export (`vapo-lab report --runs FILE`) is read in bounded memory and checked
+run by run: a file over the caps, not gzip, not JSON or not what `export_runs` writes is refused in
+one line naming the problem (the first bad run and field) before any MLflow store is made."""
 
 import copy
 import gzip
@@ -30,7 +30,8 @@ RUN = {
 BAD = "b" * 32  # the run_id of the bad run, second in its file
 # runs `vapo-lab report` in a child and prints its exit code, stderr and peak memory (KiB) as JSON
 MEASURE = (
-    "import json, resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+    "import json, resource, subprocess, sys; "
+    "p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
     "print(json.dumps({'rc': p.returncode, 'stderr': p.stderr, "
     "'maxrss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))"
 )
@@ -111,7 +112,8 @@ def test_a_gzip_bomb_is_refused_in_one_line_in_little_memory(tmp_path):
 
 def test_a_right_format_export_with_a_huge_runs_array_is_refused_before_it_is_parsed(tmp_path):
     """The format field right and 20 million empty lists for runs (60 MB of text): refused by the
-    count of JSON values while streaming, in little memory (it was 1.7 GB, then a TypeError traceback)."""
+    count of JSON values while streaming, in little memory (it was 1.7 GB, then a TypeError
+    traceback)."""
     path = _gzip(
         tmp_path / "huge.json.gz",
         f'{{"format": "{FORMAT}", "experiment": "table1", "runs": [' + "[]," * 20_000_000 + "[]]}",

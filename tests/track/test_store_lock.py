@@ -95,7 +95,8 @@ def test_a_store_that_holds_anything_is_never_set_aside(tmp_path):
     # an experiment of its owner's, beside Default
     with sqlite3.connect(tmp_path / "mlflow.db") as db:
         db.execute(
-            "INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (1, 'kept', 'active')"
+            "INSERT INTO experiments (experiment_id, name, lifecycle_stage) "
+            "VALUES (1, 'kept', 'active')"
         )
     with pytest.raises(sqlalchemy.exc.OperationalError):
         open_client(uri)

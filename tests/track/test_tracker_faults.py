@@ -1,4 +1,5 @@
-"""The tracker's background sender when the spool cannot be written (a full disk): it keeps going."""
+"""The tracker's background sender when the spool cannot be written (a full disk): it keeps
+going."""
 
 import threading
 

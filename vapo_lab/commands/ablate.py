@@ -23,7 +23,8 @@ def ablate(
         bool,
         typer.Option(
             "--table1",
-            help="The whole Table 1 grid (experiments/table1.yaml): PPO, DAPO, VAPO and VAPO without each component.",
+            help="The whole Table 1 grid (experiments/table1.yaml): "
+            "PPO, DAPO, VAPO and VAPO without each component.",
         ),
     ] = False,
     seeds: Annotated[

@@ -15,11 +15,11 @@ def base_build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even when cached.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
-    """Pre-train the tiny base model for this config (cached; `train` builds it on first use too)
-    and print its held-out accuracy by digit count.
+    """Pre-train the tiny base model for this config and print its held-out accuracy by digit count.
 
-    The package ships the models of the default config and of scale=cpu-long: for those, without
-    --force, the shipped model is shown (unless this folder's cache has one) and no build runs.
+    The model is cached, and `train` builds it on first use too. The package ships the models of
+    the default config and of scale=cpu-long: for those, without --force, the shipped model is
+    shown (unless this folder's cache has one) and no build runs.
 
     Example: vapo-lab base build task.options.max_digits=20 +model.base.steps=400
     """
@@ -59,10 +59,12 @@ def base_build(
 
 @cli_errors
 def base_ship(overrides: OverridesArg = None) -> None:
-    """Copy this folder's cached base model, reward model and pretrained critic of a config into the
-    package's shipped entries (vapo_lab/shipped/), so that a fresh folder's first run loads them
-    instead of building them. For maintainers, from an editable install of a source checkout; build
-    the entries here first with `vapo-lab train` and the same overrides, then commit vapo_lab/shipped/.
+    """Copy this folder's cached models of a config into the package's shipped entries.
+
+    The base model, reward model and pretrained critic go to vapo_lab/shipped/, so that a fresh
+    folder's first run loads them instead of building them. For maintainers, from an editable
+    install of a source checkout; build the entries here first with `vapo-lab train` and the same
+    overrides, then commit vapo_lab/shipped/.
 
     Example: vapo-lab train trainer.total_steps=1 && vapo-lab base ship
     """
@@ -77,7 +79,7 @@ def base_ship(overrides: OverridesArg = None) -> None:
     cfg = typed(compose_config(overrides=overrides or ()).cfg)
     base_key = config_hash(base_config(**base_options_for(cfg.model, cfg.task)))
     entries = {"base": base_key, **critic_cache_keys(base_key, cfg)}
-    # an entry only the package has (already shipped, e.g. the base model a run loaded) stays as it is
+    # an entry only the package has (already shipped, e.g. the base model a run loaded) stays
     already = {
         kind
         for kind, key in entries.items()

@@ -19,14 +19,16 @@ def bench_gae(
     threads: Annotated[
         int,
         typer.Option(
-            help="torch CPU threads for every implementation. 1 by default: the loop cannot use a second "
-            "core, and multi-threaded ops stall when another process holds a core."
+            help="torch CPU threads for every implementation. "
+            "1 by default: the loop cannot use a second core, "
+            "and multi-threaded ops stall when another process holds a core."
         ),
     ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random batch.")] = 0,
 ) -> None:
-    """Time GAE (its compiled CPU scan and its torch scan) against a reverse-time loop over steps
-    and against the memory floor; print the times and the ratios.
+    """Time GAE against a reverse-time loop and the memory floor; print the times and the ratios.
+
+    Both of GAE's implementations are timed: its compiled CPU scan and its torch scan.
 
     Example: vapo-lab bench gae --shapes 512x4096 --repeats 3
     """
@@ -50,8 +52,10 @@ def bench_update(
         int, typer.Option(help="Seed of the sampled step and the mini-batch split.")
     ] = 0,
 ) -> None:
-    """Time the packed training passes against the padded ones over one default step; print the
-    ratios, the real-token share and how far the two paths' log-probs, values and gradients differ.
+    """Time the packed training passes against the padded ones over one default step.
+
+    Prints the ratios, the real-token share and how far the two paths' log-probs, values and
+    gradients differ.
 
     Example: vapo-lab bench update --repeats 5 --threads 1
     """
@@ -82,7 +86,9 @@ def bench_generate(
     threads: Annotated[int, typer.Option(help="torch CPU threads for both engines.")] = 1,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
 ) -> None:
-    """Time the built-in sampler against Hugging Face generate on the same tiny model; print the ratio.
+    """Time the built-in sampler against Hugging Face generate; print the ratio.
+
+    Both sample from the same tiny model.
 
     Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128
     """
@@ -107,7 +113,8 @@ def bench_trl(
     part: Annotated[
         Optional[list[str]],
         typer.Option(
-            help="ppo (vapo-lab PPO and VAPO vs TRL PPOTrainer) or grpo (vapo-lab GRPO vs TRL GRPOTrainer); "
+            help="ppo (vapo-lab PPO and VAPO vs TRL PPOTrainer) "
+            "or grpo (vapo-lab GRPO vs TRL GRPOTrainer); "
             "repeat for both, the default.",
             show_default=False,
         ),
@@ -115,14 +122,16 @@ def bench_trl(
     trl_python: Annotated[
         Optional[Path],
         typer.Option(
-            help="Python of the trl==1.12.0 env (PPOTrainer). Default: .bench-venv/trl112/bin/python.",
+            help="Python of the trl==1.12.0 env (PPOTrainer). "
+            "Default: .bench-venv/trl112/bin/python.",
             show_default=False,
         ),
     ] = None,
     trl_grpo_python: Annotated[
         Optional[Path],
         typer.Option(
-            help="Python of the latest-TRL env (GRPOTrainer). Default: .bench-venv/trl-latest/bin/python.",
+            help="Python of the latest-TRL env (GRPOTrainer). "
+            "Default: .bench-venv/trl-latest/bin/python.",
             show_default=False,
         ),
     ] = None,
@@ -134,10 +143,11 @@ def bench_trl(
         ),
     ] = False,
 ) -> None:
-    """Time one RL step of vapo-lab and of TRL on CPU, interleaved; print s/step, tokens/s and ratios.
+    """Time one RL step of vapo-lab and of TRL on CPU; print s/step, tokens/s and ratios.
 
-    Tiny Qwen2 policy (~1.1M parameters), fp32, 2 threads, 64 completions of <= 32 new tokens per
-    step, one PPO epoch. Needs the TRL envs: create them once with --setup.
+    The two sides run interleaved, step by step. Tiny Qwen2 policy (~1.1M parameters), fp32,
+    2 threads, 64 completions of <= 32 new tokens per step, one PPO epoch. Needs the TRL envs:
+    create them once with --setup.
 
     Example: vapo-lab bench trl --steps 4 --part grpo
     """
@@ -178,8 +188,9 @@ def bench_scale(
     threads: Annotated[
         Optional[int],
         typer.Option(
-            help="CPU threads per variant, split among its ranks (at least 1 each). Default: every CPU this "
-            "process may use. --threads 1: every rank 1 thread (1 core against 2; steadier on a loaded machine).",
+            help="CPU threads per variant, split among its ranks (at least 1 each). "
+            "Default: every CPU this process may use. "
+            "--threads 1: every rank 1 thread (1 core against 2; steadier on a loaded machine).",
             show_default=False,
         ),
     ] = None,
@@ -192,11 +203,12 @@ def bench_scale(
     ] = None,
     overrides: OverridesArg = None,
 ) -> None:
-    """Time the same training on 1 process (single), and on 1 and 2 CPU ranks (fsdp, gloo); print tokens/s,
-    s/step, its phases, the share of the step in communication, and the 2-rank / 1-rank ratios.
+    """Time the same training on 1 process and on 1 and 2 CPU ranks; print speeds and ratios.
 
-    Runs the embedded default (or it with the overrides) as subprocesses, interleaved round by round.
-    On a 2-core machine no speed-up is expected: the 2 ranks share the cores.
+    The variants: single (1 process), and fsdp over gloo on 1 and 2 ranks. Prints tokens/s,
+    s/step, its phases, the share of the step in communication, and the 2-rank / 1-rank ratios.
+    Runs the embedded default (or it with the overrides) as subprocesses, interleaved round by
+    round. On a 2-core machine no speed-up is expected: the 2 ranks share the cores.
 
     Example: vapo-lab bench scale --rounds 5 --steps 4 --out scale.json
     """

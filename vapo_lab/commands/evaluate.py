@@ -15,7 +15,8 @@ def eval_(
     bench: Annotated[
         Optional[str],
         typer.Argument(
-            help="arith (the run's held-out task split), aime24, aime25, math500, gsm8k, or a JSONL path.",
+            help="arith (the run's held-out task split), aime24, aime25, math500, gsm8k, "
+            "or a JSONL path.",
             show_default=False,
         ),
     ] = None,
@@ -25,8 +26,9 @@ def eval_(
     model: Annotated[
         Optional[str],
         typer.Option(
-            help="A run directory or its MLflow run id (its latest checkpoint), a checkpoint folder, or a local HF "
-            "model folder. Default: the latest run under --runs-dir.",
+            help="A run directory or its MLflow run id (its latest checkpoint), "
+            "a checkpoint folder, or a local HF model folder. "
+            "Default: the latest run under --runs-dir.",
             show_default=False,
         ),
     ] = None,
@@ -42,21 +44,24 @@ def eval_(
     max_tokens: Annotated[
         Optional[int],
         typer.Option(
-            help="New tokens per response. Default: arith the run's rollout.max_new_tokens, else 1024.",
+            help="New tokens per response. "
+            "Default: arith the run's rollout.max_new_tokens, else 1024.",
             show_default=False,
         ),
     ] = None,
     seed: Annotated[
         Optional[int],
         typer.Option(
-            help="Sampling seed. Default: arith on a run the trainer's eval seed at that step, else 0.",
+            help="Sampling seed. "
+            "Default: arith on a run the trainer's eval seed at that step, else 0.",
             show_default=False,
         ),
     ] = None,
     out: Annotated[
         Optional[Path],
         typer.Option(
-            help="Output folder (samples.jsonl, summary.json); rerun to resume. Default: <run>/eval/... or evals/...",
+            help="Output folder (samples.jsonl, summary.json); rerun to resume. "
+            "Default: <run>/eval/... or evals/...",
             show_default=False,
         ),
     ] = None,
@@ -87,7 +92,8 @@ def eval_(
     template: Annotated[
         Optional[str],
         typer.Option(
-            help="Prompt template with {problem}. Default: the problem, then 'Please reason step by step, and put your "
+            help="Prompt template with {problem}. "
+            "Default: the problem, then 'Please reason step by step, and put your "
             "final answer within \\boxed{}.'",
             show_default=False,
         ),
@@ -95,8 +101,9 @@ def eval_(
     chunk_problems: Annotated[
         Optional[int],
         typer.Option(
-            help="Problems per generation chunk (the resume unit; each seeded from seed and its index). Default "
-            "256 // N; 0: one chunk, which reproduces the trainer's eval draws.",
+            help="Problems per generation chunk "
+            "(the resume unit; each seeded from seed and its index). "
+            "Default 256 // N; 0: one chunk, which reproduces the trainer's eval draws.",
             show_default=False,
         ),
     ] = None,
@@ -109,7 +116,8 @@ def eval_(
     tracking_uri: Annotated[
         Optional[str],
         typer.Option(
-            help="MLflow store for a new eval run (default: $MLFLOW_TRACKING_URI, else ./mlflow.db).",
+            help="MLflow store for a new eval run "
+            "(default: $MLFLOW_TRACKING_URI, else ./mlflow.db).",
             show_default=False,
         ),
     ] = None,
@@ -179,9 +187,8 @@ def eval_(
             TimeRemainingColumn(),
         ]
         with progress_bar(not quiet, stderr, *columns) as bar:
-            tasks: list[
-                Any
-            ] = []  # added at the first report, after every check: a refusal prints alone
+            # added at the first report, after every check: a refusal prints alone
+            tasks: list[Any] = []
 
             def on_progress(done: int, total: int) -> None:
                 if bar is not None:
@@ -229,7 +236,8 @@ def print_eval(s: dict[str, Any], per_problem: bool) -> None:
         how = f"responses from {g['responses']}"
     else:
         how = (
-            f"{g['engine']} ({g['engine_version']}), temperature {g['temperature']}, top_p {g['top_p']}, "
+            f"{g['engine']} ({g['engine_version']}), "
+            f"temperature {g['temperature']}, top_p {g['top_p']}, "
             f"max {g['max_tokens']} tokens, seed {g['seed']}"
         )
     se = m[f"avg_at_{n}_se"]
@@ -273,7 +281,8 @@ def print_eval(s: dict[str, Any], per_problem: bool) -> None:
                 pct(row["accuracy"]),
                 "-"
                 if row["majority_answer"] is None
-                else f"{row['majority_answer'][:30]}{' (right)' if row['majority_correct'] else ''}",
+                else f"{row['majority_answer'][:30]}"
+                f"{' (right)' if row['majority_correct'] else ''}",
             )
             for row in s["per_problem"]
         ]
@@ -288,8 +297,10 @@ def print_eval(s: dict[str, Any], per_problem: bool) -> None:
         )
     )
     stdout.print(
-        f"samples     {s['files']['samples']}\nsummary     {Path(s['files']['samples']).parent / 'summary.json'}\n"
-        f"MLflow      {track}\ntime        {s['timing'].get('wall_s', s['timing'].get('grade_s', 0)):.1f} s",
+        f"samples     {s['files']['samples']}\n"
+        f"summary     {Path(s['files']['samples']).parent / 'summary.json'}\n"
+        f"MLflow      {track}\n"
+        f"time        {s['timing'].get('wall_s', s['timing'].get('grade_s', 0)):.1f} s",
         highlight=False,
         soft_wrap=True,
         markup=False,

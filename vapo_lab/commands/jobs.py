@@ -18,7 +18,12 @@ def jobs(
         str, typer.Option(help="Where grids live (the runs' output_dir).")
     ] = "runs",
 ) -> None:
-    """List a grid's cells: state (pending, running step k, finished, failed with the error), job and run ids."""
+    """List a grid's cells: their state, job id and tracking run id.
+
+    A state is pending, running step k, finished, or failed with the error.
+
+    Example: vapo-lab jobs
+    """
     from vapo_lab.launch.actions import jobs_table
 
     path, rows = jobs_table(output_dir, grid)
@@ -44,9 +49,12 @@ def cancel(
         str, typer.Option(help="Where grids live (the runs' output_dir).")
     ] = "runs",
 ) -> None:
-    """Cancel a grid's queued and running cells (scancel; SIGTERM for local / Ray cells on this host).
+    """Cancel a grid's queued and running cells.
 
-    Finished cells and checkpoints are kept: submitting the grid again resumes the rest.
+    Slurm cells get scancel, local and Ray cells on this host SIGTERM. Finished cells and
+    checkpoints are kept: submitting the grid again resumes the rest.
+
+    Example: vapo-lab cancel
     """
     from vapo_lab.launch.actions import cancel as cancel_grid
 

@@ -102,7 +102,10 @@ def print_table(
         stdout.print(title, markup=False, highlight=False, soft_wrap=True)
     if stdout.is_terminal:
         cells = [[c.header for c in cols], *rows]
-        longest = lambda i, split: max(cell_len(w) for r in cells for w in split(r[i]) or [""])  # noqa: E731
+
+        def longest(i: int, split: Callable[[str], list[str]]) -> int:
+            return max(cell_len(w) for r in cells for w in split(r[i]) or [""])
+
         words = [longest(i, str.split) for i in range(len(cols))]
         # fixed width: typed columns, and those of one word a cell (numbers): never squeezed by rich
         fixed = [
@@ -110,7 +113,7 @@ def print_table(
         ]
         for split in (str.splitlines, str.split):  # fixed columns: whole lines, else whole words
             widths = [longest(i, split) if f else None for i, f in enumerate(fixed)]
-            # narrowest table: each column its width or longest word, 1 space either side, a border between
+            # narrowest table: each column its width or longest word, 1 space each side, borders
             if sum((w or m) + 3 for w, m in zip(widths, words)) + 1 > stdout.width:
                 continue
             table = Table(show_lines=lines)

@@ -1,4 +1,4 @@
-"""`vapo-lab plan`: what a run needs (parameters, memory per GPU, KV cache, tokens, GPUs), before it runs."""
+"""`vapo-lab plan`: what a run needs (parameters, memory, KV cache, tokens, GPUs) before it runs."""
 
 from __future__ import annotations
 
@@ -35,12 +35,14 @@ def plan(
         Optional[int], typer.Option(help="Estimate of the longest prompt in tokens (default 512).")
     ] = None,
 ) -> None:
-    """Print the resources a config needs: parameter counts, memory per GPU (weights, gradients,
-    optimizer state, activations with and without checkpointing), KV cache, tokens per step, and
-    the fewest GPUs that hold it. Reads no weights; model=hf takes the shape from model.path's
-    config.json or model.arch_name.
+    """Print the resources a config needs and the fewest GPUs that hold it, before it runs.
 
-    Example: vapo-lab plan scale=paper trainer.strategy=fsdp trainer.nproc_per_node=8 trainer.nodes=16
+    Parameter counts, memory per GPU (weights, gradients, optimizer state, activations with and
+    without checkpointing), KV cache and tokens per step. Reads no weights; model=hf takes the
+    shape from model.path's config.json or model.arch_name.
+
+    Example:
+    vapo-lab plan scale=paper trainer.strategy=fsdp trainer.nproc_per_node=8 trainer.nodes=16
     """
     from vapo_lab.config.compose import compose_config
     from vapo_lab.config.preflight import PROMPT_TOKENS, plan_run
@@ -48,7 +50,8 @@ def plan(
 
     if gpu_memory_gb <= 0:
         raise ConfigError(
-            f"--gpu-memory-gb {gpu_memory_gb:g} is not a memory size: give the GB of one GPU, e.g. 80"
+            f"--gpu-memory-gb {gpu_memory_gb:g} is not a memory size: "
+            "give the GB of one GPU, e.g. 80"
         )
     if prompt_tokens is not None and prompt_tokens < 1:
         raise ConfigError(f"--prompt-tokens {prompt_tokens} is not a length: give at least 1")
@@ -63,8 +66,8 @@ def plan(
 
 
 def _validate_without_files(cfg: object) -> None:
-    """Raises ConfigError for ``validate``'s problems of ``cfg``, less the checkpoint and data files a
-    plan does not read (model.path, task.train_path are only required to train)."""
+    """Raises ConfigError for ``validate``'s problems of ``cfg``, less the checkpoint and data files
+    a plan does not read (model.path, task.train_path are only required to train)."""
     from omegaconf import OmegaConf, open_dict
 
     from vapo_lab.config.validate import validate
@@ -85,7 +88,10 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
 
     fp, s, shape = p.footprint, p.setup, p.shape
     world = s.world if s.strategy == "fsdp" else 1
-    big = lambda n: f"{n / 1e9:.2f}B ({n:,})" if n >= 1e8 else f"{n / 1e6:.2f}M ({n:,})"  # noqa: E731
+
+    def big(n: int) -> str:
+        return f"{n / 1e9:.2f}B ({n:,})" if n >= 1e8 else f"{n / 1e6:.2f}M ({n:,})"
+
     per = "/ N" if world > 1 else "unsharded"
     w, g, o = state_bytes_per_param(s.strategy, s.dtype)
     title = (
@@ -93,7 +99,8 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
         f"{s.dtype}, {p.memory / GB:g} GB a GPU"
     )
     shape_text = (
-        f"h {shape.hidden_size}, L {shape.num_layers}, heads {shape.num_heads}/{shape.num_kv_heads} kv, "
+        f"h {shape.hidden_size}, L {shape.num_layers}, "
+        f"heads {shape.num_heads}/{shape.num_kv_heads} kv, "
         f"d {shape.head_dim}, i {shape.intermediate_size}, V {shape.vocab_size}, "
         f"{'tied' if shape.tie_word_embeddings else 'untied'}"
     )
@@ -157,7 +164,8 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
         (
             "activations: actor, checkpointing off",
             _size(fp.actor_activations_full),
-            "a pass's peak, tensor by tensor as autograd keeps them, log-probs included (measured on CPU: 0.97-1.05)",
+            "a pass's peak, tensor by tensor as autograd keeps them, log-probs included "
+            "(measured on CPU: 0.97-1.05)",
         ),
         (
             "activations: actor, checkpointing on",
@@ -167,7 +175,8 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
         (
             "  of which log-probs",
             _size(fp.logprob),
-            f"LM head over chunks of {s.logprob_chunk or 'all'} tokens (algo.lm.head_logprobs_and_entropy)",
+            f"LM head over chunks of {s.logprob_chunk or 'all'} tokens "
+            "(algo.lm.head_logprobs_and_entropy)",
         ),
     ]
     if fp.critic_params:
@@ -208,7 +217,8 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
             (
                 "  sequences decoded at once",
                 f"{fp.sequences_at_once:,} of {fp.requests_per_engine:,} requests",
-                "(share - weights) / KV per sequence, of an engine's t ranks' responses; vLLM queues the rest",
+                "(share - weights) / KV per sequence, of an engine's t ranks' responses; "
+                "vLLM queues the rest",
             ),
         ]
     else:
@@ -236,24 +246,27 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
         (
             "time: a decoding step",
             f"{fp.decode_step_seconds * 1e3:,.1f} ms",
-            f"(weights + KV cache read) / ({p.hardware.bandwidth / 1e12:g} TB/s x {p.hardware.bandwidth_share:g})",
+            f"(weights + KV cache read) / ({p.hardware.bandwidth / 1e12:g} TB/s "
+            f"x {p.hardware.bandwidth_share:g})",
         ),
         (
             "time: rollout a step",
             _duration(fp.rollout_seconds),
-            "ceil(requests / at once) x max_new_tokens decoding steps (every response at full length)",
+            "ceil(requests / at once) x max_new_tokens decoding steps "
+            "(every response at full length)",
         ),
         (
             "time: update a step",
             _duration(fp.update_seconds),
-            f"(6-8 P + attention) FLOPs a token / ({p.hardware.flops / 1e12:g} TFLOP/s x {p.hardware.flops_share:g})",
+            f"(6-8 P + attention) FLOPs a token / ({p.hardware.flops / 1e12:g} TFLOP/s "
+            f"x {p.hardware.flops_share:g})",
         ),
     ]
     return title, rows
 
 
 def _duration(seconds: float) -> str:
-    """Returns ``seconds`` as hours, minutes or seconds ("never" for a rollout that cannot start)."""
+    """Returns ``seconds`` as hours, minutes or seconds ("never": a rollout that cannot start)."""
     if seconds == float("inf"):
         return "never (no sequence fits)"
     if seconds >= 3600:
@@ -262,13 +275,12 @@ def _duration(seconds: float) -> str:
 
 
 def _size(n: float) -> str:
-    """Returns ``n`` bytes in GB (10^9), or MB below 1 GB, so that small runs do not read 0.00 GB."""
+    """Returns ``n`` bytes in GB (10^9), or in MB below 1 GB so that small runs do not read 0.00."""
     return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.2f} MB"
 
 
 def _verdict(p: RunPlan) -> str:
-    """Returns the closing lines: fits or not at the requested ranks, the fewest GPUs that fit, and
-    the vLLM share that works."""
+    """Returns the closing lines: fits or not, fewest GPUs that fit, the vLLM share that works."""
     from vapo_lab.config.preflight import fastest_within, fewest_ranks, fixes
     from vapo_lab.models.footprint import GB
 
@@ -286,7 +298,8 @@ def _verdict(p: RunPlan) -> str:
     elif fp.vllm and fewest_ranks(p, engine_at_minimum=True) is not None:
         lines.append(
             f"fewest GPUs that fit: {fewest_ranks(p, engine_at_minimum=True)} with "
-            f"rollout.vllm.gpu_memory_utilization={fp.engine_minimum / memory:.2f}, vLLM's least; none at "
+            f"rollout.vllm.gpu_memory_utilization={fp.engine_minimum / memory:.2f}, "
+            "vLLM's least; none at "
             f"{fp.engine_memory / memory:g} ({where})"
         )
     else:
@@ -305,7 +318,8 @@ def _verdict(p: RunPlan) -> str:
             f" {k}={str(v).lower() if isinstance(v, bool) else f'{v:g}'}" for k, v in change.items()
         )
         lines.append(
-            f"smallest setting whose step takes under an hour: N = {n}{' with' + extra if extra else ''} "
+            "smallest setting whose step takes under an hour: "
+            f"N = {n}{' with' + extra if extra else ''} "
             f"(estimated {_duration(seconds)} a step)"
         )
     else:
@@ -321,7 +335,8 @@ def _verdict(p: RunPlan) -> str:
         low, high = fp.engine_minimum / memory, (memory - rest) / memory
         verdict = "works" if low <= fp.engine_memory / memory <= high else "does not work"
         lines.append(
-            f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] at N = {world} "
+            f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] "
+            f"at N = {world} "
             f"(weights + one sequence's KV cache; the rest of the GPU for training): "
             f"{fp.engine_memory / memory:g} {verdict}"
         )
@@ -329,7 +344,8 @@ def _verdict(p: RunPlan) -> str:
         lines.append(f"to fit, {fixes(p)}")
     lines.append(
         "estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), the activations autograd keeps "
-        "for Qwen2 tensor by tensor and the chunked log-prob pass (both within 5% of CPU measurements; "
+        "for Qwen2 tensor by tensor and the chunked log-prob pass "
+        "(both within 5% of CPU measurements; "
         "attention scores not stored, as flash attention); no allowance for the CUDA context, NCCL "
         "buffers or fragmentation: leave 30% headroom (reserved against planned memory, measured: "
         "docs/gpu-runs). Times: a roofline on an H100 at the stated shares of its peak "

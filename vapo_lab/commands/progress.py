@@ -1,10 +1,10 @@
-"""Progress of long phases (base build, training, evaluation): a live bar on a terminal, plain lines in a log.
+"""Progress of long phases (base build, training, evaluation): a bar on a terminal, lines in a log.
 
 A rich bar redraws itself in place; when its console is not an interactive terminal (a Slurm log,
 ``nohup``, ``| tee``) it draws nothing until it stops, so a job that works for minutes looks hung.
-:func:`progress_bar` gives the rich bar on a terminal and otherwise a
-:class:`PlainProgress`, which takes the same ``add_task`` / ``update`` calls and prints, flushed, one
-line when a phase starts, at most one per interval while it runs and one when it ends::
+:func:`progress_bar` gives the rich bar on a terminal and otherwise a :class:`PlainProgress`,
+which takes the same ``add_task`` / ``update`` calls and prints, flushed, one line when a phase
+starts, at most one per interval while it runs and one when it ends::
 
     pre-training base: step 0/800 (0%)
     pre-training base: step 60/800 (7%), 6.0 steps/s, ETA 2m03s, loss 0.512 · 1,234 tok/s
@@ -86,11 +86,11 @@ class _Task:
 
 @dataclass
 class PlainProgress:
-    """Prints each task's progress as plain lines to ``file``: at its start, at most every ``interval``
-    seconds, at its end; each line flushed. Takes the calls of rich's ``Progress`` that vapo-lab makes.
+    """Prints each task's progress as plain lines to ``file``: at its start, at most every
+    ``interval`` seconds, at its end; each line flushed. Takes the calls of rich's ``Progress`` that
+    vapo-lab makes.
 
     Attributes:
-        file: where the lines go (a log file, a pipe).
         interval: seconds between lines of one task; None: :func:`interval_from_env`.
         clock: seconds, monotonic (tests pass a fake one).
     """
@@ -224,8 +224,8 @@ def default_columns() -> tuple[ProgressColumn, ...]:
 def progress_bar(
     enabled: bool = True, console: Console | None = None, *columns: ProgressColumn
 ) -> Iterator[Progress | PlainProgress | None]:
-    """Yields a rich ``Progress`` on an interactive terminal (or Jupyter), a :class:`PlainProgress` writing
-    to the console's file otherwise, or None when disabled.
+    """Yields a rich ``Progress`` on an interactive terminal (or Jupyter), a :class:`PlainProgress`
+    writing to the console's file otherwise, or None when disabled.
 
     Args:
         enabled: False yields None (the callers' ``--quiet``).

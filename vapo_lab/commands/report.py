@@ -30,9 +30,10 @@ def report(
     score: Annotated[
         str,
         typer.Option(
-            help="How a run's held-out curve becomes its score: final (last evaluation, default), best "
-            "(highest), plateau (mean of the last 20% of the steps' evaluations) or speed "
-            "(area under the curve over the steps)."
+            help="How a run's held-out curve becomes its score: "
+            "final (last evaluation, default), best (highest), "
+            "plateau (mean of the last 20% of the steps' evaluations) "
+            "or speed (area under the curve over the steps)."
         ),
     ] = "final",
     ema: Annotated[
@@ -47,7 +48,8 @@ def report(
     runs: Annotated[
         Optional[list[str]],
         typer.Option(
-            help="Report from a runs export (.json.gz) instead of a store; repeat it for the other experiments a plan's families read (the first is reported)."
+            help="Report from a runs export (.json.gz) instead of a store; "
+            "repeat it for the other experiments a plan's families read (the first is reported)."
         ),
     ] = None,
     save_runs: Annotated[
@@ -56,12 +58,14 @@ def report(
     predictions: Annotated[
         Optional[str],
         typer.Option(
-            help="Score the predictions in this YAML against the runs (e.g. reports/table1-cpu-long/predictions.yaml)."
+            help="Score the predictions in this YAML against the runs "
+            "(e.g. reports/table1-cpu-long/predictions.yaml)."
         ),
     ] = None,
 ) -> None:
-    """Table 1 (Markdown, LaTeX, CSV), Figure 1, Figure 2 and diagnostics from a grid's tracked runs,
-    beside the paper.
+    """Table 1, Figures 1 and 2 and diagnostics from a grid's tracked runs, beside the paper.
+
+    Table 1 comes as Markdown, LaTeX and CSV.
 
     Examples: vapo-lab report --experiment table1 --variants VAPO --variants DAPO --variants GRPO;
     vapo-lab report --runs reports/table1-80steps/runs.json.gz --out reports/table1-80steps;

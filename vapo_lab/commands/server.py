@@ -23,7 +23,12 @@ def server(
         str, typer.Option(help="Folder for the server's database and artifacts.")
     ] = "mlflow-server",
 ) -> None:
-    """Run an MLflow tracking server for grids on Slurm / Ray (runs log with tracking.uri=http://HOST:PORT)."""
+    """Run an MLflow tracking server for grids on Slurm or Ray.
+
+    Runs log to it with tracking.uri=http://HOST:PORT.
+
+    Example: vapo-lab server --port 5000
+    """
     from vapo_lab.track.server import serve_forever
 
     serve_forever(host, port, store, log=lambda m: stderr.print(m, highlight=False))

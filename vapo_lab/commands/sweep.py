@@ -11,7 +11,8 @@ from vapo_lab.commands.output import OverridesArg, cli_errors, stderr, stdout
 LauncherOpt = Annotated[
     Optional[str],
     typer.Option(
-        help="Where the runs go: local (this machine's processes), ray, or slurm (a job array via submitit). "
+        help="Where the runs go: local (this machine's processes), ray, "
+        "or slurm (a job array via submitit). "
         "Settings: launcher.<name>.* overrides (conf/launcher/)."
     ),
 ]

@@ -11,7 +11,7 @@ from vapo_lab.commands.output import OverridesArg, cli_errors, peak_rss_mib, std
 
 
 def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet: bool) -> None:
-    """Composes the config, trains with a progress bar (plain lines in a log), prints the closing summary."""
+    """Composes the config, trains under a progress bar (lines in a log), prints the summary."""
     from vapo_lab.commands.progress import build_progress
     from vapo_lab.config.preflight import check_run
     from vapo_lab.config.train import train_config
@@ -38,14 +38,14 @@ def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet:
 
 
 def _train(cfg: Any, trainer: Any, quiet: bool) -> Any:
-    """Trains ``trainer`` (of ``cfg``) to the end under a progress bar (none when ``quiet``); returns its
-    TrainResult."""
+    """Returns the TrainResult of training ``trainer`` to the end (a progress bar unless quiet)."""
     from rich.progress import TextColumn
 
     from vapo_lab.commands.progress import default_columns, progress_bar
 
     stderr.print(
-        f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')})",
+        f"run {trainer.run_dir} (tracking run {trainer.run_id}, "
+        f"{getattr(trainer.tracker, 'uri', 'none')})",
         highlight=False,
         markup=False,
     )

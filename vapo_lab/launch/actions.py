@@ -49,8 +49,10 @@ def run_grid(
     failed = {k: v for k, v in sub.results.items() if v != "finished"}
     if sub.results:
         out(
-            f"grid {sub.grid_id}: {len(sub.results) - len(failed)} finished, {len(failed)} failed this time; "
-            f"{len(sub.skipped_finished)} were already finished. `vapo-lab jobs {sub.grid_id}` for details"
+            f"grid {sub.grid_id}: {len(sub.results) - len(failed)} finished, "
+            f"{len(failed)} failed this time; "
+            f"{len(sub.skipped_finished)} were already finished. "
+            f"`vapo-lab jobs {sub.grid_id}` for details"
         )
     if failed:
         raise LaunchError(

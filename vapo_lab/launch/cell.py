@@ -1,27 +1,17 @@
 """The body of every launched job: prepare the shared caches once, then run (or resume) one cell.
 
 Whatever the launcher (a local worker process, a Ray task, a Slurm array task), a cell runs
-``run_cell(job)``, which is idempotent:
+``run_cell(job)``, which is idempotent: a finished cell returns at once, a cell with a run folder
+resumes from its latest checkpoint into the same tracking run, any other starts its run as a child
+of the grid's parent MLflow run. The cell's config was composed once, when the grid was expanded
+(``CellSpec.config``); a job only sets where its run is written and logged, and records how it
+goes in the cell's status file (``vapo_lab.launch.status``). ``CellJobRunner`` wraps ``run_cell``
+as a ``submitit`` checkpointable, so that a preempted Slurm job is requeued and resumes.
 
-* a cell whose status file says ``finished`` returns at once (resubmitting a grid redoes nothing);
-* a cell with a run folder (``run.json``) resumes from its latest checkpoint into the same
-  tracking run (``vapo_lab.trainer.trainer.Trainer`` with ``resume=``): a requeued Slurm job or a
-  resubmitted failed cell continues and ends with the metrics of an uninterrupted run;
-* otherwise it starts the run, tagged with the grid id, cell name and config hash, as a child
-  of the grid's parent MLflow run.
-
-Every cell's config was composed once, when the grid was expanded (``CellSpec.config``); a job
-only sets where its run is written and logged. Its status file (``vapo_lab.launch.status``)
-records how it goes: ``vapo-lab jobs`` reads it. ``CellJobRunner`` wraps ``run_cell`` as a
-``submitit`` checkpointable: on preemption or time limit Slurm signals the job, submitit requeues
-it, and the new attempt resumes from the last checkpoint.
-
-A cell with ``trainer.strategy=fsdp`` over ``trainer.nodes x trainer.nproc_per_node`` > 1 ranks is
-one SPMD run: every rank runs ``run_cell`` (torchrun starts them on this node, Slurm's tasks
-elsewhere), so every rank builds its ``Trainer``; global rank 0 alone writes the status file (and the
-run's folder and tracking, as ``Trainer`` does). A rank that fails leaves its error line beside the
-status file (``<key>.rank<r>.error``) and rank 0 records the first one, so the cell fails with
-the failing rank's message.
+A many-rank cell (``trainer.strategy=fsdp`` over more than one rank) is one SPMD run: every rank
+runs ``run_cell``; global rank 0 alone writes the status file, and a rank that fails leaves its
+error line beside it (``<key>.rank<r>.error``), so that the cell fails with that rank's message.
+docs/grids.md has the user's view: resubmission, preemption, many-rank cells.
 """
 
 from __future__ import annotations
@@ -100,8 +90,8 @@ def cell_rank() -> int:
 
 
 def writes_status() -> bool:
-    """True in the process that writes its cell's status file: the only one of a one-process cell,
-    global rank 0 of a many-rank one (every rank runs the cell; one writer keeps the record whole)."""
+    """True in the process that writes its cell's status file: the only process of a one-process
+    cell, global rank 0 of a many-rank one (one writer keeps the record whole)."""
     return cell_rank() == 0
 
 
@@ -111,8 +101,8 @@ def rank_error_path(grid_dir: Path, key: str, rank: int) -> Path:
 
 
 def first_rank_error(grid_dir: Path, key: str) -> str | None:
-    """Returns the error line of the rank of cell ``key`` that failed first (its file written first),
-    None when no other rank failed; removes the files it read."""
+    """Returns the error line of the rank of cell ``key`` that failed first (its file written
+    first), None when no other rank failed; removes the files it read."""
     files = sorted(
         status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"),
         key=lambda p: p.stat().st_mtime,
@@ -124,15 +114,17 @@ def first_rank_error(grid_dir: Path, key: str) -> str | None:
 
 
 def join_slurm_ranks() -> None:
-    """Sets this Slurm task's torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT) from its job's environment, as torchrun does for its ranks: each task of a
-    multi-task job is one rank. ``CUDA_VISIBLE_DEVICES`` is left alone: every task sees its node's
-    GPUs and ``init_world`` picks ``cuda:{LOCAL_RANK}``."""
+    """Sets this Slurm task's torch.distributed variables (``TORCH_ENV``) from its job's
+    environment, as torchrun does: each task of a multi-task job is one rank.
+
+    ``CUDA_VISIBLE_DEVICES`` is left alone: every task sees its node's GPUs and ``init_world``
+    picks ``cuda:{LOCAL_RANK}``.
+    """
     import submitit
 
-    # sbatch exports the submitting shell's environment: a RANK or MASTER_PORT found there belongs to
-    # some other launch (a MASTER_PORT shared by every cell of a node would collide), not this job.
-    # Without one, submitit derives the port from the job id: the same on every task of the job.
+    # sbatch exports the submitting shell's environment: a RANK or MASTER_PORT found there belongs
+    # to some other launch (a MASTER_PORT shared by every cell of a node would collide). Without
+    # one, submitit derives the port from the job id: the same on every task of the job.
     for name in TORCH_ENV:
         os.environ.pop(name, None)
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
@@ -196,7 +188,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             error=None,
             traceback=None,
         )
-    sigterm_interrupts()  # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
+    # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
+    sigterm_interrupts()
 
     def log(text: str) -> None:
         if writer:  # the ranks of a cell share its log: one copy of each line
@@ -207,8 +200,8 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             cfg, choices = resume_config(job.run_dir)
         else:
             if writer and job.run_dir.is_dir():
-                # a start that died before its run existed: nothing to keep. No other rank can have
-                # made the folder yet: rank 0 makes it in Trainer, after every rank has joined the run
+                # a start that died before its run existed: nothing to keep. No other rank can
+                # have made the folder yet: rank 0 makes it in Trainer, after every rank joined
                 shutil.rmtree(job.run_dir, ignore_errors=True)
             cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
@@ -231,7 +224,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
         if job.world_size > 1:
             line = f"rank {rank}: {line}"
         if writer:
-            # a rank that failed first (its error file was written before this rank saw the run break)
+            # a rank that failed first (its error file written before this rank saw the run break)
             write_status(
                 grid_dir,
                 key,
@@ -296,7 +289,10 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
     if nodes * per_node > 1:
         ranks = nodes * per_node
         if cfg.model.name != "tiny":
-            return f"prepared {job.spec.name}: nothing (a checkpoint; its {ranks} ranks build the rest)"
+            return (
+                f"prepared {job.spec.name}: nothing "
+                f"(a checkpoint; its {ranks} ranks build the rest)"
+            )
         from vapo_lab.basemodel.build import build_base_for
 
         config = typed(cfg)
@@ -318,10 +314,9 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
 class CellJobRunner:
     """``run_cell`` as a submitit checkpointable: requeued on preemption / time limit, then resumed.
 
-    A class (not a function) so that ``submitit`` can call ``checkpoint`` when Slurm signals the
-    job; the requeued job calls ``__call__`` again with the same ``CellJob``, and ``run_cell``
-    picks the run up from its latest checkpoint. In a multi-task job (a many-rank cell) each task
-    is one rank: ``__call__`` first sets its torch.distributed variables from the job.
+    A class, so that ``submitit`` can call ``checkpoint`` when Slurm signals the job; the requeued
+    job calls ``__call__`` again and ``run_cell`` resumes from the latest checkpoint. In a
+    multi-task job each task is one rank, which ``__call__`` first joins to the others.
     """
 
     def __call__(self, job: CellJob) -> dict[str, Any]:
@@ -332,13 +327,9 @@ class CellJobRunner:
     def checkpoint(self, job: CellJob) -> Any:
         """Returns the same job for submitit to requeue; saves nothing.
 
-        On USR2 (preemption, the time limit) submitit calls this on global rank 0 only, the other
-        ranks log the signal and go on, then it requeues the job, and Slurm stops every task (our
-        SIGTERM handler records a stop request, and the ranks stop together at their next safe point). A save here would be a collective of the sharded model (DCP) that the other
-        ranks never join: it would hang until Slurm kills the job. So nothing is saved: the requeued
-        job resumes from the run's last periodic checkpoint (``trainer.save_every``) and redoes the
-        steps since, as any resumed run does (checked on the local Slurm: a 2-task cell sent USR2 at
-        step 5 resumed there and logged every step once).
+        submitit calls this on global rank 0 only, so a save here (a collective over the sharded
+        model) would hang: the requeued job resumes from the last periodic checkpoint
+        (``trainer.save_every``). docs/grids.md, "Preemption of a many-rank cell", has the detail.
         """
         import submitit
 

@@ -140,7 +140,10 @@ class Grid:
             seen[s.config_hash] = s.key
         # the grid id names the cells (config without seed): `--seeds 3` after `--seeds 1` reopens
         # the same grid folder, skips seed 0's finished runs and adds seeds 1 and 2
-        gid = f"{_slug(self.name)}-{hashlib.sha256(''.join(sorted(cell_hashes)).encode()).hexdigest()[:8]}"
+        gid = (
+            f"{_slug(self.name)}-"
+            f"{hashlib.sha256(''.join(sorted(cell_hashes)).encode()).hexdigest()[:8]}"
+        )
         for s in specs:
             s.grid_id = gid
         return specs
@@ -153,10 +156,11 @@ def config_hash(cfg: dict[str, Any]) -> str:
 
 
 def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
-    """Returns the cartesian product of Hydra sweep values, e.g. {"a": "1,2"} -> [{"a": "1"}, {"a": "2"}].
+    """Returns the cartesian product of Hydra sweep values.
 
-    Each value is Hydra override syntax: ``1,2,3``, ``range(0,3)``, ``choice(a,b)``,
-    ``glob(*)`` is not supported (no choices to glob over here).
+    E.g. {"a": "1,2"} -> [{"a": "1"}, {"a": "2"}]. Each value is Hydra override syntax
+    (``1,2,3``, ``range(0,3)``, ``choice(a,b)``); ``glob(*)`` is not supported (no choices to glob
+    over here).
     """
     if not sweep:
         return [{}]
@@ -194,11 +198,8 @@ def builtin_grids() -> dict[str, Path]:
 
 
 def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
-    """Returns the grid in a YAML file (or a shipped one by name, e.g. ``table1``).
-
-    Args:
-        path_or_name: a grid file, or the name of one under experiments/.
-        seeds: replace the file's seeds with 0..seeds-1.
+    """Returns the grid in a YAML file, or a shipped one by name (e.g. ``table1``), with seeds
+    0..``seeds``-1 instead of the file's when ``seeds`` is given.
 
     Raises:
         ConfigError: missing file, bad YAML, or a malformed grid (named, with the fix).
@@ -218,7 +219,8 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
         raw = {**raw, "cells": table1_cells()}
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not raw["cells"]:
         raise ConfigError(
-            f"grid file {path}: needs a non-empty list `cells:` of {{name, algo, drop, overrides}}, "
+            f"grid file {path}: needs a non-empty list `cells:` of "
+            "{name, algo, drop, overrides}, "
             f"or `cells: {TABLE1_CELLS}` for the paper's Table 1"
         )
     unknown = set(raw) - {
@@ -301,7 +303,7 @@ def table1_cells() -> list[dict[str, Any]]:
 
 
 def check_seeds(seeds: int) -> None:
-    """Raises ConfigError unless ``--seeds N`` asks for at least one seed (a grid runs seeds 0..N-1)."""
+    """Raises ConfigError unless ``--seeds N`` asks for at least one seed (seeds 0..N-1)."""
     if seeds < 1:
         raise ConfigError(
             f"--seeds {seeds}: a grid runs seeds 0..N-1, so N must be >= 1; give --seeds 1 or "
@@ -344,7 +346,7 @@ def yaml_file(path: Path, what: str) -> Any:
 
 
 def drop_grid(drops: Sequence[str], seeds: int = 1) -> Grid:
-    """Returns the one-variant grid of ``vapo-lab ablate --drop A [--drop B]``: VAPO without them."""
+    """Returns the one-variant grid of ``ablate --drop A [--drop B]``: VAPO without them."""
     check_seeds(seeds)
     name = "vapo-no-" + "-".join(drops)
     return Grid(

@@ -1,4 +1,4 @@
-"""Is a cell that says "running" still running somewhere: in a live Slurm job, or a live process here?
+"""Whether a cell that says "running" still runs: in a live Slurm job, or a live process here.
 
 A status file only says what its job last wrote; a job killed without a word (``kill -9``, a lost
 node, a cancelled array) leaves "running" behind. The submission (skip cells still running,
@@ -38,7 +38,7 @@ def slurm_job_id() -> str | None:
 
 
 def squeue_states(job_ids: Sequence[str]) -> dict[str, str]:
-    """Returns {job id: Slurm state} for the jobs of ``job_ids`` still known to squeue (arrays expanded)."""
+    """Returns {job id: Slurm state} of the jobs ``job_ids`` squeue still knows, arrays expanded."""
     ids = sorted({j.split("_")[0] for j in job_ids if j})
     if not ids or shutil.which("squeue") is None:
         return {}

@@ -4,11 +4,9 @@ The prepare job runs first in one process; then the cells, ``launcher.local.work
 each in a fresh process of its own, its output in ``<grid>/logs/<cell key>.log``. The submission
 returns when every cell has ended; one failed cell does not stop the others.
 
-A many-rank cell (``trainer.strategy=fsdp``, ``trainer.nproc_per_node`` = N > 1) takes one worker,
-which runs its N ranks on this machine with torchrun (``vapo_lab.launch.ranks --cell``), as
-``vapo-lab train`` does: each rank runs ``run_cell``, rank 0 writes the status file, and a failing
-rank fails the cell with its message. Cells on more than one node (``trainer.nodes`` > 1) are
-refused before anything starts: they need ``--launcher slurm``.
+A many-rank cell takes one worker, which runs its ranks on this machine with torchrun
+(``vapo_lab.launch.ranks --cell``), as ``vapo-lab train`` does. Cells on more than one node
+(``trainer.nodes`` > 1) are refused before anything starts: they need ``--launcher slurm``.
 """
 
 from __future__ import annotations
@@ -42,8 +40,9 @@ class LocalLauncher:
             if nodes > 1:
                 raise LaunchError(
                     f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
-                    f"the ranks of this machine only; use --launcher slurm (it submits {nodes} nodes "
-                    f"x {per_node} tasks), or set trainer.nodes=1; nothing was submitted"
+                    "the ranks of this machine only; "
+                    f"use --launcher slurm (it submits {nodes} nodes x {per_node} tasks), "
+                    "or set trainer.nodes=1; nothing was submitted"
                 )
 
     def submit(

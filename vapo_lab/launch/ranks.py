@@ -1,15 +1,13 @@
 """One training run on many ranks of this node: torchrun starts them, each runs :func:`main`.
 
-``vapo-lab train trainer.strategy=fsdp trainer.nproc_per_node=N`` calls :func:`run_ranks`, which runs
-``python -m torch.distributed.run --standalone --nproc-per-node N -m vapo_lab.launch.ranks <the
-same arguments>`` and waits. torchrun sets each rank's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_*
-(and OMP_NUM_THREADS=1), and stops every rank when one fails. Each rank composes the same config
-from the same arguments; rank 0 alone opens the run folder and tracking run (a time-stamped run
-name is decided once, there) and writes the result. A rank that fails writes its error line
+``vapo-lab train trainer.strategy=fsdp trainer.nproc_per_node=N`` calls :func:`run_ranks`, which
+runs this module under torchrun (:func:`torchrun_command`) and waits; torchrun stops every rank
+when one fails. Each rank composes the same config from the same arguments; rank 0 alone opens
+the run folder and tracking run and writes the result. A rank that fails writes its error line
 where the parent finds it, so the run fails with that rank's message.
 
-On many nodes, run the module under torchrun on each node yourself (docs/distributed.md has the command),
-or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
+On many nodes, run the module under torchrun on each node yourself (docs/distributed.md has the
+command), or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
 
 ``python -m vapo_lab.launch.ranks --cell <file>`` is one rank of a grid cell instead: the file
 holds the cell's ``CellJob`` as JSON (``CellJob.to_json``), and each rank runs ``run_cell`` on it
@@ -38,7 +36,7 @@ class RankFailed(VapoLabError):
 
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
-    """Returns the torchrun command that starts ``nproc`` ranks of ``vapo-lab train <args>`` here."""
+    """Returns the torchrun command starting ``nproc`` ranks of ``vapo-lab train <args>`` here."""
     return [
         sys.executable,
         "-m",
@@ -64,9 +62,10 @@ def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str,
     nodes = int(cfg.trainer.nodes)
     if nodes > 1:
         raise ConfigError(
-            f"trainer.nodes={nodes}: `vapo-lab train` starts the ranks of this node only. Submit the run to "
-            "Slurm (`vapo-lab sweep ... --launcher slurm`), or run on each node `torchrun --nnodes "
-            f"{nodes} --nproc-per-node {cfg.trainer.nproc_per_node} --rdzv-backend c10d --rdzv-endpoint "
+            f"trainer.nodes={nodes}: `vapo-lab train` starts the ranks of this node only. "
+            "Submit the run to Slurm (`vapo-lab sweep ... --launcher slurm`), "
+            f"or run on each node `torchrun --nnodes {nodes} "
+            f"--nproc-per-node {cfg.trainer.nproc_per_node} --rdzv-backend c10d --rdzv-endpoint "
             "<first node>:29500 -m vapo_lab.launch.ranks <the same arguments>`"
         )
     with tempfile.TemporaryDirectory(prefix="vapo-ranks-") as folder:
@@ -104,8 +103,8 @@ def _split_args(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and trains;
-    with ``argv`` = ``--cell <file>``, runs the grid cell in that file."""
+    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and
+    trains; with ``argv`` = ``--cell <file>``, runs the grid cell in that file."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--cell"]:
         return cell_main(argv[1:])

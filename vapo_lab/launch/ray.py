@@ -6,9 +6,8 @@ unless ``launcher.ray.expose=true``), ``auto`` joins the running cluster, ``host
 worker process whose output goes to ``<grid>/logs/<cell key>.log``. The submission returns when
 every cell has ended; one failed cell does not stop the others.
 
-A cell is one Ray task, one process: a many-rank cell (``trainer.strategy=fsdp`` over
-``trainer.nodes x trainer.nproc_per_node`` > 1 ranks) is refused before anything is submitted,
-naming the launchers that run it (local: torchrun on this machine; Slurm: a multi-task job).
+A cell is one Ray task, one process: a many-rank cell is refused before anything is submitted,
+naming the launchers that run it.
 """
 
 from __future__ import annotations
@@ -64,8 +63,8 @@ class RayLauncher:
 
 
 def many_rank_refusal(specs: list[CellSpec]) -> str | None:
-    """Returns the one line that refuses a grid with a many-rank cell (None when every cell is one
-    process): a Ray task is one process, and vapo-lab does not start a cell's ranks as Ray actors."""
+    """Returns the one line that refuses a grid with a many-rank cell, None when every cell is one
+    process (a Ray task is one process; vapo-lab does not start a cell's ranks as Ray actors)."""
     many = [(s, cell_ranks(s.config)) for s in specs if cell_ranks(s.config) != (1, 1)]
     if not many:
         return None
@@ -73,8 +72,9 @@ def many_rank_refusal(specs: list[CellSpec]) -> str | None:
     more = f" (and {len(many) - 1} more)" if len(many) > 1 else ""
     return (
         f"cell {s.key}{more} runs on {nodes * per_node} ranks (trainer.nodes={nodes} x "
-        f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; use --launcher "
-        "local (torchrun on this machine) or --launcher slurm (a multi-task job); nothing was submitted"
+        f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; "
+        "use --launcher local (torchrun on this machine) "
+        "or --launcher slurm (a multi-task job); nothing was submitted"
     )
 
 
@@ -104,13 +104,12 @@ def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Lo
 
 
 def ray_init(settings: dict[str, Any]) -> bool:
-    """Connects to the configured Ray cluster (or starts a local one); returns True when this call
-    connected (so the caller shuts it down); raises LaunchError if unreachable.
+    """Connects to the configured Ray cluster, or starts a local one; returns True when this call
+    connected (the caller then shuts Ray down). Raises LaunchError if it is unreachable.
 
     A local Ray started here listens on 127.0.0.1 only, unless ``launcher.ray.expose=true``: anyone
-    who can reach a Ray port can run code on it (Ray's security notes). Ray has no bind option of
-    its own for this; its switch for a loopback-only node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
-    meant for laptops) makes every Ray process of the node use and listen on 127.0.0.1.
+    who can reach a Ray port can run code on it. Ray has no bind option; its switch for a
+    loopback-only node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, meant for laptops) does it.
     """
     address = settings.get("address")
     loopback = not address and not settings.get("expose", False)
@@ -154,7 +153,8 @@ def ray_init(settings: dict[str, Any]) -> bool:
             "or leave launcher.ray.address unset for a local Ray"
         ) from e
     finally:
-        if loopback:  # the node is started: later connections in this process decide for themselves
+        # the node is started: later connections in this process decide for themselves
+        if loopback:
             ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
             if previous is None:
                 os.environ.pop(_RAY_LOOPBACK_ENV, None)

@@ -1,19 +1,14 @@
-"""The Slurm launcher (``launcher=slurm``): one prepare job, then job arrays of the cells (submitit).
+"""The Slurm launcher (``launcher=slurm``, through submitit): a prepare job, then the cells' arrays.
 
 The arrays depend on the prepare job (``afterok``), so no cell starts before the shared caches
 exist. Each array task runs ``CellJobRunner``: on preemption or time limit Slurm signals it,
 submitit requeues it, and the new attempt resumes from the last checkpoint. The jobs outlive the
 submitting process: ``--no-wait`` returns once they are queued, and ``vapo-lab jobs`` follows them.
 
-A many-rank cell (``trainer.strategy=fsdp`` over ``trainer.nodes`` x ``trainer.nproc_per_node``
-ranks) is a multi-task job: ``--nodes`` = trainer.nodes, ``--ntasks-per-node`` =
-trainer.nproc_per_node, and srun starts one task per rank (no torchrun inside Slurm); each task
-sets its torch.distributed variables from the job (``cell.join_slurm_ranks``) and runs the cell.
-An array's tasks share their sbatch parameters, so the cells go as one array per shape (nodes,
-tasks per node): the one-process cells in one array as before, each many-rank shape in its own.
-Per task: ``launcher.slurm.cpus_per_task`` CPUs, ``mem_gb`` of memory; when the launcher asks for
-GPUs (``gpus_per_task`` > 0) a many-rank job asks for one GPU per rank with ``--gpus-per-node``,
-so that every task sees its node's GPUs and picks ``cuda:{LOCAL_RANK}``.
+A many-rank cell is a multi-task job (``--nodes`` = trainer.nodes, ``--ntasks-per-node`` =
+trainer.nproc_per_node): srun starts one task per rank, no torchrun, and each task joins the
+others (``cell.join_slurm_ranks``). An array's tasks share their sbatch parameters, so the cells
+go as one array per shape (nodes, tasks per node).
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ Cell = TypeVar("Cell")  # a CellJob or a CellSpec
 
 
 class SlurmLauncher:
-    """Submits a grid's cells as Slurm job arrays (one per shape of cell) after a prepare job;
-    optionally waits for them."""
+    """Submits a grid's cells as Slurm job arrays after a prepare job, and can wait for them."""
 
     name = "slurm"
     detached = True
@@ -82,7 +76,8 @@ class SlurmLauncher:
                     else f"the prepare job {prep.job_id} and array(s) {', '.join(queued[1:])} were"
                 )
                 raise LaunchError(
-                    f"sbatch refused the cells' job array{_shape_text(*shape)}: {_sbatch_error(e)}; "
+                    f"sbatch refused the cells' job array{_shape_text(*shape)}: "
+                    f"{_sbatch_error(e)}; "
                     f"submitted: none of {len(jobs)} cells ({cancelled} cancelled)"
                 ) from e
         for _, group, array in arrays:
@@ -93,12 +88,13 @@ class SlurmLauncher:
             f"{_array_id(a)} of {len(g)} cells{_shape_text(*shape)}" for shape, g, a in arrays
         )
         log(
-            f"submitted prepare job {prep.job_id} and array{'s' if len(arrays) > 1 else ''} {listed}; logs in "
+            f"submitted prepare job {prep.job_id} and "
+            f"array{'s' if len(arrays) > 1 else ''} {listed}; logs in "
             f"{folder}; follow with `vapo-lab jobs {grid_id}`"
         )
 
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
-        """Waits until every cell's status is final (finished / failed) or its job has left the queue."""
+        """Waits until every cell's status is final or its job has left the queue."""
         grid_dir = Path(jobs[0].grid_dir)
         left = {j.spec.key: sub.job_ids[j.spec.key] for j in jobs}
         while left:
@@ -134,7 +130,8 @@ class SlurmLauncher:
         ]
         for i, (shape, group) in enumerate(task_groups(specs, lambda s: s.config).items()):
             parts += [
-                f"\n# sbatch script {i + 2}: the job array of {len(group)} cells{_shape_text(*shape)}, "
+                f"\n# sbatch script {i + 2}: "
+                f"the job array of {len(group)} cells{_shape_text(*shape)}, "
                 "after the prepare job",
                 _make_sbatch_string(
                     command=command,
@@ -219,7 +216,8 @@ def _array_parameters(
         job_name=f"{params['job_name']}-{nodes}x{tasks}",
         nodes=nodes,
         ntasks_per_node=tasks,
-        mem=f"{int(params['mem'].removesuffix('GB')) * tasks}GB",  # --mem is per node: mem_gb per rank
+        # --mem is per node: mem_gb per rank
+        mem=f"{int(params['mem'].removesuffix('GB')) * tasks}GB",
         # a rank that fails ends the job's other ranks at once, as torchrun does (they would
         # otherwise wait in their next collective for the process group's timeout)
         srun_args=["--kill-on-bad-exit=1"],

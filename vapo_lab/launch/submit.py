@@ -1,19 +1,10 @@
-"""Submitting a grid, the same way whatever the launcher (``vapo-lab sweep`` / ``ablate --table1``).
+"""Submitting a grid the same way whatever the launcher (``vapo-lab sweep``, ``ablate --table1``).
 
-``submit_grid``:
-
-1. the launcher's preflight checks (Slurm commands and partition, Ray address, cells it cannot run:
-   a many-rank cell on Ray, on many nodes locally) and the tracking store are checked before
-   anything is submitted (every cell's config was composed and checked when the grid was
-   expanded);
-2. the grid's folder ``<output_dir>/grids/<grid id>/`` is created or reopened (``grid.json``: the
-   cells, the parent MLflow run, every submission and its job ids);
-3. cells already finished are skipped, cells still running in a live job are left alone, the
-   rest go to the launcher: first one job that prepares the shared caches (base model, reward
-   model, pretrained critic), then the cells.
-
-The grid id is a hash of the cells' config hashes, so the same grid submitted again reopens the
-same folder and the same MLflow runs.
+``submit_grid`` runs the launcher's preflight checks and checks the tracking store before
+anything is submitted; creates or reopens the grid's folder (``vapo_lab.launch.record``); skips
+the cells already finished and those still running in a live job; and hands the rest to the
+launcher: first one job that prepares the shared caches, then the cells. The grid id hashes the
+cells' configs, so the same grid submitted again reopens the same folder and the same MLflow runs.
 """
 
 from __future__ import annotations
@@ -46,17 +37,16 @@ def submit_grid(
     """Submits the cells of ``grid`` that still need to run; see the module docstring.
 
     Args:
-        grid: the loaded grid (name, experiment).
-        specs: its expanded cells (``Grid.expand``), all sharing one grid id.
+        specs: the grid's expanded cells (``Grid.expand``), all sharing one grid id.
         cfg: a composed config holding the submission's ``launcher`` and ``tracking`` settings and
             ``output_dir`` (the first cell's config does).
-        launcher: where the cells run (``vapo_lab.launch.registry.resolve_launcher``).
         dry_run: print what would run (and the launcher's scripts) and submit nothing.
         wait: for a launcher whose jobs outlive this process (Slurm): wait for them to end (the
             others always wait).
-        log: where progress lines go.
     """
-    launchers: dict[str, Any] = OmegaConf.to_container(cfg.launcher, resolve=True)  # type: ignore[assignment]
+    launchers: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
+        cfg.launcher, resolve=True
+    )
     settings: dict[str, Any] = launchers.get(launcher.name, {})
     grid_id = specs[0].grid_id
     grid_dir = grid_dir_for(cfg.output_dir, grid_id)
@@ -130,7 +120,8 @@ def submit_grid(
     record["submissions"].append(entry)
     write_record(grid_dir, record)
     log(
-        f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, {len(sub.skipped_finished)} finished, "
+        f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, "
+        f"{len(sub.skipped_finished)} finished, "
         f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}"
     )
     try:
@@ -176,10 +167,11 @@ def dry_run_text(
     settings: dict[str, Any],
     todo: list[CellSpec],
 ) -> str:
-    """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then what
-    the launcher adds for the cells ``todo`` that would run."""
+    """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then
+    what the launcher adds for the cells ``todo`` that would run."""
     lines = [
-        f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), experiment {grid.experiment!r}, "
+        f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), "
+        f"experiment {grid.experiment!r}, "
         f"folder {sub.grid_dir}",
         f"{'cell':<44} {'seed':>4}  {'config':<16}  state",
     ]

@@ -1,4 +1,4 @@
-"""Finding runs and their checkpoints on disk: the latest run, a run by its id, checkpoints by step.
+"""Finding runs and checkpoints on disk: the latest run, a run by its id, checkpoints by step.
 
 Readers of run folders (evaluation, reports) use these; each returns None or an empty result
 where nothing is found, so the caller words the refusal in its own options' terms.
@@ -31,7 +31,7 @@ def latest_run(runs_dir: Path) -> Path | None:
 
 
 def run_with_id(run_id: str, runs_dir: Path) -> Path | None:
-    """Returns the run under ``runs_dir`` whose run.json records tracking run ``run_id``, or None."""
+    """Returns the run under ``runs_dir`` whose run.json records run id ``run_id``, or None."""
     for run_json in runs_dir.glob(f"*/{RUN_FILE}"):
         try:
             if json.loads(run_json.read_text()).get("run_id") == run_id:

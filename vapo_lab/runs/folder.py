@@ -22,7 +22,7 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 def resume_config(run_dir: str | Path) -> tuple[DictConfig, dict[str, str]]:
-    """Returns (the saved config with resume=<run_dir>, the component choices) of a run to continue."""
+    """Returns (the saved config with resume=<run_dir>, the component choices) of a run."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir) or not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(

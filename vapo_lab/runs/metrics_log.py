@@ -26,7 +26,7 @@ RESERVED = ("step", "timestamp_ms")
 
 
 def record_kind(metrics: dict[str, Any]) -> str:
-    """Returns "pretrain" for a value-pretraining record (every key ``pretrain/*``), else "train"."""
+    """Returns "pretrain" for a value-pretraining record (all keys ``pretrain/*``), else "train"."""
     keys = [k for k in metrics if k not in RESERVED]
     return "pretrain" if keys and all(k.startswith("pretrain/") for k in keys) else "train"
 
@@ -64,7 +64,7 @@ class MetricsLog:
             self.logged[(record_kind(r), int(r["step"]))] = r
 
     def records(self) -> list[dict[str, Any]]:
-        """Returns every logged record as ``{"step", "timestamp", "metrics"}`` (the tracker's form)."""
+        """Returns every logged record in the tracker's form: ``{step, timestamp, metrics}``."""
         return [
             {
                 "step": int(r["step"]),
@@ -84,8 +84,10 @@ class MetricsLog:
                 self._warned = True
                 differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
                 self.warn(
-                    f"warning: {key[0]} step {step} recomputed after the resume differs from the value "
-                    f"logged before the interruption ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}); "
+                    f"warning: {key[0]} step {step} recomputed after the resume "
+                    "differs from the value "
+                    f"logged before the interruption ({', '.join(differ[:3])}"
+                    f"{', ...' if len(differ) > 3 else ''}); "
                     "the first logged values are kept (the run is not bit-for-bit repeatable here)"
                 )
             return False

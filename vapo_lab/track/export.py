@@ -21,12 +21,10 @@ from vapo_lab.errors import VapoLabError
 
 FORMAT = "vapo-lab-runs/1"
 SOURCE_TAG = "vapo.source_run_id"
-# An export to import is untrusted: these caps bound the memory reading one takes before it is refused.
-# The larger committed export (reports/table1-80steps) inflates to 4.5 MiB: 256 MiB is 55 times that
+# An export to import is untrusted: these caps bound the memory reading one takes before it is
+# refused (their sizing: docs/testing.md, "Runs-export caps")
 MAX_INFLATED_BYTES = 256 << 20
-# JSON values, counted (as their , : [ { bytes, an upper bound) while inflating: parsed, one costs at most
-# ~70 bytes, so reading any file under both caps peaks near 1.3 GB (measured, 16M distinct short strings;
-# table1-80steps: 534k values, 39 MB)
+# JSON values, counted while inflating as their , : [ { bytes (an upper bound)
 MAX_JSON_VALUES = 16_000_000
 MAX_RUNS = 10_000  # export_runs asks MLflow for at most this many
 # MLflow's run statuses: set_terminated refuses any other, after the store is written
@@ -43,7 +41,7 @@ class ExportError(VapoLabError):
 
 
 def export_runs(tracking_uri: str, experiment: str, path: str | Path) -> int:
-    """Writes every run of ``experiment`` in ``tracking_uri`` to ``path`` (.json.gz); returns the count."""
+    """Writes every run of ``experiment`` to ``path`` (.json.gz); returns how many."""
     from vapo_lab.track.mlflow_tracker import open_client
 
     client = open_client(tracking_uri)
@@ -145,13 +143,15 @@ def _inflate(path: str | Path, raw: BinaryIO, keep: bool) -> bytearray:
             values += sum(chunk.count(c) for c in _VALUE_BYTES)
             if size > MAX_INFLATED_BYTES:
                 raise ExportError(
-                    f"{path} inflates to more than {MAX_INFLATED_BYTES >> 20} MiB, the cap on a runs "
-                    f"export (the committed ones are under 5 MiB); if it is a real export, raise "
+                    f"{path} inflates to more than {MAX_INFLATED_BYTES >> 20} MiB, "
+                    "the cap on a runs export (the committed ones are under 5 MiB); "
+                    f"if it is a real export, raise "
                     f"MAX_INFLATED_BYTES in vapo_lab/track/export.py"
                 )
             if values > MAX_JSON_VALUES:
                 raise ExportError(
-                    f"{path} holds more than {MAX_JSON_VALUES:,} JSON values (a metric point is 4), "
+                    f"{path} holds more than {MAX_JSON_VALUES:,} JSON values "
+                    "(a metric point is 4), "
                     f"the cap on a runs export; if it is a real export, raise MAX_JSON_VALUES "
                     f"in vapo_lab/track/export.py"
                 )
@@ -161,7 +161,7 @@ def _inflate(path: str | Path, raw: BinaryIO, keep: bool) -> bytearray:
 
 
 def _check_export(path: str | Path, data: dict[str, Any]) -> None:
-    """Refuses (ExportError, one line) the first run or field that is not as export_runs writes it."""
+    """Refuses (ExportError, one line) the first run or field not as export_runs writes it."""
     if not isinstance(data.get("experiment"), str) or not data["experiment"]:
         raise ExportError(
             f"{path} has a bad experiment {_short(data.get('experiment'))}, not a name; {_FIX}"
@@ -192,13 +192,17 @@ def _run_problem(run: Any) -> str | None:
             return f"has a bad {field} {_short(run[field])}, not {expected}"
     for key, points in run["metrics"].items():
         if not isinstance(points, list):
-            return f"has a bad metrics series {key!r}: {_short(points)}, not a list of [step, timestamp, value]"
+            return (
+                f"has a bad metrics series {key!r}: {_short(points)}, "
+                "not a list of [step, timestamp, value]"
+            )
         for j, p in enumerate(points):
             if not (
                 type(p) is list and len(p) == 3 and _int64(p[0]) and _int64(p[1]) and _number(p[2])
             ):
                 return (
-                    f"has bad metrics: {key!r} point {j} is {_short(p)}, not [step, timestamp, value] "
+                    f"has bad metrics: {key!r} point {j} is {_short(p)}, "
+                    "not [step, timestamp, value] "
                     "(two integers and a number)"
                 )
     return None

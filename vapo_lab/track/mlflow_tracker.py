@@ -41,7 +41,7 @@ class TrackingError(VapoLabError):
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
-    """Returns ``uri``, else $MLFLOW_TRACKING_URI, else the local store ./mlflow.db (MLflow's own default)."""
+    """Returns ``uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db (MLflow's own default)."""
     if uri:
         return uri
     env = os.environ.get("MLFLOW_TRACKING_URI")
@@ -62,10 +62,11 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def open_client(uri: str) -> Any:
-    """Returns an MlflowClient of the store at ``uri``. MLflow creates a fresh sqlite store's schema
-    as a client opens it, unlocked: under a lock beside the file, runs started together never race.
-    A store left unfinished by a process killed during that creation, holding nothing, is renamed
-    aside (``set_aside_if_empty``) and a new one made, said in one line on stderr."""
+    """Returns an MlflowClient of the store at ``uri``, opened under ``store_lock``.
+
+    A sqlite store left unfinished and empty by a process killed while creating it is renamed aside
+    (``set_aside_if_empty``) and a new one made, said in one line on stderr.
+    """
     from mlflow.tracking import MlflowClient
 
     with store_lock(uri):
@@ -77,8 +78,9 @@ def open_client(uri: str) -> Any:
                 raise
             _forget_engines(uri)
             print(
-                f"the MLflow store {sqlite_file(uri)} was left unfinished by a process killed while creating "
-                f"it and held no run: moved it to {aside.name} and created a new one",
+                f"the MLflow store {sqlite_file(uri)} was left unfinished "
+                "by a process killed while creating it and held no run: "
+                f"moved it to {aside.name} and created a new one",
                 file=sys.stderr,
             )
             return MlflowClient(tracking_uri=uri)
@@ -120,7 +122,8 @@ def open_experiment(client: Any, name: str) -> str:
     if exp is None:
         try:
             return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-        except Exception:  # noqa: BLE001 - another process (a grid's cell) may have created it in between
+        except Exception:  # noqa: BLE001
+            # another process (a grid's cell) may have created it in between
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
@@ -149,14 +152,10 @@ def check_server(uri: str, timeout: float = 3.0) -> None:
 
 
 class MlflowTracker:
-    """Logs one run to MLflow, spooling to disk whatever fails to send.
+    """Logs one run to MLflow, spooling to disk whatever fails to send (see the module docstring).
 
-    After :meth:`start`, metrics are handed to a background sender thread, so a slow or dead
-    server never stalls the training loop: the thread sends each step's batch, or, while the
-    server does not answer, appends it to the spool and tries the server again at most every
-    ``retry_s`` seconds. ``log`` is told once when spooling begins and once when the spool has
-    been sent. Without :meth:`start` (logging into an existing run, as ``vapo-lab eval`` does)
-    each call sends at once.
+    After :meth:`start` a background thread sends the metrics; without it (logging into an
+    existing run, as ``vapo-lab eval`` does) each call sends at once.
     """
 
     def __init__(
@@ -175,7 +174,8 @@ class MlflowTracker:
         self.experiment = experiment
         try:  # imports MLflow (heavy) only when tracking is on
             self.client = open_client(self.uri)
-        except Exception as e:  # noqa: BLE001 - a store that cannot be opened (corrupt, unwritable): one line
+        except Exception as e:  # noqa: BLE001
+            # a store that cannot be opened (corrupt, unwritable): one line
             raise TrackingError(
                 f"cannot open the MLflow tracking store {self.uri}: {first_line(e)}; "
                 "repair or move it, or set tracking.uri to another store, or tracking=none"
@@ -200,7 +200,7 @@ class MlflowTracker:
         resume_run_id: str | None = None,
         parent_run_id: str | None = None,
     ) -> str:
-        """Returns the run id of a new run (or of ``resume_run_id``, reopened); raises TrackingError."""
+        """Returns the id of a new run (or of ``resume_run_id``, reopened); raises TrackingError."""
         from mlflow.entities import Param
 
         if self.uri.startswith(("http://", "https://")):
@@ -243,7 +243,8 @@ class MlflowTracker:
         self.close(wait_s)
         try:
             self._replay(force=True)
-        except Exception:  # noqa: BLE001 - a spool that cannot be read is kept; the status is still set
+        except Exception:  # noqa: BLE001
+            # a spool that cannot be read is kept; the status is still set
             self.failures += 1
         try:
             self.client.set_terminated(self.run_id, status=status)
@@ -268,9 +269,9 @@ class MlflowTracker:
             self._deliver(record)
 
     def backfill(self, records: list[dict[str, Any]]) -> None:
-        """Sends those of ``records`` ({step, timestamp, metrics}) whose (key, step) the run does not
-        hold yet: after a resume, the steps a killed process wrote to its local record but never
-        got to send. The store is asked once per metric key; nothing is sent twice."""
+        """Sends those of ``records`` ({step, timestamp, metrics}) whose (key, step) the run does
+        not hold yet: after a resume, the steps a killed process wrote to its local record but
+        never got to send. The store is asked once per metric key; nothing is sent twice."""
         if not records:
             return
         if self._thread is not None:
@@ -305,7 +306,8 @@ class MlflowTracker:
                     self._deliver(item)
                 else:
                     self._backfill(item)
-            except Exception as e:  # noqa: BLE001 - e.g. a full disk under the spool: the sender goes on
+            except Exception as e:  # noqa: BLE001
+                # e.g. a full disk under the spool: the sender goes on
                 self._lost(e)
             finally:
                 self._queue.task_done()
@@ -332,8 +334,10 @@ class MlflowTracker:
         if not self._spooling:
             self._spooling = True
             self.log(
-                f"tracking: MLflow at {self.uri} is not answering ({str(e).splitlines()[0][:120]}); "
-                f"spooling metrics to {self._spool_path()}, training goes on; they are sent when it answers"
+                f"tracking: MLflow at {self.uri} is not answering "
+                f"({str(e).splitlines()[0][:120]}); "
+                f"spooling metrics to {self._spool_path()}, training goes on; "
+                "they are sent when it answers"
             )
 
     def _lost(self, e: Exception) -> None:
@@ -343,7 +347,8 @@ class MlflowTracker:
         if not self._told_lost:
             self._told_lost = True
             self.log(
-                f"tracking: metrics could be neither sent to {self.uri} nor spooled to {self._spool_path()} "
+                f"tracking: metrics could be neither sent to {self.uri} "
+                f"nor spooled to {self._spool_path()} "
                 f"({first_line(e)}); the run's metrics.jsonl keeps them and resume= sends them"
             )
 
@@ -412,7 +417,8 @@ class MlflowTracker:
         if self._spooling:
             self._spooling = False
             self.log(
-                f"tracking: MLflow at {self.uri} answers again; the {len(records)} spooled step(s) were sent"
+                f"tracking: MLflow at {self.uri} answers again; "
+                f"the {len(records)} spooled step(s) were sent"
             )
         return True
 

@@ -116,12 +116,13 @@ class MlflowServer:
 def ui_hint(url: str) -> str:
     """Returns how to see an experiment's runs table and metric charts in the UI at ``url``.
 
-    MLflow 3.17's UI takes its view from the switch at the top of its sidebar (the browser keeps it)
-    or from the URL's ``workflowType``, and is GenAI (traces) by default: the experiment's kind tag
-    that vapo-lab sets is not enough there.
+    MLflow 3.17's UI takes its view from the switch at the top of its sidebar (the browser keeps
+    it) or from the URL's ``workflowType``, and is GenAI (traces) by default: the experiment's kind
+    tag that vapo-lab sets is not enough there.
     """
     return (
-        f"runs tables and metric charts: choose 'Model training' at the top of the UI's sidebar, or open "
+        "runs tables and metric charts: "
+        "choose 'Model training' at the top of the UI's sidebar, or open "
         f"{url}/#/experiments/<id>?workflowType=machine_learning"
     )
 
