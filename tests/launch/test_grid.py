@@ -4,18 +4,13 @@ import pytest
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.launch.grid import builtin_grids, config_hash, drop_grid, load_grid, sweep_points
+from vapo_lab.registry.components import COMPONENTS
 
 from .conftest import GRID3
 
-TABLE1_DROPS = [
-    "value_pretraining",
-    "decoupled_gae",
-    "length_adaptive_gae",
-    "clip_higher",
-    "token_level_loss",
-    "positive_lm_loss",
-    "group_sampling",
-]
+# a Table 1 row per component of the registry, in its order (its names are checked against the
+# paper's Table 1 in tests/test_components.py)
+TABLE1_DROPS = [c.name for c in COMPONENTS]
 
 
 def test_table1_is_ppo_dapo_vapo_and_vapo_without_each_component():
