@@ -3,8 +3,9 @@ tests/rollout/fake_vllm.py), in OUT_DIR (its caches too): writes its metrics and
 were built. grpo: a KL term to a reference; vapo: a critic from a reward model the ranks build,
 then value-pretrained.
 
-Usage (torchrun): rank_vllm_train.py ALGO MODEL_DIR OUT_DIR [--whole]; --whole builds every rank's
-models whole and shards them afterwards (the path before sharded construction).
+Usage (torchrun): rank_vllm_train.py ALGO MODEL_DIR OUT_DIR [--whole] [--set KEY=VALUE ...];
+--whole builds every rank's models whole and shards them afterwards (the path before sharded
+construction); --set adds overrides (the rank count is torchrun's).
 """
 
 import argparse
@@ -30,6 +31,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--whole", action="store_true")
+    ap.add_argument("--set", action="append", default=[], help="an override, e.g. task.n_eval=1")
     a = ap.parse_args()
     fake_vllm.install()
     built_sharded = []
@@ -69,12 +71,13 @@ def main() -> None:
             "trainer.save_every=2",
             "trainer.threads=1",
             "trainer.strategy=fsdp",
-            "trainer.nproc_per_node=2",
+            f"trainer.nproc_per_node={os.environ['WORLD_SIZE']}",
             "trainer.device=cpu",
             "tracking=none",
             f"output_dir={a.out}/runs",
             "run_name=run",
             "model.chat_template=none",
+            *a.set,
         ],
     ).cfg
     trainer = Trainer(cfg, log=lambda text: None)

@@ -205,7 +205,8 @@ def _relations(get: Any) -> list[str]:
         )
     if get("task.name") == "math" and not get("task.train_path"):
         problems.append(
-            "task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl"
+            "task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl "
+            "(or .parquet)"
         )
     impl = get("trainer.adam_impl")
     if impl not in ("fused", "foreach", "for-loop"):
