@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,6 +111,36 @@ class World:
         yield
         if self.main:
             self.barrier()
+
+    def require_shared(self, folders: dict[str, Path]) -> None:
+        """Checks that every rank sees what rank 0 writes in each of ``folders`` ({what: path}):
+        ranks on other nodes read the run folder and the caches that rank 0 wrote.
+
+        Raises:
+            ConfigError: on every rank, naming the first rank and folder that saw nothing.
+        """
+        if self.size == 1:
+            return
+        token = self.broadcast(f".vapo-shared-{os.getpid()}-{time.time_ns()}")
+        if self.main:
+            for path in folders.values():
+                path.mkdir(parents=True, exist_ok=True)
+                (path / token).write_text("rank 0 wrote this\n")
+        self.barrier()
+        blind = [what for what, path in folders.items() if not (path / token).is_file()]
+        seen = self.gather(blind)
+        self.barrier()
+        if self.main:
+            for path in folders.values():
+                (path / token).unlink(missing_ok=True)
+        for rank, missed in enumerate(seen):
+            if missed:
+                what = missed[0]
+                raise ConfigError(
+                    f"rank {rank} does not see {folders[what]} ({what}) as rank 0 wrote it: on "
+                    "many nodes it must be on a file system every node shares (run from a shared "
+                    "folder, or set output_dir to one)"
+                )
 
 
 def single() -> World:
