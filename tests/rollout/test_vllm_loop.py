@@ -317,7 +317,7 @@ def test_a_tensor_parallel_pair_samples_in_lockstep_and_each_rank_gets_its_rows(
     assert pair[("lockstep", 0)]["pushed"] and pair[("lockstep", 1)]["pushed"]
     # each rank's rows are those of its own prompts, as a one-rank engine with the same weights
     # samples them
-    engine = VllmEngine(path, dtype="float32", seed=0, max_model_len=32)
+    engine = VllmEngine(path, dtype="float32", seed=0, max_model_len=32, seed_per_request=True)
     engine.push_weights(_updated_policy(str(path)))
     for rank in (0, 1):
         alone = engine.sample(

@@ -320,9 +320,9 @@ class VllmEngine:
 
         if self._stale:
             raise WeightPushError(
-                "the vLLM engine holds no policy weights (a level-2 sleep discarded them, or it was "
-                "built with dummy weights) and none were pushed since: call push_weights(policy) "
-                "before sampling"
+                "the vLLM engine holds no policy weights (a level-2 sleep discarded them, or it "
+                "was built with dummy weights) and none were pushed since: call "
+                "push_weights(policy) before sampling"
             )
         self.wake()
         if self.seed_per_request:
