@@ -49,6 +49,7 @@ def test_a_reward_model_of_16_samples_is_built_on_3_ranks(tmp_path):
         "critic.rm_steps=2",
         "critic.pretrain.steps=1",
         "rollout.responses_per_step=12",
+        "trainer.mini_batch_size=6",
         "rollout.group_size=4",
         "trainer.total_steps=1",
         "trainer.eval_every=1",

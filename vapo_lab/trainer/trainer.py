@@ -269,10 +269,10 @@ class Trainer:
         t_rollout = time.perf_counter()
         faults.point("rollout", step)
         if int(world.sum(len(batch.problems))) == 0:
+            phases.push(self.policy)  # the engine slept after sampling
             self.step = step
             return {**m, "rollout/empty_batch": 1.0}
         phases.model_outputs(batch, self.policy, self.critic, self.ref)
-        phases.sleep()
         n = config.rollout.n_samples
         compute_advantages(config.algo, config.gae, config.kl, n, batch, world)
         t1 = time.perf_counter()
