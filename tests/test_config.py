@@ -277,7 +277,20 @@ def test_validation_ranges_and_required_values():
                 "trainer.nproc_per_node=2",
                 "rollout.vllm.tensor_parallel_size=4",
             ],
-            r"rollout.vllm.tensor_parallel_size=4 does not divide the 2 ranks",
+            r"rollout.vllm.tensor_parallel_size=4 does not divide trainer.nproc_per_node=2",
+        ),
+        (
+            # 8 ranks on 2 nodes of 4: TP 8 divides the world but would straddle the nodes
+            [
+                "rollout=vllm",
+                "trainer.strategy=fsdp",
+                "trainer.nproc_per_node=4",
+                "trainer.nodes=2",
+                "rollout.responses_per_step=256",
+                "rollout.vllm.tensor_parallel_size=8",
+            ],
+            r"tensor_parallel_size=8 does not divide trainer.nproc_per_node=4: an engine spans tp "
+            r"consecutive ranks of one node",
         ),
     ],
 )

@@ -3,8 +3,9 @@ tests/rollout/fake_vllm.py), in OUT_DIR (its caches too): writes its metrics and
 were built. grpo: a KL term to a reference; vapo: a critic from a reward model the ranks build,
 then value-pretrained.
 
-Usage (torchrun): rank_vllm_train.py ALGO MODEL_DIR OUT_DIR [--whole]; --whole builds every rank's
-models whole and shards them afterwards (the path before sharded construction).
+Usage (torchrun): rank_vllm_train.py ALGO MODEL_DIR OUT_DIR [--whole] [--set KEY=VALUE ...];
+--whole builds every rank's models whole and shards them afterwards (the path before sharded
+construction); --set adds overrides (the rank count is torchrun's).
 """
 
 import argparse
@@ -20,7 +21,8 @@ import fake_vllm  # noqa: E402
 from tests.distributed.ranks import leave  # noqa: E402
 from vapo_lab.config.compose import compose_config  # noqa: E402
 from vapo_lab.distributed.fsdp import is_sharded  # noqa: E402
-from vapo_lab.trainer import setup  # noqa: E402
+from vapo_lab.trainer import phases, setup, update  # noqa: E402
+from vapo_lab.trainer import trainer as trainer_module  # noqa: E402
 from vapo_lab.trainer.trainer import Trainer  # noqa: E402
 
 
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--whole", action="store_true")
+    ap.add_argument("--set", action="append", default=[], help="an override, e.g. task.n_eval=1")
     a = ap.parse_args()
     fake_vllm.install()
     built_sharded = []
@@ -41,6 +44,26 @@ def main() -> None:
         return original(model, task, log, progress, world, device, whole, threads)
 
     setup.load_policy = load_policy
+    # every pass and update must run with the engine asleep (its memory is the training's then)
+    engines, awake = [], set()
+    original_build = setup.build_parts
+
+    def build_parts(*args, **kwargs):
+        parts = original_build(*args, **kwargs)
+        engines.append(parts.sampling.engine)
+        return parts
+
+    def asleep_in(name, method):
+        def run(*args, **kwargs):
+            if engines and not engines[-1]._asleep:
+                awake.add(name)
+            return method(*args, **kwargs)
+
+        return run
+
+    setup.build_parts = trainer_module.build_parts = build_parts
+    phases.Phases.model_outputs = asleep_in("model outputs", phases.Phases.model_outputs)
+    update.Descent.step = asleep_in("an optimiser step", update.Descent.step)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     os.chdir(a.out)  # the caches (.vapo_cache) are this run's own
     critic = (
@@ -69,12 +92,13 @@ def main() -> None:
             "trainer.save_every=2",
             "trainer.threads=1",
             "trainer.strategy=fsdp",
-            "trainer.nproc_per_node=2",
+            f"trainer.nproc_per_node={os.environ['WORLD_SIZE']}",
             "trainer.device=cpu",
             "tracking=none",
             f"output_dir={a.out}/runs",
             "run_name=run",
             "model.chat_template=none",
+            *a.set,
         ],
     ).cfg
     trainer = Trainer(cfg, log=lambda text: None)
@@ -87,6 +111,7 @@ def main() -> None:
                 "policy_sharded": is_sharded(trainer.policy),
                 "ref_sharded": is_sharded(trainer.ref),
                 "critic_sharded": is_sharded(trainer.critic),
+                "engine_awake_in": sorted(awake),
                 "metrics": [
                     {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}
                     for m in result.metrics

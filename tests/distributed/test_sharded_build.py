@@ -39,6 +39,9 @@ def test_a_vllm_run_over_two_ranks_builds_sharded_and_trains_as_the_whole_build(
             algo == "vapo"
         )
     assert [m["step"] for m in runs["sharded"][0]["metrics"]] == [1, 2]
+    # the engine slept through every pass and update: the RL steps', the reward model's and value
+    # pretraining's alike
+    assert all(rank["engine_awake_in"] == [] for run in runs.values() for rank in run)
     if algo == "vapo":
         assert "critic/value_loss" in runs["sharded"][0]["metrics"][-1]
         for name in ("sharded", "whole"):  # the ranks built and cached both entries

@@ -2,16 +2,26 @@
 torch.distributed is replaced by a recorder, so the CUDA path is checked on a machine without
 one."""
 
+from datetime import timedelta
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from vapo_lab.distributed.world import init_world
+from vapo_lab.errors import ConfigError
 
 
 def _cfg(nodes: int, per_node: int):
     return OmegaConf.create(
-        {"trainer": {"strategy": "fsdp", "nodes": nodes, "nproc_per_node": per_node}}
+        {
+            "trainer": {
+                "strategy": "fsdp",
+                "nodes": nodes,
+                "nproc_per_node": per_node,
+                "collective_timeout_min": 75,
+            }
+        }
     )
 
 
@@ -25,6 +35,7 @@ def calls(monkeypatch):
         lambda backend, **kw: seen.update(backend=backend, **kw),
     )
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: seen.update(set_device=i))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # a node's GPUs, unless a test says
     return seen
 
 
@@ -48,3 +59,28 @@ def test_a_cpu_rank_uses_gloo_and_binds_no_device(monkeypatch, calls):
     assert calls["device_id"] is None
     assert "set_device" not in calls
     assert (world.rank, world.comm_device) == (1, "cpu")
+
+
+def test_the_collective_timeout_is_the_configs(monkeypatch, calls):
+    # the first collective after sampling waits for the slowest engine: the run's own bound
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    init_world(_cfg(1, 2).trainer, torch.device("cpu"))
+    assert calls["timeout"] == timedelta(minutes=75)
+
+
+def test_a_site_that_binds_one_gpu_per_task_uses_that_gpu(monkeypatch, calls):
+    # Slurm --gpus-per-task=1: every task sees one GPU, index 0, whatever its local rank
+    for k, v in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    init_world(_cfg(1, 4).trainer, torch.device("cuda"))
+    assert calls["set_device"] == 0 and calls["device_id"] == torch.device("cuda", 0)
+
+
+def test_a_rank_that_cannot_see_its_gpu_is_one_line(monkeypatch, calls):
+    for k, v in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match="LOCAL_RANK=3 but this process sees 2 GPUs"):
+        init_world(_cfg(1, 4).trainer, torch.device("cuda"))

@@ -11,7 +11,8 @@ CUDA, no kernels. What it does do as vLLM 0.33.0 does, read from that release's 
   None takes the config's ``max_position_embeddings``, a larger one is a ValueError
   (vllm/config/model.py ``_get_and_verify_max_len``); ``seed`` re-seeds Python's, NumPy's and
   torch's global RNGs (vllm/utils/torch_utils.py ``set_random_seed``); ``model_config.dtype`` is
-  a torch.dtype.
+  a torch.dtype. ``load_format="dummy"`` builds random weights and reads none (vLLM's
+  DummyModelLoader, uniform in ±1e-3).
 * ``worker_extension_cls`` (vllm/v1/worker/worker_base.py ``init_worker``): the class named
   "module.Class" is imported and added to the worker's bases, refusing a name the worker
   already has. ``collective_rpc(method, timeout=None, args=(), kwargs=None)`` runs the method on
@@ -89,6 +90,7 @@ _DTYPES = {
 # LLM's keyword arguments the stand-in knows (vLLM passes the rest to EngineArgs, which refuses
 # unknown names)
 _ENGINE_ARGS = {
+    "load_format",
     "max_model_len",
     "enable_sleep_mode",
     "worker_extension_cls",
@@ -169,6 +171,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     max_tokens: int | None = 16
     logprobs: int | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -359,12 +362,26 @@ class LLM:
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer or model, local_files_only=True, trust_remote_code=trust_remote_code
         )
-        hf = AutoModelForCausalLM.from_pretrained(
-            model,
-            dtype=_dtype(dtype, model),
-            local_files_only=True,
-            trust_remote_code=trust_remote_code,
-        ).eval()
+        load_format = kwargs.get("load_format", "auto")
+        if load_format == "dummy":  # vLLM's DummyModelLoader: random weights, nothing read
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(
+                model, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+            hf = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype, model)).eval()
+            with torch.no_grad():
+                for p in hf.parameters():
+                    p.uniform_(-1e-3, 1e-3)  # initialize_dummy_weights' range
+        elif load_format == "auto":
+            hf = AutoModelForCausalLM.from_pretrained(
+                model,
+                dtype=_dtype(dtype, model),
+                local_files_only=True,
+                trust_remote_code=trust_remote_code,
+            ).eval()
+        else:
+            raise NotImplementedError(f"load_format={load_format!r} is not in the stand-in")
         self.model_config = ModelConfig(
             model,
             next(hf.parameters()).dtype,
@@ -384,6 +401,7 @@ class LLM:
         self.worker = worker_cls(VllmStyleModel(hf))
         self.sleeping: set[str] = set()
         self.calls: list[tuple[str, Any]] = []  # what the engine was asked, for tests
+        self.params_seen: list[SamplingParams] = []
         self._requests = 0
 
     def _join_world(self, backend: str | None) -> Any:
@@ -499,6 +517,7 @@ class LLM:
             )
         ids = [list(p["prompt_token_ids"]) for p in prompts]
         self.calls.append(("generate", (ids, [sp.seed for sp in params])))
+        self.params_seen.extend(params)
         self._check_lockstep(ids, params)
         outputs = []
         for prompt, sp in zip(ids, params):
@@ -574,7 +593,13 @@ class LLM:
         """Appends one sampled token to ``row`` and ends it where vLLM's check_stop would."""
         row.tokens.append(token)
         row.logprobs.append(
-            {token: Logprob(logprob, rank, self.tokenizer.convert_ids_to_tokens(token))}
+            {
+                token: Logprob(
+                    logprob,
+                    rank,
+                    self.tokenizer.convert_ids_to_tokens(token) if sp.detokenize else None,
+                )
+            }
         )
         if token == self.tokenizer.eos_token_id:
             row.reason = "stop"
@@ -596,7 +621,7 @@ class LLM:
             )
         return CompletionOutput(
             index,
-            self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+            self.tokenizer.decode(row.tokens, skip_special_tokens=True) if sp.detokenize else "",
             row.tokens,
             cumulative,
             logprobs,

@@ -212,3 +212,14 @@ def test_the_fast_decoder_keeps_every_projection_bias():
         d = FastDecoder(model, 2, 8)
         got = d.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
         torch.testing.assert_close(got, model(input_ids=ids).logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_no_prompts_give_no_samples_and_draw_nothing():
+    # a rank without prompts still calls the sampler (its tensor-parallel partners sample): it
+    # gets 0 rows, in the layout's dtypes, and its generator is left where it was
+    model = _qwen()
+    g = torch.Generator().manual_seed(3)
+    s = sample(model, [], n=4, max_new_tokens=5, eos_id=2, pad_id=0, generator=g)
+    assert s.response_ids.shape == (0, 0) and s.prompt_ids.dtype == torch.long
+    assert s.lengths.tolist() == [] and s.truncated.tolist() == [] and s.logprobs.numel() == 0
+    assert torch.equal(g.get_state(), torch.Generator().manual_seed(3).get_state())

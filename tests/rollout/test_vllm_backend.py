@@ -264,7 +264,7 @@ class _FakeLLM:
     last: _FakeLLM | None = None
 
     def __init__(self, model: str, **kwargs) -> None:
-        self.kwargs, self.calls = kwargs, []
+        self.kwargs, self.calls, self.seeded, self.params = kwargs, [], [], []
         self.model_config = SimpleNamespace(dtype=torch.float32)
         base = {n: torch.zeros_like(p) for n, p in Four().named_parameters()}
         fake_model = _FakeModel({**base, **_FakeLLM.extra_params})
@@ -273,6 +273,9 @@ class _FakeLLM:
         _FakeLLM.last = self
 
     def collective_rpc(self, method, args=()):
+        if method == "vapo_seed":  # the call's seed, kept apart from the order of the calls
+            self.seeded.append(args[0])
+            return [None]
         self.calls.append(("rpc", method))
         return [getattr(self.worker, method)(*args)]
 
@@ -290,6 +293,7 @@ class _FakeLLM:
         self.calls.append(
             ("generate", [p["prompt_token_ids"] for p in prompts], [sp.seed for sp in params])
         )
+        self.params.extend(params)
         outs = []
         for i, sp in enumerate(params):
             completions = []
@@ -324,6 +328,9 @@ def fake_vllm(monkeypatch):
 
 
 def _engine(**kwargs) -> VllmEngine:
+    """An engine whose requests are seeded one by one (the calls the tests below spell out),
+    unless ``kwargs`` say otherwise."""
+    kwargs = {"seed_per_request": True, **kwargs}
     return VllmEngine(
         "/model", dtype="float32", seed=3, max_model_len=64, weight_bucket_mb=1, **kwargs
     )
@@ -458,6 +465,25 @@ def test_make_engine_passes_the_config(fake_vllm):
     )
 
 
+def test_one_seed_a_call_seeds_the_engine_and_no_request(fake_vllm):
+    engine = _engine(seed_per_request=False)
+    engine.sample([[1, 2], [3]], 2, 3, 1.0, 1.0, 0, 99, 7)
+    llm = _FakeLLM.last
+    assert llm.seeded == [7] and llm.calls[-1] == ("generate", [[1, 2], [3]], [None, None])
+    # the scorer decodes the ids itself: vLLM need not
+    assert [p.detokenize for p in llm.params] == [False, False]
+
+
+def test_a_dummy_build_reads_nothing_and_samples_only_after_a_push(fake_vllm):
+    engine, policy = _engine(dummy_weights=True), Four()
+    assert _FakeLLM.last.kwargs["load_format"] == "dummy"
+    with pytest.raises(WeightPushError, match="dummy weights"):
+        engine.sample([[1]], 1, 3, 1.0, 1.0, 0, 99, 7)
+    engine.push_weights(policy)
+    engine.sample([[1]], 1, 3, 1.0, 1.0, 0, 99, 7)
+    assert _engine().llm.kwargs["load_format"] == "auto"
+
+
 def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) -> None:
     """On each of 2 ranks, one engine of tensor_parallel_size=2 over a fake vllm: both run both
     ranks' prompts."""
@@ -480,14 +506,11 @@ def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) 
         }
         # rank 0: nothing to sample
         s = engine.sample([] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank)
-        results[rank] = {
-            **seen,
-            "empty_round": (
-                _FakeLLM.last.calls[-1],
-                s.response_ids.shape[0],
-                s.prompt_ids.shape[0],
-            ),
-        }
+        empty_round = (_FakeLLM.last.calls[-1], s.response_ids.shape[0], s.prompt_ids.shape[0])
+        # one seed a call: the group samples alike, so every rank seeds with its first rank's
+        call = _engine(tensor_parallel_size=2, rank=rank, world_size=world, seed_per_request=False)
+        call.sample(prompts, 1, 3, 1.0, 1.0, 0, 0, 300 + rank)
+        results[rank] = {**seen, "empty_round": empty_round, "call_seeds": call.llm.seeded}
     finally:
         dist.destroy_process_group()
 
@@ -508,6 +531,7 @@ def test_a_tensor_parallel_group_samples_its_ranks_prompts_together(tmp_path):
     assert results[0]["empty_round"] == (("generate", [[4]], [201]), 0, 0)
     assert results[1]["empty_round"] == (("generate", [[4]], [201]), 2, 2)
     assert results[0]["seed"] == results[1]["seed"] == 3  # one engine seed per group
+    assert results[0]["call_seeds"] == results[1]["call_seeds"] == [300]
     # each rank gets back its own rows: fake first token 10 + the request's index in the group's
     # batch
     assert results[0]["prompt_ids"] == [[1]] and results[0]["first_tokens"] == [10]

@@ -63,11 +63,15 @@ def _logprobs_under(model, s: Samples) -> list[torch.Tensor]:
     return out
 
 
-def _engine(path, cfg, prompt_tokens: int = BUDGET):
+def _engine(path, cfg, prompt_tokens: int = BUDGET, **vllm):
     """The engine of ``cfg`` over the checkpoint at ``path``, built for prompts of
-    ``prompt_tokens``."""
+    ``prompt_tokens``: loaded from the checkpoint and seeding each request unless ``vllm`` says
+    otherwise."""
     context = prompt_tokens + cfg.rollout.max_new_tokens
-    return make_engine(path, cfg.rollout.vllm, cfg.model, cfg.seed, context)
+    settings = dataclasses.replace(
+        cfg.rollout.vllm, **{"dummy_weights": False, "seed_per_request": True, **vllm}
+    )
+    return make_engine(path, settings, cfg.model, cfg.seed, context)
 
 
 def _gap(s: Samples, model) -> float:
@@ -155,6 +159,34 @@ def test_two_copies_of_a_prompt_are_sampled_independently(vllm_on_cpu, tiny):
         ([PROMPTS[0]] * 2, [5, 7]),
     )
     assert not torch.equal(s.response_ids[:2], s.response_ids[2:])
+
+
+def test_a_dummy_engine_samples_the_policy_only_once_it_is_pushed(vllm_on_cpu, tiny):
+    cfg, path, base, tokenizer = tiny
+    engine = _engine(path, cfg, dummy_weights=True)
+    with pytest.raises(WeightPushError, match="dummy weights.*call push_weights"):
+        _sample(engine, tokenizer)
+    engine.push_weights(base)
+    served = engine.llm.worker.get_model().hf_state()
+    for name, p in base.named_parameters():
+        assert torch.equal(_bits(served[name]), _bits(p.detach().to(engine.dtype))), name
+    # from the pushed weights, the samples of an engine that read the checkpoint itself
+    loaded = _engine(path, cfg)
+    a, b = _sample(engine, tokenizer), _sample(loaded, tokenizer)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_one_seed_a_call_keeps_requests_unseeded_and_samples_reproducible(vllm_on_cpu, tiny):
+    cfg, path, _, tokenizer = tiny
+    one, two = (_engine(path, cfg, seed_per_request=False) for _ in range(2))
+    a = _sample(one, tokenizer, seed=5)
+    # no request carries a seed, so vLLM keeps its batched sampler; nor asks for text
+    assert one.llm.calls[-1] == ("generate", (PROMPTS, [None] * len(PROMPTS)))
+    assert all(not sp.detokenize for sp in one.llm.params_seen)
+    _sample(two, tokenizer, seed=9)  # another call between: the seed, not the history, decides
+    b = _sample(two, tokenizer, seed=5)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.response_ids, _sample(one, tokenizer, seed=6).response_ids)
 
 
 # ---- the engine's context ----------------------------------------------------------------------
@@ -285,7 +317,7 @@ def test_a_tensor_parallel_pair_samples_in_lockstep_and_each_rank_gets_its_rows(
     assert pair[("lockstep", 0)]["pushed"] and pair[("lockstep", 1)]["pushed"]
     # each rank's rows are those of its own prompts, as a one-rank engine with the same weights
     # samples them
-    engine = VllmEngine(path, dtype="float32", seed=0, max_model_len=32)
+    engine = VllmEngine(path, dtype="float32", seed=0, max_model_len=32, seed_per_request=True)
     engine.push_weights(_updated_policy(str(path)))
     for rank in (0, 1):
         alone = engine.sample(

@@ -105,6 +105,10 @@ class VllmConfig:
     sleep_level: int = 2
     # push_weights gathers and loads at most this many MiB of weights at a time
     weight_bucket_mb: int = 512
+    # built with random weights, filled by the first push (no rank reads the checkpoint for vLLM)
+    dummy_weights: bool = True
+    # one seed per request (vLLM then samples row by row: slower) instead of one per call
+    seed_per_request: bool = False
 
 
 @dataclass
@@ -224,6 +228,9 @@ class TrainerConfig:
     nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
     nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
     offload_during_rollout: bool = False  # trainer state in host memory while the rollout generates
+    # how long a rank waits in a collective for the slowest one: the first after sampling waits
+    # for the slowest engine, so keep it above a rollout's worst case (`vapo-lab plan` prints it)
+    collective_timeout_min: int = 120
     # RL prompts from the first N train problems (None: all of them)
     prompt_pool: Optional[int] = None
 

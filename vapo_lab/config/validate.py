@@ -78,6 +78,7 @@ RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("trainer.save_every", 1, None, True, False),
     ("trainer.nproc_per_node", 1, None, True, False),
     ("trainer.nodes", 1, None, True, False),
+    ("trainer.collective_timeout_min", 1, None, True, False),
     ("rollout.vllm.tensor_parallel_size", 1, None, True, False),
     ("rollout.vllm.sleep_level", 1, 2, True, True),
     ("rollout.vllm.weight_bucket_mb", 1, None, True, False),
@@ -205,7 +206,8 @@ def _relations(get: Any) -> list[str]:
         )
     if get("task.name") == "math" and not get("task.train_path"):
         problems.append(
-            "task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl"
+            "task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl "
+            "(or .parquet)"
         )
     impl = get("trainer.adam_impl")
     if impl not in ("fused", "foreach", "for-loop"):
@@ -227,11 +229,13 @@ def _ranks(get: Any) -> list[str]:
     step's prompts, so the prompts per step must divide among the ranks."""
     ranks = get("trainer.nodes") * get("trainer.nproc_per_node")
     tp = get("rollout.vllm.tensor_parallel_size")
-    if get("rollout.backend") == "vllm" and ranks % tp:
+    per_node = get("trainer.nproc_per_node")
+    if get("rollout.backend") == "vllm" and per_node % tp:
+        # an engine spans tp consecutive ranks: within a node only, as its NCCL groups need
         return [
-            f"rollout.vllm.tensor_parallel_size={tp} does not divide the {ranks} ranks "
-            "(trainer.nodes x "
-            "trainer.nproc_per_node): each engine spans tp consecutive ranks; choose a divisor"
+            f"rollout.vllm.tensor_parallel_size={tp} does not divide trainer.nproc_per_node="
+            f"{per_node}: an engine spans tp consecutive ranks of one node; choose a divisor of "
+            "the ranks per node"
         ]
     if ranks == 1:
         return []

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,8 +21,6 @@ from torch import Tensor
 from vapo_lab.errors import ConfigError
 
 STRATEGIES = ("single", "fsdp")
-# how long a rank waits in a collective for the others (a rank building a cache, a slow eval)
-TIMEOUT = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,36 @@ class World:
         if self.main:
             self.barrier()
 
+    def require_shared(self, folders: dict[str, Path]) -> None:
+        """Checks that every rank sees what rank 0 writes in each of ``folders`` ({what: path}):
+        ranks on other nodes read the run folder and the caches that rank 0 wrote.
+
+        Raises:
+            ConfigError: on every rank, naming the first rank and folder that saw nothing.
+        """
+        if self.size == 1:
+            return
+        token = self.broadcast(f".vapo-shared-{os.getpid()}-{time.time_ns()}")
+        if self.main:
+            for path in folders.values():
+                path.mkdir(parents=True, exist_ok=True)
+                (path / token).write_text("rank 0 wrote this\n")
+        self.barrier()
+        blind = [what for what, path in folders.items() if not (path / token).is_file()]
+        seen = self.gather(blind)
+        self.barrier()
+        if self.main:
+            for path in folders.values():
+                (path / token).unlink(missing_ok=True)
+        for rank, missed in enumerate(seen):
+            if missed:
+                what = missed[0]
+                raise ConfigError(
+                    f"rank {rank} does not see {folders[what]} ({what}) as rank 0 wrote it: on "
+                    "many nodes it must be on a file system every node shares (run from a shared "
+                    "folder, or set output_dir to one)"
+                )
+
 
 def single() -> World:
     """The world of a one-process run."""
@@ -166,16 +196,40 @@ def init_world(trainer: Any, device: torch.device) -> World:
         backend = "nccl" if device.type == "cuda" else "gloo"
         bound = None
         if device.type == "cuda":
-            torch.cuda.set_device(local)
+            index = gpu_index(local)
+            torch.cuda.set_device(index)
             # bound to its GPU, NCCL does not guess the device from the global rank (a hang where
             # ranks and GPUs do not map one to one) and fails at once on a bad communicator
-            bound = torch.device("cuda", local)
+            bound = torch.device("cuda", index)
         torch.distributed.init_process_group(
-            backend, rank=rank, world_size=size, timeout=TIMEOUT, device_id=bound
+            backend,
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(minutes=int(trainer.collective_timeout_min)),
+            device_id=bound,
         )
     return World(
         rank, size, local, initialized=True, comm_device="cuda" if device.type == "cuda" else "cpu"
     )
+
+
+def gpu_index(local_rank: int) -> int:
+    """Returns the GPU of the rank with ``local_rank`` among the GPUs this process sees: the node's
+    (index ``local_rank``), or its own alone where the site binds one GPU to each task (index 0).
+
+    Raises:
+        ConfigError: the process sees several GPUs but not ``local_rank`` + 1.
+    """
+    seen = torch.cuda.device_count()
+    if seen == 1:
+        return 0
+    if local_rank >= seen:
+        raise ConfigError(
+            f"LOCAL_RANK={local_rank} but this process sees {seen} GPUs "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): give every "
+            "rank of a node the node's GPUs, or one GPU each"
+        )
+    return local_rank
 
 
 def close_world(world: World) -> None:

@@ -26,6 +26,7 @@ from vapo_lab.errors import CheckpointError, ConfigError
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.models.load import load_causal_lm
 from vapo_lab.models.precision import MASTER, fsdp_policy, set_compute
+from vapo_lab.models.streaming import SafetensorsWriter
 from vapo_lab.models.value import HEAD_FILE, ValueModel
 
 INDEX = "model.safetensors.index.json"
@@ -196,31 +197,26 @@ def _set_head(critic: ValueModel, head: dict[str, Tensor] | None) -> None:
 
 
 def save_sharded_value_model(critic: ValueModel, path: str | Path, world: World) -> None:
-    """Writes ``critic`` to directory ``path`` in ``ValueModel.save``'s layout, gathered parameter
-    by parameter into rank 0's CPU memory, which writes it; every rank calls this (a barrier ends
-    it).
-
-    The backbone goes to one float32 ``model.safetensors`` with its config.json, as
-    ``save_pretrained`` writes them for a transformer without key conversions or tied weights
-    (Qwen2, Llama); the head to ``value_head.pt``. A critic not sharded is saved with
-    ``ValueModel.save`` on rank 0. Why not ``HuggingFaceStorageWriter``: docs/distributed.md,
-    Sharded construction from a checkpoint.
-    """
+    """Writes ``critic`` to directory ``path`` in ``ValueModel.save``'s layout; every rank calls
+    this (a barrier ends it). A sharded critic is gathered parameter by parameter and rank 0
+    streams each to disk as it comes (``models.streaming``), never holding the whole model: the
+    backbone to one float32 ``model.safetensors`` with its config.json, as ``save_pretrained``
+    writes them for a transformer without key conversions or tied weights (Qwen2, Llama); the head
+    to ``value_head.pt``. A critic not sharded is saved with ``ValueModel.save`` on rank 0."""
     path = Path(path)
     if not is_sharded(critic):
         if world.main:
             critic.save(path)
         world.barrier()
         return
-    state = _gather(critic, world.main)
-    if world.main:
-        _write(critic, state, path)
+    _stream(critic, path, world.main)
     world.barrier()
 
 
-def _gather(critic: ValueModel, keep: bool) -> dict[str, Tensor]:
-    """Returns {state dict name: whole CPU tensor} of ``critic``'s parameters and persistent
-    buffers where ``keep`` (rank 0), {} elsewhere; a collective per parameter on every rank."""
+def _stream(critic: ValueModel, path: Path, main: bool) -> None:
+    """Gathers ``critic``'s parameters one at a time (a collective each, on every rank) and, on
+    rank 0 (``main``), writes each as it comes, then the persistent buffers, the config and the
+    head, replacing a sharded save's files left at ``path``."""
     from torch.distributed.fsdp import FSDPModule
 
     for m in critic.modules():
@@ -228,43 +224,38 @@ def _gather(critic: ValueModel, keep: bool) -> dict[str, Tensor]:
         # copies: back to the float32 shards (local, no collective), which are the weights
         if isinstance(m, FSDPModule):
             m.reshard()
-    state = {}
-    for name, t in full_parameters(critic):
-        if keep:
-            state[name] = t.to("cpu", copy=True)
-        del t  # only one whole parameter at a time
     persistent = critic.state_dict(keep_vars=True).keys()  # names only: no gather
-    for name, b in critic.named_buffers():
-        if keep and name in persistent:
-            state[name] = b.detach().to("cpu", copy=True)
-    return state
-
-
-def _write(critic: ValueModel, state: dict[str, Tensor], path: Path) -> None:
-    """Writes the whole ``state`` of ``critic`` as ``ValueModel.save`` does, replacing a sharded
-    save's files left at ``path``."""
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    # an index would win over our file
-    for stale in [
-        path / INDEX,
-        *path.glob("model-*-of-*.safetensors"),
-    ]:
-        stale.unlink(missing_ok=True)
-    backbone = {
-        n.removeprefix("backbone."): t for n, t in state.items() if n.startswith("backbone.")
-    }
-    save_file(backbone, path / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained
+    buffers = [(n, b) for n, b in critic.named_buffers() if n in persistent]
+    entries = [
+        (n.removeprefix("backbone."), t.dtype, tuple(t.shape))
+        for n, t in [*critic.named_parameters(), *buffers]
+        if n.startswith("backbone.")
+    ]
+    writer = None
+    if main:
+        path.mkdir(parents=True, exist_ok=True)
+        # an index would win over our file
+        for stale in [path / INDEX, *path.glob("model-*-of-*.safetensors")]:
+            stale.unlink(missing_ok=True)
+        # as save_pretrained marks it
+        writer = SafetensorsWriter(path / "model.safetensors", entries, {"format": "pt"})
+    head: dict[str, Tensor] = {}
+    for name, t in [*full_parameters(critic), *((n, b.detach()) for n, b in buffers)]:
+        if writer is not None:
+            if name.startswith("backbone."):
+                writer.write(name.removeprefix("backbone."), t)
+            elif name.startswith("head."):
+                head[name.removeprefix("head.")] = t.to("cpu", copy=True)
+        del t  # only one whole parameter at a time
+    if writer is None:
+        return
+    writer.close()
     # save_pretrained's two changes, not on the live model
     config = copy.deepcopy(critic.backbone.config)
-    config.dtype = str(next(iter(backbone.values())).dtype).removeprefix("torch.")
+    config.dtype = str(entries[0][1]).removeprefix("torch.")
     config.architectures = [type(critic.backbone).__name__.removeprefix("FSDP")]
     config.save_pretrained(path)
-    torch.save(
-        {n.removeprefix("head."): t for n, t in state.items() if n.startswith("head.")},
-        path / HEAD_FILE,
-    )
+    torch.save(head, path / HEAD_FILE)
     (path / VALUE_JSON).write_text(json.dumps({"hidden_size": critic.head.in_features}))
 
 

@@ -93,6 +93,8 @@ def make_engine(
         enable_sleep_mode=vllm.enable_sleep_mode,
         sleep_level=vllm.sleep_level,
         weight_bucket_mb=vllm.weight_bucket_mb,
+        dummy_weights=vllm.dummy_weights,
+        seed_per_request=vllm.seed_per_request,
         rank=rank,
         world_size=world,
         trust_remote_code=model.trust_remote_code,

@@ -30,6 +30,13 @@ class Samples:
     finished: Tensor  # (B,) bool: ended with eos (False: truncated at max_new_tokens)
     prompt_index: Tensor  # (B,) long: which prompt each row answers (rows of one prompt adjacent)
 
+    @staticmethod
+    def empty() -> Samples:
+        """Returns no samples (a rank with no prompts: it still takes part in the call)."""
+        ids, flags = torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool)
+        none = torch.zeros(0, dtype=torch.long)
+        return Samples(ids, flags, ids, flags, torch.zeros(0, 0), none, none.bool(), none)
+
     @property
     def truncated(self) -> Tensor:
         """Returns (B,) bool: responses cut at max_new_tokens without an eos."""
@@ -90,6 +97,8 @@ def sample(
         raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy decoding)")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    if not prompts:
+        return Samples.empty()
     eos = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id))
     per_chunk = max(1, max_batch // n)
     parts = [

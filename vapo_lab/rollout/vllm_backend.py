@@ -139,6 +139,11 @@ class WeightLoader:
         """Returns the vLLM names of the parameters written from ``weights`` (HF names)."""
         return set(self.get_model().load_weights(weights))  # type: ignore[attr-defined]
 
+    def vapo_seed(self, seed: int) -> None:
+        """Seeds the generators an unseeded request draws from (the engine is in-process, so
+        they are this process's torch generators)."""
+        torch.manual_seed(seed)
+
     def vapo_unloaded(self, loaded: set[str]) -> list[str]:
         """Returns the model's parameter names missing from ``loaded``."""
         return sorted({name for name, _ in self.get_model().named_parameters()} - loaded)  # type: ignore[attr-defined]
@@ -167,6 +172,8 @@ class VllmEngine:
         trust_remote_code: bool = False,
         tokenizer_path: str | Path | None = None,
         lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S,
+        dummy_weights: bool = False,
+        seed_per_request: bool = False,
     ) -> None:
         """Builds the engine on this rank's GPU (every rank at once when ``world_size`` > 1).
 
@@ -174,7 +181,10 @@ class VllmEngine:
         sequence that long (None: the model's whole context). ``tokenizer_path``: where the
         tokenizer is when it is not beside the weights (vLLM loads one to find eos and detokenize).
         ``lockstep_timeout_s``: how long a rank of a tensor-parallel group waits in ``sample``
-        for the rest of its group before it raises EngineGroupError.
+        for the rest of its group before it raises EngineGroupError. ``dummy_weights``: built with
+        random weights (nothing read from disk), which the first ``push_weights`` replaces.
+        ``seed_per_request``: seed every request (vLLM then samples row by row) instead of the
+        whole call once.
 
         Raises:
             ConfigError: bad sleep level, bucket size or tensor-parallel size.
@@ -227,12 +237,15 @@ class VllmEngine:
             trust_remote_code=trust_remote_code,
             worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
             logprobs_mode="processed_logprobs",
+            load_format="dummy" if dummy_weights else "auto",
             **extra,
         )
+        self.seed_per_request = seed_per_request
         self.dtype: torch.dtype = self.llm.model_config.dtype
         self.version = str(vllm.__version__)
         self._asleep: set[str] = set()  # memory vLLM has released: "weights", "kv_cache"
-        self._stale = False  # a level-2 sleep discarded the weights and no push has followed yet
+        # no weights to sample with yet: a level-2 sleep discarded them, or they are dummies
+        self._stale = dummy_weights
 
     def sleep(self) -> None:
         """Frees the engine's GPU memory for the update phase (level ``sleep_level``); a no-op
@@ -241,7 +254,7 @@ class VllmEngine:
             return
         self.llm.sleep(level=self.sleep_level)
         self._asleep = {"weights", "kv_cache"}
-        self._stale = self.sleep_level == 2
+        self._stale = self._stale or self.sleep_level == 2
 
     def wake(self) -> None:
         """Maps the weights back; the KV cache too, unless a level-2 sleep's weights still await a
@@ -292,13 +305,14 @@ class VllmEngine:
         """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item
         5), as CPU tensors (vLLM hands back Python lists).
 
-        Prompt i's k-th sample is seeded with ``seed + i * n + k`` (vLLM seeds a request's k-th
-        sample with its seed + k), so no two samples of a call share their random draws. With
+        By default the call is seeded once (a tensor-parallel group: with its first rank's seed);
+        with ``seed_per_request``, prompt i's k-th sample with ``seed + i * n + k`` (vLLM seeds a
+        request's k-th sample with its seed + k). With
         tensor_parallel_size > 1 every rank of the group must call this equally often, a rank
         with no prompts too (it gets no rows back).
 
         Raises:
-            WeightPushError: after a level-2 sleep, before any push.
+            WeightPushError: after a level-2 sleep or a dummy build, before any push.
             EngineGroupError: the rest of the tensor-parallel group did not call ``sample``
                 within ``lockstep_timeout_s``.
         """
@@ -306,12 +320,18 @@ class VllmEngine:
 
         if self._stale:
             raise WeightPushError(
-                "the vLLM engine slept at level 2 and its weights were not pushed since: "
-                "call push_weights(policy) before sampling"
+                "the vLLM engine holds no policy weights (a level-2 sleep discarded them, or it "
+                "was built with dummy weights) and none were pushed since: call "
+                "push_weights(policy) before sampling"
             )
         self.wake()
-        requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
-        requests, mine = self._group_requests(requests)
+        if self.seed_per_request:
+            requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
+        else:
+            requests = [(list(p), None) for p in prompts]
+        requests, mine, group_seed = self._group_requests(requests, int(seed))
+        if not self.seed_per_request:  # one seed for the call: vLLM keeps its batched sampler
+            self.llm.collective_rpc("vapo_seed", args=(group_seed,))
         if not requests:
             return _to_samples(prompts, [], n, pad_id)
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
@@ -324,6 +344,7 @@ class VllmEngine:
                 stop_token_ids=eos,
                 logprobs=0,
                 seed=s,
+                detokenize=False,  # the scorer decodes the ids itself
             )
             for _, s in requests
         ]
@@ -333,20 +354,21 @@ class VllmEngine:
         return _to_samples(prompts, outputs[mine], n, pad_id)
 
     def _group_requests(
-        self, requests: list[tuple[list[int], int]]
-    ) -> tuple[list[tuple[list[int], int]], slice]:
-        """Returns (the requests the engine runs, where this rank's are among them): its own with
-        tensor_parallel_size 1; with more, every rank's of its group in rank order, gathered over
-        the group's control channel (the group runs the same requests in lockstep).
+        self, requests: list[tuple[list[int], int | None]], seed: int
+    ) -> tuple[list[tuple[list[int], int | None]], slice, int]:
+        """Returns (the requests the engine runs, where this rank's are among them, the call's
+        seed): its own with tensor_parallel_size 1; with more, every rank's of its group in rank
+        order and the group's first rank's seed, gathered over the group's control channel (the
+        group runs the same requests in lockstep, and samples alike).
 
         Raises:
             EngineGroupError: the rest of the group did not join within the lockstep timeout.
         """
         if self.tp_group is None:
-            return requests, slice(0, len(requests))
+            return requests, slice(0, len(requests)), seed
         shares: list[Any] = [None] * self.tp
         try:
-            torch.distributed.all_gather_object(shares, requests, group=self.tp_group)
+            torch.distributed.all_gather_object(shares, (requests, seed), group=self.tp_group)
         except RuntimeError as e:  # gloo: a timeout, or a peer that left
             raise EngineGroupError(
                 f"rank {self.tp_rank} of a tensor-parallel vLLM group "
@@ -355,8 +377,9 @@ class VllmEngine:
                 "sample equally "
                 f"often, a rank without prompts too ({e})"
             ) from e
-        start = sum(len(share) for share in shares[: self.tp_rank])
-        return [r for share in shares for r in share], slice(start, start + len(requests))
+        start = sum(len(share) for share, _ in shares[: self.tp_rank])
+        mine = slice(start, start + len(requests))
+        return [r for share, _ in shares for r in share], mine, shares[0][1]
 
     def _wake(self, tag: str) -> None:
         """Maps one kind of released memory back ("weights" or "kv_cache")."""

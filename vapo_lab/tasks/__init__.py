@@ -63,6 +63,36 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
             yield number, record
 
 
+def parquet_records(path: Path, error: type[Exception]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields (row number, record) for each row of the Parquet file ``path`` (nested columns, e.g.
+    DAPO-Math-17k's chat ``prompt``, as lists and dicts), a batch of rows at a time.
+
+    Raises:
+        error: the file is not a Parquet file pyarrow can read.
+    """
+    import pyarrow.parquet as pq
+    from pyarrow import ArrowException
+
+    try:
+        table = pq.ParquetFile(path)
+        number = 0
+        for batch in table.iter_batches(batch_size=4096):
+            for record in batch.to_pylist():
+                number += 1
+                yield number, record
+    except (ArrowException, OSError) as e:
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise error(f"{path}: not a Parquet file pyarrow can read ({detail})") from None
+
+
+def records(path: Path, error: type[Exception]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields (row or line number, record) of a ``.parquet`` file or of a JSONL file (any other
+    name)."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return parquet_records(path, error)
+    return jsonl_objects(path, error)
+
+
 # name -> "module:attribute" for the built-in tasks, imported on first use (a task may pull heavy
 # dependencies, e.g. math-verify, that the others do not need).
 _BUILTIN: dict[str, str] = {

@@ -1,9 +1,10 @@
-r"""A math task on real data: JSONL problems with reference answers, graded with math-verify.
+r"""A math task on real data: JSONL or Parquet problems with reference answers, graded with
+math-verify.
 
 Reads the plain format ``{"problem": ..., "answer": ...}`` (keys configurable: GSM8K uses
 ``question``) and DAPO-Math-17k's ``{"prompt": [{"role": "user", "content": ...}],
-"reward_model": {"ground_truth": ...}}``. A malformed line is reported with its file and line
-number before any compute. The response's final answer is the last ``\boxed{}`` (or an
+"reward_model": {"ground_truth": ...}}``, as it ships (Parquet) or as JSONL. A malformed line or
+row is reported with its file and number before any compute. The response's final answer is the last ``\boxed{}`` (or an
 ``Answer:`` line, DAPO's format), compared with the reference by math-verify's symbolic
 equivalence.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.grading import grade
-from vapo_lab.tasks import Problem, jsonl_objects
+from vapo_lab.tasks import Problem, records
 
 
 def _field(record: dict[str, Any], key: str) -> Any:
@@ -42,14 +43,16 @@ def load_jsonl(
     limit: int = -1,
     prefix: str = "",
 ) -> list[Problem]:
-    """Returns the problems of a JSONL file; a bad line raises ConfigError naming it."""
+    """Returns the problems of a JSONL or Parquet (``.parquet``) file; a bad line or row raises
+    ConfigError naming it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(
-            f"data file {path} does not exist: set task.train_path / task.eval_path to a JSONL file"
+            f"data file {path} does not exist: set task.train_path / task.eval_path to a JSONL or "
+            "Parquet file"
         )
     problems: list[Problem] = []
-    for number, record in jsonl_objects(path, ConfigError):
+    for number, record in records(path, ConfigError):
         problem, answer = _field(record, problem_key), _field(record, answer_key)
         if not isinstance(problem, str) or answer is None:
             raise ConfigError(

@@ -262,7 +262,6 @@ class CriticStart:
         history = []
         for step in range(c.rm_steps):
             batch, _ = self.phases.rollout(rollout, False, data, gen, p.policy, [rm], [optimizer])
-            self.phases.sleep()
             rm.train()
             # each step a token budget of rows in a random order (not sorted by length)
             order = torch.randperm(len(batch.problems), generator=gen)
@@ -330,7 +329,6 @@ class CriticStart:
                 cfg.rollout, False, data, gen, p.policy, [critic], [optimizer]
             )
             self.phases.model_outputs(batch, critic=critic)
-            self.phases.sleep()
             compute_advantages(cfg.algo, targets, cfg.kl, cfg.rollout.n_samples, batch, world)
             ev = critic_metrics(batch, world)["critic/explained_variance"]
             m = update(batch, step)

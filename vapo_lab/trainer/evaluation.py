@@ -44,19 +44,16 @@ def evaluate(
     problems = list(task.eval)
     share = -(-len(problems) // world.size)
     mine = problems[world.rank * share : (world.rank + 1) * share]
+    # every rank samples, one without problems too: a tensor-parallel engine's group samples in
+    # lockstep, so a rank that skipped the call would leave its partners waiting
+    gen = torch.Generator().manual_seed(chunk_seed(seed, world.rank))
+    prompts = encode_prompts(tokenizer, mine, chat_template)
+    s = generate(prompts, k, rollout.eval_temperature, rollout.eval_top_p, gen).cpu()
     per_problem: list[list[bool]] = []
-    lengths: list[int] = []
-    truncated: list[bool] = []
     if mine:
-        gen = torch.Generator().manual_seed(chunk_seed(seed, world.rank))
-        prompts = encode_prompts(tokenizer, mine, chat_template)
-        s = generate(prompts, k, rollout.eval_temperature, rollout.eval_top_p, gen).cpu()
         _, correct, _ = score(s, [p for p in mine for _ in range(k)])
-        per_problem, lengths, truncated = (
-            correct.view(len(mine), k).tolist(),
-            s.lengths.tolist(),
-            s.truncated.tolist(),
-        )
+        per_problem = correct.view(len(mine), k).tolist()
+    lengths, truncated = s.lengths.tolist(), s.truncated.tolist()
     parts = world.gather((per_problem, lengths, truncated))
     per_problem = [row for part in parts for row in part[0]]
     lengths = [n for part in parts for n in part[1]]

@@ -1,6 +1,6 @@
 """The phases every training loop runs: an RL step, value pretraining and the reward model's rounds.
 
-Each loop is rollout -> model outputs -> (the engine sleeps) -> targets -> updates -> (the engine
+Each loop is rollout (then the engine sleeps) -> model outputs -> targets -> updates -> (the engine
 gets the policy's weights back), so what a step does about devices, engines and offload, the
 critic's start does too.
 """
@@ -48,12 +48,13 @@ class Phases:
     ) -> tuple[Batch, dict[str, float]]:
         """Returns ``collect``'s batch and counters, sampled with ``models`` and ``optimizers`` (and
         ``policy``, unless it is what samples) in host memory under
-        ``trainer.offload_during_rollout``."""
+        ``trainer.offload_during_rollout``; the engine sleeps as soon as it is done (the passes
+        and updates after need its memory, not it)."""
         p = self.parts
         with self._on_host(policy, models, optimizers):
-            return collect(
-                rollout, dynamic_sampling, p.sampling, data, p.scorer, generator, p.world
-            )
+            out = collect(rollout, dynamic_sampling, p.sampling, data, p.scorer, generator, p.world)
+        self.sleep()
+        return out
 
     def model_outputs(
         self,

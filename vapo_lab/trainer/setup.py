@@ -249,6 +249,7 @@ def make_sampling(
     if rollout.backend == "vllm":
         context = longest_prompt(task, tokenizer, model.chat_template)[0] + rollout.max_new_tokens
         engine = make_engine(policy_path, rollout.vllm, model, seed, context)
+        engine.push_weights(policy)  # the engine's own weights are dummies until this push
     generate = make_generator(
         rollout.backend, policy, rollout.max_new_tokens, eos_ids, pad_id, engine
     )

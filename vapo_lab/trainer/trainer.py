@@ -29,6 +29,7 @@ from vapo_lab.basemodel.build import ProgressFactory
 from vapo_lab.config.schema import VapoConfig, typed
 from vapo_lab.distributed.fsdp import is_sharded, shard
 from vapo_lab.distributed.world import close_world
+from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
@@ -124,6 +125,8 @@ class Trainer:
         self.resume_from = self._checkpoint_to_resume(resume_dir) if resume_dir else None
         self.record = self._record(choices, resume_dir, command, tags, parent_run_id)
         self.run_dir, self.run_id = self.record.run_dir, self.record.run_id
+        shared = {"the run folder": self.run_dir, "the shared caches": CACHE_DIR}
+        self.world.require_shared(shared)
         self.tracker = self.record.tracker
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
             self.record.open()
@@ -266,10 +269,10 @@ class Trainer:
         t_rollout = time.perf_counter()
         faults.point("rollout", step)
         if int(world.sum(len(batch.problems))) == 0:
+            phases.push(self.policy)  # the engine slept after sampling
             self.step = step
             return {**m, "rollout/empty_batch": 1.0}
         phases.model_outputs(batch, self.policy, self.critic, self.ref)
-        phases.sleep()
         n = config.rollout.n_samples
         compute_advantages(config.algo, config.gae, config.kl, n, batch, world)
         t1 = time.perf_counter()
