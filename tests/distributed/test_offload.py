@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-import vapo_lab.trainer.trainer as trainer_module
+import vapo_lab.trainer.phases as phases_module
 from tests.distributed.rank_offload import IMPLS, Tiny, optimizer, roundtrip, tensors, train
 from vapo_lab.config.compose import compose_config
 from vapo_lab.distributed.offload import on_host, to_host
@@ -105,7 +105,7 @@ def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
         moved.append((sum(m is not None for m in modules), sum(o is not None for o in optimizers)))
         return on_host(modules, optimizers, host)
 
-    monkeypatch.setattr(trainer_module, "on_host", spy)
+    monkeypatch.setattr(phases_module, "on_host", spy)
 
     def run(offload: bool) -> tuple[list[dict], Trainer]:
         composed = compose_config(

@@ -4,33 +4,31 @@ run) in that round's fresh folder and prints one JSON line saying what it got.
 
 Usage: python start_race.py ROOT INDEX PROCESSES ROUNDS BACKEND (BACKEND: mlflow | none)."""
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from vapo_lab.config.compose import compose_config
+from vapo_lab.config.schema import typed
 from vapo_lab.trainer.record import RunRecord
+
+BASE = typed(compose_config().cfg)
 
 
 def config(folder: Path, backend: str):
-    """The few keys a RunRecord reads; every process of a round names its run the same."""
-    return OmegaConf.create(
-        {
-            "run_name": "race",
-            "seed": 0,
-            "output_dir": str(folder / "runs"),
-            "resume": None,
-            "algo": {"name": "vapo"},
-            "scale": {"name": "tiny"},
-            "tracking": {
-                "backend": backend,
-                "uri": f"sqlite:///{folder / 'mlflow.db'}",
-                "experiment": "race",
-                "spool_dir": str(folder / "spool"),
-            },
-        }
+    """A run's typed config; every process of a round names its run the same. Composed once a
+    process, so that the racers start within milliseconds of each other."""
+    tracking = dataclasses.replace(
+        BASE.tracking,
+        backend=backend,
+        uri=f"sqlite:///{folder / 'mlflow.db'}",
+        experiment="race",
+        spool_dir=str(folder / "spool"),
+    )
+    return dataclasses.replace(
+        BASE, run_name="race", output_dir=str(folder / "runs"), tracking=tracking
     )
 
 

@@ -1,5 +1,5 @@
-"""task=math reads DAPO-Math-17k as it ships (Parquet, chat prompt and ground truth nested) and plain
-Parquet or JSONL with the keys set; bad files are refused in one line naming them."""
+"""task=math reads DAPO-Math-17k as it ships (Parquet, chat prompt and ground truth nested) and
+plain Parquet or JSONL with the keys set; bad files are refused in one line naming them."""
 
 import json
 

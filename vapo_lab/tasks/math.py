@@ -4,9 +4,9 @@ math-verify.
 Reads the plain format ``{"problem": ..., "answer": ...}`` (keys configurable: GSM8K uses
 ``question``) and DAPO-Math-17k's ``{"prompt": [{"role": "user", "content": ...}],
 "reward_model": {"ground_truth": ...}}``, as it ships (Parquet) or as JSONL. A malformed line or
-row is reported with its file and number before any compute. The response's final answer is the last ``\boxed{}`` (or an
-``Answer:`` line, DAPO's format), compared with the reference by math-verify's symbolic
-equivalence.
+row is reported with its file and number before any compute. The response's final answer is the last
+``\boxed{}`` (or an ``Answer:`` line, DAPO's format), compared with the reference by math-verify's
+symbolic equivalence.
 """
 
 from __future__ import annotations
