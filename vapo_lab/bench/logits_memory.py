@@ -2,7 +2,9 @@
 
 ``python -m vapo_lab.bench.logits_memory`` (defaults: T = 2048 and 4096 response tokens,
 Qwen2.5-0.5B's V = 152,064 and h = 896) runs two cases, forward under bf16 autocast + backward
-outside it, float32 master weights, loss Σ log π over a bf16 (T, h) leaf of hidden states:
+outside it, float32 master weights, loss Σ log π over a bf16 (T, h) leaf of hidden states
+(``--dtype float32``: no autocast, a float32 leaf, for CPUs without AVX-512, where a bf16 GEMM
+with K = V runs about 100x slower than a float32 one):
 
 * ``unchunked``: ``vapo_lab.trainer.forward._policy_forward``'s packed path: ``lm_head`` over
   every token, widened to float32, divided by τ, then ``token_logprobs_and_entropy``;
@@ -39,6 +41,7 @@ SAFE_SHARE = 0.8
 # glibc's mmap threshold in the measuring subprocess: blocks of 64 KiB or more are unmapped when
 # freed, so the RSS follows the live tensors
 MMAP_THRESHOLD = 65536
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def _status_bytes(field: str) -> int:
@@ -88,9 +91,11 @@ def _pass(
     tokens: torch.Tensor,
     chunk: int,
     temperature: float,
+    dtype: str,
 ) -> None:
-    """One forward (under bf16 autocast) + backward (outside it) of ``case``, loss Σ log π."""
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    """One forward (under bf16 autocast unless ``dtype`` is float32) + backward (outside it) of
+    ``case``, loss Σ log π."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         if case == "unchunked":
             logprobs, entropy = _unchunked_forward(head, hidden, tokens, temperature)
         else:
@@ -108,22 +113,29 @@ def _pass(
 
 
 def measure_case(
-    case: str, tokens: int, vocab: int, hidden: int, chunk: int, temperature: float, seed: int
+    case: str,
+    tokens: int,
+    vocab: int,
+    hidden: int,
+    chunk: int,
+    temperature: float,
+    seed: int,
+    dtype: str = "bfloat16",
 ) -> dict:
     """Runs one pass of ``case`` in this process and returns its measurements."""
     torch.manual_seed(seed)
     # float32 master weights, initialised in place
     head = torch.nn.Linear(hidden, vocab, bias=False)
-    h = torch.empty(tokens, hidden, dtype=torch.bfloat16).normal_().requires_grad_(True)
+    h = torch.empty(tokens, hidden, dtype=DTYPES[dtype]).normal_().requires_grad_(True)
     y = torch.randint(0, vocab, (tokens,))
     warm = min(tokens, chunk)
-    _pass(case, head, h[:warm].detach().requires_grad_(True), y[:warm], chunk, temperature)
+    _pass(case, head, h[:warm].detach().requires_grad_(True), y[:warm], chunk, temperature, dtype)
     head.weight.grad = None
     gc.collect()
     _reset_high_water_mark()
     before = _status_bytes("VmRSS")
     start = time.perf_counter()
-    _pass(case, head, h, y, chunk, temperature)
+    _pass(case, head, h, y, chunk, temperature, dtype)
     seconds = time.perf_counter() - start
     after = _status_bytes("VmHWM")
     assert head.weight.grad is not None and h.grad is not None
@@ -134,6 +146,7 @@ def measure_case(
         "hidden": hidden,
         "chunk": chunk,
         "temperature": temperature,
+        "dtype": dtype,
         "rss_before": before,
         "hwm_after": after,
         "peak_bytes": after - before,
@@ -152,6 +165,7 @@ def run_logits_memory(
     threads: int | None = None,
     cases: tuple[str, ...] = CASES,
     log=lambda text: None,
+    dtype: str = "bfloat16",
 ) -> list[dict]:
     """Measures each case at each T in a fresh subprocess; returns one dict per measurement.
 
@@ -196,6 +210,8 @@ def run_logits_memory(
                 str(temperature),
                 "--seed",
                 str(seed),
+                "--dtype",
+                dtype,
             ]
             if threads:
                 command += ["--threads", str(threads)]
@@ -207,7 +223,9 @@ def run_logits_memory(
             row["logits_bytes"] = 4 * row["tokens"] * row["vocab"]
             row["x_logits"] = row["peak_bytes"] / row["logits_bytes"]
             if row["case"] == "chunked":
-                row["predicted_bytes"] = chunked_logprob_bytes(row["tokens"], vocab, hidden, chunk)
+                row["predicted_bytes"] = chunked_logprob_bytes(
+                    row["tokens"], vocab, hidden, chunk, DTYPES[dtype].itemsize
+                )
     return rows
 
 
@@ -258,6 +276,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--dtype", choices=tuple(DTYPES), default="bfloat16", help="the compute dtype"
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's)"
     )
     parser.add_argument(
@@ -281,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.chunk,
                     args.temperature,
                     args.seed,
+                    args.dtype,
                 )
             )
         )
@@ -296,12 +318,13 @@ def main(argv: list[str] | None = None) -> None:
         args.threads,
         tuple(args.cases.split(",")),
         log=lambda text: print(text, file=sys.stderr),
+        dtype=args.dtype,
     )
     if args.json:
         print(json.dumps(rows))
         return
     print(
-        f"LM-head log-prob pass, bf16 autocast on CPU, V = {args.vocab:,}, h = {args.hidden}; "
+        f"LM-head log-prob pass, {args.dtype} on CPU, V = {args.vocab:,}, h = {args.hidden}; "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} CPUs"
