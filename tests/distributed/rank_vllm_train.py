@@ -20,8 +20,9 @@ import fake_vllm  # noqa: E402
 
 from tests.distributed.ranks import leave  # noqa: E402
 from vapo_lab.config.compose import compose_config  # noqa: E402
+from vapo_lab.config.preflight import plan_run  # noqa: E402
 from vapo_lab.distributed.fsdp import is_sharded  # noqa: E402
-from vapo_lab.trainer import phases, setup, update  # noqa: E402
+from vapo_lab.trainer import caches, phases, setup, update  # noqa: E402
 from vapo_lab.trainer import trainer as trainer_module  # noqa: E402
 from vapo_lab.trainer.trainer import Trainer  # noqa: E402
 
@@ -64,6 +65,39 @@ def main() -> None:
     setup.build_parts = trainer_module.build_parts = build_parts
     phases.Phases.model_outputs = asleep_in("model outputs", phases.Phases.model_outputs)
     update.Descent.step = asleep_in("an optimiser step", update.Descent.step)
+    # the fake engine's memory ledger, its largest figure in each (phase, part) of the run
+    ledger: dict[str, float] = {}
+    context = ["start"]
+
+    def within(name, method):
+        def run(*args, **kwargs):
+            context.append(name)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                context.pop()
+
+        return run
+
+    def noting(part, method):
+        def run(*args, **kwargs):
+            if engines:
+                key = f"{context[-1]}: {part}"
+                held = sum(engines[-1].llm.device_bytes().values())
+                ledger[key] = max(ledger.get(key, 0.0), held)
+            return method(*args, **kwargs)
+
+        return run
+
+    caches.CriticStart._reward_model = within(
+        "reward-model build", caches.CriticStart._reward_model
+    )
+    caches.CriticStart._pretrain = within("value pretraining", caches.CriticStart._pretrain)
+    Trainer.train_step = within("step", Trainer.train_step)
+    Trainer.evaluate = within("evaluation", Trainer.evaluate)
+    fake_vllm.LLM.generate = noting("sampling", fake_vllm.LLM.generate)
+    phases.Phases.model_outputs = noting("model outputs", phases.Phases.model_outputs)
+    update.Descent.step = noting("update", update.Descent.step)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     os.chdir(a.out)  # the caches (.vapo_cache) are this run's own
     critic = (
@@ -112,6 +146,11 @@ def main() -> None:
                 "ref_sharded": is_sharded(trainer.ref),
                 "critic_sharded": is_sharded(trainer.critic),
                 "engine_awake_in": sorted(awake),
+                "ledger": ledger,
+                "plan": {
+                    ph.name: ph.engine
+                    for ph in plan_run(cfg, fake_vllm.DEVICE_BYTES).footprint.phases
+                },
                 "metrics": [
                     {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))}
                     for m in result.metrics

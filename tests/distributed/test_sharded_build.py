@@ -42,6 +42,32 @@ def test_a_vllm_run_over_two_ranks_builds_sharded_and_trains_as_the_whole_build(
     # the engine slept through every pass and update: the RL steps', the reward model's and value
     # pretraining's alike
     assert all(rank["engine_awake_in"] == [] for run in runs.values() for rank in run)
+    # the fake engine's ledger (weights + KV cache held on its pretend 80 GB GPU), phase by phase,
+    # against the plan's figure for vLLM in that phase: its share where it samples, 0 elsewhere
+    share = 0.5 * 80e9  # conf/rollout/vllm.yaml's gpu_memory_utilization
+    for rank in runs["sharded"]:
+        ledger, plan = rank["ledger"], rank["plan"]
+        assert plan["rollout"] == plan["evaluation"] == share
+        parts = {"step": "update", "reward-model build": "reward-model build"}
+        parts["value pretraining"] = "value pretraining"
+        for key, held in ledger.items():
+            phase, part = key.split(": ")
+            if part == "sampling":  # awake: the weights and the KV cache its share leaves
+                bound = plan["evaluation" if phase == "evaluation" else "rollout"]
+                assert 0 < held <= bound, key
+            else:  # asleep through every pass and update
+                bound = plan["model outputs" if part == "model outputs" else parts[phase]]
+                assert held == bound == 0.0, key
+        expected = {"step: sampling", "step: model outputs", "step: update", "evaluation: sampling"}
+        if algo == "vapo":
+            expected |= {
+                "reward-model build: sampling",
+                "reward-model build: update",
+                "value pretraining: sampling",
+                "value pretraining: model outputs",
+                "value pretraining: update",
+            }
+        assert set(ledger) == expected
     if algo == "vapo":
         assert "critic/value_loss" in runs["sharded"][0]["metrics"][-1]
         for name in ("sharded", "whole"):  # the ranks built and cached both entries

@@ -9,12 +9,18 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.models.activations import chunked_logprob_bytes, qwen2_pass_activation_bytes
+from vapo_lab.models.activations import (
+    chunked_logprob_bytes,
+    qwen2_forward_bytes,
+    qwen2_layer_activation_bytes,
+    qwen2_pass_activation_bytes,
+)
 from vapo_lab.models.footprint import (
     GB,
     Setup,
     actor_params,
     critic_params,
+    embedding_params,
     estimate,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -259,3 +265,108 @@ def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     single = estimate(tiny, replace(setup, strategy="single"))
     assert single.replica == 0 and single.state == 16 * (actor_params(tiny) + critic_params(tiny))
     assert single.responses_per_rank == 600
+
+
+def test_the_builtin_sampler_holds_float32_whatever_the_compute_dtype():
+    # it decodes with the float32 masters (or their float32 replica under fsdp): replica and KV
+    # cache at 4 B a value, not the bf16 compute dtype's 2
+    tiny = replace(SMALL, max_position_embeddings=4096)
+    setup = Setup(
+        world=2,
+        strategy="fsdp",
+        dtype="bfloat16",
+        micro_tokens=2000,
+        responses_per_step=8,
+        prompt_tokens=100,
+        max_new_tokens=400,
+        gradient_checkpointing=False,
+    )
+    fp = estimate(tiny, setup)
+    # 2 layers x (K and V) x 1 kv head x d 4 x 4 B x 500 tokens
+    assert fp.kv_per_sequence == 2 * 2 * 1 * 4 * 4 * 500
+    assert fp.replica == 4 * actor_params(tiny)
+    assert fp.rollout_peak == fp.state + 4 * fp.kv_per_sequence
+
+
+# the paper's scale as conf/scale/paper.yaml ships it: vLLM over tp 4 at 0.8 of an 80 GB GPU,
+# the state offloaded while it samples, 313 steps
+SHIPPED = replace(
+    PAPER,
+    micro_tokens=20992,
+    tensor_parallel_size=4,
+    engine_memory=0.8 * 80e9,
+    offload=True,
+    reward_model=True,
+    value_pretraining=True,
+    eval_responses=30 * 32,
+    ranks_per_node=8,
+    total_steps=313,
+    save_every=10,
+    headroom=1.3,
+)
+
+
+def test_every_phase_of_the_paper_scale_is_counted():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    fp = estimate(q32, SHIPPED)
+    actor, critic = fp.actor_params, fp.critic_params
+    phases = {ph.name: ph for ph in fp.phases}
+    assert list(phases) == [
+        "rollout",
+        "model outputs",
+        "update",
+        "reward-model build",
+        "value pretraining",
+        "evaluation",
+    ]
+    state = 16 * (actor + critic) / 128
+    # rollout: the state in host memory, vLLM's 64 GB awake
+    assert (phases["rollout"].tensors, phases["rollout"].engine) == (0.0, 64e9)
+    # the engine sleeps from the end of sampling to the next push: no share in the passes
+    for name in ("model outputs", "update", "reward-model build", "value pretraining"):
+        assert phases[name].engine == 0.0
+    # model outputs: state + gathered + the larger no-grad pass (1 row of 512 + 20,480 tokens)
+    fwd = [
+        qwen2_forward_bytes(q32, 1, 512, 20480, head, 2, "packed", 441, "cast")
+        for head in ("lm", "value")
+    ]
+    assert phases["model outputs"].tensors == state + fp.gathered + max(fwd)
+    assert phases["update"].tensors == fp.train_peak
+    # the critic's start: the policy's float32 shards (4 B x actor / 128), a critic-shaped model's
+    # state (16 B x critic / 128), its gathered root + 2 layers in bf16, a checkpointed pass
+    layer = layer_params(q32)
+    start = 4 * actor / 128 + 16 * critic / 128 + (critic - 62 * layer) * 2
+    assert phases["reward-model build"].tensors == start + fp.critic_activations
+    # evaluation: the state back on the GPU beside the woken engine: 8.09 x 1.3 + 64 = 74.52 GB
+    assert (phases["evaluation"].tensors, phases["evaluation"].engine) == (state, 64e9)
+    assert fp.need == phases["evaluation"].need(1.3) == pytest.approx(1.3 * state + 64e9)
+    assert round(fp.need / 1e7) == 7452 and fp.fits(80e9)
+    # the paper's unit: 8192 responses / 512 a mini-batch = 16 updates a step, 313 steps
+    assert (fp.updates_per_step, fp.total_updates) == (16, 5008)
+    # a save: 12 B x (actor + critic), 777 GB; a node's host: 8 ranks' pinned state + rank 0's
+    # float32 (V, h) embedding as the cache writer streams it
+    assert fp.checkpoint_bytes == 12 * (actor + critic)
+    assert fp.host_per_node == 8 * state + 4 * embedding_params(q32)
+
+
+def test_an_engine_that_stays_awake_counts_in_every_phase():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    fp = estimate(q32, replace(SHIPPED, engine_sleeps=False))
+    assert all(ph.engine == 64e9 for ph in fp.phases)
+    # the reward-model build at 0.8: a critic's pass beside vLLM's share is more than 80 GB
+    assert not fp.fits(80e9)
+    assert fp.largest_phase.name in ("update", "reward-model build")
+
+
+def test_a_no_grad_pass_by_hand():
+    # SMALL (h 8, L 2, heads 2/1 of d 4, i 16, V 10) under autocast in float32 (p = r = 4, no
+    # casts), 1 row of 3 prompt + 2 response tokens: n = 5
+    layer = qwen2_layer_activation_bytes(SMALL, 1, 3, 2, 4)
+    rope = 5 * 2 * 4 * 4  # n x 2 tables x d x 4 B
+    stream = 2 * 4 * 8 * 5  # the residual stream in and out
+    value = qwen2_forward_bytes(SMALL, 1, 3, 2, "value", 4)
+    assert value == rope + max(stream + layer, 4 * 8 * 5 + 4 * 5)
+    lm = qwen2_forward_bytes(SMALL, 1, 3, 2, "lm", 4, logprob_chunk=2)
+    assert lm == rope + max(stream + layer, 4 * 8 * 5 + chunked_logprob_bytes(2, 10, 8, 2, 4))
+    # no larger than a training pass, which keeps every layer
+    assert value <= qwen2_pass_activation_bytes(SMALL, 1, 3, 2, False, "value", 4)

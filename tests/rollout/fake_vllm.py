@@ -78,6 +78,8 @@ from torch import nn
 __version__ = "0.33.0"
 
 SLEEP_TAGS = ("weights", "kv_cache")
+# the GPU the stand-in pretends to run on: its memory ledger reserves gpu_memory_utilization of it
+DEVICE_BYTES = 80e9
 _SAMPLING_EPS = 1e-5
 _LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 _DTYPES = {
@@ -400,6 +402,7 @@ class LLM:
         )
         self.worker = worker_cls(VllmStyleModel(hf))
         self.sleeping: set[str] = set()
+        self.share = float(gpu_memory_utilization)
         self.calls: list[tuple[str, Any]] = []  # what the engine was asked, for tests
         self.params_seen: list[SamplingParams] = []
         self._requests = 0
@@ -487,6 +490,18 @@ class LLM:
         self.worker.wake_up(tags)
         self.sleeping -= set(tags)
         return not self.sleeping
+
+    def device_bytes(self) -> dict[str, float]:
+        """The memory ledger: what vLLM would hold of its GPU now. Its weights (this rank's 1/tp of
+        them) and a KV cache of the rest of its share (gpu_memory_utilization x DEVICE_BYTES, as
+        vLLM sizes it at start-up), each 0 while that tag sleeps (level 1 keeps the weights in host
+        memory, level 2 drops them: neither on the GPU)."""
+        weights = sum(p.numel() * p.element_size() for p in self.hf.parameters()) / self.tp
+        kv = max(0.0, self.share * DEVICE_BYTES - weights)
+        return {
+            "weights": 0.0 if "weights" in self.sleeping else weights,
+            "kv_cache": 0.0 if "kv_cache" in self.sleeping else kv,
+        }
 
     def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False

@@ -229,20 +229,43 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
                 "the built-in sampler's batch (<= 256)",
             )
         )
+    headroom = f"tensors x {fp.headroom:g} (allocator headroom)" if fp.headroom != 1 else "tensors"
+    for phase in fp.phases:
+        engine = f" + vLLM {_size(phase.engine)}" if phase.engine else ""
+        rows.append(
+            (
+                f"phase: {phase.name}"
+                + (f" (checkpointing {ckpt})" if phase.name == "update" else ""),
+                _size(phase.need(fp.headroom)),
+                f"{phase.how}: {_size(phase.tensors)}{engine}",
+            )
+        )
+    largest = fp.largest_phase
     rows += [
         (
-            f"update phase (checkpointing {ckpt})",
-            _size(fp.train_peak),
-            "state + gathered + max(actor, critic) activations",
+            "need a GPU",
+            _size(fp.need),
+            f"the largest phase ({largest.name if largest else '-'}): {headroom} + vLLM's share",
         ),
         (
-            "rollout phase",
-            _size(fp.rollout_peak),
-            ("vLLM share (state offloaded to host)" if fp.offload else "state + vLLM share")
-            if fp.vllm
-            else "state + KV cache decoded at once",
+            "gradient updates",
+            f"{fp.total_updates:,} ({fp.updates_per_step} a step)",
+            f"trainer.total_steps {fp.total_steps:,} rollout steps x ceil(responses / "
+            "mini_batch_size) x ppo_epochs",
         ),
-        ("need a GPU", _size(fp.need), "max of the two phases"),
+        (
+            "host memory a node",
+            _size(fp.host_per_node),
+            "pinned offload of each rank's state, vLLM's weights asleep at level 1, rank 0's "
+            "critic-cache write (beyond the processes' own)",
+        ),
+        (
+            "checkpoint a save",
+            f"{_size(fp.checkpoint_bytes)}, ~{_duration(_write_seconds(p))} to write",
+            f"12 B/param (float32 weights, AdamW m, v) x (actor + critic); "
+            f"{p.hardware.write_bandwidth / 1e9:g} GB/s a node (an assumption)"
+            + (f"; every {fp.save_every} steps" if fp.save_every else ""),
+        ),
         (
             "time: a decoding step",
             f"{fp.decode_step_seconds * 1e3:,.1f} ms",
@@ -265,6 +288,13 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     return title, rows
 
 
+def _write_seconds(p: RunPlan) -> float:
+    """Returns a save's seconds: its bytes over the nodes' write bandwidth (ranks write at once)."""
+    s = p.setup
+    nodes = max(1, (s.world if s.strategy == "fsdp" else 1) // max(1, s.ranks_per_node))
+    return p.footprint.checkpoint_bytes / (nodes * p.hardware.write_bandwidth)
+
+
 def _duration(seconds: float) -> str:
     """Returns ``seconds`` as hours, minutes or seconds ("never": a rollout that cannot start)."""
     if seconds == float("inf"):
@@ -282,14 +312,17 @@ def _size(n: float) -> str:
 def _verdict(p: RunPlan) -> str:
     """Returns the closing lines: fits or not, fewest GPUs that fit, the vLLM share that works."""
     from vapo_lab.config.preflight import fastest_within, fewest_ranks, fixes
-    from vapo_lab.models.footprint import GB
+    from vapo_lab.models.footprint import ALLOCATOR_HEADROOM, GB
 
     fp, s = p.footprint, p.setup
     world = s.world if s.strategy == "fsdp" else 1
     memory = p.memory
+    largest = fp.largest_phase
     lines = [
         f"fits {memory / GB:g} GB GPUs at N = {world}: {'yes' if fp.fits(memory) else 'no'} "
-        f"(needs {fp.need / GB:.2f} GB a GPU)"
+        f"(needs {fp.need / GB:.2f} GB a GPU, in {largest.name if largest else 'its largest phase'}"
+        + (f", torch's tensors x {fp.headroom:g}" if fp.headroom != 1 else "")
+        + ")"
     ]
     fewest = fewest_ranks(p)
     where = f"trainer.strategy=fsdp; N divides the {p.prompts_per_step} prompts per step"
@@ -324,13 +357,23 @@ def _verdict(p: RunPlan) -> str:
         )
     else:
         lines.append(f"smallest setting whose step takes under an hour: none that fits ({where})")
+    lines.append(
+        f"rollout steps {fp.total_steps:,} = {fp.total_updates:,} gradient updates "
+        f"({fp.updates_per_step} a step; the paper's 5,000 steps are gradient updates)"
+    )
+    timeout = p.collective_timeout
+    verdict = "enough" if fp.rollout_seconds <= timeout else "too short: raise it"
+    if fp.rollout_seconds == float("inf"):
+        verdict = "no bound (no sequence fits)"
+    lines.append(
+        f"trainer.collective_timeout_min {timeout / 60:g} against a rollout's upper bound "
+        f"{_duration(fp.rollout_seconds)} (ranks wait for the slowest engine): {verdict}"
+    )
     if fp.vllm:
-        # the rest of the GPU holds the training state, and the update too when vLLM stays awake
-        # (nothing of the training state with offload: it is in host memory while vLLM samples)
-        rest = (
-            fp.train_peak - fp.engine_memory
-            if not fp.engine_sleeps
-            else (0.0 if fp.offload else fp.state)
+        # the rest of the GPU holds what torch keeps in each phase vLLM is awake in
+        rest = max(
+            (ph.tensors * fp.headroom for ph in fp.phases if ph.engine),
+            default=0.0,
         )
         low, high = fp.engine_minimum / memory, (memory - rest) / memory
         verdict = "works" if low <= fp.engine_memory / memory <= high else "does not work"
@@ -346,9 +389,10 @@ def _verdict(p: RunPlan) -> str:
         "estimates: ZeRO §3.1 (16 B/param mixed-precision Adam), the activations autograd keeps "
         "for Qwen2 tensor by tensor and the chunked log-prob pass "
         "(both within 5% of CPU measurements; "
-        "attention scores not stored, as flash attention); no allowance for the CUDA context, NCCL "
-        "buffers or fragmentation: leave 30% headroom (reserved against planned memory, measured: "
-        "docs/gpu-runs). Times: a roofline on an H100 at the stated shares of its peak "
+        "attention scores not stored, as flash attention); torch's tensors x "
+        f"{ALLOCATOR_HEADROOM:g} on GPUs for the caching allocator (reserved against allocated, "
+        "measured: docs/gpu-runs); no allowance for the CUDA context or NCCL buffers. "
+        "Times: a roofline on an H100 at the stated shares of its peak "
         "(assumptions, models.footprint.Hardware), an upper bound for the rollout"
     )
     return "\n".join(lines)

@@ -11,6 +11,7 @@ returns its problems as lines (empty when fine); ``require`` raises them all at 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -21,7 +22,15 @@ from urllib.parse import urlparse
 
 from vapo_lab.algo.lm import default_chunk_tokens
 from vapo_lab.errors import ConfigError, VapoLabError
-from vapo_lab.models.footprint import GB, Footprint, Hardware, Setup, estimate, smallest_world
+from vapo_lab.models.footprint import (
+    ALLOCATOR_HEADROOM,
+    GB,
+    Footprint,
+    Hardware,
+    Setup,
+    estimate,
+    smallest_world,
+)
 from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 
 
@@ -256,6 +265,7 @@ class RunPlan:
     memory: float  # bytes a GPU (or a CPU rank's share of the host) the plan is made for
     prompts_per_step: int  # they divide among the ranks
     hardware: Hardware = Hardware()  # the rates its times are estimated at
+    collective_timeout: float = 7200.0  # seconds: trainer.collective_timeout_min
 
 
 def model_shape(cfg: Any) -> tuple[Shape, str]:
@@ -344,9 +354,36 @@ def plan_run(
         offload=bool(t.get("offload_during_rollout", False)),
         logprob_chunk=default_chunk_tokens(shape.vocab_size),
         ppo_epochs=int(t.ppo_epochs),
+        reward_model=cfg.algo.advantage == "gae" and cfg.critic.init == "reward_model",
+        value_pretraining=cfg.algo.advantage == "gae" and bool(cfg.critic.pretrain.enabled),
+        eval_responses=_eval_problems(cfg.task) * int(r.eval_samples),
+        ranks_per_node=int(t.get("nproc_per_node", 1)),
+        sleep_level=int(v.get("sleep_level", 2)),
+        total_steps=int(t.total_steps),
+        save_every=int(t.save_every),
+        headroom=ALLOCATOR_HEADROOM if device == "cuda" else 1.0,
     )
     prompts = max(1, int(r.responses_per_step) // int(r.n_samples))
-    return RunPlan(model, shape, setup, estimate(shape, setup), memory, prompts)
+    timeout = 60.0 * float(t.get("collective_timeout_min", 120))
+    return RunPlan(
+        model, shape, setup, estimate(shape, setup), memory, prompts, collective_timeout=timeout
+    )
+
+
+# AIME 2024's problems: the held-out set a task=math run without task.n_eval is planned for
+AIME_PROBLEMS = 30
+
+
+def _eval_problems(task: Any) -> int:
+    """Returns the held-out problems of ``task``: task.n_eval when positive, else the lines of
+    task.eval_path where it is a JSONL file here, else ``AIME_PROBLEMS``."""
+    n = int(task.get("n_eval") or 0)
+    if n > 0:
+        return n
+    path = Path(str(task.get("eval_path") or ""))
+    if path.suffix == ".jsonl" and path.is_file():
+        return sum(1 for line in path.read_text().splitlines() if line.strip())
+    return AIME_PROBLEMS
 
 
 def fewest_ranks(plan: RunPlan, engine_at_minimum: bool = False) -> int | None:
@@ -465,9 +502,18 @@ def fit_problems(cfg: Any) -> list[str]:
     except ConfigError:
         return []  # no config.json (yet): loading the model names the problem
     fp = plan.footprint
+    problems = []
+    bound = fp.rollout_seconds
+    if device == "cuda" and plan.collective_timeout < bound < math.inf:
+        problems.append(
+            f"trainer.collective_timeout_min={plan.collective_timeout / 60:g} is below the plan's "
+            f"bound for one rollout, {fp.rollout_seconds / 60:.0f} min (ranks wait for the slowest "
+            f"engine in the first collective after sampling): set "
+            f"trainer.collective_timeout_min={math.ceil(fp.rollout_seconds / 60) + 10}"
+        )
     if fp.fits(memory):
-        return []
-    return [
+        return problems
+    return problems + [
         f"{_need_text(plan)} but each rank has {memory / GB:.1f} GB ({what}): {fixes(plan)}; "
         f"`vapo-lab plan` shows the numbers"
     ]
@@ -476,9 +522,18 @@ def fit_problems(cfg: Any) -> list[str]:
 def _need_text(plan: RunPlan) -> str:
     """Returns 'the run needs X GB a rank (...)' with the phase that sets it."""
     fp, s = plan.footprint, plan.setup
+    largest = fp.largest_phase
+    if largest is not None and largest.name not in ("update", "rollout"):
+        headroom = f" x {fp.headroom:g}" if fp.headroom != 1 else ""
+        engine = f" + vLLM's {largest.engine / GB:.1f}" if largest.engine else ""
+        return (
+            f"the run needs {fp.need / GB:.1f} GB a rank ({largest.name}: {largest.how}, "
+            f"{largest.tensors / GB:.1f} GB{headroom}{engine})"
+        )
     acts = max(fp.actor_activations, fp.critic_activations)
+    times = f" x {fp.headroom:g}" if fp.headroom != 1 else ""
     update = (
-        f"update {fp.train_peak / GB:.1f} GB: state {fp.state / GB:.1f} + activations "
+        f"update {fp.train_peak / GB:.1f} GB{times}: state {fp.state / GB:.1f} + activations "
         f"{acts / GB:.1f} "
         f"for a pass of {fp.pass_tokens} tokens"
         + (f" + gathered {fp.gathered / GB:.1f}" if fp.gathered else "")

@@ -267,9 +267,42 @@ def qwen2_pass_activation_bytes(
     return max(peak, embedding_calls * r * shape.vocab_size * h + r * h * n)
 
 
+def qwen2_forward_bytes(
+    shape: Shape,
+    rows: int,
+    prompt: int,
+    response: int,
+    head: str = "lm",
+    compute_bytes: int = 2,
+    layout: str = "packed",
+    logprob_chunk: int | None = None,
+    precision: str = "autocast",
+) -> float:
+    """Returns an upper bound of the peak bytes one forward pass without gradients adds (old
+    log-probs, values, the reference's log-probs): nothing is kept from layer to layer, so the
+    peak is one layer's tensors at once (at most what it would keep for backward,
+    ``qwen2_layer_activation_bytes``) + the residual stream in and out (2·r·h·n) + the RoPE tables
+    + one layer's weights in the compute dtype under autocast (no cast cache without gradients),
+    or at the end the head: the chunked log-prob pass (``chunked_logprob_bytes``, forward and
+    backward, so an upper bound) over the response tokens, or the values (p a token)."""
+    h, p = shape.hidden_size, compute_bytes
+    n, t = rows * (prompt + response), rows * response
+    r = F32 if precision == "autocast" else p
+    rope = n * 2 * shape.head_dim * r
+    stream = 2 * r * h * n
+    layer = qwen2_layer_activation_bytes(shape, rows, prompt, response, p, False, layout, precision)
+    weights = p * _linear_weights(shape) if precision == "autocast" and p < F32 else 0
+    if head == "lm":
+        tail = chunked_logprob_bytes(t, shape.vocab_size, h, logprob_chunk or t, p) if t else 0.0
+    else:
+        tail = p * n
+    return rope + max(stream + layer + weights, r * h * n + tail)
+
+
 __all__ = [
     "F32",
     "chunked_logprob_bytes",
+    "qwen2_forward_bytes",
     "qwen2_layer_activation_bytes",
     "qwen2_pass_activation_bytes",
     "qwen2_saved_bytes",

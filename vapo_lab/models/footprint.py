@@ -12,11 +12,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from vapo_lab.models.activations import chunked_logprob_bytes, qwen2_pass_activation_bytes
+from vapo_lab.models.activations import (
+    chunked_logprob_bytes,
+    qwen2_forward_bytes,
+    qwen2_pass_activation_bytes,
+)
 from vapo_lab.models.shapes import Shape
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# what torch's caching allocator reserves over what it allocates: 1.25-1.29x measured on the H200
+# (docs/gpu-runs), rounded up; applied on CUDA to every phase's torch tensors, not to vLLM's share
+ALLOCATOR_HEADROOM = 1.3
+# bytes a checkpoint keeps a trained parameter: float32 weights and AdamW's m and v (no gradients)
+CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 # -- parameters ----------------------------------------------------------------------------------
@@ -110,6 +119,15 @@ class Setup:
     # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
     logprob_chunk: int | None = None
     ppo_epochs: int = 1
+    # the critic's start, on first use (trainer.caches): a reward model trained, value pretraining
+    reward_model: bool = False
+    value_pretraining: bool = False
+    eval_responses: int = 0  # held-out problems x eval samples, over all ranks
+    ranks_per_node: int = 1  # trainer.nproc_per_node: host memory is a node's
+    sleep_level: int = 2  # vLLM: 1 keeps its weights in host memory while asleep, 2 drops them
+    total_steps: int = 1  # rollout steps (trainer.total_steps)
+    save_every: int = 0  # trainer.save_every (0: never)
+    headroom: float = 1.0  # ALLOCATOR_HEADROOM for CUDA devices
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,23 @@ class Hardware:
     flops: float = 989e12  # FLOP/s
     bandwidth_share: float = 0.6
     flops_share: float = 0.4
+    # a node's write rate to the shared file system a checkpoint goes to: an assumption
+    write_bandwidth: float = 1e9  # bytes/s
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a run on one rank: the bytes of torch's tensors (the allocator's headroom
+    applies to them) and of vLLM's share while it is awake (its own pool)."""
+
+    name: str
+    tensors: float
+    engine: float
+    how: str
+
+    def need(self, headroom: float = 1.0) -> float:
+        """Returns the device bytes the phase needs: tensors x headroom + the engine's share."""
+        return self.tensors * headroom + self.engine
 
 
 @dataclass(frozen=True)
@@ -165,6 +200,18 @@ class Footprint:
     decode_step_seconds: float  # one decoding step of one sampler at its full concurrency
     rollout_seconds: float  # a step's rollout, every response at max_new_tokens (an upper bound)
     update_seconds: float  # a step's passes: log-probs, values, reference, updates
+    phases: tuple[Phase, ...] = ()  # every phase a rank goes through (``estimate``)
+    headroom: float = 1.0  # ALLOCATOR_HEADROOM on CUDA, 1 elsewhere
+    updates_per_step: int = 1  # optimiser steps a rollout step (each model's)
+    total_steps: int = 1
+    host_per_node: float = 0.0  # host memory a node holds for the run beyond its processes
+    checkpoint_bytes: float = 0.0  # one save, all ranks together
+    save_every: int = 0
+
+    @property
+    def total_updates(self) -> int:
+        """Returns the gradient updates of the run (the paper's unit): steps x updates a step."""
+        return self.total_steps * self.updates_per_step
 
     @property
     def micro_batch(self) -> int:
@@ -204,8 +251,16 @@ class Footprint:
 
     @property
     def need(self) -> float:
-        """Returns the memory a rank needs: the larger of the update and rollout phases."""
-        return max(self.train_peak, self.rollout_peak)
+        """Returns the memory a rank needs: its largest phase, torch's tensors x ``headroom`` +
+        vLLM's share where it is awake (the update and rollout phases alone without ``phases``)."""
+        if not self.phases:
+            return max(self.train_peak, self.rollout_peak)
+        return max(phase.need(self.headroom) for phase in self.phases)
+
+    @property
+    def largest_phase(self) -> Phase | None:
+        """Returns the phase that sets ``need``."""
+        return max(self.phases, key=lambda ph: ph.need(self.headroom), default=None)
 
     @property
     def step_seconds(self) -> float:
@@ -293,7 +348,9 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         gathered = (root + 2 * layer_params(shape)) * p
     vllm = setup.engine == "vllm"
     tp = setup.tensor_parallel_size if vllm else 1
-    kv_seq = kv_bytes_per_sequence(shape, s, p) / tp
+    # the built-in sampler decodes with the float32 masters (or their float32 replica): its cache is
+    # float32 whatever the compute dtype
+    kv_seq = kv_bytes_per_sequence(shape, s, p if vllm else 4) / tp
     engine_weights = actor * p / tp if vllm else 0.0
     requests = responses * tp
     if vllm:
@@ -323,7 +380,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     flops += forward_pass(critic) if critic else 0.0
     update = responses * s * flops / (hw.flops * hw.flops_share)
     ckpt = setup.gradient_checkpointing
-    return Footprint(
+    fp = Footprint(
         actor_params=actor,
         critic_params=critic,
         reference_params=ref,
@@ -334,7 +391,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         optimizer=sharded(o * trained, world),
         reference=sharded(w * ref, world),
         gathered=gathered,
-        replica=actor * p if not vllm and setup.strategy == "fsdp" else 0.0,
+        replica=actor * 4 if not vllm and setup.strategy == "fsdp" else 0.0,  # float32
         actor_activations=acts("lm", ckpt),
         critic_activations=acts("value", ckpt) if critic else 0.0,
         actor_activations_full=acts("lm", False),
@@ -356,7 +413,111 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         decode_step_seconds=decode_step,
         rollout_seconds=rollout,
         update_seconds=update,
+        updates_per_step=math.ceil(setup.responses_per_step / (setup.mini_batch_size or 10**18))
+        * setup.ppo_epochs,
+        total_steps=setup.total_steps,
+        save_every=setup.save_every,
+        checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * trained,
+        headroom=setup.headroom,
     )
+    return replace(
+        fp,
+        phases=_phases(shape, setup, fp, acts_args=(rows_a_pass, s - t, t, chunk)),
+        host_per_node=_host_per_node(shape, setup, fp),
+    )
+
+
+def _host_per_node(shape: Shape, setup: Setup, fp: Footprint) -> float:
+    """Returns the host bytes a node holds for the run beyond its processes' own: each rank's
+    state pinned while vLLM samples (offload), vLLM's weights asleep at level 1, and rank 0's
+    critic-cache write (a parameter at a time under fsdp: the largest, the (V, h) embedding, in
+    float32; the whole float32 critic in one process)."""
+    ranks = setup.ranks_per_node if setup.strategy == "fsdp" else 1
+    host = ranks * fp.state if fp.offload else 0.0
+    if fp.vllm and setup.sleep_level == 1:
+        host += ranks * fp.engine_weights
+    if fp.critic_params and (setup.reward_model or setup.value_pretraining):
+        host += 4 * (embedding_params(shape) if setup.strategy == "fsdp" else fp.critic_params)
+    return host
+
+
+def _phases(
+    shape: Shape, setup: Setup, fp: Footprint, acts_args: tuple[int, int, int, int]
+) -> tuple[Phase, ...]:
+    """Returns every phase of a step and of the critic's start on one rank (``estimate``)."""
+    world = setup.world if setup.strategy == "fsdp" else 1
+    p = DTYPE_BYTES[setup.dtype]
+    precision = "cast" if setup.strategy == "fsdp" else "autocast"
+    rows, prompt, t, chunk = acts_args
+
+    def forward(head: str) -> float:
+        return qwen2_forward_bytes(shape, rows, prompt, t, head, p, "packed", chunk, precision)
+
+    engine = fp.engine_memory
+    # vLLM's share in the passes and updates: none once it sleeps after sampling
+    awake_in_update = engine if fp.vllm and not fp.engine_sleeps else 0.0
+    sampler_kv = 0.0 if fp.vllm else fp.sequences_at_once * fp.kv_per_sequence
+    rollout = Phase(
+        "rollout",
+        (0.0 if fp.offload else fp.state) + sampler_kv,
+        engine,
+        ("vLLM's share" + (" (state in host memory)" if fp.offload else " + state"))
+        if fp.vllm
+        else "state + the sampler's float32 KV cache",
+    )
+    # old log-probs where vLLM sampled (or a replica: no), the reference's, the critic's values
+    actor_forward = forward("lm") if fp.vllm or fp.reference_params else 0.0
+    critic_forward = forward("value") if fp.critic_params else 0.0
+    outputs = Phase(
+        "model outputs",
+        fp.state + fp.gathered + max(actor_forward, critic_forward),
+        awake_in_update,
+        "state + gathered + a no-grad pass" + (" + vLLM awake" if awake_in_update else ""),
+    )
+    update = Phase(
+        "update",
+        fp.state + fp.gathered + max(fp.actor_activations, fp.critic_activations),
+        awake_in_update,
+        "state + gathered + max(actor, critic) activations"
+        + (" + vLLM awake" if awake_in_update else ""),
+    )
+    phases = [rollout, outputs, update]
+    if fp.critic_params and (setup.reward_model or setup.value_pretraining):
+        # before the actor's optimiser exists: its float32 weights (sharded where vLLM samples,
+        # whole where the built-in sampler does: trainer.start shards after), the reference's,
+        # and a critic-shaped model trained (16 B/param / N); sampling then is as a step's, less
+        layer = layer_params(shape)
+        policy = 4 * (fp.actor_params + fp.reference_params) / (world if fp.vllm else 1)
+        critic_state = 16 * fp.critic_params / world
+        gathered = (fp.critic_params - shape.num_layers * layer + 2 * layer) * p if world > 1 else 0
+        held = policy + critic_state + gathered
+        how = "policy weights + a critic's state + gathered + its activations"
+        if setup.reward_model:
+            phases.append(
+                Phase("reward-model build", held + fp.critic_activations, awake_in_update, how)
+            )
+        if setup.value_pretraining:
+            phases.append(
+                Phase(
+                    "value pretraining",
+                    held + max(fp.critic_activations, critic_forward),
+                    awake_in_update,
+                    how,
+                )
+            )
+    responses = math.ceil(setup.eval_responses / world) if setup.eval_responses else 0
+    eval_kv = 0.0 if fp.vllm else min(responses, setup.builtin_rows) * fp.kv_per_sequence
+    phases.append(
+        Phase(
+            "evaluation",
+            fp.state + eval_kv,
+            engine,
+            "state + vLLM's share (awake after the push)"
+            if fp.vllm
+            else "state + the sampler's KV cache",
+        )
+    )
+    return tuple(phases)
 
 
 def smallest_world(
@@ -405,9 +566,12 @@ def _with_world(setup: Setup, world: int) -> Setup:
 
 
 __all__ = [
+    "ALLOCATOR_HEADROOM",
+    "CHECKPOINT_BYTES_PER_PARAM",
     "DTYPE_BYTES",
     "GB",
     "Footprint",
+    "Phase",
     "Hardware",
     "Setup",
     "actor_params",
