@@ -118,6 +118,83 @@ def test_a_stop_with_no_safe_point_in_time_stops_where_the_run_is(monkeypatch):
     ] == before  # the previous handlers are back
 
 
+def test_slurms_warning_waits_for_a_point_that_can_save_and_then_asks_for_a_save(handler):
+    handler(signal.SIGUSR2, None)
+    handler.stop_point(can_save=False)  # before a step of this attempt, or before an evaluation
+    assert handler.request is not None  # kept for the next safe point
+    with pytest.raises(StopRequested, match="^SIGUSR2: signal 12") as e:
+        handler.stop_point(can_save=True)
+    assert e.value.save and e.value.signum == signal.SIGUSR2
+    # a plain stop never waits, and never saves
+    handler(signal.SIGTERM, None)
+    with pytest.raises(StopRequested) as e:
+        handler.stop_point(can_save=False)
+    assert not e.value.save
+
+
+def test_slurms_warning_is_forced_only_after_its_own_deadline(monkeypatch):
+    # SIGTERM's 10 s would cut most steps short; the warning's deadline is 0.75 of its delay
+    monkeypatch.setattr(stop, "FORCE_AFTER_S", 0.1)
+    previous = signal.getsignal(signal.SIGUSR2)
+    with stop_on_signals():
+        h = stop.sigterm_interrupts(save_within=0.6)
+        assert h.previous_save_handler is previous  # submitit's, called to requeue
+        start = time.time()
+        with pytest.raises(StopRequested, match="^SIGUSR2, no safe point within 1 s") as e:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            while time.time() < start + 10:  # a step that never reaches a safe point
+                pass
+        assert 0.5 < time.time() - start < 5 and not e.value.save
+    signal.signal(signal.SIGUSR2, previous)
+
+
+def test_ranks_agree_on_the_strongest_stop():
+    # a plain stop on one rank outranks the warning on another: nobody waits to save
+    assert stop._unrank(max(stop._rank(signal.SIGUSR2), stop._rank(signal.SIGTERM))) == 15
+    assert stop._unrank(max(stop._rank(signal.SIGUSR2), stop._rank(0))) == signal.SIGUSR2
+    assert stop._unrank(stop._rank(0)) == 0
+
+
+@pytest.mark.slow
+def test_the_warning_saves_the_step_it_stops_at_and_the_resumed_run_equals_the_reference(
+    workdir, monkeypatch
+):
+    # no periodic save before the end (save_every 100): the warning during step 3 saves step 3
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.runs.folder import resume_config
+    from vapo_lab.trainer.trainer import Trainer, running
+
+    monkeypatch.chdir(workdir)
+    real_step = Trainer.train_step
+
+    def step(self):
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    uri = store(workdir)
+    args = [*RUN, f"tracking.uri={uri}", "run_name=warned", "trainer.save_every=100"]
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        with stop_on_signals():
+            stop.sigterm_interrupts(save_within=60)
+            with pytest.raises(StopRequested) as e:
+                with running(compose_config(overrides=args).cfg, log=lambda text: None) as trainer:
+                    trainer.train()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert e.value.save and trainer.step == 3
+    run_dir = trainer.run_dir
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000003"]
+    monkeypatch.setattr(Trainer, "train_step", real_step)
+    resume, choices = resume_config(run_dir)  # as `vapo-lab train resume=...` reads it
+    with running(resume, choices, log=lambda text: None) as resumed:
+        assert resumed.step == 3
+        resumed.train()
+    assert_like_reference(run_dir, workdir / "runs" / "reference", uri)
+
+
 @pytest.mark.slow
 def test_one_sigterm_inside_a_gc_callback_stops_the_run_after_that_step_and_resume_finishes_it(
     workdir,

@@ -5,6 +5,7 @@ Slow (minutes): run with `pytest -m slow`; .ci/run starts the local Slurm first.
 """
 
 import json
+import re
 import socket
 import subprocess
 import time
@@ -125,6 +126,33 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
     assert sorted(resumed) == list(range(201)) and resumed == reference
     log = "".join(p.read_text() for p in (run_dir.parents[1] / "slurm_logs").rglob("*.err"))
     assert "resumed" in log and "REQUEUE" in log
+
+
+def test_a_time_limit_shorter_than_save_every_still_advances_every_attempt(slurm, in_tmp):
+    # a 2-minute time limit, Slurm's warning 60 s before it (sent up to a minute early: Slurm checks
+    # on a timer), 1000 steps of ~0.1 s and no periodic save before the end: each attempt saves at
+    # its first safe point after the warning, the job requeues and the next attempt resumes there
+    steps = [*SMALL, "trainer.total_steps=1000", "trainer.eval_every=1000", "tracking=none"]
+    steps += ["trainer.save_every=1000"]
+    limit = ["launcher.slurm.time_min=2", "launcher.slurm.signal_delay_s=60"]
+    grid = load_grid("table1")
+    grid.cells = grid.cells[2:3]  # VAPO
+    result = run_grid(
+        grid, [*steps, *SLURM[:2], *limit], "slurm", False, True, log=print, out=print
+    )
+    (key,) = result.submitted
+    assert result.results == {key: "finished"}
+    grid_dir = in_tmp / "runs" / "grids" / result.grid_id
+    st = json.loads((grid_dir / "status" / f"{key}.json").read_text())
+    assert st["attempts"] >= 2 and st["step"] == 1000
+    run_dir = grid_dir / "runs" / key
+    assert sorted(last_metrics(run_dir)) == list(range(1001))  # every step logged once
+    log = "".join(p.read_text() for p in sorted((grid_dir / "slurm_logs").rglob("*.err")))
+    # every stop at the warning saved its step, and an attempt resumed from exactly there
+    stops = [int(n) for n in re.findall(r"stopped after step (\d+) of 1000 \(SIGUSR2\)", log)]
+    starts = [int(n) for n in re.findall(r"resumed \S+ at step (\d+)", log)]
+    assert stops and stops == sorted(set(stops)) and 0 < stops[0] and stops[-1] < 1000
+    assert set(stops) <= set(starts), (stops, starts)
 
 
 def test_unknown_partition_fails_in_one_line_before_submitting(slurm, in_tmp):

@@ -265,7 +265,7 @@ class SlurmLauncherConfig:
     nodes: int = 1
     gpus_per_task: int = 0
     cpus_per_task: int = 2
-    mem_gb: int = 8
+    mem_gb: Optional[int] = None  # a rank's host memory; None: from the cells' plans
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
@@ -274,6 +274,7 @@ class SlurmLauncherConfig:
     setup: list[str] = field(default_factory=list)  # shell lines run before the job
     log_dir: str = "slurm_logs"  # under the grid's folder
     signal_delay_s: int = 120  # Slurm signals a job this long before its time limit: it requeues
+    max_requeues: int = 100  # requeues at the time limit before a cell gives up
 
 
 @dataclass

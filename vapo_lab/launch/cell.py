@@ -152,8 +152,11 @@ def cell_tags(job: CellJob) -> dict[str, str]:
     }
 
 
-def run_cell(job: CellJob) -> dict[str, Any]:
+def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one cell; returns its final status record.
+
+    ``save_within`` (seconds, a Slurm job's): SIGUSR2 saves a checkpoint at the next safe point
+    after a step and stops the run (``vapo_lab.stop``), its status left running for the requeue.
 
     In a many-rank cell every rank calls this (see the module docstring); rank 0 writes the status
     file, the other ranks return ``{"state": "finished", "rank": r}`` when they are done.
@@ -162,7 +165,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     the rank that failed first).
     """
     from vapo_lab.runs.folder import is_run_dir, resume_config
-    from vapo_lab.stop import sigterm_interrupts
+    from vapo_lab.stop import SAVE_SIGNAL, StopRequested, sigterm_interrupts
     from vapo_lab.trainer.trainer import running
 
     os.chdir(job.cwd)
@@ -189,7 +192,7 @@ def run_cell(job: CellJob) -> dict[str, Any]:
             traceback=None,
         )
     # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
-    sigterm_interrupts()
+    sigterm_interrupts(save_within)
 
     def log(text: str) -> None:
         if writer:  # the ranks of a cell share its log: one copy of each line
@@ -219,23 +222,15 @@ def run_cell(job: CellJob) -> dict[str, Any]:
                     write_status(grid_dir, key, step=step)
 
             result = trainer.train(on_step)
+    except StopRequested as e:
+        if e.signum != SAVE_SIGNAL:
+            _record_failure(job, e, rank, writer)
+            raise
+        if writer:  # the job is about to be requeued: the cell goes on from where it stopped
+            write_status(grid_dir, key, state=RUNNING, error=None, requeued=str(e))
+        raise
     except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for the launcher
-        line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-        if job.world_size > 1:
-            line = f"rank {rank}: {line}"
-        if writer:
-            # a rank that failed first (its error file written before this rank saw the run break)
-            write_status(
-                grid_dir,
-                key,
-                state=FAILED,
-                error=(first_rank_error(grid_dir, key) or line)[:500],
-                traceback=traceback.format_exc()[-4000:],
-            )
-        else:
-            path = rank_error_path(grid_dir, key, rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(line[:500] + "\n")
+        _record_failure(job, e, rank, writer)
         raise
     if not writer:
         return {"state": FINISHED, "rank": rank, "step": result.steps}
@@ -249,6 +244,27 @@ def run_cell(job: CellJob) -> dict[str, Any]:
         base_eval=result.base_eval,
         checkpoint=str(result.checkpoint) if result.checkpoint else None,
     )
+
+
+def _record_failure(job: CellJob, e: BaseException, rank: int, writer: bool) -> None:
+    """Records the cell's failure: its status (rank 0) or this rank's error file."""
+    grid_dir, key = Path(job.grid_dir), job.spec.key
+    line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    if job.world_size > 1:
+        line = f"rank {rank}: {line}"
+    if writer:
+        # a rank that failed first (its error file written before this rank saw the run break)
+        write_status(
+            grid_dir,
+            key,
+            state=FAILED,
+            error=(first_rank_error(grid_dir, key) or line)[:500],
+            traceback=traceback.format_exc()[-4000:],
+        )
+    else:
+        path = rank_error_path(grid_dir, key, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(line[:500] + "\n")
 
 
 def prepare(jobs: list[CellJob]) -> list[str]:
@@ -311,26 +327,64 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
     return f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s"
 
 
+# a save at Slurm's time-limit signal may take this share of the warning (signal_delay_s); past it
+# the job requeues from its last checkpoint, as without the save, leaving the rest for the requeue
+SAVE_SHARE = 0.75
+# how long a rank waits, after the save, for the requeue to end the job
+REQUEUE_WAIT_S = 120.0
+
+
 class CellJobRunner:
     """``run_cell`` as a submitit checkpointable: requeued on preemption / time limit, then resumed.
 
     A class, so that ``submitit`` can call ``checkpoint`` when Slurm signals the job; the requeued
     job calls ``__call__`` again and ``run_cell`` resumes from the latest checkpoint. In a
     multi-task job each task is one rank, which ``__call__`` first joins to the others.
+
+    With ``signal_delay_s`` (Slurm's warning before the time limit), the warning (SIGUSR2) stops
+    the run at its next safe point after a step, every rank saving a checkpoint there, then rank 0
+    asks submitit to requeue: a requeued job always resumes past where the last one started.
     """
 
+    def __init__(self, signal_delay_s: float | None = None) -> None:
+        self.signal_delay_s = signal_delay_s
+
     def __call__(self, job: CellJob) -> dict[str, Any]:
+        from vapo_lab.stop import SAVE_SIGNAL, StopRequested
+
         if job.world_size > 1:
             join_slurm_ranks()
-        return run_cell(job)
+        within = None if self.signal_delay_s is None else SAVE_SHARE * self.signal_delay_s
+        try:
+            return run_cell(job, within)
+        except StopRequested as stop:
+            if stop.signum != SAVE_SIGNAL:
+                raise
+            _requeue()
+            raise
 
     def checkpoint(self, job: CellJob) -> Any:
-        """Returns the same job for submitit to requeue; saves nothing.
+        """Returns the same job for submitit to requeue; saves nothing itself.
 
         submitit calls this on global rank 0 only, so a save here (a collective over the sharded
-        model) would hang: the requeued job resumes from the last periodic checkpoint
-        (``trainer.save_every``). docs/grids.md, "Preemption of a many-rank cell", has the detail.
+        model) would hang: the save happens at the run's next safe point (``__call__``), or, where
+        this is called without one, the requeued job resumes from the last checkpoint.
+        docs/grids.md, "Preemption of a many-rank cell", has the detail.
         """
         import submitit
 
-        return submitit.helpers.DelayedSubmission(CellJobRunner(), job)
+        return submitit.helpers.DelayedSubmission(CellJobRunner(self.signal_delay_s), job)
+
+
+def _requeue() -> None:
+    """Calls submitit's SIGUSR2 handler, which the run's replaced: on global rank 0 it pickles
+    ``checkpoint``'s resubmission, requeues the job (``scontrol requeue``, which ends every task)
+    and exits; other ranks wait for that end (exiting first would end the job step early under
+    ``--kill-on-bad-exit``)."""
+    from vapo_lab import stop as stop_module
+
+    handler = stop_module.installed()
+    previous = handler.previous_save_handler if handler is not None else None
+    if callable(previous):
+        previous(stop_module.SAVE_SIGNAL, None)
+    time.sleep(REQUEUE_WAIT_S)

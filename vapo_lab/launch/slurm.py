@@ -13,6 +13,7 @@ go as one array per shape (nodes, tasks per node).
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,18 @@ class SlurmLauncher:
 
     def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
         check_slurm(settings)
+        given = settings.get("mem_gb")
+        if given is None:
+            return
+        for spec in specs:
+            need = host_gb_per_rank(spec.config, settings)
+            if need is not None and _is_gpu(spec.config, settings) and given < need[0]:
+                raise LaunchError(
+                    f"launcher.slurm.mem_gb={given} is below the host memory a rank of cell "
+                    f"{spec.name} needs by its plan, {need[0]} GB ({need[1]}): set "
+                    f"launcher.slurm.mem_gb={need[0]}, or leave it unset to take the plan's; "
+                    "nothing was submitted"
+                )
 
     def submit(
         self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
@@ -49,6 +62,7 @@ class SlurmLauncher:
         grid_dir, grid_id = Path(jobs[0].grid_dir), jobs[0].spec.grid_id
         folder = _slurm_folder(grid_dir, settings)
         params = slurm_parameters(settings, f"vapo-{grid_id}")
+        max_requeues = int(settings.get("max_requeues", 100))
         ex = submitit.SlurmExecutor(folder=folder)
         ex.update_parameters(**_prepare_parameters(params))
         try:
@@ -63,10 +77,12 @@ class SlurmLauncher:
         for shape, group in task_groups(jobs, lambda j: j.spec.config).items():
             # a fresh executor per array: update_parameters merges, and one shape's parameters
             # (--ntasks-per-node, --gpus-per-node) must not leak into the next array
-            ex = submitit.SlurmExecutor(folder=folder)
-            ex.update_parameters(**_array_parameters(params, str(prep.job_id), *shape))
+            ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
+            mem = group_mem_gb([j.spec.config for j in group], settings)
+            ex.update_parameters(**_array_parameters(params, str(prep.job_id), *shape, mem))
+            runner = CellJobRunner(params["signal_delay_s"])
             try:
-                arrays.append((shape, group, ex.map_array(CellJobRunner(), group)))
+                arrays.append((shape, group, ex.map_array(runner, group)))
             except Exception as e:  # noqa: BLE001
                 queued = [str(prep.job_id), *(_array_id(a) for _, _, a in arrays)]
                 subprocess.run(["scancel", *queued], capture_output=True, timeout=30)
@@ -137,7 +153,12 @@ class SlurmLauncher:
                     command=command,
                     folder=folder,
                     map_count=len(group),
-                    **_array_parameters(params, "<prepare job id>", *shape),
+                    **_array_parameters(
+                        params,
+                        "<prepare job id>",
+                        *shape,
+                        group_mem_gb([c.config for c in group], settings),
+                    ),
                 ),
             ]
         return "\n".join(parts)
@@ -183,7 +204,7 @@ def slurm_parameters(settings: dict[str, Any], name: str) -> dict[str, Any]:
         "time": int(settings.get("time_min", 60)),
         "nodes": int(settings.get("nodes", 1)),
         "cpus_per_task": int(settings.get("cpus_per_task", 1)),
-        "mem": f"{int(settings.get('mem_gb', 8))}GB",
+        "mem": f"{int(settings.get('mem_gb') or PREPARE_MEM_GB)}GB",
         "array_parallelism": int(settings.get("array_parallelism", 16)),
         "additional_parameters": dict(settings.get("additional_parameters") or {}),
         "setup": list(settings.get("setup") or []),
@@ -197,19 +218,77 @@ def slurm_parameters(settings: dict[str, Any], name: str) -> dict[str, Any]:
     return p
 
 
+# a rank's own host memory beside what its plan counts: the H200 acceptance run's one rank (0.5B
+# shape, fsdp) peaked at 27.8 GB RSS (docs/gpu-runs); a CPU rank of the embedded default at 1.0 GB
+# and the acceptance script's 2-layer Qwen2 at 1.7 GB (docs/benchmarks.md, gpu-acceptance --cpu)
+GPU_PROCESS_GB = 28
+CPU_PROCESS_GB = 2
+# the prepare job's memory when launcher.slurm.mem_gb is unset: one process building the caches of
+# a one-rank cell or the base model of a many-rank one
+PREPARE_MEM_GB = 8
+
+
+def _is_gpu(config: dict[str, Any], settings: dict[str, Any]) -> bool:
+    return bool(int(settings.get("gpus_per_task") or 0)) or str(
+        config.get("trainer", {}).get("device", "")
+    ).startswith("cuda")
+
+
+def host_gb_per_rank(config: dict[str, Any], settings: dict[str, Any]) -> tuple[int, str] | None:
+    """Returns (GB of host memory a rank of the cell ``config`` needs, how) by its plan, or None
+    where the plan cannot be made here (no model shape to read): on GPUs its share of the plan's
+    host memory a node (pinned offload, vLLM asleep at level 1, the critic-cache write) + a
+    process's own ``GPU_PROCESS_GB``; on CPU the plan's need a rank + ``CPU_PROCESS_GB``."""
+    from omegaconf import OmegaConf
+
+    from vapo_lab.config.preflight import plan_run
+    from vapo_lab.errors import ConfigError
+
+    cfg = OmegaConf.create(config)
+    gpu = _is_gpu(config, settings)
+    try:
+        plan = plan_run(cfg, 80e9 if gpu else 1e12, device="cuda" if gpu else "cpu")
+    except ConfigError:
+        return None
+    fp = plan.footprint
+    if gpu:
+        ranks = max(1, plan.setup.ranks_per_node if plan.setup.strategy == "fsdp" else 1)
+        share = fp.host_per_node / ranks / 1e9
+        how = f"{share:.1f} of the plan's host memory a node + {GPU_PROCESS_GB} a process"
+        return math.ceil(share + GPU_PROCESS_GB), how
+    how = f"the plan's {fp.need / 1e9:.1f} a rank + {CPU_PROCESS_GB} a process"
+    return math.ceil(fp.need / 1e9 + CPU_PROCESS_GB), how
+
+
+def group_mem_gb(configs: list[dict[str, Any]], settings: dict[str, Any]) -> int:
+    """Returns the GB a rank of a job array asks for: launcher.slurm.mem_gb when set, else the
+    largest plan figure of its cells (``host_gb_per_rank``; ``PREPARE_MEM_GB`` where none)."""
+    if settings.get("mem_gb") is not None:
+        return int(settings["mem_gb"])
+    needs = [n[0] for c in configs if (n := host_gb_per_rank(c, settings)) is not None]
+    return max(needs, default=PREPARE_MEM_GB)
+
+
 def _prepare_parameters(params: dict[str, Any]) -> dict[str, Any]:
     """Returns the prepare job's parameters: the grid's, under the name <grid job name>-prepare."""
     return {**params, "job_name": params["job_name"] + "-prepare"}
 
 
 def _array_parameters(
-    params: dict[str, Any], prepare_job: str, nodes: int = 1, tasks: int = 1
+    params: dict[str, Any],
+    prepare_job: str,
+    nodes: int = 1,
+    tasks: int = 1,
+    mem_gb: int | None = None,
 ) -> dict[str, Any]:
-    """Returns the parameters of an array of cells on ``nodes`` x ``tasks`` per node: the grid's,
-    starting once the prepare job has succeeded (and cancelled by Slurm if it failed, instead of
-    waiting for ever); a many-rank shape is a multi-task job, one task per rank."""
+    """Returns the parameters of an array of cells on ``nodes`` x ``tasks`` per node, ``mem_gb`` a
+    rank (None: the grid's): the grid's, starting once the prepare job has succeeded (and cancelled
+    by Slurm if it failed, instead of waiting for ever); a many-rank shape is a multi-task job,
+    one task per rank."""
     extra = {**params["additional_parameters"], "kill-on-invalid-dep": "yes"}
     p = {**params, "additional_parameters": extra, "dependency": f"afterok:{prepare_job}"}
+    per_rank = int(params["mem"].removesuffix("GB")) if mem_gb is None else mem_gb
+    p["mem"] = f"{per_rank}GB"
     if nodes * tasks == 1:
         return p
     p.update(
@@ -217,7 +296,7 @@ def _array_parameters(
         nodes=nodes,
         ntasks_per_node=tasks,
         # --mem is per node: mem_gb per rank
-        mem=f"{int(params['mem'].removesuffix('GB')) * tasks}GB",
+        mem=f"{per_rank * tasks}GB",
         # a rank that fails ends the job's other ranks at once, as torchrun does (they would
         # otherwise wait in their next collective for the process group's timeout)
         srun_args=["--kill-on-bad-exit=1"],

@@ -35,7 +35,7 @@ from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
-from vapo_lab.stop import stop_point
+from vapo_lab.stop import StopRequested, stop_point
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.caches import start_critic
 from vapo_lab.trainer.checkpointer import (
@@ -206,18 +206,25 @@ class Trainer:
         history: list[dict[str, Any]] = []
         base_eval = None
         checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
+        # a resumed run has its step's checkpoint; a save-and-stop waits for a step of this call's
+        started = saved = self.step
         try:
             if self.step == 0:
-                stop_point(self.world)
+                stop_point(self.world, can_save=False)
                 e = self.evaluate()
                 base_eval = e[key]
                 self.record.log_metrics(e, 0)
             while self.step < total:
-                stop_point(self.world)
+                try:
+                    stop_point(self.world, can_save=self.step > started)
+                except StopRequested as stop:
+                    if stop.save and saved != self.step:  # Slurm's time limit is near: keep it
+                        checkpoint, saved = self.checkpoints.save(self.step), self.step
+                    raise
                 metrics = self.train_step()
                 if self.step % t.eval_every == 0 or self.step == total:
                     # an evaluation can be long; the step is redone on resume
-                    stop_point(self.world)
+                    stop_point(self.world, can_save=False)
                     e = self.evaluate()
                     metrics.update(e)
                     best = self.best_eval
@@ -225,7 +232,7 @@ class Trainer:
                 self.record.log_metrics(metrics, self.step)
                 history.append({"step": self.step, **metrics})
                 if self.step % t.save_every == 0 or self.step == total:
-                    checkpoint = self.checkpoints.save(self.step)
+                    checkpoint, saved = self.checkpoints.save(self.step), self.step
                 if on_step and self.world.main:
                     on_step(self.step, metrics)
         except BaseException as e:
