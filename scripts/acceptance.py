@@ -361,7 +361,8 @@ def cmd_fsdp_summary(args: argparse.Namespace) -> None:
     parts.append(f"{tok_s:,.0f} tokens/s" if tok_s is not None else "no step logged")
     parts.append(f"{len(steps)} steps, {s_step:.2f} s/step" if s_step is not None else "")
     print("; ".join(p for p in parts if p))
-    for name in ("update phase (checkpointing off)", "rollout phase", "need a GPU"):
+    # every phase, torch's tensors x the allocator's headroom (+ vLLM's share where it is awake)
+    for name in [n for n in plan if n.startswith("phase: ")] + ["need a GPU"]:
         if name in plan:
             print(f"- plan, {name}: {plan[name]:.2f} GB")
     if peak:

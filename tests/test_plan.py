@@ -376,3 +376,19 @@ def test_plan_of_scale_small_gpu_without_the_weights():
     assert _rows(result.output)["parameters: actor"][0] == "1.54B (1,543,714,304)"
     assert "fits 80 GB GPUs at N = 8: yes (needs 48.03 GB a GPU, in rollout" in result.output
     assert "fewest GPUs that fit: 2" in result.output
+
+
+def test_plan_takes_this_machines_gpu_where_cuda_is_present(monkeypatch):
+    # an H100 80GB reports ~85e9 bytes: the plan judges against what the pre-flight check will see
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    sizes = [85.0e9, 150.0e9]
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(total_memory=sizes[i], name="a GPU"),
+    )
+    result = runner.invoke(app, ["plan"], env=WIDE)
+    assert ", 85 GB a GPU" in result.output.splitlines()[0]
+    result = runner.invoke(app, ["plan", "--gpu-memory-gb", "40"], env=WIDE)
+    assert ", 40 GB a GPU" in result.output.splitlines()[0]

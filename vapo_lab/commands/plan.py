@@ -25,12 +25,13 @@ def plan(
         ),
     ] = None,
     gpu_memory_gb: Annotated[
-        float,
+        Optional[float],
         typer.Option(
             "--gpu-memory-gb",
-            help="Memory of one GPU in GB (10^9 bytes); 80 for an A100/H100 80GB.",
+            help="Memory of one GPU in GB (10^9 bytes); default: this machine's smallest GPU's "
+            "total where CUDA is present, else 80 (an A100/H100 80GB).",
         ),
-    ] = 80.0,
+    ] = None,
     prompt_tokens: Annotated[
         Optional[int], typer.Option(help="Estimate of the longest prompt in tokens (default 512).")
     ] = None,
@@ -48,6 +49,8 @@ def plan(
     from vapo_lab.config.preflight import PROMPT_TOKENS, plan_run
     from vapo_lab.errors import ConfigError
 
+    if gpu_memory_gb is None:
+        gpu_memory_gb = _this_gpu_gb() or DEFAULT_GPU_GB
     if gpu_memory_gb <= 0:
         raise ConfigError(
             f"--gpu-memory-gb {gpu_memory_gb:g} is not a memory size: "
@@ -63,6 +66,21 @@ def plan(
     title, rows = plan_rows(result)
     print_table(title, (Col("quantity"), Col("value", justify="right"), Col("how")), rows)
     stdout.print(_verdict(result), highlight=False, soft_wrap=True)
+
+
+# a plan's GPU where none is given or present: an A100/H100 80GB
+DEFAULT_GPU_GB = 80.0
+
+
+def _this_gpu_gb() -> float | None:
+    """Returns the total memory of this machine's smallest visible GPU in GB (as the pre-flight
+    check measures a run against it), None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / 1e9
 
 
 def _validate_without_files(cfg: object) -> None:
