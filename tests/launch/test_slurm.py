@@ -128,6 +128,7 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
     assert "resumed" in log and "REQUEUE" in log
 
 
+@pytest.mark.timeout(1500)  # ~8 minutes here; bounded should the warnings come too early
 def test_a_time_limit_shorter_than_save_every_still_advances_every_attempt(slurm, in_tmp):
     # a 2-minute time limit, Slurm's warning 60 s before it (sent up to a minute early: Slurm checks
     # on a timer), 1000 steps of ~0.1 s and no periodic save before the end: each attempt saves at
