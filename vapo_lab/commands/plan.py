@@ -77,10 +77,11 @@ def _this_gpu_gb() -> float | None:
     check measures a run against it), None without CUDA."""
     import torch
 
+    from vapo_lab.config.preflight import smallest_gpu
+
     if not torch.cuda.is_available():
         return None
-    count = torch.cuda.device_count()
-    return min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / 1e9
+    return smallest_gpu()[1].total_memory / 1e9
 
 
 def _validate_without_files(cfg: object) -> None:

@@ -449,6 +449,16 @@ def fastest_within(plan: RunPlan, seconds: float) -> tuple[int, dict[str, Any], 
     return None
 
 
+def smallest_gpu(ids: list[int] | None = None) -> tuple[int, Any]:
+    """Returns (index, properties) of the visible GPU with the least memory among ``ids`` (None:
+    all); CUDA must be available."""
+    import torch
+
+    ids = list(range(torch.cuda.device_count())) if ids is None else ids
+    smallest = min(ids, key=lambda i: torch.cuda.get_device_properties(i).total_memory)
+    return smallest, torch.cuda.get_device_properties(smallest)
+
+
 def device_memory(cfg: Any) -> tuple[float, str, str] | None:
     """Returns (bytes one rank of run ``cfg`` has, what they are, cuda or cpu) on this machine, or
     None where it cannot tell (trainer.device=cuda with no GPU visible: the run fails on that with
@@ -466,9 +476,7 @@ def device_memory(cfg: Any) -> tuple[float, str, str] | None:
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             return None
-        ids = [int(name.split(":")[1])] if ":" in name else list(range(torch.cuda.device_count()))
-        smallest = min(ids, key=lambda i: torch.cuda.get_device_properties(i).total_memory)
-        props = torch.cuda.get_device_properties(smallest)
+        smallest, props = smallest_gpu([int(name.split(":")[1])] if ":" in name else None)
         return float(props.total_memory), f"cuda:{smallest}, {props.name}", "cuda"
     total = _host_memory()
     if total is None:

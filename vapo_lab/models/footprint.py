@@ -348,9 +348,10 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         gathered = (root + 2 * layer_params(shape)) * p
     vllm = setup.engine == "vllm"
     tp = setup.tensor_parallel_size if vllm else 1
-    # the built-in sampler decodes with the float32 masters (or their float32 replica): its cache is
-    # float32 whatever the compute dtype
-    kv_seq = kv_bytes_per_sequence(shape, s, p if vllm else 4) / tp
+    # the built-in sampler decodes with the float32 masters (or their float32 replica): its weights
+    # and cache are float32 whatever the compute dtype
+    sampled = p if vllm else 4
+    kv_seq = kv_bytes_per_sequence(shape, s, sampled) / tp
     engine_weights = actor * p / tp if vllm else 0.0
     requests = responses * tp
     if vllm:
@@ -359,8 +360,8 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         at_once = min(responses, setup.builtin_rows)
     # decoding: a step reads the sampler's weights (a GPU's share) and its sequences' KV cache once
     context = setup.prompt_tokens + t / 2
-    step_bytes = (engine_weights if vllm else actor * p) + at_once * kv_bytes_per_token(
-        shape, p
+    step_bytes = (engine_weights if vllm else actor * sampled) + at_once * kv_bytes_per_token(
+        shape, sampled
     ) / tp * context
     decode_step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
     rollout = math.ceil(requests / at_once) * t * decode_step if at_once else math.inf
@@ -413,8 +414,12 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         decode_step_seconds=decode_step,
         rollout_seconds=rollout,
         update_seconds=update,
-        updates_per_step=math.ceil(setup.responses_per_step / (setup.mini_batch_size or 10**18))
-        * setup.ppo_epochs,
+        updates_per_step=setup.ppo_epochs
+        * (
+            math.ceil(setup.responses_per_step / setup.mini_batch_size)
+            if setup.mini_batch_size
+            else 1
+        ),
         total_steps=setup.total_steps,
         save_every=setup.save_every,
         checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * trained,
