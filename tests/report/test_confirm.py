@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from vapo_lab.report import confirm, stats
-from vapo_lab.report.collect import RunData
+from vapo_lab.report.collect import ReportError, RunData
 from vapo_lab.report.table import run_score
 
 KEY = "eval/avg_at_16"
@@ -354,3 +354,43 @@ def test_the_committed_plan_loads():
         "positive_lm_loss",
         "group_sampling",
     }
+
+
+def test_a_finding_is_printed_beside_every_verdict_it_qualifies_and_an_unknown_id_is_refused(
+    tmp_path,
+):
+    g = groups({"VAPO": [1.0, 2.0, 3.0, 4.0], "DAPO": [0.0, 1.2, 1.9, 3.1]})
+    path = plan_file(
+        tmp_path,
+        [
+            {
+                "id": "2",
+                "family": "F1",
+                "row": "dapo",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+            }
+        ],
+    )
+    plan = confirm.load(path)
+    plan.claims = ["vapo_above_dapo"]
+    result = confirm.score(plan, lambda e: g, lambda e: KEY)
+    found = tmp_path / "findings.yaml"
+    found.write_text('findings:\n  "2": at lr 2e-5 only\n')
+    confirm.qualify(result, confirm.load_findings(found))
+    text = confirm.to_markdown(result)
+    verdict = result["predictions"][0]["verdict"]
+    # the table's cell and the claim's line both carry it, and the rules say it came later
+    assert f"**{verdict}** (found after the grid: at lr 2e-5 only) |" in text
+    assert (
+        f"- VAPO scores above DAPO: **{verdict}** (prediction 2; found after the grid: at lr"
+        in text
+    )
+    assert "Found after the grid: not pre-registered" in text
+    found.write_text("findings:\n  '7': about nothing\n")
+    with pytest.raises(ReportError, match=r"--findings: 7 name no prediction or claim.*has: 2, "):
+        confirm.qualify(result, confirm.load_findings(found))
+    found.write_text("findings: [a list]\n")
+    with pytest.raises(ReportError, match="needs 'findings:' mapping each prediction id"):
+        confirm.load_findings(found)

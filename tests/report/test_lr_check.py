@@ -67,14 +67,18 @@ def test_lr_check_by_hand(tmp_path, capsys):
     out = _printed(tmp_path, runs, capsys)
     assert (
         out[0]
-        == "Vanilla PPO lr 2e-05: plateau  70.0 (seeds [0, 1, 2]: 70.0, 70.0, 70.0), speed  55.0"
+        == "Vanilla PPO lr 2e-05: plateau  70.0 (seeds [0, 1, 2]: 70.0, 70.0, 70.0), speed  55.0, "
+        "NOT at a plateau (moves 20.0 over the last 20%, rule 1)"  # 60 at step 40, 80 at 50
     )
-    assert out[1].startswith(
-        "Vanilla PPO lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7"
+    # seed means (60 + 90 + 90) / 3 = 80 at step 40 and (80 + 90 + 90) / 3 = 86.7 at 50
+    assert out[1] == (
+        "Vanilla PPO lr 4e-05: plateau  83.3 (seeds [0, 1, 2]: 70.0, 90.0, 90.0), speed  67.7, "
+        "NOT at a plateau (moves 6.7 over the last 20%, rule 1)"
     )
+    assert out[2].endswith("speed  74.0, at a plateau (moves 0.0 over the last 20%, rule 1)")
     assert out[-2:] == [
         "best VAPO (90.0 at 2e-05) - best Vanilla PPO (83.3 at 4e-05) = +6.7: VAPO above Vanilla "
-        "PPO does not depend on the step size",
+        "PPO does not depend on the step size (not at a plateau: Vanilla PPO at 4e-05)",
         "best VAPO (90.0 at 2e-05) - best DAPO (90.0 at 2e-05) = +0.0: VAPO above DAPO does not "
         "depend on the step size",
     ]
@@ -109,5 +113,6 @@ def test_a_step_logged_twice_counts_once_with_its_later_value(tmp_path, capsys):
         tmp_path, [_run("vapo", s, "2e-05", curve, repeat=(50, 90.0)) for s in (0, 1, 2)], capsys
     )
     assert out == [
-        "VAPO        lr 2e-05: plateau  90.0 (seeds [0, 1, 2]: 90.0, 90.0, 90.0), speed  74.0"
+        "VAPO        lr 2e-05: plateau  90.0 (seeds [0, 1, 2]: 90.0, 90.0, 90.0), speed  74.0, "
+        "at a plateau (moves 0.0 over the last 20%, rule 1)"
     ]

@@ -62,6 +62,14 @@ def report(
             "(e.g. reports/table1-cpu-long/predictions.yaml)."
         ),
     ] = None,
+    findings: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Print beside the plan's verdicts what was found after the grid: a YAML "
+            "'findings: {prediction id or claim: text}' "
+            "(e.g. reports/table1-plateau/findings.yaml)."
+        ),
+    ] = None,
 ) -> None:
     """Table 1, Figures 1 and 2 and diagnostics from a grid's tracked runs, beside the paper.
 
@@ -87,6 +95,7 @@ def report(
             smooth=ema,
             band=band,
             predictions=predictions,
+            findings=findings,
         )
     else:
         rep = make_report(
@@ -98,6 +107,7 @@ def report(
             smooth=ema,
             band=band,
             predictions=predictions,
+            findings=findings,
         )
     if save_runs:
         from vapo_lab.track import resolve_tracking_uri

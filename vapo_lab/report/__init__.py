@@ -56,6 +56,7 @@ def make_report(
     smooth: float = FIG2_EMA,
     band: str = "minmax",
     predictions: str | Path | None = None,
+    findings: str | Path | None = None,
 ) -> Report:
     """Writes the report of ``experiment`` to ``out`` (default reports/<experiment>); returns it.
 
@@ -71,6 +72,8 @@ def make_report(
         band: the seed band around the mean over seeds in every figure: "minmax" or "std".
         predictions: a predictions YAML or confirmatory plan to score against the runs, written
             to predictions_scored.md and index.md.
+        findings: a findings YAML (``confirm.load_findings``): what was found after the grid,
+            printed beside each verdict of the plan it qualifies.
 
     Raises:
         ReportError: no runs, no scores, or a bad option (one line, with the fix).
@@ -86,6 +89,9 @@ def make_report(
     # a bad file fails before any store is read; a plan (families, tests, Holm) or the older format
     plan = confirm.load(predictions) if predictions and confirm.is_plan(predictions) else None
     preds = pred.load(predictions) if predictions and plan is None else None
+    if findings and plan is None:
+        raise ReportError("--findings qualifies a confirmatory plan's verdicts: give --predictions")
+    found = confirm.load_findings(findings) if findings else {}
 
     require_writable(
         Path(out or Path("reports") / experiment),
@@ -157,6 +163,7 @@ def make_report(
         rep.predictions = confirm.score(
             plan, lambda name: group(runs_of(name)), lambda name: score_key(runs_of(name))
         )
+        confirm.qualify(rep.predictions, found)
         (out / "predictions_scored.md").write_text(
             confirm.to_markdown(rep.predictions, plan.source), encoding="utf-8"
         )

@@ -35,6 +35,7 @@ SCORE_MEASURES = {
 }
 # points: VAPO's seed-mean curve over the last 20% of the steps moves at most this
 PLATEAU_TOLERANCE = 1.0
+FOUND = "found after the grid"  # the words before a finding, wherever a verdict carries one
 
 Groups = dict[str, list[RunData]]
 
@@ -254,6 +255,59 @@ def score(
     }
 
 
+def load_findings(path: str | Path) -> dict[str, str]:
+    """Returns a findings YAML's ``findings``: {prediction id or claim: what was found after the
+    grid that qualifies its verdict}, e.g. a learning-rate check. Not pre-registered, and printed
+    as such beside the verdicts it qualifies.
+
+    Raises:
+        ReportError: not a mapping of ids to texts (one line naming the fix).
+    """
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ReportError(f"--findings {path}: cannot be read ({e}); give a findings YAML") from e
+    found = doc.get("findings") if isinstance(doc, dict) else None
+    if not isinstance(found, dict) or not all(
+        isinstance(t, str) and t.strip() for t in found.values()
+    ):
+        raise ReportError(
+            f"--findings {path}: needs 'findings:' mapping each prediction id or claim to a text"
+        )
+    return {str(k): t.strip() for k, t in found.items()}
+
+
+def qualify(result: dict[str, Any], findings: dict[str, str]) -> None:
+    """Attaches each finding to its prediction (by id) and claim (by name, or by the prediction
+    the claim is read from), so that every verdict it qualifies is printed with it.
+
+    Raises:
+        ReportError: a finding whose id names no prediction or claim of the plan.
+    """
+    ids = {r["id"] for r in result["predictions"]} | {c["claim"] for c in result["claims"]}
+    unknown = sorted(set(findings) - ids)
+    if unknown:
+        raise ReportError(
+            f"--findings: {', '.join(unknown)} name no prediction or claim of the plan "
+            f"(it has: {', '.join(sorted(ids))})"
+        )
+    for r in result["predictions"]:
+        if r["id"] in findings:
+            r["finding"] = findings[r["id"]]
+    for c in result["claims"]:
+        source = c["detail"].removeprefix("prediction ")
+        text = findings.get(c["claim"]) or findings.get(source)
+        if text:
+            c["finding"] = text
+
+
+def _verdict_text(r: dict[str, Any]) -> str:
+    """Returns a verdict in bold with the finding that qualifies it, if any."""
+    return f"**{r['verdict']}**" + (f" ({FOUND}: {r['finding']})" if r.get("finding") else "")
+
+
 def _holm_some(ps: list[float | None]) -> list[float | None]:
     """Returns the Holm-adjusted p-values of those that exist; None stays None."""
     real = [p for p in ps if p is not None]
@@ -439,7 +493,7 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
                 f"| {r['id']} | {r['comparison']} | {_measure_text(r)} | {expect} | {test} "
                 f"| {diff} | "
                 f"{'' if r['p'] is None else pv(r['p'])} | {tested} | "
-                f"{'' if r['holm_p'] is None else pv(r['holm_p'])} | **{r['verdict']}** | "
+                f"{'' if r['holm_p'] is None else pv(r['holm_p'])} | {_verdict_text(r)} | "
                 f"{'yes' if r['paper_direction'] else 'no'} |"
             )
         lines.append("")
@@ -450,7 +504,9 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
     g = result["goal"]
     lines += ["Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", ""]
     lines += [
-        f"- {c['text'] if 'text' in c else c['claim']}: **{c['verdict']}** ({c['detail']})."
+        f"- {c['text'] if 'text' in c else c['claim']}: **{c['verdict']}** ({c['detail']}"
+        + (f"; {FOUND}: {c['finding']}" if c.get("finding") else "")
+        + ")."
         for c in result["claims"]
     ]
     lines.append(
@@ -478,6 +534,12 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
                 else "."
             )
         )
+    if any(r.get("finding") for r in result["predictions"]):
+        lines += [
+            "",
+            f"{FOUND.capitalize()}: not pre-registered; the report's findings file "
+            "(`vapo-lab report --findings`), each text beside the verdict it qualifies.",
+        ]
     lines += [
         "",
         f"Rules (pre-registered{f' in {source}' if source else ''}): paired t-test by seed where "
