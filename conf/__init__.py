@@ -7,7 +7,8 @@ from pathlib import Path
 
 
 def conf_dir() -> Path:
-    """Returns the directory of the Hydra config tree (repository conf/, shipped as vapo_lab.conf)."""
+    """Returns the directory of the Hydra config tree (repository conf/, shipped as
+    vapo_lab.conf)."""
     return Path(str(resources.files("vapo_lab.conf")))
 
 

@@ -1,1 +1,2 @@
-"""Grid files for `vapo-lab sweep` / `vapo-lab ablate --table1` (shipped as vapo_lab.experiments)."""
+"""Grid files for `vapo-lab sweep` / `vapo-lab ablate --table1` (shipped as
+vapo_lab.experiments)."""

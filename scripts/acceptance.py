@@ -1,12 +1,14 @@
-"""The Python half of scripts/gpu-acceptance.sh: what is easier to read or build in Python than in
-bash. Each subcommand prints what the script records; none of them trains or evaluates anything
-itself except ``peak``, which runs one ``vapo-lab`` command in this process to read its peak memory.
+"""The Python half of scripts/gpu-acceptance.sh: what is easier to read or build in Python.
+
+Each subcommand prints what the script records; none trains or evaluates anything itself except
+``peak``, which runs one ``vapo-lab`` command in this process to read its peak memory.
 
     python scripts/acceptance.py env                                  # the machine, as JSON
     python scripts/acceptance.py missing scripts/gpu-requirements.txt # pins not installed
     python scripts/acceptance.py make-model DIR --size full|small     # a random Qwen2 checkpoint
     python scripts/acceptance.py prompt-tokens MODEL_DIR DATA.jsonl   # the longest math prompt
     python scripts/acceptance.py peak OUT.json -- train ...           # vapo-lab ARGS + peak memory
+    python scripts/acceptance.py logprob-peak --device cuda            # step e's result
     python scripts/acceptance.py pytest-summary LOG                   # step a's result
     python scripts/acceptance.py train-summary RUN_DIR                # step b's result
     python scripts/acceptance.py fsdp-summary RUN_DIR PEAK.json PLAN  # step c's result
@@ -29,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-# The embedded default's held-out avg@4 before and after its 80 steps on 2-core CPUs (README: 44.8 up to
-# 2026-11-28, 42.0 on a 2-core Xeon since), printed beside the GPU's for comparison, not as a threshold.
+# The embedded default's held-out avg@4 before and after its 80 steps on 2-core CPUs (42.0 on the
+# Xeon: docs/benchmarks.md), printed beside the GPU's for comparison, not as a threshold.
 CPU_BASE, CPU_FINAL = 23.5, 44.8
 TAIL_LINES = 15  # a failed step keeps this many of its last log lines
 
@@ -46,11 +48,20 @@ def cmd_env(args: argparse.Namespace) -> None:
         name, memory_gb = props.name, props.total_memory / 1e9
     else:
         name, memory_gb = _cpu_name(), None
-    print(json.dumps({
-        "cuda": cuda, "device": name, "slug": re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown",
-        "gpu_memory_gb": memory_gb, "torch": torch.__version__, "cuda_version": torch.version.cuda,
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-    }))
+    print(
+        json.dumps(
+            {
+                "cuda": cuda,
+                "device": name,
+                "slug": re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown",
+                "gpu_memory_gb": memory_gb,
+                "torch": torch.__version__,
+                "cuda_version": torch.version.cuda,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
 
 
 def _cpu_name() -> str:
@@ -64,9 +75,11 @@ def _cpu_name() -> str:
 
 
 def cmd_missing(args: argparse.Namespace) -> None:
-    """Prints each pin whose distribution is not installed (one NAME==VERSION a line); a pin
-    installed at another version is left alone (stderr says so): this must not change a working
-    environment, only complete a bare one."""
+    """Prints each pin whose distribution is not installed, one NAME==VERSION a line.
+
+    A pin installed at another version is kept (stderr says so): this completes a bare environment,
+    it never changes a working one.
+    """
     from importlib.metadata import PackageNotFoundError, version
 
     for line in Path(args.requirements).read_text().splitlines():
@@ -87,10 +100,20 @@ def cmd_missing(args: argparse.Namespace) -> None:
 # Qwen2.5-0.5B's shape (its config.json); the small one keeps the vocabulary, so the fp32 logits,
 # the largest activation, stay the same size a token.
 SHAPES = {
-    "full": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "small": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1),
+    "full": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+    ),
+    "small": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    ),
 }
 
 
@@ -101,10 +124,17 @@ def cmd_make_model(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(_embedded_tokenizer(), local_files_only=True)
-    config = Qwen2Config(**SHAPES[args.size], vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        **SHAPES[args.size],
+        vocab_size=151936,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     # initialised on the GPU where there is one: 494M parameters take seconds there, not a minute
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -112,7 +142,10 @@ def cmd_make_model(args: argparse.Namespace) -> None:
         model = Qwen2ForCausalLM(config)
     model.to(torch.bfloat16).save_pretrained(args.dir)
     tokenizer.save_pretrained(args.dir)
-    print(f"{sum(p.numel() for p in model.parameters()):,} parameters ({args.size}, bfloat16) in {args.dir}")
+    print(
+        f"{sum(p.numel() for p in model.parameters()):,} parameters "
+        f"({args.size}, bfloat16) in {args.dir}"
+    )
 
 
 def _embedded_tokenizer() -> Path:
@@ -134,19 +167,22 @@ def cmd_prompt_tokens(args: argparse.Namespace) -> None:
 
     import vapo_lab.conf
 
-    template = yaml.safe_load((Path(vapo_lab.conf.__file__).parent / "task" / "math.yaml").read_text())[
-        "prompt_template"]
+    template = yaml.safe_load(
+        (Path(vapo_lab.conf.__file__).parent / "task" / "math.yaml").read_text()
+    )["prompt_template"]
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir, local_files_only=True)
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    print(max(len(tokenizer(template.format(problem=r[args.key])).input_ids) for r in rows) + 1)  # + bos
+    # + bos
+    print(max(len(tokenizer(template.format(problem=r[args.key])).input_ids) for r in rows) + 1)
 
 
 # ------------------------------------------------------------------------------------------- peak
 def cmd_peak(args: argparse.Namespace) -> int:
-    """Runs `vapo-lab ARGS` in this process and writes its peak memory to OUT: the CUDA caching
-    allocator's peak (torch.cuda.max_memory_allocated / reserved) and the process's peak RSS. A
-    run of one rank (strategy=single, or fsdp with N = 1) trains in this process, so this is its
-    GPU peak; the trainer logs only RSS."""
+    """Runs `vapo-lab ARGS` in this process and writes its peak memory to OUT.
+
+    The peaks are the CUDA caching allocator's (max_memory_allocated / reserved) and the process's
+    RSS; a one-rank run trains in this process, so this is its GPU peak (the trainer logs only RSS).
+    """
     import resource
 
     import torch
@@ -162,18 +198,29 @@ def cmd_peak(args: argparse.Namespace) -> int:
     finally:
         peak = {"rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            peak.update(allocated_gb=torch.cuda.max_memory_allocated() / 1e9,
-                        reserved_gb=torch.cuda.max_memory_reserved() / 1e9)
+            peak.update(
+                allocated_gb=torch.cuda.max_memory_allocated() / 1e9,
+                reserved_gb=torch.cuda.max_memory_reserved() / 1e9,
+            )
         Path(args.out).write_text(json.dumps(peak))
     return rc
 
 
 # ---------------------------------------------------------------------------------------- logprob
+def cpu_has_fast_bf16() -> bool:
+    """Returns whether this CPU has AVX-512 or better, where oneDNN runs bf16 GEMMs at speed."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AMX"))
+
+
 def cmd_logprob_peak(args: argparse.Namespace) -> None:
-    """Step e: the chunked log-prob pass's peak memory (one layer: hidden states into the LM head,
-    forward under bf16 autocast + backward) beside `vapo-lab plan`'s figure for it
-    (models.activations.chunked_logprob_bytes). On CUDA: torch.cuda.max_memory_allocated over the
-    pass less what was allocated before it; on CPU: vapo_lab.bench.logits_memory's VmHWM method."""
+    """Step e: prints the chunked log-prob pass's peak memory beside `vapo-lab plan`'s figure.
+
+    The pass is the LM head and log-softmax, forward under bf16 autocast + backward. On CUDA the
+    peak is torch.cuda.max_memory_allocated less what was allocated before; on CPU,
+    vapo_lab.bench.logits_memory's VmHWM method.
+    """
     import torch
 
     from vapo_lab.algo.lm import default_chunk_tokens, head_logprobs_and_entropy
@@ -181,7 +228,11 @@ def cmd_logprob_peak(args: argparse.Namespace) -> None:
 
     t, vocab, hidden = args.tokens, args.vocab, args.hidden
     chunk = default_chunk_tokens(vocab)
-    plan = chunked_logprob_bytes(t, vocab, hidden, chunk, 2)
+    dtype = "bfloat16"
+    if not args.device.startswith("cuda") and not cpu_has_fast_bf16():
+        # a 2-core AVX2 EPYC: (32, 152,064) @ (152,064, 896) in bf16 18.9 s, float32 0.1 s
+        dtype = "float32"
+    plan = chunked_logprob_bytes(t, vocab, hidden, chunk, 2 if dtype == "bfloat16" else 4)
     if args.device.startswith("cuda"):
         device = torch.device(args.device)
         torch.manual_seed(0)
@@ -209,11 +260,20 @@ def cmd_logprob_peak(args: argparse.Namespace) -> None:
     else:
         from vapo_lab.bench.logits_memory import run_logits_memory
 
-        [row] = run_logits_memory([t], vocab, hidden, chunk, cases=("chunked",))
-        peak, seconds, how = row["peak_bytes"], row["seconds"], "VmHWM - VmRSS before, a fresh process"
-    print(f"peak {peak / 1e9:.2f} GB measured, plan {plan / 1e9:.2f} GB ({peak / plan:.3f} of it); "
-          f"T = {t:,}, V = {vocab:,}, h = {hidden}, chunks of {chunk}; {seconds:.2f} s")
-    print(f"- measured: {how}; the fp32 logits it never holds would be {4 * t * vocab / 1e9:.2f} GB")
+        [row] = run_logits_memory([t], vocab, hidden, chunk, cases=("chunked",), dtype=dtype)
+        peak, seconds, how = (
+            row["peak_bytes"],
+            row["seconds"],
+            f"VmHWM - VmRSS before, a fresh process, {dtype}"
+            + ("" if dtype == "bfloat16" else " (this CPU has no AVX-512: bf16 GEMMs crawl)"),
+        )
+    print(
+        f"peak {peak / 1e9:.2f} GB measured, plan {plan / 1e9:.2f} GB ({peak / plan:.3f} of it); "
+        f"T = {t:,}, V = {vocab:,}, h = {hidden}, chunks of {chunk}; {seconds:.2f} s"
+    )
+    print(
+        f"- measured: {how}; the fp32 logits it never holds would be {4 * t * vocab / 1e9:.2f} GB"
+    )
 
 
 # -------------------------------------------------------------------------------------- summaries
@@ -227,7 +287,11 @@ def _records(run_dir: Path) -> list[dict]:
             rows.append(json.loads(line))
         except ValueError:
             continue  # a line cut by a kill
-    return [r for r in rows if not all(k.startswith("pretrain/") for k in r if k not in ("step", "timestamp_ms"))]
+    return [
+        r
+        for r in rows
+        if not all(k.startswith("pretrain/") for k in r if k not in ("step", "timestamp_ms"))
+    ]
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -253,19 +317,28 @@ def cmd_train_summary(args: argparse.Namespace) -> None:
     parts = []
     if len(evals) >= 2 and evals[0][0] == 0:
         (_, base), (last, final) = evals[0], evals[-1]
-        parts.append(f"{key.split('/')[1].replace('_at_', '@')} {base:.1f} → {final:.1f} at step {last}: "
-                     f"{final - base:+.1f} (CPU {CPU_FINAL} − {CPU_BASE} = {CPU_FINAL - CPU_BASE:+.1f} at 80)")
+        parts.append(
+            f"{key.split('/')[1].replace('_at_', '@')} {base:.1f} → {final:.1f} at step {last}: "
+            f"{final - base:+.1f} "
+            f"(CPU {CPU_FINAL} − {CPU_BASE} = {CPU_FINAL - CPU_BASE:+.1f} at 80)"
+        )
     elif evals:
         parts.append(f"only the eval at step {evals[0][0]}: {evals[0][1]:.1f}")
     else:
         parts.append("no held-out eval logged")
-    parts.append(f"{len(steps)} steps, {s_step:.2f} s/step" if s_step is not None else "no step logged")
+    parts.append(
+        f"{len(steps)} steps, {s_step:.2f} s/step" if s_step is not None else "no step logged"
+    )
     print("; ".join(parts))
     if evals:
-        print(f"- held-out evals (step: {key} x100): " + ", ".join(f"{s}: {v:.1f}" for s, v in evals))
+        print(
+            f"- held-out evals (step: {key} x100): " + ", ".join(f"{s}: {v:.1f}" for s, v in evals)
+        )
     if tok_s is not None:
-        print(f"- median rollout tokens/s: {tok_s:,.0f}; median s/step {s_step:.3f} "
-              f"(first step {steps[0]['time/step_s']:.2f} s)")
+        print(
+            f"- median rollout tokens/s: {tok_s:,.0f}; median s/step {s_step:.3f} "
+            f"(first step {steps[0]['time/step_s']:.2f} s)"
+        )
 
 
 def cmd_fsdp_summary(args: argparse.Namespace) -> None:
@@ -277,7 +350,9 @@ def cmd_fsdp_summary(args: argparse.Namespace) -> None:
     tok_s, s_step = _median(steps, "perf/tokens_per_s"), _median(steps, "time/step_s")
     parts = []
     if "allocated_gb" in peak:
-        parts.append(f"peak {peak['allocated_gb']:.2f} GB allocated ({peak['reserved_gb']:.2f} reserved)")
+        parts.append(
+            f"peak {peak['allocated_gb']:.2f} GB allocated ({peak['reserved_gb']:.2f} reserved)"
+        )
     elif "rss_gb" in peak:
         parts.append(f"peak RSS {peak['rss_gb']:.2f} GB (CPU)")
     else:
@@ -286,12 +361,16 @@ def cmd_fsdp_summary(args: argparse.Namespace) -> None:
     parts.append(f"{tok_s:,.0f} tokens/s" if tok_s is not None else "no step logged")
     parts.append(f"{len(steps)} steps, {s_step:.2f} s/step" if s_step is not None else "")
     print("; ".join(p for p in parts if p))
-    for name in ("update phase (checkpointing off)", "rollout phase", "need a GPU"):
+    # every phase, torch's tensors x the allocator's headroom (+ vLLM's share where it is awake)
+    for name in [n for n in plan if n.startswith("phase: ")] + ["need a GPU"]:
         if name in plan:
             print(f"- plan, {name}: {plan[name]:.2f} GB")
     if peak:
-        print("- measured: " + ", ".join(f"{k} {v:.2f}" for k, v in peak.items())
-              + " (GB = 10^9 bytes, as the plan; RSS is the whole process's host memory)")
+        print(
+            "- measured: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in peak.items())
+            + " (GB = 10^9 bytes, as the plan; RSS is the whole process's host memory)"
+        )
 
 
 def _plan_rows(path: Path) -> dict[str, float]:
@@ -315,21 +394,33 @@ def cmd_eval_summary(args: argparse.Namespace) -> None:
     n = m["samples_per_problem"]
     gen_s, tokens = t.get("generate_s"), t.get("generated_tokens")
     speed = f", {tokens / gen_s:,.0f} tokens/s" if gen_s and tokens else ""
-    print(f"{s['benchmark']['name']} avg@{n} {100 * m[f'avg_at_{n}']:.1f}% over {m['samples_graded']} samples"
-          f"{speed} (the tiny arith model: near zero expected)")
-    print(f"- model: {s['model'].get('checkpoint') or s['model'].get('path')}; "
-          f"generation {s['generation']['device']} {s['generation']['dtype']}, max {s['generation']['max_tokens']} "
-          f"tokens; mean length {m['response_length']:.0f}, truncated {100 * m['truncated_frac']:.1f}%")
+    print(
+        f"{s['benchmark']['name']} avg@{n} {100 * m[f'avg_at_{n}']:.1f}% "
+        f"over {m['samples_graded']} samples"
+        f"{speed} (the tiny arith model: near zero expected)"
+    )
+    print(
+        f"- model: {s['model'].get('checkpoint') or s['model'].get('path')}; "
+        f"generation {s['generation']['device']} {s['generation']['dtype']}, "
+        f"max {s['generation']['max_tokens']} tokens; "
+        f"mean length {m['response_length']:.0f}, truncated {100 * m['truncated_frac']:.1f}%"
+    )
     if t:
-        print(f"- time: generate {gen_s:.1f} s, grade {t.get('grade_s', 0):.1f} s; "
-              f"grade status {m.get('grade_status')}")
+        print(
+            f"- time: generate {gen_s:.1f} s, grade {t.get('grade_s', 0):.1f} s; "
+            f"grade status {m.get('grade_status')}"
+        )
 
 
 def cmd_pytest_summary(args: argparse.Namespace) -> None:
     """Step a: pytest's closing line, and each skip's reason (-rs)."""
     lines = Path(args.log).read_text(errors="replace").splitlines()
-    final = [ln for ln in lines if re.search(r"\b(passed|failed|skipped|error|errors|deselected|no tests ran)\b", ln)
-             and " in " in ln]
+    final = [
+        ln
+        for ln in lines
+        if re.search(r"\b(passed|failed|skipped|error|errors|deselected|no tests ran)\b", ln)
+        and " in " in ln
+    ]
     print(final[-1].strip("= ") if final else "no pytest summary line")
     for ln in lines:
         if ln.startswith(("SKIPPED", "FAILED", "ERROR")):
@@ -338,12 +429,22 @@ def cmd_pytest_summary(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------- records
 def cmd_record(args: argparse.Namespace) -> None:
-    """Appends one step's row to RESULTS (JSON lines); a step that did not end well keeps its
-    log's last lines."""
-    summary = Path(args.summary).read_text().splitlines() if args.summary and Path(args.summary).is_file() else []
-    row = {"id": args.id, "title": args.title, "status": args.status, "seconds": args.seconds,
-           "command": args.command, "result": args.result or (summary[0] if summary else ""),
-           "details": summary[1:], "tail": []}
+    """Appends one step's row to RESULTS (JSON lines); a step that failed keeps its log's tail."""
+    summary = (
+        Path(args.summary).read_text().splitlines()
+        if args.summary and Path(args.summary).is_file()
+        else []
+    )
+    row = {
+        "id": args.id,
+        "title": args.title,
+        "status": args.status,
+        "seconds": args.seconds,
+        "command": args.command,
+        "result": args.result or (summary[0] if summary else ""),
+        "details": summary[1:],
+        "tail": [],
+    }
     if args.status != "ok" and args.log and Path(args.log).is_file():
         lines = [ln for ln in Path(args.log).read_text(errors="replace").splitlines() if ln.strip()]
         row["tail"] = lines[-TAIL_LINES:]
@@ -354,25 +455,43 @@ def cmd_record(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     """Writes the Markdown report to OUT and prints it."""
     env = json.loads(Path(args.env).read_text())
-    rows = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in Path(args.results).read_text().splitlines() if line.strip()
+    ]
     gpu = args.mode == "gpu"
-    device = env["device"] + (f", {env['gpu_memory_gb']:.1f} GB" if env.get("gpu_memory_gb") else "")
+    device = env["device"] + (
+        f", {env['gpu_memory_gb']:.1f} GB" if env.get("gpu_memory_gb") else ""
+    )
     cuda = f", CUDA {env['cuda_version']}" if env.get("cuda_version") else ""
     title = "GPU acceptance" if gpu else "CPU acceptance (--cpu: shortened, no GPU)"
-    out = [f"# {title}: {env['device']}", "",
-           "| | |", "| --- | --- |",
-           f"| device | {device} |",
-           f"| software | Python {env['python']}, torch {env['torch']}{cuda}, {env['cpus']} CPUs |",
-           f"| date | {args.date} |",
-           f"| commit | {args.commit} |",
-           f"| command | `{args.invocation}` |",
-           f"| total | {args.total:.0f} s |", "",
-           "| step | status | time | result |", "| --- | --- | --- | --- |"]
+    out = [
+        f"# {title}: {env['device']}",
+        "",
+        "| | |",
+        "| --- | --- |",
+        f"| device | {device} |",
+        f"| software | Python {env['python']}, torch {env['torch']}{cuda}, {env['cpus']} CPUs |",
+        f"| date | {args.date} |",
+        f"| commit | {args.commit} |",
+        f"| command | `{args.invocation}` |",
+        f"| total | {args.total:.0f} s |",
+        "",
+        "| step | status | time | result |",
+        "| --- | --- | --- | --- |",
+    ]
     for r in rows:
-        out.append(f"| {r['id']}. {r['title']} | {r['status']} | {r['seconds']:.0f} s | {_cell(r['result'])} |")
+        out.append(
+            f"| {r['id']}. {r['title']} | {r['status']} | {r['seconds']:.0f} s | "
+            f"{_cell(r['result'])} |"
+        )
     out += ["", "## Steps", ""]
     for r in rows:
-        out += [f"### {r['id']}. {r['title']}", "", f"{r['status']}, {r['seconds']:.1f} s: {r['result']}", ""]
+        out += [
+            f"### {r['id']}. {r['title']}",
+            "",
+            f"{r['status']}, {r['seconds']:.1f} s: {r['result']}",
+            "",
+        ]
         if r["command"]:
             out += ["```bash", r["command"], "```", ""]
         if r["details"]:
@@ -391,7 +510,9 @@ def _cell(text: str) -> str:
 
 # -------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("env").set_defaults(fn=cmd_env)
     s = sub.add_parser("missing")

@@ -68,13 +68,13 @@ configure() {
     E_TOKENS=20480
   else
     DEVICE=cpu BUDGET=600
-    LIMIT_INSTALL=55 LIMIT_A=45 LIMIT_B=240 LIMIT_C=180 LIMIT_D=60 LIMIT_E=20
+    LIMIT_INSTALL=55 LIMIT_A=45 LIMIT_B=220 LIMIT_C=180 LIMIT_D=60 LIMIT_E=40
     B_EXTRA=(trainer.total_steps=10 trainer.eval_every=10)
     C_SIZE=small C_DESC="gloo, a 2-layer Qwen2"
     C_EXTRA=(rollout.responses_per_step=8 rollout.group_size=4 rollout.max_new_tokens=32
              trainer.mini_batch_size=8 trainer.max_tokens_per_micro_batch=1024)
     D_ARGS=(--samples 2 --max-tokens 32)
-    E_TOKENS=1024
+    E_TOKENS=512
   fi
   # both: 3 steps, one held-out eval at the start and one at the end, critic built in 1 + 1 steps
   C_EXTRA+=(trainer.total_steps=3 trainer.eval_every=3 task.n_eval=16 rollout.eval_samples=1

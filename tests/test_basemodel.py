@@ -7,14 +7,30 @@ import pytest
 import torch
 
 from vapo_lab.basemodel import build as build_module
-from vapo_lab.basemodel.build import SHIPPED_DIR, base_config, build_base, build_base_for, config_hash
+from vapo_lab.basemodel.build import (
+    SHIPPED_DIR,
+    base_config,
+    build_base,
+    build_base_for,
+    config_hash,
+)
 from vapo_lab.config.compose import compose_config
-from vapo_lab.integrity import manifest_problem, ship_entry
+from vapo_lab.config.schema import typed
 from vapo_lab.errors import ConfigError
+from vapo_lab.integrity import manifest_problem, ship_entry
 from vapo_lab.models.load import load_model_and_tokenizer
 
-SMALL = dict(max_digits=3, n_train=64, n_eval=8, hidden_size=32, num_layers=1, intermediate_size=64,
-             steps=20, batch_size=8, eval_samples=1)
+SMALL = dict(
+    max_digits=3,
+    n_train=64,
+    n_eval=8,
+    hidden_size=32,
+    num_layers=1,
+    intermediate_size=64,
+    steps=20,
+    batch_size=8,
+    eval_samples=1,
+)
 
 
 def _weights(path):
@@ -76,10 +92,13 @@ def _no_build(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides", [[], ["scale=cpu-long"]], ids=["default", "cpu-long"])
-def test_the_embedded_settings_load_their_shipped_model_without_a_build(tmp_path, monkeypatch, overrides):
+def test_the_embedded_settings_load_their_shipped_model_without_a_build(
+    tmp_path, monkeypatch, overrides
+):
     monkeypatch.chdir(tmp_path)  # a fresh folder: an empty .vapo_cache
     _no_build(monkeypatch)
-    base = build_base_for(compose_config(overrides=overrides).cfg, progress=None)
+    cfg = typed(compose_config(overrides=overrides).cfg)
+    base = build_base_for(cfg.model, cfg.task, progress=None)
     assert base.shipped and base.cached and base.path.parent == SHIPPED_DIR
     assert manifest_problem(base.path) is None
     assert base.path.name == config_hash(base.config)  # the folder's name is its own config's hash
@@ -110,9 +129,15 @@ def test_a_damaged_shipped_model_is_not_used(tmp_path):
     weights = shipped / "model.safetensors"
     weights.write_bytes(b"\0" * weights.stat().st_size)  # same size, zeroed
     lines = []
-    base = build_base(tmp_path / "fresh", shipped_dir=tmp_path / "shipped", log=lines.append, **SMALL)
+    base = build_base(
+        tmp_path / "fresh", shipped_dir=tmp_path / "shipped", log=lines.append, **SMALL
+    )
     assert not base.cached and not base.shipped and base.path.parent == tmp_path / "fresh"
-    assert len(lines) == 1 and "the shipped base model is unusable" in lines[0] and "checksum" in lines[0]
+    assert (
+        len(lines) == 1
+        and "the shipped base model is unusable" in lines[0]
+        and "checksum" in lines[0]
+    )
 
 
 @pytest.mark.slow
@@ -126,12 +151,17 @@ def test_default_recipe_meets_its_targets_and_a_fresh_build_matches_the_shipped_
     assert lengths["min"] < 10 and lengths["max"] > 100 and lengths["max"] >= 8 * lengths["min"]
     # The shipped model of this config: bit-identical on the machine that built it; elsewhere the
     # kernels may round differently, so the build is held to the shipped model's accuracy, measured
-    # on the same 256 held-out problems x 2 samples: a binomial standard error of ~1.7 points each at
-    # temperature 1, ~2.3 for a difference of two independent draws; held within 3 of those, 7 points.
+    # on the same 256 held-out problems x 2 samples: a binomial standard error of ~1.7 points each
+    # at temperature 1, ~2.3 for a difference of two independent draws; held within 3 of those, 7
+    # points.
     shipped = build_base(tmp_path / "other")
     assert shipped.shipped and shipped.config == base.config
     for mode in ("t1", "greedy"):
-        assert abs(acc[mode]["all"] - shipped.metrics["accuracy"][mode]["all"]) <= 0.07, (mode, acc, shipped.metrics)
+        assert abs(acc[mode]["all"] - shipped.metrics["accuracy"][mode]["all"]) <= 0.07, (
+            mode,
+            acc,
+            shipped.metrics,
+        )
 
 
 # Run in a fresh interpreter: the gradients of one training batch of the default-sized tiny model,
@@ -157,7 +187,9 @@ ids, labels = R._collate([tok(p.prompt).input_ids for p in task.train],
 def grad_hash():
     model.zero_grad()
     R._response_loss(model, ids, labels, tok.pad_token_id).backward()
-    return hashlib.sha256(b"".join(p.grad.numpy().tobytes() for p in model.parameters())).hexdigest()
+    return hashlib.sha256(
+        b"".join(p.grad.numpy().tobytes() for p in model.parameters())
+    ).hexdigest()
 
 def modal_hash():
     return Counter(grad_hash() for _ in range(7)).most_common(1)[0][0]
@@ -184,12 +216,15 @@ def test_a_build_leaves_the_process_numerics_as_they_were(tmp_path):
     import sys
 
     code = f"SMALL = {SMALL!r}\n{_BUILD_LEAVES_NUMERICS}"
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
-# A build with progress, its output a pipe (a Slurm log, nohup, | tee): a marker is written to the same
-# pipe at the 10th of 20 training steps; progress lines must come before it, not all at the end.
+# A build with progress, its output a pipe (a Slurm log, nohup, | tee): a marker is written to the
+# same pipe at the 10th of 20 training steps; progress lines must come before it, not all at the
+# end.
 _BUILD_INTO_A_PIPE = """
 import sys
 from rich.progress import TextColumn
@@ -205,7 +240,9 @@ def marked(*args):
     return loss(*args)
 
 R._response_loss = marked
-B.build_base(sys.argv[1], progress=lambda: progress_bar(True, None, *default_columns(), TextColumn("{task.fields[info]}")),
+B.build_base(sys.argv[1],
+             progress=lambda: progress_bar(True, None, *default_columns(),
+                                           TextColumn("{task.fields[info]}")),
              **SMALL)
 print("MARKER: built", file=sys.stderr, flush=True)
 """
@@ -216,18 +253,34 @@ def test_a_build_into_a_pipe_prints_plain_progress_lines_as_it_goes(tmp_path):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+    }
     env["VAPO_PROGRESS_INTERVAL"] = "0"  # a line at every update
     code = f"SMALL = {SMALL!r}\n{_BUILD_INTO_A_PIPE}"
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, env=env, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     lines = out.splitlines()
     step10, built = lines.index("MARKER: training step 10"), lines.index("MARKER: built")
     assert "pre-training base: step 0/20 (0%)" in lines[:step10], out
-    assert any(line.startswith("pre-training base: step 9/20 (45%), ") and " steps/s, ETA " in line
-               for line in lines[:step10]), out
-    assert any(line.startswith("pre-training base: done, 20 steps in ") for line in lines[step10:built]), out
-    assert any(line.startswith("measuring accuracy: done, 2 batches in ") for line in lines[step10:built]), out
+    assert any(
+        line.startswith("pre-training base: step 9/20 (45%), ") and " steps/s, ETA " in line
+        for line in lines[:step10]
+    ), out
+    assert any(
+        line.startswith("pre-training base: done, 20 steps in ") for line in lines[step10:built]
+    ), out
+    assert any(
+        line.startswith("measuring accuracy: done, 2 batches in ") for line in lines[step10:built]
+    ), out
     assert "━" not in out and "\x1b" not in out  # no bar, no escape codes
 
 
@@ -249,8 +302,11 @@ def test_the_base_model_library_draws_no_progress_bars_itself():
     import subprocess
     import sys
 
-    code = ("import sys, vapo_lab.basemodel; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich' or m == 'vapo_lab.commands.progress'))")
+    code = (
+        "import sys, vapo_lab.basemodel; "
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] == 'rich' or m == 'vapo_lab.commands.progress'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -258,14 +314,16 @@ def test_the_base_model_library_draws_no_progress_bars_itself():
 def test_the_default_ships_every_cache_entry_its_first_run_needs(tmp_path, monkeypatch):
     """Base, reward model and pretrained critic of the default config are all in the package, under
     the keys a run computes: a fresh folder's `vapo-lab train` builds none of them."""
-    from vapo_lab.integrity import SHIPPED_DIR as ROOT, find_entry
-    from vapo_lab.trainer.critic_init import critic_cache_keys
+    from vapo_lab.integrity import SHIPPED_DIR as ROOT
+    from vapo_lab.integrity import find_entry
+    from vapo_lab.trainer.caches import critic_cache_keys
 
     monkeypatch.chdir(tmp_path)
-    cfg = compose_config().cfg
-    base_key = build_base_for(cfg, progress=None).path.name
+    cfg = typed(compose_config().cfg)
+    base_key = build_base_for(cfg.model, cfg.task, progress=None).path.name
     keys = critic_cache_keys(base_key, cfg)
-    assert set(keys) == {"reward_model", "pretrained_critic"}  # VAPO: critic from the RM, value-pretrained
+    # VAPO: critic from the RM, value-pretrained
+    assert set(keys) == {"reward_model", "pretrained_critic"}
     for kind, key in {"base": base_key, **keys}.items():
         found = find_entry(key, kind, tmp_path / ".vapo_cache" / kind, ROOT / kind)
         assert found is not None and found[1], (kind, key)  # usable, and the shipped one

@@ -6,13 +6,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from vapo_lab.conf import conf_dir, options
+from vapo_lab.config.compose import compose_config
+from vapo_lab.errors import ConfigError, UnknownComponentError
 from vapo_lab.launch.registry import LAUNCHERS
 from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.registry.presets import PRESETS
-from vapo_lab.conf import conf_dir
-from vapo_lab.conf import options
-from vapo_lab.config.compose import compose_config
-from vapo_lab.errors import ConfigError, UnknownComponentError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,6 +34,7 @@ def _flat(cfg) -> dict:
                 yield from walk(v, f"{prefix}{k}.")
         else:
             yield prefix[:-1], node
+
     return dict(walk(OmegaConf.to_container(cfg, resolve=True)))
 
 
@@ -68,7 +68,9 @@ def test_every_file_under_conf_and_experiments_composes():
     # among them every registered component's on and off, every preset and every launcher
     names = {(p.parent.name, p.stem) for p in files}
     assert {(c.name, option) for c in COMPONENTS for option in ("on", "off")} <= names
-    assert {("algo", name) for name in PRESETS.names()} | {("launcher", name) for name in LAUNCHERS.names()} <= names
+    assert {("algo", name) for name in PRESETS.names()} | {
+        ("launcher", name) for name in LAUNCHERS.names()
+    } <= names
 
 
 def test_default_is_vapo_on_the_embedded_default(default):
@@ -136,15 +138,20 @@ def test_dapo_and_grpo_presets():
 
 
 def test_paper_scale_values():
-    c = _flat(compose_config(overrides=["scale=paper", "model.path=/m", "task.train_path=d.jsonl"]).cfg)
+    c = _flat(
+        compose_config(overrides=["scale=paper", "model.path=/m", "task.train_path=d.jsonl"]).cfg
+    )
     assert c["model.name"] == "hf" and c["rollout.backend"] == "vllm" and c["task.name"] == "math"
     assert c["rollout.responses_per_step"] == 8192 and c["rollout.n_samples"] == 16
     assert c["trainer.mini_batch_size"] == 512
     assert c["trainer.actor_lr"] == 1e-6 and c["trainer.critic_lr"] == 2e-6
     assert c["rollout.max_new_tokens"] == 20480 and c["gae.alpha"] == 0.05
     assert c["rollout.eval_samples"] == 32 and c["rollout.eval_top_p"] == 0.7
-    ppo = _flat(compose_config(algo="ppo", overrides=["scale=paper", "model.path=/m",
-                                                      "task.train_path=d.jsonl"]).cfg)
+    ppo = _flat(
+        compose_config(
+            algo="ppo", overrides=["scale=paper", "model.path=/m", "task.train_path=d.jsonl"]
+        ).cfg
+    )
     # vanilla PPO at paper scale: 8192 prompts x 1 sample
     assert ppo["rollout.n_samples"] == 1 and ppo["rollout.responses_per_step"] == 8192
 
@@ -163,17 +170,26 @@ def test_a_drop_in_other_case_or_with_dashes_suggests_the_name(typo):
 
 
 def test_every_float_setting_refuses_nan_and_infinity_in_one_line_each(default):
-    """The float settings are found from the composed default (typed by the schema), not listed by hand."""
+    """The float settings are found from the composed default (typed by the schema), not listed by
+    hand."""
     from vapo_lab.config.validate import _float_settings
 
     keys = [k for k, _ in _float_settings(OmegaConf.to_container(default, resolve=True))]
-    assert {"trainer.actor_lr", "loss.eps_low", "rollout.top_p", "rollout.temperature", "gae.alpha"} <= set(keys)
+    assert {
+        "trainer.actor_lr",
+        "loss.eps_low",
+        "rollout.top_p",
+        "rollout.temperature",
+        "gae.alpha",
+    } <= set(keys)
     plain = [k for k in keys if "[" not in k]
     for value in ("nan", "inf", "-inf"):
         with pytest.raises(ConfigError) as e:
             compose_config(overrides=[f"{k}={value}" for k in plain])
         lines = str(e.value).splitlines()
-        assert sorted(lines) == sorted(f"{k}={value} is not a finite number: set {k} to a finite value" for k in plain)
+        assert sorted(lines) == sorted(
+            f"{k}={value} is not a finite number: set {k} to a finite value" for k in plain
+        )
     with pytest.raises(ConfigError, match=r"^trainer.adam_betas\[1\]=nan is not a finite number"):
         compose_config(overrides=["trainer.adam_betas=[0.9,nan]"])
 
@@ -197,12 +213,15 @@ def test_unknown_algo_suggests():
         compose_config(algo="dapoo")
 
 
-@pytest.mark.parametrize("override, expect", [
-    ("loss.eps_low==", "malformed override"),
-    ("loss.eps_hgh=0.3", "did you mean loss.eps_high?"),
-    ("loss.eps_low=wide", "loss.eps_low=wide is not a valid float"),
-    ("clip_higher=maybe", "unknown clip_higher option 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "override, expect",
+    [
+        ("loss.eps_low==", "malformed override"),
+        ("loss.eps_hgh=0.3", "did you mean loss.eps_high?"),
+        ("loss.eps_low=wide", "loss.eps_low=wide is not a valid float"),
+        ("clip_higher=maybe", "unknown clip_higher option 'maybe'"),
+    ],
+)
 def test_bad_overrides_give_one_line(override, expect):
     with pytest.raises(ConfigError) as e:
         compose_config(overrides=[override])
@@ -221,7 +240,9 @@ def test_validation_reports_all_problems_with_fixes():
 
 
 def test_validation_ranges_and_required_values():
-    with pytest.raises(ConfigError, match=r"gae.gamma=1.5 is out of range: it must be \(0.0, 1.0\]"):
+    with pytest.raises(
+        ConfigError, match=r"gae.gamma=1.5 is out of range: it must be \(0.0, 1.0\]"
+    ):
         compose_config(overrides=["gae.gamma=1.5"])
     with pytest.raises(ConfigError, match="model.path is required"):
         compose_config(overrides=["model=hf"])
@@ -229,24 +250,59 @@ def test_validation_ranges_and_required_values():
         compose_config(overrides=["loss.agg=mean"])
 
 
-@pytest.mark.parametrize("overrides, expect", [
-    (["trainer.strategy=ddp"], r"trainer.strategy=ddp is not a valid choice: set trainer.strategy to one of single, fsdp"),
-    (["trainer.nproc_per_node=2"], r"= 2 ranks needs trainer.strategy=fsdp"),
-    (["trainer.strategy=fsdp", "trainer.nproc_per_node=3"],
-     r"8 prompts per step \(rollout.responses_per_step / rollout.n_samples\) do not divide among 3 ranks: "
-     r"choose rollout.responses_per_step as a multiple of 24"),
-    (["trainer.nodes=0"], r"trainer.nodes=0 is out of range: it must be >= 1"),
-    (["rollout=vllm", "rollout.vllm.sleep_level=3"], r"rollout.vllm.sleep_level=3 is out of range: it must be \[1, 2\]"),
-    (["rollout=vllm", "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "rollout.vllm.tensor_parallel_size=4"],
-     r"rollout.vllm.tensor_parallel_size=4 does not divide the 2 ranks"),
-])
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        (
+            ["trainer.strategy=ddp"],
+            r"trainer.strategy=ddp is not a valid choice: "
+            r"set trainer.strategy to one of single, fsdp",
+        ),
+        (["trainer.nproc_per_node=2"], r"= 2 ranks needs trainer.strategy=fsdp"),
+        (
+            ["trainer.strategy=fsdp", "trainer.nproc_per_node=3"],
+            r"8 prompts per step \(rollout.responses_per_step / rollout.n_samples\) "
+            r"do not divide among 3 ranks: "
+            r"choose rollout.responses_per_step as a multiple of 24",
+        ),
+        (["trainer.nodes=0"], r"trainer.nodes=0 is out of range: it must be >= 1"),
+        (
+            ["rollout=vllm", "rollout.vllm.sleep_level=3"],
+            r"rollout.vllm.sleep_level=3 is out of range: it must be \[1, 2\]",
+        ),
+        (
+            [
+                "rollout=vllm",
+                "trainer.strategy=fsdp",
+                "trainer.nproc_per_node=2",
+                "rollout.vllm.tensor_parallel_size=4",
+            ],
+            r"rollout.vllm.tensor_parallel_size=4 does not divide trainer.nproc_per_node=2",
+        ),
+        (
+            # 8 ranks on 2 nodes of 4: TP 8 divides the world but would straddle the nodes
+            [
+                "rollout=vllm",
+                "trainer.strategy=fsdp",
+                "trainer.nproc_per_node=4",
+                "trainer.nodes=2",
+                "rollout.responses_per_step=256",
+                "rollout.vllm.tensor_parallel_size=8",
+            ],
+            r"tensor_parallel_size=8 does not divide trainer.nproc_per_node=4: an engine spans tp "
+            r"consecutive ranks of one node",
+        ),
+    ],
+)
 def test_rank_settings_are_checked_before_anything_runs(overrides, expect):
     with pytest.raises(ConfigError, match=expect):
         compose_config(overrides=overrides)
 
 
 def test_a_valid_many_rank_config_composes():
-    cfg = compose_config(overrides=["trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2"]).cfg
+    cfg = compose_config(
+        overrides=["trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2"]
+    ).cfg
     assert (cfg.trainer.strategy, cfg.trainer.nproc_per_node, cfg.trainer.nodes) == ("fsdp", 2, 2)
 
 

@@ -9,9 +9,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter is not installed (the dev extra)")
+@pytest.mark.skipif(
+    shutil.which("lint-imports") is None, reason="import-linter is not installed (the dev extra)"
+)
 def test_import_contracts_are_kept():
-    done = subprocess.run(["lint-imports", "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        ["lint-imports", "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "0 broken" in done.stdout
 

@@ -13,16 +13,31 @@ from typing import Annotated
 import typer
 
 from vapo_lab import __version__
-from vapo_lab.commands import ablate, base, bench, describe, evaluate, jobs, plan, report, server, sweep, train
+from vapo_lab.commands import (
+    ablate,
+    base,
+    bench,
+    describe,
+    evaluate,
+    jobs,
+    plan,
+    report,
+    server,
+    sweep,
+    train,
+)
 from vapo_lab.commands.output import state
 
 app = typer.Typer(
-    help="vapo-lab: reproduce, ablate and extend VAPO (value-model PPO for long chain-of-thought RL).",
+    help="vapo-lab: reproduce, ablate and extend VAPO "
+    "(value-model PPO for long chain-of-thought RL).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-bench_app = typer.Typer(help="Speed benchmarks that print ratios against a reference.", no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Speed benchmarks that print ratios against a reference.", no_args_is_help=True
+)
 app.add_typer(bench_app, name="bench")
 base_app = typer.Typer(help="The embedded default's pre-trained base model.", no_args_is_help=True)
 app.add_typer(base_app, name="base")
@@ -36,9 +51,15 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks instead of one-line errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show full tracebacks instead of one-line errors.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """vapo-lab: VAPO, PPO, DAPO and GRPO with every VAPO component a config toggle."""
     state["debug"] = debug
@@ -53,7 +74,8 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # not "Creating initial MLflow database tables..."
+    # not "Creating initial MLflow database tables..."
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 

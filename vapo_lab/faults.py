@@ -27,7 +27,7 @@ class InjectedFault(RuntimeError):
 
 
 def point(name: str, step: int) -> None:
-    """Kills this process (or raises) if ``VAPO_FAULT`` names this point and step (and this rank)."""
+    """Kills this process (or raises) if ``VAPO_FAULT`` names this point and step (and rank)."""
     if _SPEC is not None and _SPEC == f"{name}@{step}":
         if _RANK is not None and os.environ.get("RANK", "0") != _RANK:
             return

@@ -1,4 +1,4 @@
-"""Checksummed folders: a cache entry or a checkpoint is used only if every byte is what was written.
+"""Checksummed folders: a cache entry or checkpoint is used only if every byte is as written.
 
 A writer calls :func:`write_manifest` last, after every other file of the folder is complete; it
 records the SHA-256 and size of each file in ``manifest.json``. A reader calls
@@ -6,7 +6,7 @@ records the SHA-256 and size of each file in ``manifest.json``. A reader calls
 file or a missing manifest is named, and the caller rebuilds (caches) or falls back to an older
 folder (checkpoints) instead of loading it.
 
-Cost: one full read of the folder per write and per check: noise beside a step at this scale
+Cost: one full read of the folder per write and per check, noise beside a step at this scale
 (docs/benchmarks.md, checksums); a multi-hundred-GB sharded checkpoint would want checksums per
 shard, written by the rank that writes the shard.
 """
@@ -21,10 +21,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-# the caches of the working folder (base model, reward model, pretrained critic), each entry checksummed
+# the caches of the working folder (base model, reward model, pretrained critic), each checksummed
 CACHE_DIR = Path(".vapo_cache")
-# entries shipped in the package, in the caches' layout (<kind>/<key>/): looked up after the folder's
-# own cache, so that a fresh folder starts the embedded settings from the same bits on every machine
+# entries shipped in the package, in the caches' layout (<kind>/<key>/): looked up after the
+# folder's own cache, so that a fresh folder starts the embedded settings from the same bits on
+# every machine
 SHIPPED_DIR = Path(__file__).resolve().with_name("shipped")
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
@@ -44,10 +45,14 @@ def _files(folder: Path) -> list[Path]:
 
 
 def write_manifest(folder: Path) -> None:
-    """Writes ``folder/manifest.json``: {relative path: {sha256, bytes}} of every other file in it."""
-    entries = {p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
-               for p in _files(folder)}
-    (folder / MANIFEST).write_text(json.dumps({"version": 1, "files": entries}, indent=1, sort_keys=True) + "\n")
+    """Writes ``folder/manifest.json``: {relative path: {sha256, bytes}} of every other file."""
+    entries = {
+        p.relative_to(folder).as_posix(): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+        for p in _files(folder)
+    }
+    (folder / MANIFEST).write_text(
+        json.dumps({"version": 1, "files": entries}, indent=1, sort_keys=True) + "\n"
+    )
 
 
 def manifest_problem(folder: Path) -> str | None:
@@ -74,8 +79,13 @@ def manifest_problem(folder: Path) -> str | None:
     return None
 
 
-def find_entry(key: str, what: str, cache_dir: Path | None, shipped_dir: Path | None,
-               log: Callable[[str], None] | None = None) -> tuple[Path, bool] | None:
+def find_entry(
+    key: str,
+    what: str,
+    cache_dir: Path | None,
+    shipped_dir: Path | None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Path, bool] | None:
     """Returns (folder, shipped?) of the usable entry ``key``: ``<cache_dir>/<key>`` (the folder's
     cache of one kind, e.g. ``.vapo_cache/reward_model``) first, then ``<shipped_dir>/<key>`` (the
     package's, e.g. ``SHIPPED_DIR / "reward_model"``); None when neither has one that matches its
@@ -91,17 +101,21 @@ def find_entry(key: str, what: str, cache_dir: Path | None, shipped_dir: Path | 
         if problem is None:
             return path, shipped
         if log is not None:  # the caller then tries the shipped entry, else builds anew
-            log(f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable ({problem}): not using it")
+            log(
+                f"warning: the {'shipped' if shipped else 'cached'} {what} is unusable "
+                f"({problem}): not using it"
+            )
     return None
 
 
 def ship_entry(entry: Path, shipped_dir: Path) -> Path:
-    """Copies the cache entry folder ``entry`` to ``<shipped_dir>/<its name>/`` (replacing one there;
-    ``shipped_dir``: e.g. ``SHIPPED_DIR / "base"``), checked against its manifest before and after;
-    returns the shipped folder.
+    """Returns the shipped folder after copying the cache entry folder ``entry`` to
+    ``<shipped_dir>/<its name>/`` (replacing one there; ``shipped_dir``: e.g. ``SHIPPED_DIR /
+    "base"``), checked against its manifest before and after.
 
     Raises:
-        ValueError: ``entry`` is already that folder, or its files (or the copy's) fail their checksums.
+        ValueError: ``entry`` is already that folder, or its files (or the copy's) fail their
+            checksums.
     """
     target = Path(shipped_dir) / entry.name
     if target.resolve() == Path(entry).resolve():

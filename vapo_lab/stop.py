@@ -1,23 +1,23 @@
-"""How a training process meets SIGTERM (``kill``, a container stop, Slurm's scancel or preemption,
-torchrun stopping its ranks) and Ctrl-C: a stop request, acted on where the run can stop cleanly.
+"""How a training process meets SIGTERM (``kill``, a container stop, Slurm's scancel or
+preemption, torchrun stopping its ranks) and Ctrl-C: a stop request, acted on where the run can
+stop cleanly.
 
-The handler used to raise KeyboardInterrupt itself, and signals were lost: a handler runs wherever
-the main thread is, and an exception raised inside a weakref or garbage-collection callback (one of
-SQLAlchemy's, under MLflow) is printed as "Exception ignored" and dropped, so a run went on until a
-second SIGTERM, and Slurm sends one. Now the handler records the request (which signal, when) and
-the trainer acts on it at its next safe point (:func:`stop_point`, which ``Trainer.train`` calls
-before each step, after the one before it was logged and saved, and before each evaluation) by
-raising :class:`StopRequested`, a KeyboardInterrupt: the run ends as Ctrl-C ended it, KILLED in
-MLflow with failure.txt (a grid cell: ``failed``, with the signal as its error), its last checkpoint
-intact, resumed by the same command.
-On many ranks every rank asks at the same points and a request on any rank stops them all there.
+The handler only records the request (which signal, when), since raising there would lose it: a
+handler runs wherever the main thread is, and an exception raised inside a weakref or
+garbage-collection callback (one of SQLAlchemy's, under MLflow) is printed as "Exception ignored"
+and dropped. The trainer acts on the request at its next safe point (:func:`stop_point`: before
+each step and before each evaluation) by raising :class:`StopRequested`, a KeyboardInterrupt: the
+run ends as Ctrl-C ends it, KILLED in MLflow (a grid cell: ``failed``, with the signal as its
+error), its last checkpoint intact, resumed by the same command. On many ranks a request on any
+rank stops them all at the same point.
 
 A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step or set-up), stops
-the run where it is, as the old handler did: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s
-after their SIGTERM by default, and a run stopped before then is still recorded as KILLED.
+the run where it is: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s after their SIGTERM
+by default, and a run stopped before then is still recorded as KILLED.
 
-The launch code installs the handler (``vapo-lab train``, a grid cell, each of torchrun's ranks); the
-module sits below the trainer so that the trainer can ask it without importing the launch layer.
+The launch code installs the handler (``vapo-lab train``, a grid cell, each of torchrun's ranks);
+the module sits below the trainer so that the trainer can ask it without importing the launch
+layer.
 """
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Slurm's warning before a job's time limit (submitit asks for it, `--signal=USR2@delay`): a stop
+# that saves a checkpoint first, so that the requeued job resumes past it
+SAVE_SIGNAL = signal.SIGUSR2
 FORCE_AFTER_S = 10.0  # a request not acted on by then stops the run where it is
-# one stop often comes as two signals at once (Ctrl-C reaches torchrun's ranks from the terminal and
-# again from torchrun, which passes its signals on): a second one this soon is the same request
+# one stop often comes as two signals at once (Ctrl-C reaches torchrun's ranks from the terminal
+# and again from torchrun, which passes its signals on): a second one this soon is the same request
 SAME_STOP_S = 1.0
 WATCH_EVERY_S = 0.25  # how often the watchdog looks at a waiting request
 
@@ -54,10 +57,11 @@ class StopRequest:
 class StopRequested(KeyboardInterrupt):
     """A stop request acted on: a KeyboardInterrupt, so that whatever handles Ctrl-C (the run's
     record: KILLED; a grid cell: failed; a grid: interrupted) handles it the same way. ``reason``
-    is the short form the run's closing line gives ("SIGTERM", "SIGINT twice")."""
+    is the short form the run's closing line gives ("SIGTERM", "SIGINT twice"); ``save``: the run
+    is to save a checkpoint before it stops (``SAVE_SIGNAL`` at a safe point)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        self.reason = reason
+    def __init__(self, reason: str, detail: str, signum: int = 0, save: bool = False) -> None:
+        self.reason, self.signum, self.save = reason, signum, save
         super().__init__(f"{reason}: {detail}")
 
 
@@ -70,37 +74,61 @@ class StopHandler:
     started with the handler forces a request that waits too long.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, save_within: float | None = None) -> None:
         self.request: StopRequest | None = None
+        # SAVE_SIGNAL: how long its request may wait for a safe point that can save
+        self.save_within = save_within
+        self.previous_save_handler: Any = None  # submitit's, called to requeue after the save
         self._forced = False
         self._closed = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="stop-request-watchdog", daemon=True)
+        self._watchdog = threading.Thread(
+            target=self._watch, name="stop-request-watchdog", daemon=True
+        )
         self._watchdog.start()
 
     def __call__(self, signum: int, frame: Any) -> None:
-        """Records a first signal; raises StopRequested at once for a second one (or the watchdog's)."""
+        """Records a first signal; raises StopRequested at once for a second (or the watchdog's)."""
         req = self.request
         if req is None:
             self.request = StopRequest(signum, time.time())
         elif self._forced:
-            raise StopRequested(f"{req.name}, no safe point within {FORCE_AFTER_S:.0f} s",
-                                f"signal {req.signum}, the run stopped where it was")
+            raise StopRequested(
+                f"{req.name}, no safe point within {self._deadline(req.signum):.0f} s",
+                f"signal {req.signum}, the run stopped where it was",
+                req.signum,
+            )
         elif time.time() - req.at >= SAME_STOP_S:
-            raise StopRequested(f"{signal.Signals(signum).name} twice", f"signal {signum}, the run stopped at once")
+            raise StopRequested(
+                f"{signal.Signals(signum).name} twice", f"signal {signum}, the run stopped at once"
+            )
 
-    def stop_point(self, world: Any = None) -> None:
-        """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank of
-        ``world`` (a ``World``; every rank must call this at the same points: it is a collective).
-        The request is consumed: a later signal is a new one."""
+    def stop_point(self, world: Any = None, can_save: bool = True) -> None:
+        """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank
+        of ``world`` (a ``World``; every rank must call this at the same points: it is a
+        collective). The request is consumed: a later signal is a new one. A ``SAVE_SIGNAL``
+        request waits for a point that ``can_save`` (the same on every rank)."""
         req = self.request
         signum = req.signum if req else 0
         if world is not None and world.initialized:
-            signum = int(world.max(float(signum)))
+            # any stop outranks a save-and-stop: SIGTERM's 15 and SIGINT's 2 above USR2's 12
+            signum = int(world.max(float(_rank(signum))))
+            signum = _unrank(signum)
         if not signum:
             return
+        if signum == SAVE_SIGNAL and not can_save:
+            return
         self.request, self._forced = None, False
-        when = "by another rank" if req is None else f"{time.time() - req.at:.1f} s before this safe point"
-        raise StopRequested(signal.Signals(signum).name, f"signal {signum}, received {when}")
+        when = (
+            "by another rank"
+            if req is None
+            else f"{time.time() - req.at:.1f} s before this safe point"
+        )
+        raise StopRequested(
+            signal.Signals(signum).name,
+            f"signal {signum}, received {when}",
+            signum,
+            save=signum == SAVE_SIGNAL,
+        )
 
     def close(self) -> None:
         """Forgets any request and stops the watchdog (the handler is being replaced)."""
@@ -111,44 +139,73 @@ class StopHandler:
             _installed = None
 
     def _watch(self) -> None:
-        """Stops the run where it is when a request has waited ``FORCE_AFTER_S`` for a safe point."""
+        """Stops the run where it is when a request waited ``FORCE_AFTER_S`` for a safe point."""
         while not self._closed.wait(WATCH_EVERY_S):
             req = self.request
-            if req is not None and not self._forced and time.time() - req.at >= FORCE_AFTER_S:
+            late = req is not None and time.time() - req.at >= self._deadline(req.signum)
+            if req is not None and not self._forced and late:
                 self._forced = True
-                _thread.interrupt_main(req.signum)  # the handler runs in the main thread, as for a signal
+                # the handler runs in the main thread, as for a signal
+                _thread.interrupt_main(req.signum)
+
+    def _deadline(self, signum: int) -> float:
+        if signum == SAVE_SIGNAL and self.save_within is not None:
+            return self.save_within
+        return FORCE_AFTER_S
 
 
-_installed: StopHandler | None = None  # the handler sigterm_interrupts installed, until it is closed
+def _rank(signum: int) -> int:
+    """Orders signals for the ranks' agreement: a save-and-stop below every plain stop."""
+    return 1 if signum == SAVE_SIGNAL else (signum + 100 if signum else 0)
 
 
-def stop_point(world: Any = None) -> None:
-    """A safe point: raises StopRequested if a stop was asked (see ``StopHandler.stop_point``; on many
-    ranks a collective). Without an installed handler (a run in a library call, a thread) it does
-    nothing, on every rank alike: ranks are started by the same code."""
+def _unrank(value: int) -> int:
+    return SAVE_SIGNAL if value == 1 else (value - 100 if value else 0)
+
+
+# the handler sigterm_interrupts installed, until it is closed
+_installed: StopHandler | None = None
+
+
+def installed() -> StopHandler | None:
+    """Returns the handler ``sigterm_interrupts`` installed (None: none, or it was closed)."""
+    return _installed
+
+
+def stop_point(world: Any = None, can_save: bool = True) -> None:
+    """A safe point: raises StopRequested if a stop was asked (see ``StopHandler.stop_point``; on
+    many ranks a collective). Without an installed handler (a run in a library call, a thread) it
+    does nothing, on every rank alike: ranks are started by the same code."""
     if _installed is not None:
-        _installed.stop_point(world)
+        _installed.stop_point(world, can_save)
 
 
-def sigterm_interrupts() -> StopHandler | None:
+def sigterm_interrupts(save_within: float | None = None) -> StopHandler | None:
     """Makes SIGTERM and Ctrl-C stop the run at its next safe point (see the module docstring);
-    returns the handler, or None off the main thread (only the main thread can set a handler: there
-    this does nothing).
+    returns the handler, or None off the main thread (only the main thread can set a handler).
 
-    Under submitit, which ignores SIGTERM so that Slurm's SIGKILL ``KillWait`` seconds later is what
-    ends a job, this handler replaces submitit's: a cancelled cell stops within one step, its last
-    checkpoint intact, and the same grid command resumes it. submitit's USR2 handler (checkpoint and
-    requeue) is left alone.
+    ``save_within`` (seconds): ``SAVE_SIGNAL`` too, a stop that saves a checkpoint at the next safe
+    point after a step, or where the run is once that long has passed; the handler keeps the one it
+    replaced (submitit's checkpoint-and-requeue) in ``previous_save_handler``.
+
+    Under submitit, which ignores SIGTERM so that Slurm's SIGKILL ``KillWait`` seconds later is
+    what ends a job, this handler replaces submitit's: a cancelled cell stops within one step, its
+    last checkpoint intact, and the same grid command resumes it. submitit's USR2 handler
+    (checkpoint and requeue) is left alone.
     """
     if threading.current_thread() is not threading.main_thread():
         return None
     previous = signal.getsignal(signal.SIGTERM)
-    if isinstance(previous, StopHandler):  # an earlier run's, in a reused process: its request is stale
+    # an earlier run's, in a reused process: its request is stale
+    if isinstance(previous, StopHandler):
         previous.close()
     global _installed
-    handler = StopHandler()
+    handler = StopHandler(save_within)
     for signum in SIGNALS:
         signal.signal(signum, handler)
+    if save_within is not None:
+        handler.previous_save_handler = signal.getsignal(SAVE_SIGNAL)
+        signal.signal(SAVE_SIGNAL, handler)
     _installed = handler
     return handler
 

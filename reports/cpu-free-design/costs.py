@@ -1,4 +1,5 @@
-"""Prints each design run's CPU time (from `/usr/bin/time -v` in its log), wall time, steps and evaluations.
+"""Prints each design run's CPU time (from `/usr/bin/time -v` in its log), wall time, steps and
+evaluations.
 
   python costs.py LOG_DIR RUNS_DIR
 
@@ -14,7 +15,10 @@ from pathlib import Path
 
 def main():
     logs, runs = Path(sys.argv[1]), Path(sys.argv[2])
-    print("| run | steps | evaluations | pretraining steps | CPU s (user+sys) | wall | CPU s per step incl. evals |")
+    print(
+        "| run | steps | evaluations | pretraining steps | CPU s (user+sys) | wall "
+        "| CPU s per step incl. evals |"
+    )
     print("|---|---|---|---|---|---|---|")
     for log in sorted(logs.glob("*.log")):
         text = log.read_text()
@@ -29,7 +33,10 @@ def main():
         evals = sum(1 for r in recs if any(k.startswith("eval/avg_at_") for k in r))
         pre = sum(1 for r in recs if any(k.startswith("pretrain/") for k in r))
         cpu = float(user.group(1)) + float(sys_.group(1))
-        print(f"| {log.stem} | {steps} | {evals} | {pre} | {cpu:.0f} | {wall.group(1)} | {cpu / max(steps, 1):.1f} |")
+        print(
+            f"| {log.stem} | {steps} | {evals} | {pre} | {cpu:.0f} | {wall.group(1)} "
+            f"| {cpu / max(steps, 1):.1f} |"
+        )
 
 
 if __name__ == "__main__":

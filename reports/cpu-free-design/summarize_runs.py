@@ -35,19 +35,51 @@ def summarize(run: Path, block: int) -> dict:
     out = {"run": str(run), "evals": [], "blocks": [], "pretrain_steps": len(pre)}
     for r in evals:
         avg = next(v for k, v in r.items() if k.startswith("eval/avg_at_"))
-        out["evals"].append({"step": r["step"], "avg": round(100 * avg, 2),
-                             **{k[5:]: round(v, 4) for k, v in r.items()
-                                if k.startswith(("eval/acc_", "eval/length_", "eval/full_", "eval/mode_",
-                                                 "eval/pass_at", "eval/response_length"))}})
+        out["evals"].append(
+            {
+                "step": r["step"],
+                "avg": round(100 * avg, 2),
+                **{
+                    k[5:]: round(v, 4)
+                    for k, v in r.items()
+                    if k.startswith(
+                        (
+                            "eval/acc_",
+                            "eval/length_",
+                            "eval/full_",
+                            "eval/mode_",
+                            "eval/pass_at",
+                            "eval/response_length",
+                        )
+                    )
+                },
+            }
+        )
     steps = [r for r in train if r["step"] > 0 and "rollout/accuracy" in r]
     for lo in range(1, (max(r["step"] for r in steps) if steps else 0) + 1, block):
         recs = [r for r in steps if lo <= r["step"] < lo + block]
-        keys = ["rollout/accuracy", "rollout/response_length", "actor/entropy", "actor/clipfrac_high",
-                "actor/clipfrac_low", "critic/explained_variance", "critic/value_mean",
-                "diag/value_bias/000_007", "diag/value_bias/008_015", "diag/value_bias/016_031",
-                "diag/value_bias/032_063", "diag/value_bias/064_127", "diag/value_bias/all",
-                "diag/length/correct_mean", "diag/length/wrong_mean", "time/step_s", "time/rollout_s"]
-        out["blocks"].append({"steps": f"{lo}-{lo + block - 1}", **{k: mean(recs, k) for k in keys}})
+        keys = [
+            "rollout/accuracy",
+            "rollout/response_length",
+            "actor/entropy",
+            "actor/clipfrac_high",
+            "actor/clipfrac_low",
+            "critic/explained_variance",
+            "critic/value_mean",
+            "diag/value_bias/000_007",
+            "diag/value_bias/008_015",
+            "diag/value_bias/016_031",
+            "diag/value_bias/032_063",
+            "diag/value_bias/064_127",
+            "diag/value_bias/all",
+            "diag/length/correct_mean",
+            "diag/length/wrong_mean",
+            "time/step_s",
+            "time/rollout_s",
+        ]
+        out["blocks"].append(
+            {"steps": f"{lo}-{lo + block - 1}", **{k: mean(recs, k) for k in keys}}
+        )
     # seconds per evaluation: the gap between an eval step's record and what its training step took
     out["time_step_s"] = mean(steps, "time/step_s")
     return out

@@ -1,6 +1,7 @@
-"""Tests for vapo_lab.algo.lm.head_logprobs_and_entropy: the LM head's log-probs and entropy computed
-chunk by chunk, against a hand-worked case and against the unchunked path the trainer runs today
-(``lm_head`` over every token, widened to float32, divided by τ, then ``token_logprobs_and_entropy``).
+"""Tests for vapo_lab.algo.lm.head_logprobs_and_entropy: the LM head's log-probs and entropy
+computed chunk by chunk, against a hand-worked case and against the unchunked path the trainer
+runs today (``lm_head`` over every token, widened to float32, divided by τ, then
+``token_logprobs_and_entropy``).
 """
 
 import json
@@ -9,10 +10,10 @@ import subprocess
 import sys
 
 import pytest
-
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.algo.helpers import F32, F64, close
 from vapo_lab.algo.lm import (
     default_chunk_tokens,
     head_logprobs_and_entropy,
@@ -20,8 +21,6 @@ from vapo_lab.algo.lm import (
     weight_block_rows,
 )
 from vapo_lab.models.activations import chunked_logprob_bytes
-
-from tests.algo.helpers import F32, F64, close
 
 LN3 = math.log(3.0)
 
@@ -34,8 +33,14 @@ def _problem(n, hidden, vocab, dtype, seed, scale=1.0, bias=True):
     """
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(n, hidden, generator=gen, dtype=dtype).requires_grad_(True)
-    w = (torch.randn(vocab, hidden, generator=gen, dtype=dtype) * scale / math.sqrt(hidden)).requires_grad_(True)
-    b = (torch.randn(vocab, generator=gen, dtype=dtype) * 0.1).requires_grad_(True) if bias else None
+    w = (
+        torch.randn(vocab, hidden, generator=gen, dtype=dtype) * scale / math.sqrt(hidden)
+    ).requires_grad_(True)
+    b = (
+        (torch.randn(vocab, generator=gen, dtype=dtype) * 0.1).requires_grad_(True)
+        if bias
+        else None
+    )
     y = torch.randint(0, vocab, (n,), generator=gen)
     mean = 1.0 / max(n, 1)
     g_lp = torch.randn(n, generator=gen, dtype=dtype) * mean
@@ -95,7 +100,9 @@ def test_head_logprobs_by_hand(tau):
     h = torch.tensor([[tau * LN3]], dtype=F64, requires_grad=True)
     w = torch.tensor([[1.0], [0.0]], dtype=F64, requires_grad=True)
     y = torch.tensor([0])
-    logprobs, entropy = head_logprobs_and_entropy(h, w, y, temperature=tau, entropy_grad=True, chunk_tokens=1)
+    logprobs, entropy = head_logprobs_and_entropy(
+        h, w, y, temperature=tau, entropy_grad=True, chunk_tokens=1
+    )
     close(logprobs, [math.log(0.75)])
     close(entropy, [math.log(4.0) - 0.75 * LN3])
     gh, gw = torch.autograd.grad(logprobs.sum(), [h, w], retain_graph=True)
@@ -103,7 +110,7 @@ def test_head_logprobs_by_hand(tau):
     close(gw, [[LN3 / 4], [-LN3 / 4]])
     gh, gw = torch.autograd.grad(entropy.sum(), [h, w])
     close(gh, [[-(3 / 16) * LN3 / tau]])
-    close(gw, [[-(3 / 16) * LN3 ** 2], [(3 / 16) * LN3 ** 2]])
+    close(gw, [[-(3 / 16) * LN3**2], [(3 / 16) * LN3**2]])
 
 
 def test_default_chunk_tokens_by_hand():
@@ -131,8 +138,10 @@ def test_matches_unchunked_float32(chunk, tau, entropy_grad):
     assert lp.dtype == ent.dtype == F32
     close(lp, ref_lp)
     close(ent, ref_h)
-    for got, want in zip(_grads(lp, ent, params, g_lp, g_h, entropy_grad),
-                         _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad)):
+    for got, want in zip(
+        _grads(lp, ent, params, g_lp, g_h, entropy_grad),
+        _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad),
+    ):
         close(got, want)
 
 
@@ -148,8 +157,10 @@ def test_matches_unchunked_float64(chunk, tau, entropy_grad):
     assert lp.dtype == ent.dtype == F64
     close(lp, ref_lp, atol=1e-12)
     close(ent, ref_h, atol=1e-12)
-    for got, want in zip(_grads(lp, ent, params, g_lp, g_h, entropy_grad),
-                         _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad)):
+    for got, want in zip(
+        _grads(lp, ent, params, g_lp, g_h, entropy_grad),
+        _grads(ref_lp, ref_h, ref_params, g_lp, g_h, entropy_grad),
+    ):
         close(got, want, atol=1e-12)
 
 
@@ -161,7 +172,9 @@ def test_entropy_without_entropy_grad_is_detached():
     # H joins no graph, so a loss with it has log π's gradient alone
     (lp * g_lp + ent).sum().backward()
     ref_lp, _, ref_params = _reference(h, w, b, y, 1.0, False)
-    for got, want in zip([h.grad, w.grad, b.grad], _grads(ref_lp, None, ref_params, g_lp, None, False)):
+    for got, want in zip(
+        [h.grad, w.grad, b.grad], _grads(ref_lp, None, ref_params, g_lp, None, False)
+    ):
         close(got, want, atol=1e-12)
 
 
@@ -225,7 +238,7 @@ def test_bf16_autocast_matches_linear_under_autocast(chunk, entropy_grad):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lp, ent, params = _chunked(h, w, b, y, tau, entropy_grad, chunk)
     assert lp.dtype == ent.dtype == F32
-    u = 2.0 ** -8
+    u = 2.0**-8
     z_max = float((torch.nn.functional.linear(h, w, b) / tau).detach().abs().max())
     close(lp, ref_lp, atol=2 * u * z_max)
     close(ent, ref_h, atol=2 * u * z_max)
@@ -285,22 +298,27 @@ def test_no_op_returns_a_tensor_of_all_logits(entropy_grad):
 
 
 def test_weight_block_rows_by_hand():
-    # ⌊4·c·V / ((p + 4)·h)⌋: c = 441, V = 152,064, h = 896, bf16: 268,240,896 / 5,376 = 49,896.0 → 49,896
+    # ⌊4·c·V / ((p + 4)·h)⌋: c = 441, V = 152,064, h = 896, bf16:
+    #   268,240,896 / 5,376 = 49,896.0 → 49,896
     assert weight_block_rows(441, 152_064, 896, 2) == 49_896
     assert weight_block_rows(1, 10, 1000, 2) == 1  # never 0 rows
 
 
 def test_chunked_logprob_bytes_by_hand():
-    # The footprint formula of this function (vapo_lab.models.footprint), t = 10, V = 100, h = 8, chunk 4.
+    # The footprint formula of this function (vapo_lab.models.footprint), t = 10, V = 100, h = 8,
+    # chunk 4.
     # bf16 (p = p' = 2): W copy V·h·2 = 1,600; forward 1,600 + 8·4·100 = 4,800;
-    #   backward 4·V·h = 3,200 + 1,600 + max(6·4·100 = 2,400, 2·4·100 + min(1,600, 6·800 = 4,800) = 2,400)
+    #   backward 4·V·h = 3,200 + 1,600
+    #   + max(6·4·100 = 2,400, 2·4·100 + min(1,600, 6·800 = 4,800) = 2,400)
     #   = 7,200; per token 10·(16 + 8·2) = 320: 7,520
     assert chunked_logprob_bytes(10, 100, 8, 4) == 7_520
     # with entropy_grad, k = 8: backward 3,200 + 1,600 + max(3,200, 2,400) = 8,000: 8,320
     assert chunked_logprob_bytes(10, 100, 8, 4, entropy_grad=True) == 8_320
-    # float32 (p = 4, p' = 0): no copies; forward 3,200; backward 3,200 + 4·4·100 = 4,800; 10·(16 + 32) = 480
+    # float32 (p = 4, p' = 0): no copies; forward 3,200; backward 3,200 + 4·4·100 = 4,800;
+    #   10·(16 + 32) = 480
     assert chunked_logprob_bytes(10, 100, 8, 4, compute_bytes=4) == 5_280
-    # t = 3 < chunk: c = 3; forward 1,600 + 2,400 = 4,000; backward 3,200 + 1,600 + max(1,800, 600 + 1,200)
+    # t = 3 < chunk: c = 3; forward 1,600 + 2,400 = 4,000;
+    #   backward 3,200 + 1,600 + max(1,800, 600 + 1,200)
     #   = 6,600; per token 3·32 = 96: 6,696
     assert chunked_logprob_bytes(3, 100, 8, 4) == 6_696
 
@@ -310,9 +328,26 @@ def test_peak_memory_chunked_is_4x_lower():
     # Peak RSS of forward + backward in fresh subprocesses (vapo_lab.bench.logits_memory), a small
     # setup: T = 1024, V = 32,768, h = 256, chunks of 128: the fp32 logits are 134 MB; measured on
     # a 2-core AMD EPYC: 554 MB unchunked, 76 MB chunked (the formula: 76 MB).
-    out = subprocess.run([sys.executable, "-m", "vapo_lab.bench.logits_memory", "--tokens", "1024",
-                          "--vocab", "32768", "--hidden", "256", "--chunk", "128", "--json"],
-                         capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lab.bench.logits_memory",
+            "--tokens",
+            "1024",
+            "--vocab",
+            "32768",
+            "--hidden",
+            "256",
+            "--chunk",
+            "128",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     rows = json.loads(out.stdout)
     before = next(r for r in rows if r["case"] == "unchunked")
     after = next(r for r in rows if r["case"] == "chunked")

@@ -1,8 +1,9 @@
 """Tests for vapo_lab.algo.gae: length_adaptive_lambda, gae, decoupled_gae.
 
-Expected values come from hand derivations (in comments) or from slow references kept
-in this file: a plain-Python per-sequence, per-token reverse loop, and (for the large
-batches the spec names) a reverse-time loop over t vectorised over the batch in float64.
+Expected values come from hand derivations (in comments), from a plain-Python per-sequence,
+per-token reverse loop kept in this file, and (for the large batches the spec names) from
+``gae_reference``, the reverse-time loop over t in vapo_lab.algo, itself checked here against
+the per-token loop and by hand.
 
 Conventions (spec): δ_t = r_t + γ·V_{t+1} − V_t with V_L = 0 after the last valid token;
 A_t = Σ_l (γλ)^l δ_{t+l} over valid tokens; returns_t = A_t + V_t; padding outputs 0.
@@ -13,10 +14,9 @@ import sys
 import pytest
 import torch
 
-from vapo_lab.algo.gae import decoupled_gae, gae, length_adaptive_lambda
-from vapo_lab.algo.gae_cpu import scan_kernel
-
 from tests.algo.helpers import F32, F64, prefix_mask
+from vapo_lab.algo.gae import decoupled_gae, gae, gae_reference, length_adaptive_lambda
+from vapo_lab.algo.gae_cpu import scan_kernel
 
 
 @pytest.fixture(params=["compiled", "torch"], autouse=True)
@@ -49,28 +49,6 @@ def ref_gae(rewards, values, mask, lam, gamma):
             adv[b][t] = running
             ret[b][t] = running + v[b][t]
     return torch.tensor(adv, dtype=F64), torch.tensor(ret, dtype=F64)
-
-
-def ref_gae_time_loop(rewards, values, mask, lam, gamma):
-    """Reverse-time loop over t, vectorised over the batch, in float64 (for big batches)."""
-    r = rewards.double()
-    v = values.double()
-    m = mask.bool()
-    B, T = r.shape
-    lam = lam.double() if isinstance(lam, torch.Tensor) else torch.full((B,), float(lam), dtype=F64)
-    adv = torch.zeros(B, T, dtype=F64)
-    running = torch.zeros(B, dtype=F64)
-    zero = torch.zeros(B, dtype=F64)
-    for t in reversed(range(T)):
-        if t + 1 < T:
-            v_next = torch.where(m[:, t + 1], v[:, t + 1], zero)
-        else:
-            v_next = zero
-        delta = r[:, t] + gamma * v_next - v[:, t]
-        running = torch.where(m[:, t], delta + gamma * lam * running, zero)
-        adv[:, t] = running
-    ret = torch.where(m, adv + v, torch.zeros_like(adv))
-    return adv, ret
 
 
 def random_batch(B, T, dtype=F64, dense=False, min_len=0):
@@ -121,7 +99,9 @@ def test_length_adaptive_lambda_float64_lengths_keep_float64():
     lam = length_adaptive_lambda(lengths, 0.05)
     assert lam.dtype == F64
     # l = 25: α·l = 1.25 -> 1 − 0.8 = 0.2; l = −3 -> 0 (l ≤ 0)
-    torch.testing.assert_close(lam, torch.tensor([0.5, 0.8, 0.2, 0.0], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        lam, torch.tensor([0.5, 0.8, 0.2, 0.0], dtype=F64), atol=1e-6, rtol=0
+    )
 
 
 def test_length_adaptive_lambda_always_in_unit_interval():
@@ -132,8 +112,8 @@ def test_length_adaptive_lambda_always_in_unit_interval():
         assert torch.isfinite(lam).all()
         assert (lam >= 0).all() and (lam <= 1).all()
         # against the formula, element by element
-        for l, got in zip(lengths.tolist()[:50], lam.tolist()[:50]):
-            want = 0.0 if l <= 0 else min(1.0, max(0.0, 1.0 - 1.0 / (alpha * l)))
+        for length, got in zip(lengths.tolist()[:50], lam.tolist()[:50]):
+            want = 0.0 if length <= 0 else min(1.0, max(0.0, 1.0 - 1.0 / (alpha * length)))
             assert abs(got - want) < 1e-6
 
 
@@ -160,8 +140,12 @@ def test_gae_hand_case_lambda_half():
     # λ = 0.5: A_2 = 0.5; A_1 = 0 + 0.5·0.5 = 0.25; A_0 = 0 + 0.5·0.25 = 0.125
     # returns = A + V = [0.625, 0.75, 1.0]
     adv, ret = gae(HAND_R, HAND_V, HAND_M, 0.5, gamma=1.0)
-    torch.testing.assert_close(adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0)
-    torch.testing.assert_close(ret, torch.tensor([[0.625, 0.75, 1.0]], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        ret, torch.tensor([[0.625, 0.75, 1.0]], dtype=F64), atol=1e-6, rtol=0
+    )
 
 
 def test_gae_hand_case_lambda_one_gives_monte_carlo_return():
@@ -187,8 +171,12 @@ def test_gae_hand_case_gamma_not_one():
     #   γλ = 0.45: A_2 = 0.5; A_1 = −0.05 + 0.45·0.5 = 0.175; A_0 = −0.05 + 0.45·0.175 = 0.02875
     #   returns = A + V = [0.52875, 0.675, 1.0]
     adv, ret = gae(HAND_R, HAND_V, HAND_M, 0.5, gamma=0.9)
-    torch.testing.assert_close(adv, torch.tensor([[0.02875, 0.175, 0.5]], dtype=F64), atol=1e-6, rtol=0)
-    torch.testing.assert_close(ret, torch.tensor([[0.52875, 0.675, 1.0]], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.02875, 0.175, 0.5]], dtype=F64), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        ret, torch.tensor([[0.52875, 0.675, 1.0]], dtype=F64), atol=1e-6, rtol=0
+    )
     # γ = 0.9, λ = 1: returns = discounted Monte-Carlo return Σ γ^(s−t) r_s = [0.81, 0.9, 1.0]
     _, ret1 = gae(HAND_R, HAND_V, HAND_M, 1.0, gamma=0.9)
     torch.testing.assert_close(ret1, torch.tensor([[0.81, 0.9, 1.0]], dtype=F64), atol=1e-6, rtol=0)
@@ -222,8 +210,10 @@ def test_gae_length_one_response_T1_B1():
     # single token: δ_0 = r_0 − V_0 = 1 − 0.3 = 0.7 = A_0 for every λ; returns = 1
     for lam in [0.0, 0.5, 0.95, 1.0]:
         adv, ret = gae(
-            torch.tensor([[1.0]], dtype=F64), torch.tensor([[0.3]], dtype=F64),
-            torch.ones(1, 1, dtype=torch.bool), lam,
+            torch.tensor([[1.0]], dtype=F64),
+            torch.tensor([[0.3]], dtype=F64),
+            torch.ones(1, 1, dtype=torch.bool),
+            lam,
         )
         assert adv.shape == (1, 1) and ret.shape == (1, 1)
         torch.testing.assert_close(adv, torch.tensor([[0.7]], dtype=F64), atol=1e-6, rtol=0)
@@ -382,9 +372,28 @@ def test_gae_scalar_lambda_equals_constant_lambda_tensor():
     torch.testing.assert_close(r1, r2, atol=1e-9, rtol=0)
 
 
+def test_the_reference_loop_by_hand_and_against_the_per_token_loop():
+    # γ = 1, rewards [0, 0, 1], values [0.5, 0.5, 0.5], λ = 0.5: δ = [0, 0, 0.5], A = [0.125, 0.25,
+    # 0.5], returns = A + V = [0.625, 0.75, 1.0]; a padded fourth token stays 0
+    r = torch.tensor([[0.0, 0.0, 1.0, 7.0]], dtype=F64)
+    v = torch.tensor([[0.5, 0.5, 0.5, 9.0]], dtype=F64)
+    m = torch.tensor([[True, True, True, False]])
+    adv, ret = gae_reference(r, v, m, 0.5, 1.0)
+    torch.testing.assert_close(adv, torch.tensor([[0.125, 0.25, 0.5, 0.0]], dtype=F64))
+    torch.testing.assert_close(ret, torch.tensor([[0.625, 0.75, 1.0, 0.0]], dtype=F64))
+    torch.manual_seed(550)
+    r, v, m, lengths = random_batch(12, 60, dense=True)
+    lam = length_adaptive_lambda(lengths.double(), 0.1)
+    for gamma in [1.0, 0.9]:
+        ea, er = ref_gae(r, v, m, lam, gamma)
+        adv, ret = gae_reference(r, v, m, lam, gamma)
+        torch.testing.assert_close(adv, ea, atol=1e-12, rtol=0)
+        torch.testing.assert_close(ret, er, atol=1e-12, rtol=0)
+
+
 @pytest.mark.parametrize("B,T", [(512, 4096), (8192, 1024)])
-def test_gae_large_float32_vs_reverse_time_loop(B, T):
-    # The spec's scale targets: agree with a plain reverse-time loop to 1e-5 in float32,
+def test_gae_large_float32_vs_the_reference_loop(B, T):
+    # The spec's scale targets: agree with the plain reverse-time loop to 1e-5 in float32,
     # with the length-adaptive per-sequence λ (up to 1 − 1/(0.05·4096) ≈ 0.995).
     torch.manual_seed(600 + B)
     lengths = torch.randint(0, T + 1, (B,))
@@ -399,7 +408,7 @@ def test_gae_large_float32_vs_reverse_time_loop(B, T):
     lam = length_adaptive_lambda(lengths, 0.05)
     adv, ret = gae(rewards, values, mask, lam)
     assert adv.dtype == F32 and ret.dtype == F32
-    ea, er = ref_gae_time_loop(rewards, values, mask, lam, 1.0)
+    ea, er = gae_reference(rewards.double(), values.double(), mask, lam.double(), 1.0)
     assert (adv.double() - ea).abs().max().item() < 1e-5
     assert (ret.double() - er).abs().max().item() < 1e-5
     # λ_critic = 1: returns are exactly the terminal reward on every valid token
@@ -418,7 +427,9 @@ def test_decoupled_gae_hand_case():
     torch.manual_seed(700)
     # λ_policy = 0.5 -> A = [0.125, 0.25, 0.5]; λ_critic = 1 -> returns = [1, 1, 1]
     adv, ret = decoupled_gae(HAND_R, HAND_V, HAND_M, 0.5, 1.0)
-    torch.testing.assert_close(adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        adv, torch.tensor([[0.125, 0.25, 0.5]], dtype=F64), atol=1e-6, rtol=0
+    )
     torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0]], dtype=F64), atol=1e-6, rtol=0)
 
 
@@ -427,7 +438,12 @@ def test_decoupled_gae_equals_two_gae_calls():
     B, T = 7, 41
     r, v, m, lengths = random_batch(B, T, dense=True)
     lam_p_tensor = length_adaptive_lambda(lengths.double(), 0.05)
-    for lam_p, lam_c in [(0.95, 1.0), (lam_p_tensor, 1.0), (0.9, torch.rand(B, dtype=F64)), (0.0, 0.5)]:
+    for lam_p, lam_c in [
+        (0.95, 1.0),
+        (lam_p_tensor, 1.0),
+        (0.9, torch.rand(B, dtype=F64)),
+        (0.0, 0.5),
+    ]:
         for gamma in [1.0, 0.9]:
             adv, ret = decoupled_gae(r, v, m, lam_p, lam_c, gamma=gamma)
             a_p, _ = gae(r, v, m, lam_p, gamma=gamma)

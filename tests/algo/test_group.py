@@ -8,10 +8,8 @@ import math
 import pytest
 import torch
 
-from vapo_lab.algo.group import dynamic_sampling_keep, group_advantages, overlong_penalty
-
 from tests.algo.helpers import F64, close
-
+from vapo_lab.algo.group import dynamic_sampling_keep, group_advantages, overlong_penalty
 
 # ---------------------------------------------------------------------------------------
 # group_advantages
@@ -98,7 +96,16 @@ def test_dynamic_sampling_keep_other_scores():
     torch.manual_seed(11)
     # ±1 rewards and non-binary scores: any group with two distinct values is kept
     scores = torch.tensor([-1.0, -1.0, 0.5, 0.5, 0.5, 0.25, 1.0, -1.0])
-    assert dynamic_sampling_keep(scores, 2).tolist() == [False, False, False, False, True, True, True, True]
+    assert dynamic_sampling_keep(scores, 2).tolist() == [
+        False,
+        False,
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+    ]
     # G = 1: a single sample never has differing scores
     assert dynamic_sampling_keep(torch.tensor([0.0, 1.0]), 1).tolist() == [False, False]
 
@@ -111,7 +118,8 @@ def test_dynamic_sampling_keep_other_scores():
 def test_overlong_penalty_boundaries():
     torch.manual_seed(20)
     # l_max = 20, l_cache = 4: free up to l_max − l_cache = 16; linear in (16, 20]; −1 beyond
-    #   l = 0, 16 -> 0;  l = 17 -> (16 − 17)/4 = −0.25;  l = 18 -> −0.5;  l = 20 -> −1;  l = 21, 100 -> −1
+    #   l = 0, 16 -> 0;  l = 17 -> (16 − 17)/4 = −0.25;  l = 18 -> −0.5;  l = 20 -> −1;
+    #   l = 21, 100 -> −1
     lengths = torch.tensor([0, 16, 17, 18, 20, 21, 100])
     out = overlong_penalty(lengths, 20, 4)
     assert out.shape == (7,) and out.is_floating_point()

@@ -5,13 +5,10 @@ token_logprobs.  Hand derivations are in comments; random cases use explicit loo
 import math
 
 import pytest
-
 import torch
 
-from vapo_lab.algo.lm import entropy_from_logits, masked_entropy, positive_nll_loss, token_logprobs
-
 from tests.algo.helpers import F64, close, prefix_mask
-
+from vapo_lab.algo.lm import entropy_from_logits, masked_entropy, positive_nll_loss, token_logprobs
 
 # ---------------------------------------------------------------------------------------
 # positive_nll_loss
@@ -28,7 +25,8 @@ def test_positive_nll_loss_by_hand():
     # d loss/d log π = −1/3 on the three correct valid tokens, 0 elsewhere
     logprobs = torch.tensor(
         [[-1.0, -2.0, -9.0], [-5.0, -5.0, -5.0], [-0.5, -9.0, -9.0], [-9.0, -9.0, -9.0]],
-        dtype=F64, requires_grad=True,
+        dtype=F64,
+        requires_grad=True,
     )
     mask = prefix_mask([2, 3, 1, 0], 3)
     correct = torch.tensor([True, False, True, True])

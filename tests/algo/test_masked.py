@@ -8,9 +8,8 @@ import types
 
 import torch
 
-from vapo_lab.algo.masked import masked_mean, masked_sum, masked_var
-
 from tests.algo.helpers import F64, prefix_mask
+from vapo_lab.algo.masked import masked_mean, masked_sum, masked_var
 
 
 def test_masked_sum_and_mean_by_hand():
@@ -19,8 +18,12 @@ def test_masked_sum_and_mean_by_hand():
     # masked_sum = 1 + 2 + 3 + 4 = 10; count = 4; masked_mean = 2.5
     x = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, -7.0, -7.0, -7.0]], dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
-    torch.testing.assert_close(masked_sum(x, mask), torch.tensor(10.0, dtype=F64), atol=1e-6, rtol=0)
-    torch.testing.assert_close(masked_mean(x, mask), torch.tensor(2.5, dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        masked_sum(x, mask), torch.tensor(10.0, dtype=F64), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        masked_mean(x, mask), torch.tensor(2.5, dtype=F64), atol=1e-6, rtol=0
+    )
     # per row (dim=1): sums [6, 4], means [2, 4]
     torch.testing.assert_close(
         masked_sum(x, mask, dim=1), torch.tensor([6.0, 4.0], dtype=F64), atol=1e-6, rtol=0
@@ -62,7 +65,9 @@ def test_masked_var_population_by_hand():
     # population variance (1 + 0 + 1) / 3 = 2/3 (not the unbiased 1.0)
     x = torch.tensor([[1.0, 2.0], [3.0, 10.0]], dtype=F64)
     mask = torch.tensor([[1, 1], [1, 0]], dtype=torch.bool)
-    torch.testing.assert_close(masked_var(x, mask), torch.tensor(2.0 / 3.0, dtype=F64), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        masked_var(x, mask), torch.tensor(2.0 / 3.0, dtype=F64), atol=1e-6, rtol=0
+    )
 
 
 def test_masked_var_fewer_than_two_entries():
@@ -90,7 +95,9 @@ def test_random_against_python_loop():
     mean = s / n
     var = sum((v - mean) ** 2 for v in vals) / n
     torch.testing.assert_close(masked_sum(x, mask), torch.tensor(s, dtype=F64), atol=1e-9, rtol=0)
-    torch.testing.assert_close(masked_mean(x, mask), torch.tensor(mean, dtype=F64), atol=1e-9, rtol=0)
+    torch.testing.assert_close(
+        masked_mean(x, mask), torch.tensor(mean, dtype=F64), atol=1e-9, rtol=0
+    )
     torch.testing.assert_close(masked_var(x, mask), torch.tensor(var, dtype=F64), atol=1e-9, rtol=0)
     row_means = []
     for b in range(B):
@@ -106,14 +113,29 @@ def test_algo_package_reexports():
     import vapo_lab.algo as algo
 
     names = [
-        "masked_sum", "masked_mean", "masked_var",
-        "length_adaptive_lambda", "gae", "decoupled_gae",
-        "aggregate_loss", "ppo_policy_loss", "LOSS_AGG_MODES",
-        "value_loss", "explained_variance",
-        "positive_nll_loss", "entropy_from_logits", "masked_entropy", "token_logprobs",
-        "group_advantages", "dynamic_sampling_keep", "overlong_penalty",
-        "kl_estimate", "KL_ESTIMATORS",
+        "masked_sum",
+        "masked_mean",
+        "masked_var",
+        "length_adaptive_lambda",
+        "gae",
+        "decoupled_gae",
+        "aggregate_loss",
+        "ppo_policy_loss",
+        "LOSS_AGG_MODES",
+        "value_loss",
+        "explained_variance",
+        "positive_nll_loss",
+        "entropy_from_logits",
+        "masked_entropy",
+        "token_logprobs",
+        "group_advantages",
+        "dynamic_sampling_keep",
+        "overlong_penalty",
+        "kl_estimate",
+        "KL_ESTIMATORS",
     ]
     # (a submodule such as vapo_lab.algo.gae is an attribute too: the function must shadow it)
-    missing = [n for n in names if isinstance(getattr(algo, n, None), (types.ModuleType, type(None)))]
+    missing = [
+        n for n in names if isinstance(getattr(algo, n, None), (types.ModuleType, type(None)))
+    ]
     assert not missing, f"vapo_lab.algo does not re-export {missing}"

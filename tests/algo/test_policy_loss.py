@@ -1,4 +1,5 @@
-"""Tests for vapo_lab.algo.policy: aggregate_loss, loss_denominator, ppo_policy_loss, LOSS_AGG_MODES.
+"""Tests for vapo_lab.algo.policy: aggregate_loss, loss_denominator, ppo_policy_loss,
+LOSS_AGG_MODES.
 
 Hand cases carry their derivation in comments; random batches are checked against a slow
 per-token reference written in plain Python below (loss, analytic gradient, metrics).
@@ -12,9 +13,8 @@ import math
 import pytest
 import torch
 
-from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, loss_denominator, ppo_policy_loss
-
 from tests.algo.helpers import F64, close, prefix_mask
+from vapo_lab.algo.policy import LOSS_AGG_MODES, aggregate_loss, loss_denominator, ppo_policy_loss
 
 
 def logprobs_for_ratios(ratios, old):
@@ -86,16 +86,19 @@ def ref_ppo(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, dual_cl
 
 # Three responses: row 0 has L = 1, ℓ = [4]; row 1 has L = 3, ℓ = [1, 2, 3]; row 2 is empty.
 # Padding holds garbage (100).
-AGG_L = torch.tensor(
-    [[4.0, 100.0, 100.0], [1.0, 2.0, 3.0], [100.0, 100.0, 100.0]], dtype=F64
-)
+AGG_L = torch.tensor([[4.0, 100.0, 100.0], [1.0, 2.0, 3.0], [100.0, 100.0, 100.0]], dtype=F64)
 AGG_M = prefix_mask([1, 3, 0], 3)
 
 
 def test_loss_agg_modes_exported():
     torch.manual_seed(0)
     assert isinstance(LOSS_AGG_MODES, tuple)
-    assert set(LOSS_AGG_MODES) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"}  # the spec's three
+    # the spec's three
+    assert set(LOSS_AGG_MODES) == {
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+    }
 
 
 def test_aggregate_loss_three_modes_by_hand():
@@ -138,12 +141,17 @@ def test_token_mean_weights_long_response_tokens_more():
 def test_aggregate_loss_float_mask_equals_bool_mask():
     torch.manual_seed(3)
     for mode in LOSS_AGG_MODES:
-        close(aggregate_loss(AGG_L, AGG_M.to(F64), mode), aggregate_loss(AGG_L, AGG_M, mode), atol=1e-12)
+        close(
+            aggregate_loss(AGG_L, AGG_M.to(F64), mode),
+            aggregate_loss(AGG_L, AGG_M, mode),
+            atol=1e-12,
+        )
 
 
 def test_aggregate_loss_normalizer_replaces_denominator():
     torch.manual_seed(4)
-    # token-mean: 10 / 10 = 1; seq-mean-token-mean: (4 + 2) / 4 = 1.5; seq-mean-token-sum: 10 / 5 = 2
+    # token-mean: 10 / 10 = 1; seq-mean-token-mean: (4 + 2) / 4 = 1.5;
+    # seq-mean-token-sum: 10 / 5 = 2
     close(aggregate_loss(AGG_L, AGG_M, "token-mean", normalizer=10.0), 1.0)
     close(aggregate_loss(AGG_L, AGG_M, "seq-mean-token-mean", normalizer=4.0), 1.5)
     close(aggregate_loss(AGG_L, AGG_M, "seq-mean-token-sum", normalizer=torch.tensor(5.0)), 2.0)
@@ -157,7 +165,10 @@ def test_loss_denominator_by_hand_and_as_the_default():
         assert loss_denominator(mode, AGG_M.to(F64)).item() == n
         # passed as the normalizer it gives the default loss bit for bit, gradient included
         a, b = AGG_L.clone().requires_grad_(True), AGG_L.clone().requires_grad_(True)
-        la, lb = aggregate_loss(a, AGG_M, mode), aggregate_loss(b, AGG_M, mode, float(loss_denominator(mode, AGG_M)))
+        la, lb = (
+            aggregate_loss(a, AGG_M, mode),
+            aggregate_loss(b, AGG_M, mode, float(loss_denominator(mode, AGG_M))),
+        )
         la.backward()
         lb.backward()
         assert torch.equal(la, lb) and torch.equal(a.grad, b.grad)
@@ -357,15 +368,18 @@ def test_ppo_bad_arguments_raise(kwargs):
     torch.manual_seed(17)
     lp = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError):
-        ppo_policy_loss(lp, lp, torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool), **kwargs)
+        ppo_policy_loss(
+            lp, lp, torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool), **kwargs
+        )
 
 
 def test_ppo_unknown_loss_agg_raises():
     torch.manual_seed(18)
     lp = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError):
-        ppo_policy_loss(lp, lp, torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool),
-                        loss_agg="sum")
+        ppo_policy_loss(
+            lp, lp, torch.ones(1, 2, dtype=F64), torch.ones(1, 2, dtype=torch.bool), loss_agg="sum"
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -390,7 +404,9 @@ def random_ppo_batch(B, T, spread=0.8):
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-@pytest.mark.parametrize("eps_low,eps_high,dual_clip", [(0.2, 0.2, None), (0.2, 0.28, None), (0.2, 0.28, 3.0)])
+@pytest.mark.parametrize(
+    "eps_low,eps_high,dual_clip", [(0.2, 0.2, None), (0.2, 0.28, None), (0.2, 0.28, 3.0)]
+)
 def test_ppo_random_vs_slow_reference(mode, eps_low, eps_high, dual_clip):
     torch.manual_seed(20)
     lp, old, adv, mask = random_ppo_batch(8, 13)
@@ -436,7 +452,9 @@ def test_ppo_micro_batch_property(mode, dual_clip):
     (g_full,) = torch.autograd.grad(full, lp)
     N = float(loss_denominator(mode, mask))  # the whole mini-batch's, as the trainer passes it
     split = sum(
-        ppo_policy_loss(lp[s], old[s], adv[s], mask[s], normalizer=torch.tensor(N, dtype=F64), **kw)[0]
+        ppo_policy_loss(
+            lp[s], old[s], adv[s], mask[s], normalizer=torch.tensor(N, dtype=F64), **kw
+        )[0]
         for s in micro_slices()
     )
     (g_split,) = torch.autograd.grad(split, lp)

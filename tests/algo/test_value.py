@@ -9,11 +9,9 @@ import math
 
 import torch
 
+from tests.algo.helpers import F64, close, prefix_mask
 from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.algo.value import explained_variance, value_loss
-
-from tests.algo.helpers import F64, close, prefix_mask
-
 
 # Four valid tokens and one padded garbage token (column 4):
 #   t0: V = 1.0,  V_old = 0.5, R = 0.0:  (V−R)² = 1;    V_clip = 0.5 + 0.2 = 0.7, (0.7)² = 0.49
@@ -34,7 +32,9 @@ def test_value_loss_without_clip_by_hand():
     # ℓ = ½(V − R)² = [0.5, 0.005, 0.125, 0.125]; token-mean = 0.755/4 = 0.18875
     # d loss/dV = (V − R)/4 = [0.25, −0.025, −0.125, 0.125, 0]
     values = torch.tensor(VALUES, dtype=F64, requires_grad=True)
-    loss, metrics = value_loss(values, torch.tensor(OLD_VALUES, dtype=F64), torch.tensor(RETURNS, dtype=F64), MASK)
+    loss, metrics = value_loss(
+        values, torch.tensor(OLD_VALUES, dtype=F64), torch.tensor(RETURNS, dtype=F64), MASK
+    )
     close(loss, 0.18875)
     loss.backward()
     close(values.grad, [[0.25, -0.025, -0.125, 0.125, 0.0]])
@@ -48,7 +48,11 @@ def test_value_loss_with_clip_by_hand():
     # t2: V − V_old = 0 is inside the clip range so V_clip = V, both terms give (V − R)/4 = −0.125
     values = torch.tensor(VALUES, dtype=F64, requires_grad=True)
     loss, metrics = value_loss(
-        values, torch.tensor(OLD_VALUES, dtype=F64), torch.tensor(RETURNS, dtype=F64), MASK, clip_range=0.2
+        values,
+        torch.tensor(OLD_VALUES, dtype=F64),
+        torch.tensor(RETURNS, dtype=F64),
+        MASK,
+        clip_range=0.2,
     )
     close(loss, 0.31625)
     loss.backward()
@@ -98,8 +102,11 @@ def test_value_loss_random_vs_per_token_loop_and_micro_batches():
                     n_clip += 1
                 else:
                     ell, g = 0.5 * un, V[b][t] - R[b][t]
-                w = {"token-mean": 1 / n_tok, "seq-mean-token-mean": 1 / (lengths[b] * n_rows),
-                     "seq-mean-token-sum": 1 / n_rows}[mode]
+                w = {
+                    "token-mean": 1 / n_tok,
+                    "seq-mean-token-mean": 1 / (lengths[b] * n_rows),
+                    "seq-mean-token-sum": 1 / n_rows,
+                }[mode]
                 total += w * ell
                 grad[b, t] = w * g
         close(loss, total, atol=1e-9)
@@ -109,7 +116,15 @@ def test_value_loss_random_vs_per_token_loop_and_micro_batches():
         # micro-batches of 2, 1, 4 rows with the mini-batch normalizer
         N = float(mask.sum()) if mode == "token-mean" else float((mask.sum(1) > 0).sum())
         split = sum(
-            value_loss(values[s], old[s], returns[s], mask[s], clip_range=eps_v, loss_agg=mode, normalizer=N)[0]
+            value_loss(
+                values[s],
+                old[s],
+                returns[s],
+                mask[s],
+                clip_range=eps_v,
+                loss_agg=mode,
+                normalizer=N,
+            )[0]
             for s in [slice(0, 2), slice(2, 3), slice(3, 7)]
         )
         (g_split,) = torch.autograd.grad(split, values)
@@ -156,8 +171,11 @@ def test_explained_variance_constant_returns_is_nan():
     returns = torch.tensor([[1.0, 1.0, 5.0], [1.0, -2.0, 3.0]], dtype=F64)
     assert math.isnan(explained_variance(values, returns, prefix_mask([2, 1], 3)).item())
     # no valid tokens: NaN as well
-    assert math.isnan(explained_variance(values, torch.randn(2, 3, dtype=F64),
-                                         torch.zeros(2, 3, dtype=torch.bool)).item())
+    assert math.isnan(
+        explained_variance(
+            values, torch.randn(2, 3, dtype=F64), torch.zeros(2, 3, dtype=torch.bool)
+        ).item()
+    )
 
 
 def test_explained_variance_random_vs_loop_and_metric():

@@ -1,4 +1,5 @@
-"""Tests for vapo_lab.basemodel.freerecipe: the mixture of lengths, the summary table, the build config."""
+"""Tests for vapo_lab.basemodel.freerecipe: the mixture of lengths, the summary table, the build
+config."""
 
 import random
 
@@ -36,11 +37,22 @@ def test_pretrain_view_draws_the_length_then_writes_that_trace():
 def test_summarize_by_hand():
     task = ArithFreeTask(0, 0, 0)
     short, long = problem(5, 2, 1), problem(12345, 1, 5)
-    texts = [[task.trace(short, columns=0), task.trace(short)],  # direct right, full right
-             [task.trace(long, columns=0), " c5_0 z5_6"]]  # direct: 12345 + 00001 has no carry -> right; cut off
+    texts = [
+        [task.trace(short, columns=0), task.trace(short)],  # direct right, full right
+        [task.trace(long, columns=0), " c5_0 z5_6"],
+    ]  # direct: 12345 + 00001 has no carry -> right; cut off
     table = summarize(task, [short, long], texts, [[4, 5], [8, 3]])
-    assert table["all"] == {"n": 4, "acc": 0.75, "length": 5.0, "share_direct": 0.5, "acc_direct": 1.0,
-                            "share_partial": 0.0, "share_full": 0.25, "acc_full": 1.0,
-                            "share_other": 0.25, "acc_other": 0.0}
+    assert table["all"] == {
+        "n": 4,
+        "acc": 0.75,
+        "length": 5.0,
+        "share_direct": 0.5,
+        "acc_direct": 1.0,
+        "share_partial": 0.0,
+        "share_full": 0.25,
+        "acc_full": 1.0,
+        "share_other": 0.25,
+        "acc_other": 0.0,
+    }
     assert table["d01_03"]["acc"] == 1.0 and table["d04_08"]["acc"] == 0.5
     assert FREE_DEFAULTS["task"] == "arithfree"

@@ -1,4 +1,4 @@
-"""The benchmark's shared model and a small step, built once for the vapo-lab vs TRL benchmark tests."""
+"""The shared model and a small step of the vapo-lab vs TRL benchmark tests, built once."""
 
 import pytest
 
@@ -9,8 +9,15 @@ from vapo_lab.bench.trl.spec import BenchSpec
 @pytest.fixture(scope="session")
 def small_spec() -> BenchSpec:
     """8 completions of <= 4 tokens, 2-digit problems: a step takes well under a second."""
-    return BenchSpec(completions=8, max_new_tokens=4, group_size=4, mini_batch_size=4, threads=1, digits=2,
-                     n_problems=32)
+    return BenchSpec(
+        completions=8,
+        max_new_tokens=4,
+        group_size=4,
+        mini_batch_size=4,
+        threads=1,
+        digits=2,
+        n_problems=32,
+    )
 
 
 @pytest.fixture(scope="session")

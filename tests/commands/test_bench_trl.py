@@ -7,8 +7,9 @@ from vapo_lab.cli import app
 
 
 def test_missing_trl_env_fails_in_one_line_naming_the_setup_command(tmp_path):
-    result = CliRunner().invoke(app, ["bench", "trl", "--part", "ppo",
-                                      "--trl-python", str(tmp_path / "nope/bin/python")])
+    result = CliRunner().invoke(
+        app, ["bench", "trl", "--part", "ppo", "--trl-python", str(tmp_path / "nope/bin/python")]
+    )
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output

@@ -14,13 +14,22 @@ from typer.testing import CliRunner
 from vapo_lab.cli import app
 from vapo_lab.commands.output import WholeLineConsole
 
-NO_TTY = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None, "TTY_INTERACTIVE": None}  # rich's terminal overrides
+# rich's terminal overrides
+NO_TTY = {
+    "FORCE_COLOR": None,
+    "TTY_COMPATIBLE": None,
+    "TTY_INTERACTIVE": None,
+}
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
 
 def _long_dir(tmp_path: Path) -> Path:
     """Returns a folder under ``tmp_path`` whose path is longer than 120 characters."""
-    path = tmp_path / "a-folder-with-a-rather-long-name-as-on-a-cluster" / "and-another-level-below-it-0123456789"
+    path = (
+        tmp_path
+        / "a-folder-with-a-rather-long-name-as-on-a-cluster"
+        / "and-another-level-below-it-0123456789"
+    )
     path = path / ("x" * max(1, 121 - len(str(path))))
     assert len(str(path)) > 120
     return path
@@ -62,12 +71,32 @@ def _fake_trainer(run_dir: Path):
 
     class FakeTrainer:
         def __init__(self, cfg, choices, progress, log, command):
-            self.run_dir, self.run_id, self.tracker, self.step, self.log = run_dir, RUN_ID, _FakeTracker(), 0, log
+            self.run_dir, self.run_id, self.tracker, self.step, self.log = (
+                run_dir,
+                RUN_ID,
+                _FakeTracker(),
+                0,
+                log,
+            )
+
+        def start(self):
+            pass
+
+        def close(self):
+            pass
 
         def train(self, on_step):
             self.log(f"resumed {self.run_dir} at step 0")
             on_step(1, {})
-            return TrainResult(self.run_dir, RUN_ID, 1, 0.5, 0.5, 0.25, self.run_dir / "checkpoints" / "step_000001")
+            return TrainResult(
+                self.run_dir,
+                RUN_ID,
+                1,
+                0.5,
+                0.5,
+                0.25,
+                self.run_dir / "checkpoints" / "step_000001",
+            )
 
     return FakeTrainer
 
@@ -75,12 +104,16 @@ def _fake_trainer(run_dir: Path):
 def test_train_into_a_log_keeps_run_folder_id_and_store_on_one_line(monkeypatch, tmp_path):
     run_dir = _long_dir(tmp_path) / "vapo-seed0-20260101-000000"
     monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", _fake_trainer(run_dir))
-    result = CliRunner().invoke(app, ["train", "trainer.total_steps=1", "tracking=none",
-                                      f"output_dir={run_dir.parent}"],
-                                env={"COLUMNS": "80", **NO_TTY})
+    result = CliRunner().invoke(
+        app,
+        ["train", "trainer.total_steps=1", "tracking=none", f"output_dir={run_dir.parent}"],
+        env={"COLUMNS": "80", **NO_TTY},
+    )
     assert result.exit_code == 0, result.output
     out = result.output
-    assert _line_with(out, "tracking run").endswith(f"run {run_dir} (tracking run {RUN_ID}, {_FakeTracker.uri})")
+    assert _line_with(out, "tracking run").endswith(
+        f"run {run_dir} (tracking run {RUN_ID}, {_FakeTracker.uri})"
+    )
     assert _line_with(out, "resumed") == f"resumed {run_dir} at step 0"
     assert _line_with(out, "run dir") == f"run dir     {run_dir}"
     assert _line_with(out, "checkpoint") == f"checkpoint  {run_dir / 'checkpoints' / 'step_000001'}"
@@ -90,14 +123,31 @@ def test_report_into_a_pipe_of_a_real_process_keeps_its_folder_on_one_line(tmp_p
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = client.create_experiment("table1")
-    run = client.create_run(exp, tags={"algo": "vapo", "components_off": "none", "seed": "0", "grid_id": "g-1"})
+    run = client.create_run(
+        exp, tags={"algo": "vapo", "components_off": "none", "seed": "0", "grid_id": "g-1"}
+    )
     for step, v in ((0, 0.4), (10, 0.5)):
         client.log_metric(run.info.run_id, "eval/avg_at_4", v, step=step)
     client.set_terminated(run.info.run_id)
     out_dir = _long_dir(tmp_path) / "report"
     env = {k: v for k, v in os.environ.items() if k not in NO_TTY}
-    proc = subprocess.run([sys.executable, "-m", "vapo_lab.cli", "report", "--tracking-uri", uri, "--variants", "VAPO",
-                           "--out", str(out_dir)], env={**env, "COLUMNS": "80"}, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lab.cli",
+            "report",
+            "--tracking-uri",
+            uri,
+            "--variants",
+            "VAPO",
+            "--out",
+            str(out_dir),
+        ],
+        env={**env, "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     line = _line_with(out, "wrote")

@@ -1,5 +1,5 @@
-"""Progress of long phases: a rich bar on a terminal; in a log (Slurm, nohup, | tee) plain lines with
-phase, step k/N, rate and ETA at a steady interval, each flushed."""
+"""Progress of long phases: a rich bar on a terminal; in a log (Slurm, nohup, | tee) plain lines
+with phase, step k/N, rate and ETA at a steady interval, each flushed."""
 
 import io
 
@@ -7,8 +7,8 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
-from vapo_lab.errors import ConfigError
 from vapo_lab.commands.progress import INTERVAL_ENV, PlainProgress, interval_from_env, progress_bar
+from vapo_lab.errors import ConfigError
 
 
 class Clock:
@@ -46,8 +46,10 @@ def test_lines_come_at_the_start_every_interval_and_at_the_end_each_flushed():
         assert log.flushed == log.getvalue()  # every line is flushed as it is written
     # step 60: 60/800 = 7.5% (floored), rate 60/10 = 6.0 steps/s, ETA (800-60)/6 = 123.3 s = 2m03s
     # step 120: 15%, 6.0 steps/s, ETA (800-120)/6 = 113.3 s = 1m53s; nothing between the two
-    assert log.lines()[1:] == ["base build: step 60/800 (7%), 6.0 steps/s, ETA 2m03s, loss 0.512",
-                               "base build: step 120/800 (15%), 6.0 steps/s, ETA 1m53s, loss 0.512"]
+    assert log.lines()[1:] == [
+        "base build: step 60/800 (7%), 6.0 steps/s, ETA 2m03s, loss 0.512",
+        "base build: step 120/800 (15%), 6.0 steps/s, ETA 1m53s, loss 0.512",
+    ]
     clock.now = 800 / 6  # the last step, 3.3 s after the previous line: the end is printed at once
     bar.update(task, completed=800)
     assert log.lines()[-1] == "base build: done, 800 steps in 2m13s (6.0 steps/s)"
@@ -62,9 +64,12 @@ def test_slow_steps_show_seconds_per_step_and_a_resumed_count_from_where_it_star
     task = bar.add_task("vapo", total=80, completed=40, stats="")  # resumed at step 40
     clock.now = 23.0
     bar.update(task, completed=42, stats="reward 0.250 acc 0.250 len 12")
-    # 2 steps in 23 s: 11.5 s/step; ETA 38 x 11.5 = 437 s = 7m17s; the empty field at the start is left out
-    assert log.lines() == ["vapo: step 40/80 (50%)",
-                           "vapo: step 42/80 (52%), 11.5 s/step, ETA 7m17s, reward 0.250 acc 0.250 len 12"]
+    # 2 steps in 23 s: 11.5 s/step; ETA 38 x 11.5 = 437 s = 7m17s; the empty field at the start is
+    # left out
+    assert log.lines() == [
+        "vapo: step 40/80 (50%)",
+        "vapo: step 42/80 (52%), 11.5 s/step, ETA 7m17s, reward 0.250 acc 0.250 len 12",
+    ]
 
 
 def test_unknown_total_unit_and_a_phase_left_unfinished_is_closed_at_exit():
@@ -76,7 +81,10 @@ def test_unknown_total_unit_and_a_phase_left_unfinished_is_closed_at_exit():
         clock.now = 5.0
         bar.update(task, completed=8)
     # 8 samples in 5 s = 1.6 samples/s; ETA 8 / 1.6 = 5 s
-    assert log.lines() == ["eval arith: sample 0", "eval arith: sample 8/16 (50%), 1.6 samples/s, ETA 5s"]
+    assert log.lines() == [
+        "eval arith: sample 0",
+        "eval arith: sample 8/16 (50%), 1.6 samples/s, ETA 5s",
+    ]
 
 
 def test_long_etas_read_in_hours():
@@ -94,7 +102,9 @@ def test_interval_from_the_environment(monkeypatch):
     monkeypatch.setenv(INTERVAL_ENV, "0.5")
     assert interval_from_env() == 0.5
     monkeypatch.setenv(INTERVAL_ENV, "often")
-    with pytest.raises(ConfigError, match=r"VAPO_PROGRESS_INTERVAL='often' is not a number of seconds"):
+    with pytest.raises(
+        ConfigError, match=r"VAPO_PROGRESS_INTERVAL='often' is not a number of seconds"
+    ):
         interval_from_env()
 
 

@@ -3,7 +3,8 @@
 torch's AdamW kernels. Imported by tests/distributed/test_offload.py for one process, and run by it
 on 2 ranks (FSDP2 over gloo), each rank writing its checks to ``<out>/rank<r>.json``:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_offload.py out
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_offload.py out
 """
 
 import argparse
@@ -15,10 +16,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
+from tests.distributed.ranks import leave
 from vapo_lab.distributed.fsdp import is_sharded
 from vapo_lab.distributed.offload import to_device, to_host
 from vapo_lab.trainer.update import adamw
-from tests.distributed.ranks import leave
 
 IMPLS = ("fused", "foreach", "for-loop")
 
@@ -40,11 +41,15 @@ class Tiny(nn.Module):
 
 def optimizer(model: nn.Module, impl: str) -> torch.optim.AdamW:
     """The trainer's AdamW (``vapo_lab.trainer.update.adamw``) with kernel ``impl``."""
-    t = OmegaConf.create({"adam_impl": impl, "adam_betas": [0.9, 0.999], "adam_eps": 1e-8, "weight_decay": 0.01})
+    t = OmegaConf.create(
+        {"adam_impl": impl, "adam_betas": [0.9, 0.999], "adam_eps": 1e-8, "weight_decay": 0.01}
+    )
     return adamw(model.parameters(), 1e-2, t)
 
 
-def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int, device: torch.device) -> None:
+def train(
+    model: nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int, device: torch.device
+) -> None:
     """``steps`` AdamW steps on seeded inputs; the gradients of the last stay on the parameters."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -78,11 +83,18 @@ def fsdp_storage_follows(model: nn.Module) -> bool:
     what the next all-gather reads) is the storage of the parameter's local shard."""
     from torch.distributed.fsdp import FSDPModule
 
-    fsdp_params = [fp for m in model.modules() if isinstance(m, FSDPModule)
-                   for group in m._get_fsdp_state()._fsdp_param_groups for fp in group.fsdp_params]
+    fsdp_params = [
+        fp
+        for m in model.modules()
+        if isinstance(m, FSDPModule)
+        for group in m._get_fsdp_state()._fsdp_param_groups
+        for fp in group.fsdp_params
+    ]
     return bool(fsdp_params) and all(
-        fp._sharded_param_data.untyped_storage().data_ptr() == fp.sharded_param.to_local().untyped_storage().data_ptr()
-        for fp in fsdp_params)
+        fp._sharded_param_data.untyped_storage().data_ptr()
+        == fp.sharded_param.to_local().untyped_storage().data_ptr()
+        for fp in fsdp_params
+    )
 
 
 def roundtrip(make, impl: str, device: torch.device) -> dict[str, bool]:
@@ -98,7 +110,9 @@ def roundtrip(make, impl: str, device: torch.device) -> dict[str, bool]:
     # foreach and for-loop AdamW keep `step` on the CPU by design; only the fused kernel's moves
     stays = {k for k in before if k.endswith("/step") and impl != "fused"}
     kinds = {k.split("/")[0] if not k.startswith("state/") else k.rsplit("/", 1)[1] for k in before}
-    c: dict[str, bool] = {"has grads and AdamW state": {"param", "grad", "exp_avg", "exp_avg_sq", "step"} <= kinds}
+    c: dict[str, bool] = {
+        "has grads and AdamW state": {"param", "grad", "exp_avg", "exp_avg_sq", "step"} <= kinds
+    }
 
     kept = {k: before[k] for k in stays}
     moved_bytes = sum(t.numel() * t.element_size() for k, t in before.items() if k not in stays)
@@ -111,8 +125,9 @@ def roundtrip(make, impl: str, device: torch.device) -> dict[str, bool]:
     host = tensors(model, opt)
     c["same names on the host"] = host.keys() == saved.keys()
     moved = [k for k in host if k not in stays]
-    c["every tensor in new host storage"] = all(host[k].device.type == "cpu" and host[k].data_ptr() != where[k][0]
-                                                for k in moved)
+    c["every tensor in new host storage"] = all(
+        host[k].device.type == "cpu" and host[k].data_ptr() != where[k][0] for k in moved
+    )
     c["CPU steps left where they were"] = all(host[k] is kept[k] for k in stays)
     c["equal on the host"] = all(torch.equal(host[k], saved[k].cpu()) for k in host)
     if device.type == "cuda":
@@ -123,15 +138,20 @@ def roundtrip(make, impl: str, device: torch.device) -> dict[str, bool]:
     to_device(off)
     back = tensors(model, opt)
     c["back where they were, bit-equal"] = back.keys() == saved.keys() and all(
-        back[k].device == where[k][1] and torch.equal(back[k], saved[k]) for k in back)
+        back[k].device == where[k][1] and torch.equal(back[k], saved[k]) for k in back
+    )
     c["fsdp storage follows (device)"] = not is_sharded(model) or fsdp_storage_follows(model)
 
     # 2 steps: the second one's forward reads what the first wrote into the moved storage
     train(model, opt, 2, seed=2, device=device)
     train(twin, twin_opt, 2, seed=2, device=device)
     a, b = tensors(model, opt), tensors(twin, twin_opt)
-    c["next steps bit-identical to the twin"] = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    c["the steps changed the parameters"] = any(not torch.equal(a[k], saved[k]) for k in a if k.startswith("param/"))
+    c["next steps bit-identical to the twin"] = a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) for k in a
+    )
+    c["the steps changed the parameters"] = any(
+        not torch.equal(a[k], saved[k]) for k in a if k.startswith("param/")
+    )
     return c
 
 
@@ -143,7 +163,9 @@ def main() -> None:
     from vapo_lab.distributed.world import World
 
     torch.distributed.init_process_group("gloo")
-    world = World(rank=torch.distributed.get_rank(), size=torch.distributed.get_world_size(), initialized=True)
+    world = World(
+        rank=torch.distributed.get_rank(), size=torch.distributed.get_world_size(), initialized=True
+    )
     cpu = torch.device("cpu")
 
     def make() -> tuple[nn.Module, nn.Module]:

@@ -1,13 +1,13 @@
-"""Loads saved checkpoints with ``load_sharded_causal_lm`` on however many ranks torchrun started (or
-one plain process with ``--single``); rank 0 saves what the test compares. Run by
+"""Loads saved checkpoints with ``load_sharded_causal_lm`` on however many ranks torchrun started
+(or one plain process with ``--single``); rank 0 saves what the test compares. Run by
 tests/distributed/test_sharded_load.py:
 
     # every parameter gathered whole, every rank's buffers and logits, the elements each rank read
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_sharded_load.py \
-        equal out.pt ckpt_a ckpt_b
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_sharded_load.py equal out.pt ckpt_a ckpt_b
     # peak RSS of the set-up (2 ranks; --single: one process, from_pretrained)
-    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed/rank_sharded_load.py \
-        rss out.pt ckpt
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        tests/distributed/rank_sharded_load.py rss out.pt ckpt
 """
 
 import argparse
@@ -19,12 +19,14 @@ import time
 from pathlib import Path
 
 import torch
-import transformers.models.qwen2.modeling_qwen2  # noqa: F401 - imported before the baseline, as both paths use it
 
+# imported before the baseline, as both paths use it
+import transformers.models.qwen2.modeling_qwen2  # noqa: F401
+
+from tests.distributed.ranks import READ, count_reads, leave
 from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.models.sharded import load_sharded_causal_lm
-from tests.distributed.ranks import READ, count_reads, leave
 
 IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 
@@ -70,7 +72,9 @@ def equal(world: World, out: str, dirs: list[str]) -> None:
         READ[0] = 0
         model = load_sharded_causal_lm(d, world, torch.device("cpu"), "float32")
         # collectives, in the same order on every rank
-        params = {n: full(p.detach()).clone() for n, p in model.named_parameters(remove_duplicate=False)}
+        params = {
+            n: full(p.detach()).clone() for n, p in model.named_parameters(remove_duplicate=False)
+        }
         local_dtypes = sorted({str(p.to_local().dtype) for p in model.parameters()})
         with torch.no_grad():
             logits = model(IDS).logits
@@ -97,13 +101,23 @@ def rss(world: World, out: str, d: str) -> None:
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     sampled, after = sampler.stop(), status_kib()
     # a check that the right weights came in: per-parameter float64 sums over all ranks
-    local = {n: p.detach().to_local() if world.initialized else p.detach() for n, p in model.named_parameters()}
+    local = {
+        n: p.detach().to_local() if world.initialized else p.detach()
+        for n, p in model.named_parameters()
+    }
     sums = {n: world.sum(t.double().sum()) for n, t in local.items()}
-    mine = {"rank": world.rank, "base_kib": base["VmRSS"], "base_peak_kib": base_peak_kib, "peak_kib": peak_kib,
-            "after_kib": after["VmRSS"], "delta_kib": peak_kib - base["VmRSS"],
-            "anon_delta_kib": sampled["RssAnon"] - base["RssAnon"],
-            "file_delta_kib": sampled["RssFile"] - base["RssFile"],
-            "read": READ[0], "params": sum(t.numel() for t in local.values())}
+    mine = {
+        "rank": world.rank,
+        "base_kib": base["VmRSS"],
+        "base_peak_kib": base_peak_kib,
+        "peak_kib": peak_kib,
+        "after_kib": after["VmRSS"],
+        "delta_kib": peak_kib - base["VmRSS"],
+        "anon_delta_kib": sampled["RssAnon"] - base["RssAnon"],
+        "file_delta_kib": sampled["RssFile"] - base["RssFile"],
+        "read": READ[0],
+        "params": sum(t.numel() for t in local.values()),
+    }
     report = world.gather(mine)
     if world.main:
         torch.save({"ranks": report, "sums": {n: float(s) for n, s in sums.items()}}, out)
@@ -122,8 +136,12 @@ def main() -> None:
         world = single()
     else:
         torch.distributed.init_process_group("gloo")
-        world = World(torch.distributed.get_rank(), torch.distributed.get_world_size(),
-                      int(os.environ["LOCAL_RANK"]), initialized=True)
+        world = World(
+            torch.distributed.get_rank(),
+            torch.distributed.get_world_size(),
+            int(os.environ["LOCAL_RANK"]),
+            initialized=True,
+        )
     if a.mode == "equal":
         equal(world, a.out, a.dirs)
     else:

@@ -50,7 +50,9 @@ def test_a_saved_model_and_optimiser_load_exactly(group, tmp_path):
     set_state_dict(fresh, fresh_opt, model_state_dict=state["m"], optim_state_dict=state["o"])
     for (name, a), (_, b) in zip(model.named_parameters(), fresh.named_parameters()):
         assert torch.equal(full(a.detach()), full(b.detach())), name
-    assert fresh_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == pytest.approx(0.1 * 4 / 10)
+    assert (
+        fresh_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == pytest.approx(0.1 * 4 / 10)
+    )
     for p, q in zip(opt.param_groups[0]["params"], fresh_opt.param_groups[0]["params"]):
         for k in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(full(opt.state[p][k]), full(fresh_opt.state[q][k]))
@@ -68,6 +70,9 @@ def test_a_hostile_metadata_file_is_refused_without_running(group, tmp_path):
     (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(_Boom()))
     if os.path.exists("/tmp/vapo-hostile-dcp"):
         os.remove("/tmp/vapo-hostile-dcp")
-    with pytest.raises(CheckpointError, match=r"refusing to load .*\.metadata: (posix|os)\.system is not a checkpoint"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"refusing to load .*\.metadata: (posix|os)\.system is not a checkpoint",
+    ):
         load_sharded(tmp_path / "ck", {"m": get_state_dict(model, opt)[0]})
     assert not os.path.exists("/tmp/vapo-hostile-dcp")

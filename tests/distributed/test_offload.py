@@ -2,7 +2,8 @@
 every parameter, gradient and AdamW state tensor lands in new host storage (pinned from CUDA),
 comes back bit-equal, and the next steps equal a twin's that never left, for each AdamW kernel,
 on one process and FSDP2-sharded on 2 gloo ranks; a trainer run with
-``trainer.offload_during_rollout=true`` steps as one without: same metrics, weights and AdamW state."""
+``trainer.offload_during_rollout=true`` steps as one without: same metrics, weights and AdamW
+state."""
 
 import copy
 import json
@@ -12,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-import vapo_lab.trainer.trainer as trainer_module
+import vapo_lab.trainer.phases as phases_module
 from tests.distributed.rank_offload import IMPLS, Tiny, optimizer, roundtrip, tensors, train
 from vapo_lab.config.compose import compose_config
 from vapo_lab.distributed.offload import on_host, to_host
@@ -85,8 +86,15 @@ def workdir(tmp_path, monkeypatch):
 # the embedded default, whose base model is shipped (nothing is built): a critic started from the
 # policy with no value pretraining (their caches would be built for a smaller batch), one prompt
 # (8 samples) a step, short responses
-EMBEDDED = ["tracking=none", "value_pretraining=off", "critic.init=policy", "rollout.responses_per_step=8",
-            "trainer.mini_batch_size=8", "rollout.max_new_tokens=64", "trainer.threads=2"]
+EMBEDDED = [
+    "tracking=none",
+    "value_pretraining=off",
+    "critic.init=policy",
+    "rollout.responses_per_step=8",
+    "trainer.mini_batch_size=8",
+    "rollout.max_new_tokens=64",
+    "trainer.threads=2",
+]
 
 
 def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
@@ -97,24 +105,37 @@ def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
         moved.append((sum(m is not None for m in modules), sum(o is not None for o in optimizers)))
         return on_host(modules, optimizers, host)
 
-    monkeypatch.setattr(trainer_module, "on_host", spy)
+    monkeypatch.setattr(phases_module, "on_host", spy)
 
     def run(offload: bool) -> tuple[list[dict], Trainer]:
-        composed = compose_config(overrides=[*EMBEDDED, f"run_name=offload-{offload}",
-                                             f"trainer.offload_during_rollout={offload}"])
+        composed = compose_config(
+            overrides=[
+                *EMBEDDED,
+                f"run_name=offload-{offload}",
+                f"trainer.offload_during_rollout={offload}",
+            ]
+        )
         trainer = Trainer(composed.cfg, composed.choices, log=lambda m: None)
         # 2 steps: the first offload finds no AdamW state yet, the second finds it and the gradients
         steps = [trainer.train_step() for _ in range(2)]
-        return [{k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in steps], trainer
+        return [
+            {k: v for k, v in m.items() if not k.startswith(("time/", "perf/"))} for m in steps
+        ], trainer
 
     plain, a = run(False)
     assert moved == []  # off by default
     offloaded, b = run(True)
-    assert moved == [(2, 2), (2, 2)]  # the policy and the critic (no reference: kl.coef=0), both AdamWs
+    # the policy and the critic (no reference: kl.coef=0), both AdamWs
+    assert moved == [
+        (2, 2),
+        (2, 2),
+    ]
     assert "critic/value_loss" in plain[1] and "actor/grad_norm" in plain[1]
     assert json.dumps(offloaded, sort_keys=True) == json.dumps(plain, sort_keys=True)
     for x, y in [(a.policy, b.policy), (a.critic, b.critic)]:
         assert all(torch.equal(p, q) for p, q in zip(x.parameters(), y.parameters(), strict=True))
     for x, y in [(a.actor_opt, b.actor_opt), (a.critic_opt, b.critic_opt)]:
         sx, sy = x.state_dict()["state"], y.state_dict()["state"]
-        assert sx.keys() == sy.keys() and all(torch.equal(sx[i][k], sy[i][k]) for i in sx for k in sx[i])
+        assert sx.keys() == sy.keys() and all(
+            torch.equal(sx[i][k], sy[i][k]) for i in sx for k in sx[i]
+        )

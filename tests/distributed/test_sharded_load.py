@@ -1,8 +1,8 @@
-"""A model built sharded (meta device, FSDP2, then each rank's slices read from the safetensors) is the
-model ``from_pretrained`` loads: every parameter gathered whole and every buffer (the rotary
+"""A model built sharded (meta device, FSDP2, then each rank's slices read from the safetensors) is
+the model ``from_pretrained`` loads: every parameter gathered whole and every buffer (the rotary
 ``inv_freq``, which no checkpoint holds) equal exactly, the logits to 1e-6, on 2 gloo ranks
-(tests/distributed/rank_sharded_load.py), for tied and untied embeddings, fp32 and bf16 files, and a
-checkpoint split over two files. Each rank reads only its slices. The slow test measures the
+(tests/distributed/rank_sharded_load.py), for tied and untied embeddings, fp32 and bf16 files, and
+a checkpoint split over two files. Each rank reads only its slices. The slow test measures the
 set-up's peak memory on each of 2 ranks against one process's (docs/distributed.md).
 """
 
@@ -25,7 +25,8 @@ from vapo_lab.models.sharded import load_sharded_causal_lm
 from .conftest import REPO, torchrun
 
 SCRIPT = Path(__file__).with_name("rank_sharded_load.py")
-IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])  # as the rank script's
+# as the rank script's
+IDS = torch.tensor([[1, 7, 42, 150, 151, 299, 3, 0], [5, 5, 300, 12, 64, 128, 255, 9]])
 
 # name: (tie_word_embeddings, dtype on disk, max_shard_size for save_pretrained)
 CHECKPOINTS = {
@@ -38,12 +39,22 @@ CHECKPOINTS = {
 }
 
 
-def save_tiny(path: Path, tied: bool, dtype: torch.dtype, max_shard_size: str | None = None) -> Path:
-    """Saves a random Qwen2 of ~82k parameters (vocab 301: rows split 151 + 150 over 2 ranks, uneven)."""
+def save_tiny(
+    path: Path, tied: bool, dtype: torch.dtype, max_shard_size: str | None = None
+) -> Path:
+    """Saves a random Qwen2 of ~82k parameters (vocab 301: rows split 151 + 150 over 2 ranks,
+    uneven)."""
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=301, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tied)
+    cfg = Qwen2Config(
+        vocab_size=301,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     model = Qwen2ForCausalLM(cfg).to(dtype)
     model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return path
@@ -51,7 +62,9 @@ def save_tiny(path: Path, tied: bool, dtype: torch.dtype, max_shard_size: str | 
 
 def reference(path: Path) -> torch.nn.Module:
     """The one-process load the trainer makes today: from_pretrained in float32."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, local_files_only=True
+    ).eval()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +82,10 @@ def test_two_ranks_load_what_from_pretrained_loads(two_ranks, name):
     path, got = two_ranks[name]
     tied, dtype, max_shard = CHECKPOINTS[name]
     if max_shard:
-        assert len(list(path.glob("*.safetensors"))) == 2 and (path / "model.safetensors.index.json").is_file()
+        assert (
+            len(list(path.glob("*.safetensors"))) == 2
+            and (path / "model.safetensors.index.json").is_file()
+        )
     ref = reference(path)
     ref_params = dict(ref.named_parameters(remove_duplicate=False))
     assert got["params"].keys() == ref_params.keys()
@@ -114,7 +130,8 @@ def test_bf16_compute_keeps_float32_shards_and_casts_in_the_passes(tmp_path, gro
     with torch.no_grad():
         logits = model(IDS).logits
         fp32 = reference(path)(IDS).logits
-    # FSDP2's policy is live: the pass ran in bf16 (8 mantissa bits), so it rounds the float32 logits
+    # FSDP2's policy is live: the pass ran in bf16 (8 mantissa bits), so it rounds the float32
+    # logits
     assert logits.dtype == torch.bfloat16
     assert not torch.equal(logits.float(), fp32)
 
@@ -124,7 +141,9 @@ def test_a_directory_without_safetensors_is_one_line(tmp_path):
     torch.save(load_file(path / "model.safetensors"), path / "pytorch_model.bin")
     (path / "model.safetensors").unlink()
     for world in (single(), World(0, 2, 0, True)):  # refused before any process group is used
-        with pytest.raises(ConfigError, match=r"has no \.safetensors weights \(only pytorch_model\.bin\)") as e:
+        with pytest.raises(
+            ConfigError, match=r"has no \.safetensors weights \(only pytorch_model\.bin\)"
+        ) as e:
             load_sharded_causal_lm(path, world, torch.device("cpu"))
         assert "\n" not in str(e.value)
 
@@ -146,16 +165,30 @@ def test_missing_and_misshapen_weights_are_named_at_once(tmp_path, group):
 def test_a_key_in_two_files_is_refused(tmp_path, group):
     path = save_tiny(tmp_path / "m", tied=True, dtype=torch.float32)
     tensors = load_file(path / "model.safetensors")
-    save_file({"model.norm.weight": tensors["model.norm.weight"]}, path / "stale.safetensors",
-              metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="model.norm.weight is in more than one of model.safetensors, "
-                                              "stale.safetensors"):
+    save_file(
+        {"model.norm.weight": tensors["model.norm.weight"]},
+        path / "stale.safetensors",
+        metadata={"format": "pt"},
+    )
+    with pytest.raises(
+        CheckpointError,
+        match="model.norm.weight is in more than one of model.safetensors, stale.safetensors",
+    ):
         load_sharded_causal_lm(path, group, torch.device("cpu"))
 
 
-# ~316M parameters (exact count asserted below), saved once in bf16 (0.63 GB on disk, 1.26 GB as float32)
-BIG = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=24,
-           num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=2048, tie_word_embeddings=True)
+# ~316M parameters (exact count asserted below), saved once in bf16 (0.63 GB on disk, 1.26 GB as
+# float32)
+BIG = dict(
+    vocab_size=32000,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 BIG_PARAMS = 315_982_848
 
 
@@ -163,14 +196,32 @@ BIG_PARAMS = 315_982_848
 def test_each_rank_sets_up_with_about_half_the_memory(tmp_path):
     path = tmp_path / "big"
     # built in a child process, so that this one does not keep its pages
-    subprocess.run([sys.executable, "-c", (
-        "import torch; from transformers import Qwen2Config, Qwen2ForCausalLM; torch.manual_seed(0); "
-        f"m = Qwen2ForCausalLM(Qwen2Config(**{BIG!r})); "
-        f"assert sum(p.numel() for p in m.parameters()) == {BIG_PARAMS}, sum(p.numel() for p in m.parameters()); "
-        f"m.to(torch.bfloat16).save_pretrained({str(path)!r})")], check=True, cwd=REPO, timeout=600)
-    one = subprocess.run([sys.executable, str(SCRIPT), "rss", str(tmp_path / "one.pt"), str(path), "--single"],
-                         check=True, cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import torch; from transformers import Qwen2Config, Qwen2ForCausalLM; "
+                "torch.manual_seed(0); "
+                f"m = Qwen2ForCausalLM(Qwen2Config(**{BIG!r})); "
+                f"assert sum(p.numel() for p in m.parameters()) == {BIG_PARAMS}, "
+                "sum(p.numel() for p in m.parameters()); "
+                f"m.to(torch.bfloat16).save_pretrained({str(path)!r})"
+            ),
+        ],
+        check=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    one = subprocess.run(
+        [sys.executable, str(SCRIPT), "rss", str(tmp_path / "one.pt"), str(path), "--single"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     torchrun(2, SCRIPT, "rss", str(tmp_path / "two.pt"), str(path), timeout=600)
     one, two = (torch.load(tmp_path / f, weights_only=True) for f in ("one.pt", "two.pt"))
     (solo,), ranks = one["ranks"], two["ranks"]

@@ -8,12 +8,23 @@ import shutil
 
 import pytest
 
-from tests.faults.conftest import RUN, assert_like_reference, fill, records, small_disk, store, train  # noqa: F401
+from tests.faults.conftest import (
+    RUN,
+    assert_like_reference,
+    fill,
+    records,
+    small_disk,  # noqa: F401 (a fixture)
+    store,
+    train,
+)
 
 pytestmark = pytest.mark.slow
 
 RANKS = [o for o in RUN if not o.startswith("trainer.threads")] + [
-    "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.threads=1"]
+    "trainer.strategy=fsdp",
+    "trainer.nproc_per_node=2",
+    "trainer.threads=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,21 +48,27 @@ def test_two_ranks_run_to_the_end_each_step_logged_once(ranks_dir):
 
 def test_the_ranks_build_the_reward_model_and_pretrain_the_critic_together(ranks_dir):
     """In a fresh folder both ranks sample and train the reward model and the value pretraining (no
-    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank count."""
+    rank waits for another at a barrier); rank 0 writes each cache entry once, keyed by the rank
+    count."""
     import json
 
     cache = ranks_dir / ".vapo_cache"
     (rm,) = (cache / "reward_model").iterdir()
     (critic,) = (cache / "pretrained_critic").iterdir()
     meta = json.loads((critic / "meta.json").read_text())
-    assert json.loads((rm / "meta.json").read_text())["kind"] == "reward_model" and meta["steps"] == 2
+    assert (
+        json.loads((rm / "meta.json").read_text())["kind"] == "reward_model" and meta["steps"] == 2
+    )
     logged = records(ranks_dir / "runs" / "reference")
-    assert [logged[("pretrain", s)]["pretrain/value_loss"] for s in range(2)] == \
-        [m["pretrain/value_loss"] for m in meta["history"]]
+    assert [logged[("pretrain", s)]["pretrain/value_loss"] for s in range(2)] == [
+        m["pretrain/value_loss"] for m in meta["history"]
+    ]
 
 
 def test_killed_on_every_rank_then_resumed_equals_the_uninterrupted_run(ranks_dir):
-    killed = train(ranks_dir, *RANKS, f"tracking.uri={store(ranks_dir)}", "run_name=killed", fault="update@5")
+    killed = train(
+        ranks_dir, *RANKS, f"tracking.uri={store(ranks_dir)}", "run_name=killed", fault="update@5"
+    )
     assert killed.returncode != 0
     run_dir = ranks_dir / "runs" / "killed"
     assert max(s for kind, s in records(run_dir) if kind == "train") == 4
@@ -62,7 +79,10 @@ def test_killed_on_every_rank_then_resumed_equals_the_uninterrupted_run(ranks_di
     assert_like_reference(run_dir, ranks_dir / "runs" / "reference", store(ranks_dir))
 
 
-def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(ranks_dir, small_disk):  # noqa: F811
+def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(
+    ranks_dir,
+    small_disk,  # noqa: F811
+):
     """Both ranks write their shards of step 6 (DCP) to a disk with room for half of it."""
     import json
 
@@ -71,17 +91,30 @@ def test_a_full_disk_under_two_ranks_fails_in_one_line_then_resumes_exactly(rank
     from vapo_lab.integrity import manifest_problem
 
     reference = ranks_dir / "runs" / "reference"
-    size = sum(f.stat().st_size for f in (reference / "checkpoints" / "step_000006").rglob("*") if f.is_file())
+    size = sum(
+        f.stat().st_size
+        for f in (reference / "checkpoints" / "step_000006").rglob("*")
+        if f.is_file()
+    )
     filler = fill(small_disk, int(1.5 * size))  # room for step 3's checkpoint and half of step 6's
     run_dir = small_disk / "runs" / "full"
-    failed = train(ranks_dir, *RANKS, f"tracking.uri={store(ranks_dir)}", "run_name=full",
-                   f"output_dir={small_disk / 'runs'}")
+    failed = train(
+        ranks_dir,
+        *RANKS,
+        f"tracking.uri={store(ranks_dir)}",
+        "run_name=full",
+        f"output_dir={small_disk / 'runs'}",
+    )
     assert failed.returncode == 1, failed.stderr[-3000:]
     last = failed.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: rank ") and "no space left to write checkpoint step_000006" in last, last
+    assert (
+        last.startswith("error: rank ") and "no space left to write checkpoint step_000006" in last
+    ), last
     assert "needs about" in last and f"vapo-lab train resume={run_dir}" in last, last
     checkpoints = run_dir / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(("step_", ".tmp"))) == ["step_000003"]
+    assert sorted(
+        p.name for p in checkpoints.iterdir() if p.name.startswith(("step_", ".tmp"))
+    ) == ["step_000003"]
     assert manifest_problem(checkpoints / "step_000003") is None
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     assert MlflowClient(store(ranks_dir)).get_run(run_id).info.status == "FAILED"
@@ -108,11 +141,32 @@ def test_a_failing_rank_fails_the_run_with_its_own_message(ranks_dir):
     import subprocess
     import sys
 
-    env = {**os.environ, "VAPO_FAULT": "update@2", "VAPO_FAULT_RANK": "1", "VAPO_FAULT_MODE": "raise"}
-    done = subprocess.run([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *RANKS, "tracking=none",
-                           "run_name=one-rank-fails"], cwd=ranks_dir, env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = {
+        **os.environ,
+        "VAPO_FAULT": "update@2",
+        "VAPO_FAULT_RANK": "1",
+        "VAPO_FAULT_MODE": "raise",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lab.cli",
+            "train",
+            "--quiet",
+            *RANKS,
+            "tracking=none",
+            "run_name=one-rank-fails",
+        ],
+        cwd=ranks_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last == "error: rank 1: InjectedFault: injected fault at update@2", last
-    assert max(s for kind, s in records(ranks_dir / "runs" / "one-rank-fails") if kind == "train") == 1
+    assert (
+        max(s for kind, s in records(ranks_dir / "runs" / "one-rank-fails") if kind == "train") == 1
+    )

@@ -1,8 +1,8 @@
 """An update on 2 ranks (FSDP2 over gloo) equals the one-process update on the same global batch:
 losses and metrics, gradients and parameters after the step, for the VAPO, PPO, DAPO and GRPO
-presets (tests/distributed/rank_update.py: 2 optimiser steps per epoch, 2 epochs, micro-batches of 4, an
-old policy off the current one so that clipping is live), in float64, so that the two agree to
-~1e-15 and the bounds can be tight.
+presets (tests/distributed/rank_update.py: 2 optimiser steps per epoch, 2 epochs, micro-batches of
+4, an old policy off the current one so that clipping is live), in float64, so that the two agree
+to ~1e-15 and the bounds can be tight.
 
 The optimiser is SGD, whose step is proportional to the gradient: AdamW would hide a gradient
 off by a constant factor (NOTES-scale.md). The last test shows the check catching one: FSDP2's
@@ -22,8 +22,13 @@ SCRIPT = Path(__file__).with_name("rank_update.py")
 
 
 def _one_process(preset: str, out: Path) -> dict:
-    subprocess.run([sys.executable, str(SCRIPT), preset, str(out), "--single"], check=True, cwd=REPO,
-                   capture_output=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [sys.executable, str(SCRIPT), preset, str(out), "--single"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     return torch.load(out, weights_only=True)
 
 
@@ -49,7 +54,9 @@ def test_two_ranks_update_equals_one_process(preset, tmp_path):
         # float64: largest seen 2.4e-15 (PPO's critic gradient); in float32 it was up to 5.0e-5
         assert _relative(ref[g], two[g]) < 1e-12, g
     # real gradients (a model that got none would match trivially)
-    assert all(float(ref[g][k].abs().max()) > 0 for g in groups if g.endswith("_grad") for k in ref[g])
+    assert all(
+        float(ref[g][k].abs().max()) > 0 for g in groups if g.endswith("_grad") for k in ref[g]
+    )
 
 
 def test_the_check_catches_gradients_averaged_over_ranks(tmp_path):

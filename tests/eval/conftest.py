@@ -8,12 +8,30 @@ import torch
 from omegaconf import OmegaConf
 
 # a base model built in about 3 s: 1 layer of width 32, 3-digit problems, 8 held out
-TINY_BASE = dict(max_digits=3, n_train=64, n_eval=8, hidden_size=32, num_layers=1, intermediate_size=64,
-                 steps=20, batch_size=8, eval_samples=1)
+TINY_BASE = dict(
+    max_digits=3,
+    n_train=64,
+    n_eval=8,
+    hidden_size=32,
+    num_layers=1,
+    intermediate_size=64,
+    steps=20,
+    batch_size=8,
+    eval_samples=1,
+)
 # the same task and model as config overrides (what the run's config.yaml records)
-TINY_RUN = ["task.options.max_digits=3", "task.n_train=64", "task.n_eval=8", "model.arch.hidden_size=32",
-            "model.arch.num_layers=1", "model.arch.intermediate_size=64", "rollout.max_new_tokens=12",
-            "rollout.eval_samples=2", "tracking=none", "seed=3"]
+TINY_RUN = [
+    "task.options.max_digits=3",
+    "task.n_train=64",
+    "task.n_eval=8",
+    "model.arch.hidden_size=32",
+    "model.arch.num_layers=1",
+    "model.arch.intermediate_size=64",
+    "rollout.max_new_tokens=12",
+    "rollout.eval_samples=2",
+    "tracking=none",
+    "seed=3",
+]
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
 
@@ -39,4 +57,6 @@ def tiny(tmp_path_factory):
         for p in model.parameters():
             p.add_(0.01 * torch.randn(p.shape, generator=g))
     save_checkpoint(run / "checkpoints", 4, {"policy": model}, {"note": "test"})
-    return SimpleNamespace(root=root, runs=root / "runs", run=run, base=base.path, cfg=cfg, run_id=RUN_ID)
+    return SimpleNamespace(
+        root=root, runs=root / "runs", run=run, base=base.path, cfg=cfg, run_id=RUN_ID
+    )

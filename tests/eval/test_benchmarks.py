@@ -1,4 +1,5 @@
-"""Benchmarks: the packaged sets load with their row counts, any JSONL file loads, bad input is named."""
+"""Benchmarks: the packaged sets load with their row counts, any JSONL file loads, bad input is
+named."""
 
 import json
 import re
@@ -33,7 +34,11 @@ def test_packaged_benchmarks(name):
         assert all(re.fullmatch(r"-?\d+", p.answer) for p in bench.problems)
     if name in KNOWN:
         rows, integer, first_id = KNOWN[name]
-        assert (len(bench.problems), bench.integer_answers, bench.problems[0].id) == (rows, integer, first_id)
+        assert (len(bench.problems), bench.integer_answers, bench.problems[0].id) == (
+            rows,
+            integer,
+            first_id,
+        )
 
 
 def test_aime24_answers_are_the_official_integers():
@@ -46,14 +51,20 @@ def test_aime24_answers_are_the_official_integers():
 
 def test_gsm8k_reads_the_question_field():
     problem = load_benchmark("gsm8k").problems[0]
-    assert problem.prompt.startswith("Janet’s ducks lay 16 eggs per day.") and problem.answer == "18"
+    assert (
+        problem.prompt.startswith("Janet’s ducks lay 16 eggs per day.") and problem.answer == "18"
+    )
 
 
 def test_any_jsonl_file(tmp_path):
     ints = tmp_path / "mine.jsonl"
     ints.write_text('{"q": "1+1?", "a": "2"}\n\n{"q": "2-5?", "a": "-3"}\n')
     bench = load_benchmark(ints, problem_key="q", answer_key="a")
-    assert (bench.name, [p.prompt for p in bench.problems], bench.integer_answers) == ("mine", ["1+1?", "2-5?"], True)
+    assert (bench.name, [p.prompt for p in bench.problems], bench.integer_answers) == (
+        "mine",
+        ["1+1?", "2-5?"],
+        True,
+    )
     assert [p.id for p in bench.problems] == ["1", "3"]  # line numbers when there is no id field
     symbolic = tmp_path / "sym.jsonl"
     symbolic.write_text('{"problem": "half?", "answer": "\\\\frac{1}{2}"}\n')
@@ -72,12 +83,18 @@ def test_a_malformed_line_is_named_with_file_and_line(tmp_path):
 
 
 def test_an_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match=f"did you mean aime24.*{re.escape(', '.join(BENCHMARKS))}"):
+    with pytest.raises(
+        ConfigError, match=f"did you mean aime24.*{re.escape(', '.join(BENCHMARKS))}"
+    ):
         load_benchmark("aime2024")
 
 
 def test_every_data_file_ships_in_the_wheel():
-    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]
     patterns = package_data["vapo_lab.data"]
-    shipped = {p.name for p in data_dir().iterdir() if any(p.match(pattern) for pattern in patterns)}
+    shipped = {
+        p.name for p in data_dir().iterdir() if any(p.match(pattern) for pattern in patterns)
+    }
     assert shipped == {"README.md"} | {spec.file for spec in BENCHMARKS.values()}

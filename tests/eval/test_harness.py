@@ -18,7 +18,9 @@ class Stop(Exception):
 
 
 def _eval(tiny, out, settings=FAST, **kw):
-    return evaluate_model("arith", model=str(tiny.run), settings=settings, out_dir=out, track=False, **kw)
+    return evaluate_model(
+        "arith", model=str(tiny.run), settings=settings, out_dir=out, track=False, **kw
+    )
 
 
 def _stop_after_first_chunk(done, total):
@@ -66,46 +68,96 @@ def test_resume_with_other_settings_is_refused_in_one_line(tiny, tmp_path):
 def test_same_seed_same_samples_and_another_seed_others(tiny, tmp_path):
     a = _eval(tiny, tmp_path / "a").samples_path.read_text()
     b = _eval(tiny, tmp_path / "b").samples_path.read_text()
-    c = _eval(tiny, tmp_path / "c", settings=EvalSettings(**{**FAST.__dict__, "seed": 12})).samples_path.read_text()
+    c = _eval(
+        tiny, tmp_path / "c", settings=EvalSettings(**{**FAST.__dict__, "seed": 12})
+    ).samples_path.read_text()
     assert a == b
-    assert [json.loads(x)["response"] for x in a.splitlines()] != [json.loads(x)["response"] for x in c.splitlines()]
+    assert [json.loads(x)["response"] for x in a.splitlines()] != [
+        json.loads(x)["response"] for x in c.splitlines()
+    ]
     record = json.loads(a.splitlines()[0])
-    assert set(record) >= {"problem_id", "sample_index", "prompt", "response", "extracted_answer", "correct",
-                           "length", "finish_reason"}
+    assert set(record) >= {
+        "problem_id",
+        "sample_index",
+        "prompt",
+        "response",
+        "extracted_answer",
+        "correct",
+        "length",
+        "finish_reason",
+    }
     assert record["prompt"].endswith("=") and record["finish_reason"] in ("stop", "length")
 
 
 def test_arith_reproduces_the_trainers_periodic_eval(tiny, tmp_path):
-    """Same checkpoint, one chunk, default seed (the trainer's seed*7919 + step): the same figures."""
+    """Same checkpoint, one chunk, default seed (the trainer's seed*7919 + step): the same
+    figures."""
     from transformers import AutoModelForCausalLM
 
+    from vapo_lab.config.schema import typed
     from vapo_lab.models.load import load_model_and_tokenizer
     from vapo_lab.rollout import make_generator
     from vapo_lab.tasks import build_task
     from vapo_lab.trainer.evaluation import evaluate
     from vapo_lab.trainer.scoring import RewardScorer
 
-    cfg = tiny.cfg
+    cfg = typed(tiny.cfg)
     _, tokenizer = load_model_and_tokenizer(tiny.base)  # as the trainer loads it
-    policy = AutoModelForCausalLM.from_pretrained(tiny.run / "checkpoints" / "step_000004" / "policy").eval()
-    task = build_task("arith", seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
-                      **dict(cfg.task.options))
-    generate = make_generator("builtin", policy, int(cfg.rollout.max_new_tokens), [tokenizer.eos_token_id],
-                              tokenizer.pad_token_id)
-    trainer = evaluate(generate, tokenizer, task, RewardScorer(task, tokenizer, 1.0, 0.0), cfg, int(cfg.seed) * 7919 + 4)
+    policy = AutoModelForCausalLM.from_pretrained(
+        tiny.run / "checkpoints" / "step_000004" / "policy"
+    ).eval()
+    task = build_task(
+        "arith",
+        seed=int(cfg.task.seed),
+        n_train=int(cfg.task.n_train),
+        n_eval=int(cfg.task.n_eval),
+        **dict(cfg.task.options),
+    )
+    generate = make_generator(
+        "builtin",
+        policy,
+        int(cfg.rollout.max_new_tokens),
+        [tokenizer.eos_token_id],
+        tokenizer.pad_token_id,
+    )
+    trainer = evaluate(
+        generate,
+        tokenizer,
+        task,
+        RewardScorer(task, tokenizer, cfg.reward),
+        cfg.rollout,
+        cfg.model.chat_template,
+        cfg.seed * 7919 + 4,
+    )
 
-    ours = evaluate_model("arith", model=str(tiny.run), settings=EvalSettings(samples=2, chunk_problems=0),
-                          out_dir=tmp_path / "e", track=False)
+    ours = evaluate_model(
+        "arith",
+        model=str(tiny.run),
+        settings=EvalSettings(samples=2, chunk_problems=0),
+        out_dir=tmp_path / "e",
+        track=False,
+    )
     g = ours.summary["generation"]
-    assert (g["seed"], g["max_tokens"], g["temperature"], g["top_p"]) == (3 * 7919 + 4, 12, 1.0, 0.7)
+    assert (g["seed"], g["max_tokens"], g["temperature"], g["top_p"]) == (
+        3 * 7919 + 4,
+        12,
+        1.0,
+        0.7,
+    )
     assert ours.metrics["avg_at_2"] == pytest.approx(trainer["eval/avg_at_2"], abs=1e-12)
     assert ours.metrics["pass_at_k"]["2"] == pytest.approx(trainer["eval/pass_at_2"], abs=1e-12)
-    assert ours.metrics["response_length"] == pytest.approx(trainer["eval/response_length"], abs=1e-9)
-    assert ours.metrics["truncated_frac"] == pytest.approx(trainer["eval/truncated_frac"], abs=1e-12)
+    assert ours.metrics["response_length"] == pytest.approx(
+        trainer["eval/response_length"], abs=1e-9
+    )
+    assert ours.metrics["truncated_frac"] == pytest.approx(
+        trainer["eval/truncated_frac"], abs=1e-12
+    )
 
 
 def test_arith_on_the_bare_base_folder_uses_its_build_config(tiny, tmp_path):
-    r = evaluate_model("arith", model=str(tiny.base), settings=FAST, out_dir=tmp_path / "b", track=False)
+    r = evaluate_model(
+        "arith", model=str(tiny.base), settings=FAST, out_dir=tmp_path / "b", track=False
+    )
     assert r.metrics["problems_graded"] == 8 and r.summary["model"]["name"] == "tiny"
 
 
@@ -129,11 +181,14 @@ def test_metrics_go_into_the_training_run_at_the_checkpoint_step(tiny, tmp_path,
     client = MlflowClient(tracking_uri=uri)
     history = client.get_metric_history(run_id, "eval/arith/avg_at_2")
     assert [(h.step, h.value) for h in history] == [(4, r.metrics["avg_at_2"])]
-    assert client.get_run(run_id).info.status == "FINISHED"  # the training run's status is left alone
+    # the training run's status is left alone
+    assert client.get_run(run_id).info.status == "FINISHED"
     assert r.summary["tracking"] == {"run_id": run_id, "uri": uri, "step": 4, "new_run": False}
 
     # a model outside any run: a new run in experiment "eval"
-    other = evaluate_model("arith", model=str(tiny.base), settings=FAST, out_dir=tmp_path / "f", tracking_uri=uri)
+    other = evaluate_model(
+        "arith", model=str(tiny.base), settings=FAST, out_dir=tmp_path / "f", tracking_uri=uri
+    )
     new = client.get_run(other.summary["tracking"]["run_id"])
     assert client.get_experiment(new.info.experiment_id).name == "eval"
     assert new.data.metrics["eval/arith/avg_at_2"] == other.metrics["avg_at_2"]
@@ -146,10 +201,20 @@ def test_the_sampler_is_deterministic_for_a_seed_on_cpu(tiny):
 
     from vapo_lab.rollout.sampler import sample
 
-    policy = AutoModelForCausalLM.from_pretrained(tiny.run / "checkpoints" / "step_000002" / "policy").eval()
+    policy = AutoModelForCausalLM.from_pretrained(
+        tiny.run / "checkpoints" / "step_000002" / "policy"
+    ).eval()
 
     def draw():
-        return sample(policy, [[5, 6, 7], [8, 9]], n=3, max_new_tokens=5, top_p=0.7, eos_id=1, pad_id=2,
-                      generator=torch.Generator().manual_seed(1)).response_ids
+        return sample(
+            policy,
+            [[5, 6, 7], [8, 9]],
+            n=3,
+            max_new_tokens=5,
+            top_p=0.7,
+            eos_id=1,
+            pad_id=2,
+            generator=torch.Generator().manual_seed(1),
+        ).response_ids
 
     assert torch.equal(draw(), draw())

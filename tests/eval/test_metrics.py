@@ -1,4 +1,5 @@
-"""avg@k, its standard error and bootstrap CI, pass@k, maj@k: hand-worked numbers and brute force."""
+"""avg@k, its standard error and bootstrap CI, pass@k, maj@k: hand-worked numbers and brute
+force."""
 
 import itertools
 import math
@@ -28,7 +29,11 @@ def test_pass_at_k_equals_brute_force_enumeration():
     for n in range(1, 9):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+                assert pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(n, c, k), abs=1e-12), (
+                    n,
+                    c,
+                    k,
+                )
 
 
 def test_pass_at_k_is_stable_for_large_n():
@@ -46,7 +51,8 @@ def test_pass_at_k_rejects_impossible_counts():
 
 
 def test_pass_at_k_table_by_hand():
-    # problem 1: 1 of 4 correct; pass@1 = 1/4, pass@2 = 1 − C(3,2)/C(4,2) = 1 − 3/6 = 1/2, pass@4 = 1
+    # problem 1: 1 of 4 correct; pass@1 = 1/4, pass@2 = 1 − C(3,2)/C(4,2) = 1 − 3/6 = 1/2,
+    # pass@4 = 1
     # problem 2: 4 of 4 correct; pass@k = 1 for all k
     table = pass_at_k_table([[True, False, False, False], [True, True, True, True]])
     assert table == pytest.approx({1: 0.625, 2: 0.75, 4: 1.0}, abs=1e-12)
@@ -79,7 +85,8 @@ def test_bootstrap_ci_contains_the_mean_shrinks_and_is_seeded():
     # 3000 problems, drawn in blocks of 4M indices: SE = 0.2041/√3000 = 0.0037, width ≈ 4·SE
     big = bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0)
     assert big[0] < 0.25 < big[1] and big[1] - big[0] < 0.02
-    assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0) == big  # the same seed, the same interval
+    # the same seed, the same interval
+    assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=0) == big
     assert bootstrap_ci(RESULTS * 1000, resamples=2000, seed=1) != big
 
 
@@ -106,9 +113,15 @@ def test_maj_at_k():
         [None, None, None],  # no answer: wrong
         ["1", "2", "2"],  # majority 2, correct; with k = 1 only "1" votes: wrong
     ]
-    correct = [[True, True, False], [True, False, False], [False, False, False], [False, True, True]]
+    correct = [
+        [True, True, False],
+        [True, False, False],
+        [False, False, False],
+        [False, True, True],
+    ]
     assert maj_at_k(answers, correct, integer=True) == pytest.approx(2 / 4, abs=1e-12)
-    assert maj_at_k(answers, correct, k=1, integer=True) == pytest.approx(2 / 4, abs=1e-12)  # 1, 2 right
+    # 1, 2 right
+    assert maj_at_k(answers, correct, k=1, integer=True) == pytest.approx(2 / 4, abs=1e-12)
     # without integer keys "025" and "25" vote apart; the tie goes to "025", also correct
     assert maj_at_k(answers, correct) == pytest.approx(2 / 4, abs=1e-12)
     with pytest.raises(ValueError):

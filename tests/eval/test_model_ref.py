@@ -1,4 +1,5 @@
-"""What --model names: a run, one of its checkpoints, its MLflow run id, the latest run, a model folder."""
+"""What --model names: a run, one of its checkpoints, its MLflow run id, the latest run, a model
+folder."""
 
 import pytest
 
@@ -10,13 +11,17 @@ def test_model_resolution(tiny, tmp_path):
     ckpts = tiny.run / "checkpoints"
     latest = resolve_model(str(tiny.run))
     assert (latest.step, latest.path) == (4, ckpts / "step_000004" / "policy")
-    assert latest.run_id == tiny.run_id and latest.tokenizer_path is None  # tiny: rebuilt from the task
+    # tiny: rebuilt from the task
+    assert latest.run_id == tiny.run_id and latest.tokenizer_path is None
     assert resolve_model(str(tiny.run), step=2).checkpoint == ckpts / "step_000002"
-    assert resolve_model(str(ckpts / "step_000002")).step == 2  # a checkpoint folder names its run and step
+    # a checkpoint folder names its run and step
+    assert resolve_model(str(ckpts / "step_000002")).step == 2
     assert resolve_model(None, runs_dir=tiny.runs).run_dir == tiny.run  # default: the latest run
     assert resolve_model(tiny.run_id, runs_dir=tiny.runs).run_dir == tiny.run  # by MLflow run id
     hf = resolve_model(str(tiny.base))
-    assert hf.run_dir is None and hf.tokenizer_path == tiny.base and hf.base_config["max_digits"] == 3
+    assert (
+        hf.run_dir is None and hf.tokenizer_path == tiny.base and hf.base_config["max_digits"] == 3
+    )
 
     with pytest.raises(EvalError, match=r"no checkpoint at step 3 \(it has: 2, 4"):
         resolve_model(str(tiny.run), step=3)

@@ -20,13 +20,22 @@ STEPS = ["trainer.total_steps=8", "trainer.eval_every=4", "trainer.save_every=3"
 RUN = [o for o in SMALL if o != "tracking=none"] + STEPS
 
 
-def train(workdir: Path, *args: str, fault: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL point)."""
+def train(
+    workdir: Path, *args: str, fault: str | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL
+    point)."""
     env = {k: v for k, v in os.environ.items() if k != "VAPO_FAULT"}
     if fault:
         env["VAPO_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def store(workdir: Path) -> str:
@@ -67,14 +76,15 @@ def assert_like_reference(run_dir: Path, reference: Path, uri: str) -> None:
 
 
 def _same_nan(value):
-    """``value``, with any NaN as the string "nan": NaN != NaN, and a metric may be NaN (the critic's
-    explained variance of returns that do not vary)."""
+    """``value``, with any NaN as the string "nan": NaN != NaN, and a metric may be NaN (the
+    critic's explained variance of returns that do not vary)."""
     return "nan" if isinstance(value, float) and math.isnan(value) else value
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A working directory whose caches (base, reward model, critic) and reference run are built once."""
+    """A working directory whose caches (base, reward model, critic) and reference run are built
+    once."""
     path = tmp_path_factory.mktemp("faults")
     done = train(path, *RUN, f"tracking.uri={store(path)}", "run_name=reference")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -86,25 +96,40 @@ MB = 1 << 20
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 40 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards (skips where mounting is refused)."""
+    """A 40 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards (skips where mounting is
+    refused)."""
     mount = tmp_path / "disk"
     mount.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)],
-                              capture_output=True, text=True, timeout=30, check=False)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mount)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"cannot mount a tmpfs to fill up ({e}): run as root to test a full disk")
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): run as root to test a full disk")
+        pytest.skip(
+            f"cannot mount a tmpfs to fill up ({done.stderr.strip()}): "
+            "run as root to test a full disk"
+        )
     try:
         yield mount
     finally:  # lazily where a failed write's file is still open (its exception keeps the handle)
-        if subprocess.run(["umount", str(mount)], capture_output=True, timeout=60, check=False).returncode != 0:
+        if (
+            subprocess.run(
+                ["umount", str(mount)], capture_output=True, timeout=60, check=False
+            ).returncode
+            != 0
+        ):
             subprocess.run(["umount", "-l", str(mount)], check=True, timeout=60)
 
 
 def fill(disk: Path, leave: int) -> Path:
-    """Writes a file that leaves ``leave`` bytes free on ``disk``; returns it (delete it to free the space)."""
+    """Writes a file that leaves ``leave`` bytes free on ``disk``; returns it (delete it to free
+    the space)."""
     filler = disk / "filler"
     size = shutil.disk_usage(disk).free - leave
     with filler.open("wb") as f:

@@ -4,41 +4,55 @@ run) in that round's fresh folder and prints one JSON line saying what it got.
 
 Usage: python start_race.py ROOT INDEX PROCESSES ROUNDS BACKEND (BACKEND: mlflow | none)."""
 
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from vapo_lab.config.compose import compose_config
+from vapo_lab.config.schema import typed
 from vapo_lab.trainer.record import RunRecord
+
+BASE = typed(compose_config().cfg)
 
 
 def config(folder: Path, backend: str):
-    """The few keys a RunRecord reads; every process of a round names its run the same."""
-    return OmegaConf.create({
-        "run_name": "race", "seed": 0, "output_dir": str(folder / "runs"), "resume": None,
-        "algo": {"name": "vapo"}, "scale": {"name": "tiny"},
-        "tracking": {"backend": backend, "uri": f"sqlite:///{folder / 'mlflow.db'}", "experiment": "race",
-                     "spool_dir": str(folder / "spool")}})
+    """A run's typed config; every process of a round names its run the same. Composed once a
+    process, so that the racers start within milliseconds of each other."""
+    tracking = dataclasses.replace(
+        BASE.tracking,
+        backend=backend,
+        uri=f"sqlite:///{folder / 'mlflow.db'}",
+        experiment="race",
+        spool_dir=str(folder / "spool"),
+    )
+    return dataclasses.replace(
+        BASE, run_name="race", output_dir=str(folder / "runs"), tracking=tracking
+    )
 
 
 def wait_for_all(folder: Path, index: int, processes: int, timeout: float = 300.0) -> None:
-    """A barrier on files: returns once every process of the round has arrived, all within a few ms."""
+    """A barrier on files: returns once every process of the round has arrived, all within a few
+    ms."""
     ready = folder / "ready"
     ready.mkdir(parents=True, exist_ok=True)
     (ready / str(index)).touch()
     deadline = time.monotonic() + timeout
     while len(list(ready.iterdir())) < processes:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(list(ready.iterdir()))} of {processes} processes arrived")
+            raise TimeoutError(
+                f"only {len(list(ready.iterdir()))} of {processes} processes arrived"
+            )
         time.sleep(0.0005)
 
 
 def start(folder: Path, backend: str) -> dict:
     """Opens and closes one run; returns its folder and id, or the error it ended with."""
     try:
-        record = RunRecord(config(folder, backend), {}, None, "race", None, None, log=lambda text: None)
+        record = RunRecord(
+            config(folder, backend), {}, None, "race", None, None, log=lambda text: None
+        )
         record.open()
         record.close("FINISHED", 0)
         return {"run_dir": str(record.run_dir), "run_id": record.run_id}
@@ -46,7 +60,10 @@ def start(folder: Path, backend: str) -> dict:
         import traceback
 
         first = str(e).splitlines()[0][:300] if str(e) else ""
-        return {"error": f"{type(e).__name__}: {first}", "traceback_lines": len(traceback.format_exc().splitlines())}
+        return {
+            "error": f"{type(e).__name__}: {first}",
+            "traceback_lines": len(traceback.format_exc().splitlines()),
+        }
 
 
 def main(root: str, index: str, processes: str, rounds: str, backend: str) -> None:

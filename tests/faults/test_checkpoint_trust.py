@@ -27,8 +27,9 @@ from vapo_lab.trainer.checkpointer import (
 from .conftest import store, train
 
 # a finished run with two checkpoints (steps 1 and 2)
-FINISHED = [o for o in SMALL if o != "tracking=none" and not o.startswith("trainer.total_steps=")] + [
-    "trainer.total_steps=2"]
+FINISHED = [
+    o for o in SMALL if o != "tracking=none" and not o.startswith("trainer.total_steps=")
+] + ["trainer.total_steps=2"]
 
 
 class Payload:
@@ -44,8 +45,15 @@ class Payload:
 
 
 def _policy(hidden):
-    config = Qwen2Config(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     return Qwen2ForCausalLM(config)
 
 
@@ -53,7 +61,9 @@ def _save(folder, hidden, step=1):
     """Saves a policy and critic of width ``hidden`` as the trainer does; returns the checkpoint."""
     policy = _policy(hidden)
     models = {"policy": policy, "critic": ValueModel.from_causal_lm(policy)}
-    return CheckpointManager(folder, single(), models, {}, {}, {}, log=lambda m: None).save(step), models
+    return CheckpointManager(folder, single(), models, {}, {}, {}, log=lambda m: None).save(
+        step
+    ), models
 
 
 def _expected(hidden):
@@ -77,16 +87,22 @@ def test_the_newest_usable_checkpoint_is_chosen_and_a_damaged_newer_one_named(tm
 def test_checkpoints_that_all_fail_their_checksums_are_refused_never_a_fresh_start(tmp_path):
     for step in (1, 2):
         path, _ = _save(tmp_path, 16, step=step)
-        (path / "trainer_state.json").write_text(json.dumps({"step": 0}) + "\n")  # complete, not what was written
+        # complete, not what was written
+        (path / "trainer_state.json").write_text(json.dumps({"step": 0}) + "\n")
     with pytest.raises(CheckpointError) as e:
         checkpoint_to_resume(tmp_path, _expected(16))
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"no usable checkpoint in {tmp_path}")
-    assert f"{tmp_path}/step_000002/trainer_state.json has " in message and "1 older one(s) unusable too" in message
+    assert (
+        f"{tmp_path}/step_000002/trainer_state.json has " in message
+        and "1 older one(s) unusable too" in message
+    )
     assert "without resume=" in message
     for path in tmp_path.glob("step_*"):  # every folder gone: `latest` says one was committed
         shutil.rmtree(path)
-    with pytest.raises(CheckpointError, match=r"no usable checkpoint .*names step_000002, and no step_\* folder"):
+    with pytest.raises(
+        CheckpointError, match=r"no usable checkpoint .*names step_000002, and no step_\* folder"
+    ):
         checkpoint_to_resume(tmp_path, _expected(16))
 
 
@@ -99,9 +115,11 @@ def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, dr
         write_manifest(path)
     with pytest.raises(CheckpointError) as e:
         checkpoint_to_resume(tmp_path, _expected(16))
-    assert str(e.value) == (f"{path} is not a checkpoint of this run's model: its policy has hidden_size=32, "
-                            f"this run's has hidden_size=16; move it out of {tmp_path} to resume from the run's "
-                            "own checkpoints")
+    assert str(e.value) == (
+        f"{path} is not a checkpoint of this run's model: its policy has hidden_size=32, "
+        f"this run's has hidden_size=16; move it out of {tmp_path} to resume from the run's "
+        "own checkpoints"
+    )
     without_critic = {"policy": _expected(32)["policy"]}  # a run with no critic (grpo, dapo)
     with pytest.raises(CheckpointError, match="it has a critic, and this run has none"):
         checkpoint_to_resume(tmp_path, without_critic)
@@ -109,44 +127,79 @@ def test_another_models_checkpoint_is_refused_naming_the_difference(tmp_path, dr
 
 
 def _mixture(experts):
-    config = Qwen3MoeConfig(vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
-                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                            num_experts=experts, num_experts_per_tok=2, max_position_embeddings=64)
+    config = Qwen3MoeConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
     return Qwen3MoeForCausalLM(config)
 
 
-def test_a_checkpoint_whose_tensors_have_other_shapes_is_refused_where_the_architecture_agrees(tmp_path):
-    saved = _mixture(8)  # the expert count is no ARCH_KEY: only the tensor shapes tell the models apart
-    path = CheckpointManager(tmp_path, single(), {"policy": saved}, {}, {}, {}, log=lambda m: None).save(1)
+def test_a_checkpoint_whose_tensors_have_other_shapes_is_refused_where_the_architecture_agrees(
+    tmp_path,
+):
+    # the expert count is no ARCH_KEY: only the tensor shapes tell the models apart
+    saved = _mixture(8)
+    path = CheckpointManager(
+        tmp_path, single(), {"policy": saved}, {}, {}, {}, log=lambda m: None
+    ).save(1)
     mine = _mixture(4)
     assert architecture(mine) == architecture(saved)
     with pytest.raises(CheckpointError) as e:
-        checkpoint_to_resume(tmp_path, {"policy": architecture(mine)}, shapes={"policy": tensor_shapes(mine)})
-    assert str(e.value) == (f"{path} is not a checkpoint of this run's model: its policy's "
-                            "model.layers.0.mlp.experts.gate_up_proj is 8x16x16, this run's is 4x16x16; move it out of "
-                            f"{tmp_path} to resume from the run's own checkpoints")
+        checkpoint_to_resume(
+            tmp_path, {"policy": architecture(mine)}, shapes={"policy": tensor_shapes(mine)}
+        )
+    assert str(e.value) == (
+        f"{path} is not a checkpoint of this run's model: its policy's "
+        "model.layers.0.mlp.experts.gate_up_proj is 8x16x16, this run's is 4x16x16; move it out of "
+        f"{tmp_path} to resume from the run's own checkpoints"
+    )
     same = _mixture(8)
-    assert checkpoint_to_resume(tmp_path, {"policy": architecture(same)},
-                                shapes={"policy": tensor_shapes(same)}) == path
-    meta = json.loads((path / "trainer_state.json").read_text())  # a checkpoint that recorded no shapes
-    (path / "trainer_state.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "shapes"}) + "\n")
-    write_manifest(path)  # as an older vapo-lab wrote it: judged by the architecture alone, which agrees
-    assert checkpoint_to_resume(tmp_path, {"policy": architecture(mine)},
-                                shapes={"policy": tensor_shapes(mine)}) == path
+    assert (
+        checkpoint_to_resume(
+            tmp_path, {"policy": architecture(same)}, shapes={"policy": tensor_shapes(same)}
+        )
+        == path
+    )
+    # a checkpoint that recorded no shapes
+    meta = json.loads((path / "trainer_state.json").read_text())
+    (path / "trainer_state.json").write_text(
+        json.dumps({k: v for k, v in meta.items() if k != "shapes"}) + "\n"
+    )
+    # as an older vapo-lab wrote it: judged by the architecture alone, which agrees
+    write_manifest(path)
+    assert (
+        checkpoint_to_resume(
+            tmp_path, {"policy": architecture(mine)}, shapes={"policy": tensor_shapes(mine)}
+        )
+        == path
+    )
 
 
 def test_a_tensor_file_holding_a_pickle_is_refused_in_one_line_before_and_at_loading(tmp_path):
     path, models = _save(tmp_path, 16)
     marker = tmp_path / "pwned"
     torch.save({"weight": Payload(marker)}, path / "critic" / HEAD_FILE)
-    write_manifest(path)  # a forger can recompute the checksums: they detect corruption, not tampering
+    # a forger can recompute the checksums: they detect corruption, not tampering
+    write_manifest(path)
     with pytest.raises(CheckpointError) as before:
         checkpoint_to_resume(tmp_path, _expected(16))
     manager = CheckpointManager(tmp_path, single(), models, {}, {}, {}, log=lambda m: None)
-    with pytest.raises(CheckpointError) as loading:  # where it is read, too (a file changed since the check)
+    # where it is read, too (a file changed since the check)
+    with pytest.raises(CheckpointError) as loading:
         manager.load(path)
     for e in (before, loading):
-        assert str(e.value).startswith(f"refusing to load {path / 'critic' / HEAD_FILE}: it holds Python objects")
+        assert str(e.value).startswith(
+            f"refusing to load {path / 'critic' / HEAD_FILE}: it holds Python objects"
+        )
         assert "\n" not in str(e.value) and "weights_only" not in str(e.value)
     assert not marker.exists()
 
@@ -175,7 +228,8 @@ def _status(workdir, run_dir):
 
 
 def refused(workdir, run_dir, *expected):
-    """Resumes ``run_dir``; checks it is refused in one line holding ``expected`` and changes nothing."""
+    """Resumes ``run_dir``; checks it is refused in one line holding ``expected`` and changes
+    nothing."""
     metrics = (run_dir / "metrics.jsonl").read_bytes()
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     done = train(workdir, f"resume=runs/{run_dir.name}")
@@ -194,12 +248,21 @@ def refused(workdir, run_dir, *expected):
 @pytest.mark.slow
 def test_a_checkpoint_of_another_model_is_refused_in_one_line_and_no_status_changes(trust_dir):
     run_dir = finished_run(trust_dir, "mine")
-    other = train(trust_dir, *FINISHED, "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
-                  "trainer.total_steps=3", "trainer.save_every=3", f"tracking.uri={store(trust_dir)}",
-                  "run_name=other-model")
+    other = train(
+        trust_dir,
+        *FINISHED,
+        "model.arch.hidden_size=32",
+        "model.arch.intermediate_size=64",
+        "trainer.total_steps=3",
+        "trainer.save_every=3",
+        f"tracking.uri={store(trust_dir)}",
+        "run_name=other-model",
+    )
     assert other.returncode == 0, other.stderr[-3000:]
     other_dir = trust_dir / "runs" / "other-model"
-    shutil.copytree(other_dir / "checkpoints" / "step_000003", run_dir / "checkpoints" / "step_000003")
+    shutil.copytree(
+        other_dir / "checkpoints" / "step_000003", run_dir / "checkpoints" / "step_000003"
+    )
     refused(trust_dir, run_dir, "step_000003", "hidden_size", "32", "64")
     assert _status(trust_dir, run_dir) == "FINISHED" and _status(trust_dir, other_dir) == "FINISHED"
 
@@ -223,7 +286,8 @@ def test_a_tensor_file_holding_a_pickle_is_refused_in_one_line_and_never_runs(tr
     ckpt = run_dir / "checkpoints" / "step_000002"
     marker = trust_dir / "pwned"
     torch.save({"weight": Payload(marker)}, ckpt / "critic" / "value_head.pt")
-    write_manifest(ckpt)  # a forger can recompute the checksums: they detect corruption, not tampering
+    # a forger can recompute the checksums: they detect corruption, not tampering
+    write_manifest(ckpt)
     _, stderr = refused(trust_dir, run_dir, "refusing to load", "critic/value_head.pt")
     assert "weights_only" not in stderr
     assert not marker.exists()

@@ -13,7 +13,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
-from tests.distributed.conftest import group  # noqa: F401 (a fixture: a process group of this process)
+# a fixture: a process group of this process
+from tests.distributed.conftest import group  # noqa: F401
 from vapo_lab.distributed.fsdp import shard
 from vapo_lab.errors import CheckpointError
 from vapo_lab.integrity import manifest_problem
@@ -22,8 +23,10 @@ from vapo_lab.trainer.checkpointer import CheckpointManager
 
 from .conftest import MB, RUN, assert_like_reference, fill, store, train
 
+
 class Weights:
-    """A model as the checkpoint writer sees one: ``state_dict`` and ``save`` (one safetensors file)."""
+    """A model as the checkpoint writer sees one: ``state_dict`` and ``save`` (one safetensors
+    file)."""
 
     def __init__(self, mib: int):
         self.weight = torch.ones(mib * MB // 4)
@@ -71,33 +74,43 @@ def test_a_write_error_that_is_not_space_names_the_error(tmp_path, monkeypatch):
         raise PermissionError(13, "Permission denied", str(folder / "x"))
 
     monkeypatch.setattr(torch, "save", refused)
-    with pytest.raises(CheckpointError, match=r"cannot write checkpoint step_000002 .*Permission denied.*resume=") as e:
+    with pytest.raises(
+        CheckpointError, match=r"cannot write checkpoint step_000002 .*Permission denied.*resume="
+    ) as e:
         save_checkpoint(folder, 2, {}, _state(1))
     assert "\n" not in str(e.value)
     assert not list(folder.glob(".tmp_step_*")) and latest_checkpoint(folder) == first
 
 
-def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_and_leaves_the_previous_one(small_disk, group):  # noqa: F811
+def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_and_leaves_the_previous_one(
+    small_disk,
+    group,  # noqa: F811
+):
     """A sharded run's models and optimisers are written by torch's distributed checkpointing, which
     raises its own CheckpointException (every rank's failures and stacks) on every rank."""
     torch.manual_seed(0)
     net = torch.nn.Module()
-    net.layers = torch.nn.ModuleList([torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)])  # what shard() wraps
+    # what shard() wraps
+    net.layers = torch.nn.ModuleList([torch.nn.Linear(512, 512), torch.nn.Linear(512, 1)])
     net.forward = lambda x: net.layers[1](net.layers[0](x))
     model = shard(net, group, torch.device("cpu"), None)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(2, 512)).sum().backward()
     opt.step()  # AdamW's state exists: 3 x 1.0 MiB of parameters, moments
     folder = small_disk / "run" / "checkpoints"
-    manager = CheckpointManager(folder, group, {"policy": model}, {"actor_opt": ("policy", opt)}, {}, {})
+    manager = CheckpointManager(
+        folder, group, {"policy": model}, {"actor_opt": ("policy", opt)}, {}, {}
+    )
     first = manager.save(1)
     filler = fill(small_disk, 1 * MB)
     with pytest.raises(CheckpointError) as raised:
         manager.save(2)
     message = str(raised.value)
     assert "\n" not in message and "CheckpointException" not in message
-    assert message.startswith(f"no space left to write checkpoint step_000002 in {folder}: it needs about 3.0 MiB, "
-                              "1.0 MiB are free; free at least 2.0 MiB there"), message
+    assert message.startswith(
+        f"no space left to write checkpoint step_000002 in {folder}: it needs about 3.0 MiB, "
+        "1.0 MiB are free; free at least 2.0 MiB there"
+    ), message
     assert f"vapo-lab train resume={folder.parent} (it continues from step_000001)" in message
     assert not list(folder.glob(".tmp_step_*")) and latest_checkpoint(folder) == first
     assert manifest_problem(first) is None
@@ -109,20 +122,34 @@ def test_a_full_disk_under_a_sharded_checkpoint_is_one_line_and_leaves_the_previ
 @pytest.mark.slow
 def test_a_disk_full_mid_run_fails_in_one_line_then_resumes_exactly(workdir, small_disk):
     reference = workdir / "runs" / "reference"
-    size = sum(f.stat().st_size for f in (reference / "checkpoints" / "step_000006").rglob("*") if f.is_file())
+    size = sum(
+        f.stat().st_size
+        for f in (reference / "checkpoints" / "step_000006").rglob("*")
+        if f.is_file()
+    )
     # room for the checkpoint of step 3 and half of step 6's (checkpoints every 3 steps)
     filler = fill(small_disk, int(1.5 * size))
     run_dir = small_disk / "runs" / "full"
-    failed = train(workdir, *RUN, f"tracking.uri={store(workdir)}", "run_name=full", f"output_dir={small_disk / 'runs'}")
+    failed = train(
+        workdir,
+        *RUN,
+        f"tracking.uri={store(workdir)}",
+        "run_name=full",
+        f"output_dir={small_disk / 'runs'}",
+    )
     assert failed.returncode == 1, failed.stderr[-3000:]
     lines = [line for line in failed.stderr.splitlines() if line.strip()]
     assert "Traceback" not in failed.stderr, failed.stderr[-3000:]
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1 and errors[0] == lines[-1], lines[-5:]
-    assert "no space left" in errors[0] and "step_000006" in errors[0] and "needs about" in errors[0]
+    assert (
+        "no space left" in errors[0] and "step_000006" in errors[0] and "needs about" in errors[0]
+    )
     assert f"vapo-lab train resume={run_dir}" in errors[0]
     checkpoints = run_dir / "checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith(("step_", ".tmp"))) == ["step_000003"]
+    assert sorted(
+        p.name for p in checkpoints.iterdir() if p.name.startswith(("step_", ".tmp"))
+    ) == ["step_000003"]
     assert manifest_problem(checkpoints / "step_000003") is None
     run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
     # the run's record (trainer/record.py) says it failed, and why

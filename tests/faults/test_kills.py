@@ -31,7 +31,9 @@ def test_kill_then_resume_logs_each_step_once_with_the_uninterrupted_values(work
 
 
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(workdir):
-    killed = train(workdir, *RUN, f"tracking.uri={store(workdir)}", "run_name=corrupt", fault="update@8")
+    killed = train(
+        workdir, *RUN, f"tracking.uri={store(workdir)}", "run_name=corrupt", fault="update@8"
+    )
     assert killed.returncode == -9
     ckpts = workdir / "runs" / "corrupt" / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_000003", "step_000006"]
@@ -39,13 +41,21 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(workdir):
     weights.write_bytes(b"\0" * weights.stat().st_size)
     resumed = train(workdir, "resume=runs/corrupt")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "checkpoint step_000006 is unusable" in resumed.stderr and "resumed runs/corrupt at step 3" in resumed.stderr
-    assert_like_reference(workdir / "runs" / "corrupt", workdir / "runs" / "reference", store(workdir))
+    assert (
+        "checkpoint step_000006 is unusable" in resumed.stderr
+        and "resumed runs/corrupt at step 3" in resumed.stderr
+    )
+    assert_like_reference(
+        workdir / "runs" / "corrupt", workdir / "runs" / "reference", store(workdir)
+    )
 
 
 def test_zeroed_cache_entries_are_rebuilt_never_used(workdir):
     cache = workdir / ".vapo_cache"
-    zeroed = [next((cache / kind).glob("*/model.safetensors")) for kind in ("base", "reward_model", "pretrained_critic")]
+    zeroed = [
+        next((cache / kind).glob("*/model.safetensors"))
+        for kind in ("base", "reward_model", "pretrained_critic")
+    ]
     for f in zeroed:
         f.write_bytes(b"\0" * f.stat().st_size)
     rerun = train(workdir, *RUN, f"tracking.uri={store(workdir)}", "run_name=after-zeroed-cache")
@@ -54,7 +64,9 @@ def test_zeroed_cache_entries_are_rebuilt_never_used(workdir):
         assert f"the cached {what} is unusable" in rerun.stderr, what
     assert all(f.read_bytes().strip(b"\0") for f in zeroed)  # rebuilt in place
     # the builds are deterministic: the rebuilt caches give the reference's run exactly
-    assert_like_reference(workdir / "runs" / "after-zeroed-cache", workdir / "runs" / "reference", store(workdir))
+    assert_like_reference(
+        workdir / "runs" / "after-zeroed-cache", workdir / "runs" / "reference", store(workdir)
+    )
 
 
 class Payload:
@@ -82,5 +94,7 @@ def test_a_hostile_checkpoint_is_refused_and_nothing_runs(workdir):
     assert lines[-1].startswith("error: refusing to load") and "trainer_state.pt" in lines[-1]
     assert "Traceback" not in resumed.stderr
     assert not marker.exists()
-    metrics = json.loads((workdir / "runs" / "hostile" / "metrics.jsonl").read_text().splitlines()[-1])
+    metrics = json.loads(
+        (workdir / "runs" / "hostile" / "metrics.jsonl").read_text().splitlines()[-1]
+    )
     assert metrics["step"] == 4  # nothing was lost either

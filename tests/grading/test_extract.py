@@ -1,4 +1,5 @@
-"""Extracting the final answer and normalising it: shared with the tasks, and linear on adversarial text."""
+"""Extracting the final answer and normalising it: shared with the tasks, and linear on
+adversarial text."""
 
 import time
 
@@ -23,8 +24,15 @@ def test_normalised_keys_group_equal_answers():
 
 def test_extraction_is_linear_on_adversarial_text():
     # a quadratic regex or brace scan would take minutes on these
-    texts = ["Answer:" + " " * 200_000 + "x", "\\boxedx" * 50_000, "\\fbox{" * 50_000, "$" * 200_000,
-             "Answer" + " " * 200_000 + "x", "Answer:" + " *" * 100_000 + "x", "Answer: 1" + "* " * 100_000]
+    texts = [
+        "Answer:" + " " * 200_000 + "x",
+        "\\boxedx" * 50_000,
+        "\\fbox{" * 50_000,
+        "$" * 200_000,
+        "Answer" + " " * 200_000 + "x",
+        "Answer:" + " *" * 100_000 + "x",
+        "Answer: 1" + "* " * 100_000,
+    ]
     start = time.perf_counter()
     for text in texts:
         extract_answer(text)

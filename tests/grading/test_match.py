@@ -1,4 +1,5 @@
-r"""Matching answers: a hand-checked table of responses, and grade_many's time limit and crash handling."""
+r"""Matching answers: a hand-checked table of responses, and grade_many's time limit and crash
+handling."""
 
 import ast
 import multiprocessing
@@ -104,8 +105,13 @@ CASES = [
     ("Answer: z^*", "z^*", False, "z^*", True),  # a star after ^ is a conjugate, not emphasis
     # nested and escaped braces
     (r"\boxed{\{1,2\}}", r"\{2,1\}", False, r"\{1,2\}", True),
-    (r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", False,
-     r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", True),
+    (
+        r"\boxed{\begin{pmatrix} 1 \\ 2 \end{pmatrix}}",
+        r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+        False,
+        r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}",
+        True,
+    ),
 ]
 
 
@@ -134,7 +140,8 @@ _ON_A_THREAD = r"""
 import threading, time
 from vapo_lab.grading import grade
 cases = [("tower", r"\boxed{9^{9^{9^{9}}}}", "1", 5.0),   # refused by the pre-check
-         ("slow", r"\boxed{(9)^{(9)^{(9)^{(9)}}}}", "1", 2.0),  # passes the pre-checks: killed at 2 s
+         # passes the pre-checks: killed at 2 s
+         ("slow", r"\boxed{(9)^{(9)^{(9)^{(9)}}}}", "1", 2.0),
          ("half", r"\boxed{\frac{1}{2}}", "0.5", 5.0)]  # a symbolic comparison off the main thread
 out = {}
 def run():
@@ -149,16 +156,23 @@ print(repr(out))
 
 
 def test_grade_is_time_bounded_on_any_thread():
-    done = subprocess.run([sys.executable, "-c", _ON_A_THREAD], capture_output=True, text=True, timeout=90)
+    done = subprocess.run(
+        [sys.executable, "-c", _ON_A_THREAD], capture_output=True, text=True, timeout=90
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     out = ast.literal_eval(done.stdout.strip().splitlines()[-1])
-    assert {name: verdict for name, (verdict, _) in out.items()} == {"tower": False, "slow": False, "half": True}
+    assert {name: verdict for name, (verdict, _) in out.items()} == {
+        "tower": False,
+        "slow": False,
+        "half": True,
+    }
     assert all(seconds < 20 for _, seconds in out.values()), out  # minutes before
 
 
 # --- grade_many: hangs and crashes -------------------------------------------------------------
 # The hook replaces the comparison in the workers. Only a caller passing match_fn can reach it;
 # the references that trigger it never come from model output.
+
 
 def _hook(answer, reference, integer):
     """Sleeps for reference HANG, raises for RAISE, kills its process for DIE, else compares."""
@@ -175,12 +189,37 @@ def test_hanging_and_crashing_samples_are_reported_and_the_rest_graded():
     references = ["1", "HANG", "2", "DIE", "1", "RAISE", "HANG", "1", "2", "1"]
     responses = [r"\boxed{1}"] * len(references)
     start = time.perf_counter()
-    results = grade_many(responses, references, integer=True, timeout_s=1.0, workers=2, match_fn=_hook)
+    results = grade_many(
+        responses, references, integer=True, timeout_s=1.0, workers=2, match_fn=_hook
+    )
     elapsed = time.perf_counter() - start
-    assert [r.status for r in results] == ["ok", "timeout", "ok", "error", "ok", "error", "timeout", "ok", "ok", "ok"]
-    assert [r.correct for r in results] == [True, False, False, False, True, False, False, True, False, True]
+    assert [r.status for r in results] == [
+        "ok",
+        "timeout",
+        "ok",
+        "error",
+        "ok",
+        "error",
+        "timeout",
+        "ok",
+        "ok",
+        "ok",
+    ]
+    assert [r.correct for r in results] == [
+        True,
+        False,
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
     assert "exit code 3" in results[3].detail and "ValueError: bad sample" in results[5].detail
-    assert results[5].answer == "1" and results[1].answer is None  # a killed worker's sample has no answer
+    # a killed worker's sample has no answer
+    assert results[5].answer == "1" and results[1].answer is None
     assert elapsed < 30  # two 1 s timeouts plus restarts; never the 60 s sleep
     assert multiprocessing.active_children() == []  # hung workers were killed, idle ones ended
 
@@ -205,10 +244,40 @@ def test_random_adversarial_strings_are_all_graded():
     # LaTeX fragments glued at random, some with a final box: every sample must come back with
     # a status, none may stop the batch (the issue's 10,000-string run took 38 s on 2 cores:
     # 5074 ok, 4921 no_answer, 5 timeouts, all on 10^{10^{10}}, which sympy tries to expand)
-    pieces = ["\\boxed{", "}", "{", "\\frac", "\\sqrt", "^", "(", ")", "[", "]", ",", "\\text{", "$", "\\",
-              " ", "\n", "Answer:", "=", "\\infty", "\\pi", "-", "1", "0", "x", "\\{", "\\}", "\\fbox{", "\\boxed "]
+    pieces = [
+        "\\boxed{",
+        "}",
+        "{",
+        "\\frac",
+        "\\sqrt",
+        "^",
+        "(",
+        ")",
+        "[",
+        "]",
+        ",",
+        "\\text{",
+        "$",
+        "\\",
+        " ",
+        "\n",
+        "Answer:",
+        "=",
+        "\\infty",
+        "\\pi",
+        "-",
+        "1",
+        "0",
+        "x",
+        "\\{",
+        "\\}",
+        "\\fbox{",
+        "\\boxed ",
+    ]
     rng = random.Random(0)
     responses = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 40))) for _ in range(300)]
-    results = grade_many(responses, ["\\frac{1}{2}"] * len(responses), integer=False, timeout_s=5.0, workers=2)
+    results = grade_many(
+        responses, ["\\frac{1}{2}"] * len(responses), integer=False, timeout_s=5.0, workers=2
+    )
     assert len(results) == 300 and {r.status for r in results} <= {"ok", "no_answer", "timeout"}
     assert all(not r.correct for r in results if r.status != "ok")

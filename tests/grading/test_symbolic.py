@@ -1,9 +1,9 @@
-"""The pre-checks before math-verify: huge, deeply nested and power-tower answers are graded fast, right ones still right."""
+"""The pre-checks before math-verify: huge, deeply nested and power-tower answers are graded fast,
+right ones still right."""
 
 import time
 
 from vapo_lab.grading import grade, grade_many, symbolic
-
 
 # --- large and pathological answers -------------------------------------------------
 # math-verify's time grows with an answer's length and steeply with its nesting, and sympy expands
@@ -29,8 +29,13 @@ def test_huge_and_deeply_nested_answers_are_graded_wrong_fast():
 
 def test_grade_many_grades_them_within_the_limit():
     # status "ok" (graded: wrong) for all 8, where all but the 30-deep fractions were a "timeout"
-    results = grade_many([r for r, _ in PATHOLOGICAL], [g for _, g in PATHOLOGICAL], integer=False,
-                         timeout_s=5.0, workers=2)
+    results = grade_many(
+        [r for r, _ in PATHOLOGICAL],
+        [g for _, g in PATHOLOGICAL],
+        integer=False,
+        timeout_s=5.0,
+        workers=2,
+    )
     assert [(r.status, r.correct) for r in results] == [("ok", False)] * len(PATHOLOGICAL)
 
 
@@ -43,7 +48,8 @@ def test_pre_checks_keep_right_answers_right():
     assert grade(r"\boxed{2^{2^{2}}}", "16") and grade(r"\boxed{2^{10}}", "1024")
     # a continued fraction nested 3 deep: 1/(1 + 1/(1 + 1/2)) = 1/(1 + 2/3) = 3/5
     assert grade(r"\boxed{\frac{1}{1+\frac{1}{1+\frac{1}{2}}}}", r"\frac{3}{5}")
-    # 399 characters, within the limit of 400: 0+0+...+0+1 = 1 (4 x the reference's 1 character is less)
+    # 399 characters, within the limit of 400: 0+0+...+0+1 = 1 (4 x the reference's 1 character is
+    # less)
     assert grade("\\boxed{" + "0+" * 199 + "1}", "1")
     # 403 characters: past it, so compared as text only
     assert not grade("\\boxed{" + "0+" * 201 + "1}", "1")
@@ -59,6 +65,9 @@ def test_pre_check_measures():
     assert symbolic._power_digits(r"9^{9^{9}}") == 369_693_100
     assert symbolic._power_digits(r"9^{9^{9^{9}}}") == float("inf")
     # the limit is 10,000 digits: 2^33219 has floor(9999.92) + 1 = 10,000, 2^33220 has 10,001
-    assert symbolic._power_digits(r"2^{33219}") == 10_000 and symbolic._power_digits(r"2^{33220}") == 10_001
+    assert (
+        symbolic._power_digits(r"2^{33219}") == 10_000
+        and symbolic._power_digits(r"2^{33220}") == 10_001
+    )
     # only integer powers count: in x^{9^{9}} that is 9^9 = 387,420,489 (9 digits); 9^{x} has none
     assert symbolic._power_digits(r"x^{9^{9}}") == 9 and symbolic._power_digits(r"9^{x}") == 0

@@ -12,8 +12,11 @@ from tests.trainer.conftest import SMALL as TRAINER_SMALL
 # the trainer tests' small base model, reward model and critic (built in seconds), with 3 steps,
 # one eval at the end, one thread per cell, and tracking left to each test
 _CHANGED = {"trainer.total_steps": "3", "trainer.eval_every": "3", "trainer.threads": "1"}
-SMALL = [f"{o.split('=')[0]}={_CHANGED[o.split('=')[0]]}" if o.split("=")[0] in _CHANGED else o
-         for o in TRAINER_SMALL if o != "tracking=none"]
+SMALL = [
+    f"{o.split('=')[0]}={_CHANGED[o.split('=')[0]]}" if o.split("=")[0] in _CHANGED else o
+    for o in TRAINER_SMALL
+    if o != "tracking=none"
+]
 
 # three cells of Table 1: enough to see tags, skipping and resuming without the ten-cell cost
 GRID3 = """\
@@ -49,7 +52,10 @@ def shared_dir() -> Path:
 @pytest.fixture(scope="session")
 def slurm():
     """A real single-node Slurm: the running one, else started with shared/slurm's script."""
-    if shutil.which("sinfo") and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0:
+    if (
+        shutil.which("sinfo")
+        and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+    ):
         yield
         return
     script = shared_dir() / "slurm" / "start-local-slurm.sh"
@@ -57,4 +63,6 @@ def slurm():
         pytest.skip(f"no Slurm here and no {script} to start one (set VAPO_SHARED)")
     subprocess.run(["bash", str(script)], check=True, capture_output=True, timeout=600)
     yield
-    subprocess.run(["bash", str(script.with_name("stop-local-slurm.sh"))], capture_output=True, timeout=120)
+    subprocess.run(
+        ["bash", str(script.with_name("stop-local-slurm.sh"))], capture_output=True, timeout=120
+    )

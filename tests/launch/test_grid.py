@@ -4,11 +4,13 @@ import pytest
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.launch.grid import builtin_grids, config_hash, drop_grid, load_grid, sweep_points
+from vapo_lab.registry.components import COMPONENTS
 
 from .conftest import GRID3
 
-TABLE1_DROPS = ["value_pretraining", "decoupled_gae", "length_adaptive_gae", "clip_higher", "token_level_loss",
-                "positive_lm_loss", "group_sampling"]
+# a Table 1 row per component of the registry, in its order (its names are checked against the
+# paper's Table 1 in tests/test_components.py)
+TABLE1_DROPS = [c.name for c in COMPONENTS]
 
 
 def test_table1_is_ppo_dapo_vapo_and_vapo_without_each_component():
@@ -28,36 +30,58 @@ def test_grid_id_and_hashes_are_stable_and_follow_the_config_not_where_it_runs(t
     a = load_grid(path).expand(["trainer.total_steps=5"])
     b = load_grid(path).expand(["trainer.total_steps=5"])
     assert [s.config_hash for s in a] == [s.config_hash for s in b] and a[0].grid_id == b[0].grid_id
-    c = load_grid(path).expand(["trainer.total_steps=5", "launcher=slurm", "tracking.uri=http://h:1",
-                                "output_dir=elsewhere"])
+    c = load_grid(path).expand(
+        [
+            "trainer.total_steps=5",
+            "launcher=slurm",
+            "tracking.uri=http://h:1",
+            "output_dir=elsewhere",
+        ]
+    )
     assert [s.config_hash for s in a] == [s.config_hash for s in c] and a[0].grid_id == c[0].grid_id
     d = load_grid(path).expand(["trainer.total_steps=6"])
-    assert not {s.config_hash for s in a} & {s.config_hash for s in d} and a[0].grid_id != d[0].grid_id
+    assert (
+        not {s.config_hash for s in a} & {s.config_hash for s in d} and a[0].grid_id != d[0].grid_id
+    )
 
 
 def test_config_hash_ignores_only_output_and_tracking_keys():
-    base = {"seed": 0, "trainer": {"actor_lr": 1e-4}, "output_dir": "runs", "tracking": {"uri": None}}
-    assert config_hash(base) == config_hash({**base, "output_dir": "x", "tracking": {"uri": "http://h"}})
+    base = {
+        "seed": 0,
+        "trainer": {"actor_lr": 1e-4},
+        "output_dir": "runs",
+        "tracking": {"uri": None},
+    }
+    assert config_hash(base) == config_hash(
+        {**base, "output_dir": "x", "tracking": {"uri": "http://h"}}
+    )
     assert config_hash(base) != config_hash({**base, "seed": 1})
     assert config_hash(base) != config_hash({**base, "trainer": {"actor_lr": 2e-4}})
 
 
 def test_sweep_points_are_the_cartesian_product_of_hydra_sweeps():
     points = sweep_points({"trainer.actor_lr": "1e-5,3e-5", "seed": "range(0,2)"})
-    assert points == [{"trainer.actor_lr": "1e-05", "seed": "0"}, {"trainer.actor_lr": "1e-05", "seed": "1"},
-                      {"trainer.actor_lr": "3e-05", "seed": "0"}, {"trainer.actor_lr": "3e-05", "seed": "1"}]
+    assert points == [
+        {"trainer.actor_lr": "1e-05", "seed": "0"},
+        {"trainer.actor_lr": "1e-05", "seed": "1"},
+        {"trainer.actor_lr": "3e-05", "seed": "0"},
+        {"trainer.actor_lr": "3e-05", "seed": "1"},
+    ]
     assert sweep_points({}) == [{}]
     assert sweep_points({"loss.eps_high": "0.28"}) == [{"loss.eps_high": "0.28"}]
 
 
 def test_a_sweep_grid_multiplies_cells_by_points_and_seeds(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text("name: lr\nseeds: [0, 1]\nsweep: {trainer.actor_lr: '1e-5,3e-5'}\n"
-                    "cells:\n  - {name: vapo, algo: vapo}\n  - {name: dapo, algo: dapo}\n")
+    path.write_text(
+        "name: lr\nseeds: [0, 1]\nsweep: {trainer.actor_lr: '1e-5,3e-5'}\n"
+        "cells:\n  - {name: vapo, algo: vapo}\n  - {name: dapo, algo: dapo}\n"
+    )
     specs = load_grid(path).expand()
     assert len(specs) == 8
     assert {(s.name, s.sweep["trainer.actor_lr"], s.seed) for s in specs} == {
-        (n, lr, seed) for n in ("vapo", "dapo") for lr in ("1e-05", "3e-05") for seed in (0, 1)}
+        (n, lr, seed) for n in ("vapo", "dapo") for lr in ("1e-05", "3e-05") for seed in (0, 1)
+    }
     assert {s.overrides[-2] for s in specs} == {"trainer.actor_lr=1e-05", "trainer.actor_lr=3e-05"}
     assert all("-actor_lr" in s.key for s in specs)
 
@@ -68,15 +92,18 @@ def test_drop_grid_is_one_vapo_variant():
     assert spec.name == "vapo-no-clip_higher-group_sampling"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("name: x\n", "non-empty list `cells:`"),
-    ("cells:\n  - {algo: vapo}\n", "needs a `name:`"),
-    ("cells:\n  - {name: a, algo: vapo}\n  - {name: a, algo: ppo}\n", "two cells are named a"),
-    ("cells:\n  - {name: a, algo: vapo, dorp: [x]}\n", "unknown keys ['dorp']"),
-    ("colls: []\ncells:\n  - {name: a}\n", "unknown keys ['colls']"),
-    ("seeds: 3\ncells:\n  - {name: a}\n", "`seeds` must be a non-empty list"),
-    ("cells: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: x\n", "non-empty list `cells:`"),
+        ("cells:\n  - {algo: vapo}\n", "needs a `name:`"),
+        ("cells:\n  - {name: a, algo: vapo}\n  - {name: a, algo: ppo}\n", "two cells are named a"),
+        ("cells:\n  - {name: a, algo: vapo, dorp: [x]}\n", "unknown keys ['dorp']"),
+        ("colls: []\ncells:\n  - {name: a}\n", "unknown keys ['colls']"),
+        ("seeds: 3\ncells:\n  - {name: a}\n", "`seeds` must be a non-empty list"),
+        ("cells: [\n", "not valid YAML"),
+    ],
+)
 def test_malformed_grid_files_are_named_with_the_fix(tmp_path, text, message):
     path = tmp_path / "g.yaml"
     path.write_text(text)
@@ -87,7 +114,10 @@ def test_malformed_grid_files_are_named_with_the_fix(tmp_path, text, message):
 
 def test_a_cell_that_does_not_compose_is_named(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text("name: g\ncells:\n  - {name: ok, algo: vapo}\n  - {name: bad, algo: vapo, drop: [clip_highr]}\n")
+    path.write_text(
+        "name: g\ncells:\n  - {name: ok, algo: vapo}\n"
+        "  - {name: bad, algo: vapo, drop: [clip_highr]}\n"
+    )
     with pytest.raises(ConfigError, match="cell bad") as e:
         load_grid(path).expand()
     assert "clip_higher" in str(e.value)  # the closest valid name
@@ -95,7 +125,9 @@ def test_a_cell_that_does_not_compose_is_named(tmp_path):
 
 def test_two_cells_with_the_same_config_are_refused(tmp_path):
     path = tmp_path / "g.yaml"
-    path.write_text("cells:\n  - {name: a, algo: vapo}\n  - {name: b, algo: vapo, overrides: [seed=0]}\n")
+    path.write_text(
+        "cells:\n  - {name: a, algo: vapo}\n  - {name: b, algo: vapo, overrides: [seed=0]}\n"
+    )
     with pytest.raises(ConfigError, match="compose the same config"):
         load_grid(path).expand()
 
@@ -143,7 +175,11 @@ def test_table1_small_gpu_is_table1_at_scale_small_gpu():
         assert c["model"]["arch_name"] == "Qwen2.5-1.5B" and c["task"]["name"] == "math"
         assert c["rollout"]["backend"] == "vllm" and c["rollout"]["max_new_tokens"] == 8192
         assert c["rollout"]["responses_per_step"] == 2048
-        assert (c["trainer"]["strategy"], c["trainer"]["nodes"], c["trainer"]["nproc_per_node"]) == ("fsdp", 1, 8)
+        assert (
+            c["trainer"]["strategy"],
+            c["trainer"]["nodes"],
+            c["trainer"]["nproc_per_node"],
+        ) == ("fsdp", 1, 8)
         # 16 samples a prompt under group sampling; 1 for vanilla PPO and VAPO without it
         single = s.name in ("ppo", "vapo-no-group_sampling")
         assert c["rollout"]["n_samples"] == (1 if single else 16)

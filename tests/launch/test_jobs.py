@@ -16,7 +16,9 @@ from vapo_lab.launch.status import write_status
 
 def _grid(tmp_path, keys):
     grid_dir = tmp_path / "runs" / "grids" / "g-12345678"
-    write_record(grid_dir, {"grid_id": grid_dir.name, "cells": [{"key": k} for k in keys], "submissions": []})
+    write_record(
+        grid_dir, {"grid_id": grid_dir.name, "cells": [{"key": k} for k in keys], "submissions": []}
+    )
     return grid_dir
 
 
@@ -24,7 +26,9 @@ def test_states_read_from_status_files(tmp_path):
     grid_dir = _grid(tmp_path, ["a", "b", "c", "d", "e"])
     host = socket.gethostname()
     write_status(grid_dir, "a", state="finished", final_eval=0.525, run_id="r1")
-    write_status(grid_dir, "b", state="running", step=7, total=80, host=host, pid=os.getpid(), run_id="r2")
+    write_status(
+        grid_dir, "b", state="running", step=7, total=80, host=host, pid=os.getpid(), run_id="r2"
+    )
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     write_status(grid_dir, "c", state="running", step=3, total=80, host=host, pid=dead.pid)
@@ -40,7 +44,9 @@ def test_states_read_from_status_files(tmp_path):
 def test_cancel_stops_a_local_cell_process_and_jobs_cli_lists_it(tmp_path):
     grid_dir = _grid(tmp_path, ["a"])
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    write_status(grid_dir, "a", state="running", step=4, total=10, host=socket.gethostname(), pid=proc.pid)
+    write_status(
+        grid_dir, "a", state="running", step=4, total=10, host=socket.gethostname(), pid=proc.pid
+    )
     r = CliRunner().invoke(app, ["jobs", "--output-dir", str(tmp_path / "runs")])
     assert r.exit_code == 0 and "running step 4/10" in r.output
     done = cancel_grid(find_grid(tmp_path / "runs", "g-1234"))

@@ -7,8 +7,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from vapo_lab.cli import app
-from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.actions import run_grid
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 from vapo_lab.launch.record import find_grid
@@ -24,25 +24,42 @@ def _runs(tmp, experiment):
 
 def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
     grid_file = in_tmp / "g.yaml"
+    # no GPU: fails at run time
     grid_file.write_text(
         "name: g\nseeds: [0]\ncells:\n"
         "  - {name: vapo, algo: vapo}\n"
         "  - {name: dapo, algo: dapo}\n"
-        "  - {name: broken, algo: grpo, overrides: [trainer.device=cuda:0]}\n")  # no GPU: fails at run time
+        "  - {name: broken, algo: grpo, overrides: [trainer.device=cuda:0]}\n"
+    )
     logs = []
     with pytest.raises(LaunchError, match="1 cell\\(s\\) failed: broken-s0-.*no CUDA GPU"):
-        run_grid(load_grid(grid_file), [*SMALL, "launcher.local.workers=2"], "local", False, True,
-                 log=logs.append, out=logs.append)
+        run_grid(
+            load_grid(grid_file),
+            [*SMALL, "launcher.local.workers=2"],
+            "local",
+            False,
+            True,
+            log=logs.append,
+            out=logs.append,
+        )
     grid_dir = find_grid("runs", None)
     rows = {r["cell"].split("-s0-")[0]: r for r in grid_table(grid_dir)}
-    assert rows["vapo"]["state"].startswith("finished") and rows["dapo"]["state"].startswith("finished")
-    assert rows["broken"]["state"].startswith("failed: ConfigError: trainer.device=cuda:0 but no CUDA GPU")
+    assert rows["vapo"]["state"].startswith("finished") and rows["dapo"]["state"].startswith(
+        "finished"
+    )
+    assert rows["broken"]["state"].startswith(
+        "failed: ConfigError: trainer.device=cuda:0 but no CUDA GPU"
+    )
 
     runs = _runs(in_tmp, "g")
     children = [r for r in runs if r.data.tags.get("kind") != "grid"]
     (parent,) = [r for r in runs if r.data.tags.get("kind") == "grid"]
     assert parent.data.params["command"].startswith("vapo-lab")
-    assert {r.data.tags["cell"] for r in children} == {"vapo", "dapo"}  # the broken one never started a run
+    # the broken one never started a run
+    assert {r.data.tags["cell"] for r in children} == {
+        "vapo",
+        "dapo",
+    }
     for r in children:
         t = r.data.tags
         assert t["mlflow.parentRunId"] == parent.info.run_id and t["grid_id"] == grid_dir.name
@@ -57,8 +74,15 @@ def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
     # the broken cell is retried (and fails the same way), no MLflow run is duplicated
     logs.clear()
     with pytest.raises(LaunchError, match="1 cell\\(s\\) failed"):
-        run_grid(load_grid(grid_file), [*SMALL, "launcher.local.workers=2"], "local", False, True,
-                 log=logs.append, out=logs.append)
+        run_grid(
+            load_grid(grid_file),
+            [*SMALL, "launcher.local.workers=2"],
+            "local",
+            False,
+            True,
+            log=logs.append,
+            out=logs.append,
+        )
     assert any("1 cell(s) to run on local, 2 finished" in line for line in logs)
     assert len(_runs(in_tmp, "g")) == len(runs)
 
@@ -77,9 +101,22 @@ def test_resubmitting_a_finished_grid_submits_nothing(in_tmp):
 def test_cli_dry_run_prints_the_cells_and_sbatch_scripts_and_submits_nothing(in_tmp):
     from typer.testing import CliRunner
 
-    r = CliRunner().invoke(app, ["ablate", "--table1", "--dry-run", "--launcher", "slurm", "--seeds", "2",
-                                 "launcher.slurm.partition=gpu", "launcher.slurm.gpus_per_task=8",
-                                 "launcher.slurm.setup=[module load cuda]", "trainer.total_steps=5"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "ablate",
+            "--table1",
+            "--dry-run",
+            "--launcher",
+            "slurm",
+            "--seeds",
+            "2",
+            "launcher.slurm.partition=gpu",
+            "launcher.slurm.gpus_per_task=8",
+            "launcher.slurm.setup=[module load cuda]",
+            "trainer.total_steps=5",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert r.output.count("would run") == 20
     assert "#SBATCH --partition=gpu" in r.output and "#SBATCH --array=0-19%16" in r.output
@@ -108,14 +145,24 @@ def test_tracking_server_down_fails_before_anything_runs(in_tmp):
     from vapo_lab.track import TrackingError
 
     with pytest.raises(TrackingError, match=f"127.0.0.1:{port} is not answering"):
-        run_grid(grid, [*SMALL, f"tracking.uri=http://127.0.0.1:{port}"], "local", False, True, log=print, out=print)
+        run_grid(
+            grid,
+            [*SMALL, f"tracking.uri=http://127.0.0.1:{port}"],
+            "local",
+            False,
+            True,
+            log=print,
+            out=print,
+        )
     assert not list((in_tmp / "runs" / "grids").glob("*/status/*.json"))
 
 
 def test_unknown_launcher_and_missing_grid(in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:1]
-    with pytest.raises(LaunchError, match="unknown launcher 'kube': valid names are local, ray, slurm"):
+    with pytest.raises(
+        LaunchError, match="unknown launcher 'kube': valid names are local, ray, slurm"
+    ):
         run_grid(grid, SMALL, "kube", False, True, log=print, out=print)
     with pytest.raises(LaunchError, match="no grid under runs"):
         find_grid("runs", None)

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from vapo_lab.distributed.world import World
+from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.cell import CellJob, cell_ranks, run_cell
-from vapo_lab.launch.actions import run_grid
 from vapo_lab.launch.grid import CellSpec, load_grid
 from vapo_lab.launch.slurm import SlurmLauncher, _array_parameters, slurm_parameters, task_groups
 from vapo_lab.launch.status import read_status, write_status
@@ -30,20 +30,42 @@ SLURM = ["launcher.slurm.cpus_per_task=1", "launcher.slurm.mem_gb=1", "launcher.
 
 
 def _spec(key, strategy="single", nodes=1, per_node=1):
-    config = {"trainer": {"strategy": strategy, "nodes": nodes, "nproc_per_node": per_node, "total_steps": 3},
-              "tracking": {}}
-    return CellSpec(grid_id="g-1", name=key, algo="vapo", drop=[], overrides=[], seed=0, config_hash="0" * 16,
-                    key=key, config=config, choices={"algo": "vapo"})
+    config = {
+        "trainer": {
+            "strategy": strategy,
+            "nodes": nodes,
+            "nproc_per_node": per_node,
+            "total_steps": 3,
+        },
+        "tracking": {},
+    }
+    return CellSpec(
+        grid_id="g-1",
+        name=key,
+        algo="vapo",
+        drop=[],
+        overrides=[],
+        seed=0,
+        config_hash="0" * 16,
+        key=key,
+        config=config,
+        choices={"algo": "vapo"},
+    )
 
 
 def _grid(tmp_path, cells):
     path = tmp_path / "g.yaml"
-    path.write_text("name: g\nseeds: [0]\ncells:\n" + "".join(
-        f"  - {{name: {name}, algo: vapo, overrides: [{', '.join(ov)}]}}\n" for name, ov in cells))
+    path.write_text(
+        "name: g\nseeds: [0]\ncells:\n"
+        + "".join(
+            f"  - {{name: {name}, algo: vapo, overrides: [{', '.join(ov)}]}}\n"
+            for name, ov in cells
+        )
+    )
     return load_grid(path)
 
 
-# ---- grouping and the sbatch parameters of a multi-task array --------------------------------------
+# ---- grouping and the sbatch parameters of a multi-task array ------------------------------------
 
 
 def test_a_cells_ranks_are_nodes_by_nproc_under_fsdp_only():
@@ -53,15 +75,26 @@ def test_a_cells_ranks_are_nodes_by_nproc_under_fsdp_only():
 
 
 def test_cells_are_grouped_by_job_shape_in_first_seen_order():
-    specs = [_spec("a"), _spec("b", "fsdp", 1, 2), _spec("c"), _spec("d", "fsdp", 2, 2), _spec("e", "fsdp", 1, 2)]
+    specs = [
+        _spec("a"),
+        _spec("b", "fsdp", 1, 2),
+        _spec("c"),
+        _spec("d", "fsdp", 2, 2),
+        _spec("e", "fsdp", 1, 2),
+    ]
     groups = task_groups(specs, lambda s: s.config)
     assert list(groups) == [(1, 1), (1, 2), (2, 2)]
     assert {shape: [s.key for s in g] for shape, g in groups.items()} == {
-        (1, 1): ["a", "c"], (1, 2): ["b", "e"], (2, 2): ["d"]}
+        (1, 1): ["a", "c"],
+        (1, 2): ["b", "e"],
+        (2, 2): ["d"],
+    }
 
 
 def test_a_multi_task_array_asks_one_task_per_rank_and_one_gpu_per_rank():
-    params = slurm_parameters({"cpus_per_task": 3, "mem_gb": 4, "gpus_per_task": 1, "nodes": 1}, "vapo-g")
+    params = slurm_parameters(
+        {"cpus_per_task": 3, "mem_gb": 4, "gpus_per_task": 1, "nodes": 1}, "vapo-g"
+    )
     one = _array_parameters(params, "7")
     assert "ntasks_per_node" not in one and one["gpus_per_task"] == 1 and one["mem"] == "4GB"
     many = _array_parameters(params, "7", 2, 4)
@@ -81,13 +114,20 @@ def test_dry_run_shows_one_array_per_shape_with_the_multi_task_script(tmp_path):
     assert [s.splitlines()[0] for s in scripts] == [
         "1: the prepare job (base model, reward model, pretrained critic)",
         "2: the job array of 2 cells, after the prepare job",
-        "3: the job array of 1 cells on 2 node(s) x 2 tasks (4 ranks each), after the prepare job"]
+        "3: the job array of 1 cells on 2 node(s) x 2 tasks (4 ranks each), after the prepare job",
+    ]
     single, multi = scripts[1], scripts[2]
     assert "#SBATCH --array=0-1%2" in single and "--ntasks-per-node" not in single
     assert "#SBATCH --gpus-per-task=1" in single and "--kill-on-bad-exit" not in single
-    for line in ("#SBATCH --array=0-0%1", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2",
-                 "#SBATCH --gpus-per-node=2", "#SBATCH --mem=4GB", "#SBATCH --job-name=vapo-g-1-2x2",
-                 "#SBATCH --dependency='afterok:<prepare job id>'"):
+    for line in (
+        "#SBATCH --array=0-0%1",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2",
+        "#SBATCH --gpus-per-node=2",
+        "#SBATCH --mem=4GB",
+        "#SBATCH --job-name=vapo-g-1-2x2",
+        "#SBATCH --dependency='afterok:<prepare job id>'",
+    ):
         assert line in multi, line
     assert "--gpus-per-task" not in multi
     assert "srun --unbuffered" in multi and "--kill-on-bad-exit=1" in multi
@@ -98,17 +138,22 @@ def test_cli_dry_run_of_a_grid_with_a_two_rank_cell(in_tmp):
 
     from vapo_lab.cli import app
 
-    (in_tmp / "g.yaml").write_text("name: g\nseeds: [0]\ncells:\n  - {name: one, algo: vapo}\n"
-                                   "  - {name: two, algo: vapo, overrides: [trainer.strategy=fsdp, "
-                                   "trainer.nproc_per_node=2]}\n")
+    (in_tmp / "g.yaml").write_text(
+        "name: g\nseeds: [0]\ncells:\n  - {name: one, algo: vapo}\n"
+        "  - {name: two, algo: vapo, overrides: [trainer.strategy=fsdp, "
+        "trainer.nproc_per_node=2]}\n"
+    )
     r = CliRunner().invoke(app, ["sweep", "g.yaml", "--dry-run", "--launcher", "slurm"])
     assert r.exit_code == 0, r.output
     assert r.output.count("would run") == 2 and r.output.count("#SBATCH --array=0-0%1\n") == 2
-    assert "on 1 node(s) x 2 tasks (2 ranks each)" in r.output and "#SBATCH --ntasks-per-node=2" in r.output
+    assert (
+        "on 1 node(s) x 2 tasks (2 ranks each)" in r.output
+        and "#SBATCH --ntasks-per-node=2" in r.output
+    )
     assert not (in_tmp / "runs").exists()
 
 
-# ---- launchers that cannot run a cell refuse it before anything is submitted ------------------------
+# ---- launchers that cannot run a cell refuse it before anything is submitted ---------------------
 
 
 def test_ray_refuses_a_many_rank_cell_in_one_line_naming_the_other_launchers(in_tmp):
@@ -117,26 +162,38 @@ def test_ray_refuses_a_many_rank_cell_in_one_line_naming_the_other_launchers(in_
         run_grid(grid, ["trainer.total_steps=2"], "ray", False, True, log=print, out=print)
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith("cell two-s0-") and "runs on 2 ranks (trainer.nodes=1 x trainer.nproc_per_node=2)" in msg
-    assert msg.endswith("the Ray launcher runs one process per cell; use --launcher local (torchrun on this "
-                        "machine) or --launcher slurm (a multi-task job); nothing was submitted")
-    assert not (in_tmp / "runs" / "grids").exists() or not list((in_tmp / "runs" / "grids").rglob("*.json"))
+    assert (
+        msg.startswith("cell two-s0-")
+        and "runs on 2 ranks (trainer.nodes=1 x trainer.nproc_per_node=2)" in msg
+    )
+    assert msg.endswith(
+        "the Ray launcher runs one process per cell; use --launcher local (torchrun on this "
+        "machine) or --launcher slurm (a multi-task job); nothing was submitted"
+    )
+    assert not (in_tmp / "runs" / "grids").exists() or not list(
+        (in_tmp / "runs" / "grids").rglob("*.json")
+    )
 
 
 def test_local_launcher_refuses_a_cell_on_many_nodes(in_tmp):
     grid = _grid(in_tmp, [("two", [*FSDP2, "trainer.nodes=2"])])
-    with pytest.raises(LaunchError, match=r"cell two-s0-\w+ runs on trainer.nodes=2 nodes: the local launcher "
-                                          r"starts the ranks of this machine only; use --launcher slurm"):
+    with pytest.raises(
+        LaunchError,
+        match=r"cell two-s0-\w+ runs on trainer.nodes=2 nodes: the local launcher "
+        r"starts the ranks of this machine only; use --launcher slurm",
+    ):
         run_grid(grid, ["trainer.total_steps=2"], "local", False, True, log=print, out=print)
-    assert not (in_tmp / "runs" / "grids").exists() or not list((in_tmp / "runs" / "grids").rglob("*.json"))
+    assert not (in_tmp / "runs" / "grids").exists() or not list(
+        (in_tmp / "runs" / "grids").rglob("*.json")
+    )
 
 
-# ---- every rank runs the cell; rank 0 alone writes its status ---------------------------------------
+# ---- every rank runs the cell; rank 0 alone writes its status ------------------------------------
 
 
 class FakeTrainer:
-    """A Trainer that counts its steps (on rank 0, as Trainer does), or fails on construction: ``fail[rank]``
-    is the exception to raise, or a function that raises it."""
+    """A Trainer that counts its steps (on rank 0, as Trainer does), or fails on construction:
+    ``fail[rank]`` is the exception to raise, or a function that raises it."""
 
     fail: dict = {}
 
@@ -151,21 +208,31 @@ class FakeTrainer:
         self.world = World(rank, 2, rank)
         self.total = int(cfg.trainer.total_steps)
 
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
     def train(self, on_step):
         for step in range(1, self.total + 1):
             if self.world.main:
                 on_step(step, {})
-        return SimpleNamespace(steps=self.total, final_eval=0.5, best_eval=0.5, base_eval=0.1, checkpoint=None)
+        return SimpleNamespace(
+            steps=self.total, final_eval=0.5, best_eval=0.5, base_eval=0.1, checkpoint=None
+        )
 
 
 @pytest.fixture
 def fake_cell(tmp_path, monkeypatch):
     monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", FakeTrainer)
-    monkeypatch.setattr("vapo_lab.stop.sigterm_interrupts", lambda: None)
+    monkeypatch.setattr("vapo_lab.stop.sigterm_interrupts", lambda save_within=None: None)
     monkeypatch.chdir(tmp_path)  # run_cell moves into the job's working directory: restored after
     FakeTrainer.fail = {}
     spec = _spec("two", "fsdp", 1, 2)
-    job = CellJob(spec=spec, grid_dir=str(tmp_path / "grids" / "g-1"), cwd=str(tmp_path), experiment="g")
+    job = CellJob(
+        spec=spec, grid_dir=str(tmp_path / "grids" / "g-1"), cwd=str(tmp_path), experiment="g"
+    )
 
     def as_rank(rank):
         monkeypatch.setenv("RANK", str(rank))
@@ -192,7 +259,10 @@ def test_only_rank_0_writes_the_status_file(fake_cell):
 def test_a_failing_rank_fails_the_cell_with_its_own_message(fake_cell, monkeypatch):
     FakeTrainer.fail = {1: ValueError("bad batch on this rank")}
     job = fake_cell(1)
-    grid_dir, rank1_file = Path(job.grid_dir), Path(job.grid_dir) / "status" / f"{job.spec.key}.rank1.error"
+    grid_dir, rank1_file = (
+        Path(job.grid_dir),
+        Path(job.grid_dir) / "status" / f"{job.spec.key}.rank1.error",
+    )
     with pytest.raises(ValueError):
         run_cell(job)
     assert read_status(grid_dir, job.spec.key) == {"state": "pending"}  # no status file from rank 1
@@ -213,7 +283,9 @@ def test_a_failing_rank_fails_the_cell_with_its_own_message(fake_cell, monkeypat
     assert not list((grid_dir / "status").glob("*.error"))  # read, then removed
 
     # rank 0 failing alone names itself; an earlier attempt's rank files are not this one's
-    (grid_dir / "status" / f"{job.spec.key}.rank1.error").write_text("rank 1: KeyboardInterrupt: signal 15\n")
+    (grid_dir / "status" / f"{job.spec.key}.rank1.error").write_text(
+        "rank 1: KeyboardInterrupt: signal 15\n"
+    )
     FakeTrainer.fail = {0: OSError("disk full")}
     with pytest.raises(OSError):
         run_cell(fake_cell(0))
@@ -231,7 +303,9 @@ def test_a_finished_cell_returns_at_once_on_every_rank(fake_cell):
 
 def test_a_cell_job_goes_to_its_ranks_as_json(tmp_path):
     spec = _spec("two", "fsdp", 1, 2)
-    job = CellJob(spec=spec, grid_dir=str(tmp_path), cwd=str(tmp_path), experiment="g", parent_run_id="p1")
+    job = CellJob(
+        spec=spec, grid_dir=str(tmp_path), cwd=str(tmp_path), experiment="g", parent_run_id="p1"
+    )
     again = CellJob.from_json(job.to_json())
     assert again == job and again.world_size == 2 and again.spec.config == spec.config
 
@@ -252,22 +326,30 @@ def test_each_task_of_a_multi_task_job_gets_its_rank(tmp_path, monkeypatch):
         from vapo_lab.launch.cell import join_slurm_ranks
 
         join_slurm_ranks()
-        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        return {
+            k: os.environ.get(k)
+            for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
 
     envs = ex.submit(task).results()
-    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [("0", "0", "2"), ("1", "1", "2")]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "2"),
+        ("1", "1", "2"),
+    ]
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] != "1234"
     assert envs[0]["MASTER_ADDR"] == envs[1]["MASTER_ADDR"]
 
 
-# ---- slow: a 2-rank cell trained to the end ---------------------------------------------------------
+# ---- slow: a 2-rank cell trained to the end ------------------------------------------------------
 
 
 def _check_two_rank_run(run_dir: Path, steps: int) -> None:
     """The run ended: each training step logged once (by rank 0), and its checkpoints are sharded
     over 2 ranks (DCP: a .metadata written last, one shard file per rank)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert sorted(d["step"] for d in records if record_kind(d) != "pretrain") == list(range(steps + 1))
+    assert sorted(d["step"] for d in records if record_kind(d) != "pretrain") == list(
+        range(steps + 1)
+    )
     dcp = run_dir / "checkpoints" / f"step_{steps:06d}" / "dcp"
     assert (dcp / ".metadata").is_file()
     assert sorted(p.name for p in dcp.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
@@ -278,7 +360,9 @@ def test_a_two_task_slurm_job_trains_a_two_rank_cell_to_the_end(slurm, in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[2:3]  # VAPO
     t0 = time.time()
-    sub = run_grid(grid, [*SMALL, *FSDP2, *SLURM, "tracking=none"], "slurm", False, True, log=print, out=print)
+    sub = run_grid(
+        grid, [*SMALL, *FSDP2, *SLURM, "tracking=none"], "slurm", False, True, log=print, out=print
+    )
     (key,) = sub.submitted
     assert sub.results == {key: "finished"}, sub.results
     print(f"2-task Slurm cell: {time.time() - t0:.0f}s")
@@ -287,7 +371,11 @@ def test_a_two_task_slurm_job_trains_a_two_rank_cell_to_the_end(slurm, in_tmp):
     _check_two_rank_run(sub.grid_dir / "runs" / key, 3)
     job = sub.job_ids[key]
     logs = sorted((sub.grid_dir / "slurm_logs").rglob(f"{job}_*_log.out"))
-    assert [p.name.removeprefix(f"{job}_").split("_")[0] for p in logs] == ["0", "1"]  # two tasks, one job
+    # two tasks, one job
+    assert [p.name.removeprefix(f"{job}_").split("_")[0] for p in logs] == [
+        "0",
+        "1",
+    ]
     assert "global_rank=1(2)" in logs[1].read_text()
     assert not list((sub.grid_dir / "status").glob("*.error"))
 
@@ -313,7 +401,17 @@ def test_the_local_launcher_trains_a_two_rank_cell_with_torchrun_and_skips_it_wh
 def test_a_two_rank_local_cell_that_fails_on_its_ranks_is_recorded_failed(in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[2:3]
-    with pytest.raises(LaunchError, match=r"1 cell\(s\) failed: vapo-s0-\w+: failed: rank [01]: ConfigError: "
-                                          r"trainer.device=cuda:0 but no CUDA GPU"):
-        run_grid(grid, [*SMALL, *FSDP2, "tracking=none", "trainer.device=cuda:0"], "local", False, True,
-                 log=print, out=print)
+    with pytest.raises(
+        LaunchError,
+        match=r"1 cell\(s\) failed: vapo-s0-\w+: failed: rank [01]: ConfigError: "
+        r"trainer.device=cuda:0 but no CUDA GPU",
+    ):
+        run_grid(
+            grid,
+            [*SMALL, *FSDP2, "tracking=none", "trainer.device=cuda:0"],
+            "local",
+            False,
+            True,
+            log=print,
+            out=print,
+        )

@@ -1,4 +1,5 @@
-"""A local Ray started by the launcher listens on 127.0.0.1 only (unless launcher.ray.expose=true)."""
+"""A local Ray started by the launcher listens on 127.0.0.1 only (unless
+launcher.ray.expose=true)."""
 
 import subprocess
 import sys
@@ -36,7 +37,9 @@ PROBE = textwrap.dedent("""
 
 
 def _listening(mode):
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return [line.split()[1] for line in out.stdout.splitlines() if line.startswith("LISTEN")]
 

@@ -5,6 +5,7 @@ Slow (minutes): run with `pytest -m slow`; .ci/run starts the local Slurm first.
 """
 
 import json
+import re
 import socket
 import subprocess
 import time
@@ -12,14 +13,13 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from vapo_lab.launch.base import LaunchError
+from tests.trainer.conftest import last_metrics
 from vapo_lab.launch.actions import run_grid
+from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 from vapo_lab.launch.record import find_grid
 from vapo_lab.track.server import MlflowServer
-
-from tests.trainer.conftest import last_metrics
 
 from .conftest import SMALL
 
@@ -40,10 +40,15 @@ def server(tmp_path_factory):
         yield srv
 
 
-def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(slurm, in_tmp, server):
-    """The issue's "done when": `vapo-lab ablate --table1 --seeds 1 --launcher slurm` with a few steps."""
+def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_nothing(
+    slurm, in_tmp, server
+):
+    """The issue's "done when": `vapo-lab ablate --table1 --seeds 1 --launcher slurm` with a few
+    steps."""
     overrides = [*SMALL, *SLURM, f"tracking.uri={server.url}"]
-    sub = run_grid(load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print)
+    sub = run_grid(
+        load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print
+    )
     assert len(sub.submitted) == 10 and set(sub.results.values()) == {"finished"}
     assert "prepare" in sub.job_ids
     assert len({sub.job_ids[k].split("_")[0] for k in sub.submitted}) == 1  # one job array
@@ -67,11 +72,17 @@ def test_table1_on_slurm_lands_tagged_in_the_server_and_resubmission_submits_not
     jobs = {r["cell"]: r for r in grid_table(sub.grid_dir)}
     assert all(r["state"].startswith("finished") and r["job_id"] for r in jobs.values())
 
-    before = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
-    again = run_grid(load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print)
+    before = subprocess.run(
+        ["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True
+    ).stdout.split()
+    again = run_grid(
+        load_grid("table1", seeds=1), overrides, "slurm", False, True, log=print, out=print
+    )
     assert again.submitted == [] and sorted(again.skipped_finished) == sorted(sub.submitted)
     assert "prepare" not in again.job_ids
-    after = subprocess.run(["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True).stdout.split()
+    after = subprocess.run(
+        ["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True
+    ).stdout.split()
     assert after == before  # not a single new job
     assert len(client.search_runs([exp.experiment_id])) == len(runs)
 
@@ -117,22 +128,71 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
     assert "resumed" in log and "REQUEUE" in log
 
 
+@pytest.mark.timeout(1500)  # ~8 minutes here; bounded should the warnings come too early
+def test_a_time_limit_shorter_than_save_every_still_advances_every_attempt(slurm, in_tmp):
+    # a 2-minute time limit, Slurm's warning 60 s before it (sent up to a minute early: Slurm checks
+    # on a timer), 1000 steps of ~0.1 s and no periodic save before the end: each attempt saves at
+    # its first safe point after the warning, the job requeues and the next attempt resumes there
+    steps = [*SMALL, "trainer.total_steps=1000", "trainer.eval_every=1000", "tracking=none"]
+    steps += ["trainer.save_every=1000"]
+    limit = ["launcher.slurm.time_min=2", "launcher.slurm.signal_delay_s=60"]
+    grid = load_grid("table1")
+    grid.cells = grid.cells[2:3]  # VAPO
+    result = run_grid(
+        grid, [*steps, *SLURM[:2], *limit], "slurm", False, True, log=print, out=print
+    )
+    (key,) = result.submitted
+    assert result.results == {key: "finished"}
+    grid_dir = in_tmp / "runs" / "grids" / result.grid_id
+    st = json.loads((grid_dir / "status" / f"{key}.json").read_text())
+    assert st["attempts"] >= 2 and st["step"] == 1000
+    run_dir = grid_dir / "runs" / key
+    assert sorted(last_metrics(run_dir)) == list(range(1001))  # every step logged once
+    log = "".join(p.read_text() for p in sorted((grid_dir / "slurm_logs").rglob("*.err")))
+    # every stop at the warning saved its step, and an attempt resumed from exactly there
+    stops = [int(n) for n in re.findall(r"stopped after step (\d+) of 1000 \(SIGUSR2\)", log)]
+    starts = [int(n) for n in re.findall(r"resumed \S+ at step (\d+)", log)]
+    assert stops and stops == sorted(set(stops)) and 0 < stops[0] and stops[-1] < 1000
+    assert set(stops) <= set(starts), (stops, starts)
+
+
 def test_unknown_partition_fails_in_one_line_before_submitting(slurm, in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:1]
-    with pytest.raises(LaunchError, match=r"unknown Slurm partition launcher.slurm.partition='nope': this "
-                                          r"cluster has debug; nothing was submitted"):
-        run_grid(grid, [*SMALL, *SLURM, "launcher.slurm.partition=nope"], "slurm", False, True, log=print,
-                 out=print)
+    with pytest.raises(
+        LaunchError,
+        match=r"unknown Slurm partition launcher.slurm.partition='nope': this "
+        r"cluster has debug; nothing was submitted",
+    ):
+        run_grid(
+            grid,
+            [*SMALL, *SLURM, "launcher.slurm.partition=nope"],
+            "slurm",
+            False,
+            True,
+            log=print,
+            out=print,
+        )
 
 
 def test_rejected_sbatch_reports_what_was_submitted(slurm, in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:2]
-    with pytest.raises(LaunchError, match=r"sbatch refused the grid's prepare job: .*; submitted: none of 2 cells"):
-        run_grid(grid, [*SMALL, *SLURM, "launcher.slurm.mem_gb=100000"], "slurm", False, True, log=print,
-                 out=print)
+    with pytest.raises(
+        LaunchError, match=r"sbatch refused the grid's prepare job: .*; submitted: none of 2 cells"
+    ):
+        run_grid(
+            grid,
+            [*SMALL, *SLURM, "launcher.slurm.mem_gb=100000"],
+            "slurm",
+            False,
+            True,
+            log=print,
+            out=print,
+        )
     grid_dir = find_grid("runs", None)
     # nothing ran: each cell says why, not "pending" for ever (resubmitting starts them afresh)
-    assert all(r["state"].startswith("failed: launch failed: sbatch refused") and not r["job_id"]
-               for r in grid_table(grid_dir))
+    assert all(
+        r["state"].startswith("failed: launch failed: sbatch refused") and not r["job_id"]
+        for r in grid_table(grid_dir)
+    )

@@ -9,12 +9,18 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 from vapo_lab.errors import ConfigError
-from vapo_lab.models.activations import chunked_logprob_bytes, qwen2_pass_activation_bytes
+from vapo_lab.models.activations import (
+    chunked_logprob_bytes,
+    qwen2_forward_bytes,
+    qwen2_layer_activation_bytes,
+    qwen2_pass_activation_bytes,
+)
 from vapo_lab.models.footprint import (
     GB,
     Setup,
     actor_params,
     critic_params,
+    embedding_params,
     estimate,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -28,8 +34,17 @@ from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 from vapo_lab.models.value import ValueModel
 
 # h 8, L 2, 2 query heads and 1 kv head of d 4, SwiGLU width 16, 10 tokens
-SMALL = Shape(hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
-              vocab_size=10, tie_word_embeddings=True, max_position_embeddings=64)
+SMALL = Shape(
+    hidden_size=8,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    intermediate_size=16,
+    vocab_size=10,
+    tie_word_embeddings=True,
+    max_position_embeddings=64,
+)
 
 
 def _count(module: torch.nn.Module) -> int:
@@ -38,7 +53,8 @@ def _count(module: torch.nn.Module) -> int:
 
 # -- parameters ----------------------------------------------------------------------------------
 def test_parameter_counts_of_a_small_shape_by_hand():
-    # q 8x8 + 8 bias = 72; k = v = 8x4 + 4 = 36; o 8x8 = 64 (no bias); MLP 3 x 8x16 = 384; norms 2x8 = 16
+    # q 8x8 + 8 bias = 72; k = v = 8x4 + 4 = 36; o 8x8 = 64 (no bias); MLP 3 x 8x16 = 384;
+    # norms 2x8 = 16
     assert layer_params(SMALL) == 72 + 36 + 36 + 64 + 384 + 16 == 608
     # embeddings 10x8 = 80, 2 layers, final norm 8; tied: no lm_head
     assert actor_params(SMALL) == 80 + 2 * 608 + 8 == 1304
@@ -52,8 +68,16 @@ def test_parameter_counts_of_a_small_shape_by_hand():
 @pytest.mark.parametrize("head_dim", [None, 6])
 def test_counts_equal_a_real_qwen2_built_from_its_config(tied, head_dim):
     extra = {"head_dim": head_dim} if head_dim else {}
-    config = Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=40, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied, **extra)
+    config = Qwen2Config(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        **extra,
+    )
     shape = Shape.from_hf_config(config.to_dict())
     assert shape.head_dim == (head_dim or 4) and shape.qkv_bias
     torch.manual_seed(0)
@@ -71,13 +95,15 @@ def test_the_embedded_model_has_the_count_the_plan_gives():
 
     shape, _ = model_shape(compose_config().cfg)
     model = build_tiny_model(build_tokenizer(ArithTask(seed=0, n_train=4, n_eval=4).vocabulary()))
-    assert _count(model) == actor_params(shape) == 1_101_312  # "1.10M in all" (vapo_lab/models/tiny.py)
+    # "1.10M in all" (vapo_lab/models/tiny.py)
+    assert _count(model) == actor_params(shape) == 1_101_312
     assert shape.vocab_size == model.config.vocab_size == 2827
 
 
 def test_qwen25_counts_match_the_published_figures():
-    # model cards (huggingface.co/Qwen/Qwen2.5-*): total and non-embedding parameters, in billions, to
-    # their last digit (the cards round some and cut others: 7B's 7.6156 is "7.61", 0.5B's 0.3579 "0.36")
+    # model cards (huggingface.co/Qwen/Qwen2.5-*): total and non-embedding parameters, in billions,
+    # to their last digit (the cards round some and cut others: 7B's 7.6156 is "7.61", 0.5B's
+    # 0.3579 "0.36")
     cards = {"Qwen2.5-0.5B": (0.49, 0.36), "Qwen2.5-1.5B": (1.54, 1.31), "Qwen2.5-7B": (7.61, 6.53)}
     for name, (total, non_embedding) in cards.items():
         shape = KNOWN_ARCHS[name]
@@ -85,7 +111,8 @@ def test_qwen25_counts_match_the_published_figures():
         assert abs(non_embedding_params(shape) / 1e9 - non_embedding) < 0.01, name
     assert actor_params(KNOWN_ARCHS["Qwen2.5-7B"]) == 7_615_616_512
     q32 = known_arch("Qwen2.5-32B")
-    # the bf16 checkpoint's model.safetensors.index.json: total_size 65,527,752,704 bytes = 2 x parameters
+    # the bf16 checkpoint's model.safetensors.index.json: total_size 65,527,752,704 bytes
+    # = 2 x parameters
     assert actor_params(q32) * 2 == 65_527_752_704
     assert actor_params(q32) == 32_763_876_352
     # its card says 32.5B total, 31.0B non-embedding: rounded down; ours are within 1% of both
@@ -94,9 +121,17 @@ def test_qwen25_counts_match_the_published_figures():
 
 
 def test_read_shape_reads_a_local_config_json(tmp_path):
-    config = {"model_type": "qwen2", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 40,
-              "num_key_value_heads": 8, "intermediate_size": 27648, "vocab_size": 152064,
-              "max_position_embeddings": 131072, "tie_word_embeddings": False}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": 5120,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "intermediate_size": 27648,
+        "vocab_size": 152064,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert read_shape(tmp_path) == KNOWN_ARCHS["Qwen2.5-32B"]
     with pytest.raises(ConfigError, match="no config.json"):
@@ -133,9 +168,21 @@ def test_kv_cache_by_hand():
 
 
 # -- a run ---------------------------------------------------------------------------------------
-PAPER = Setup(world=128, strategy="fsdp", dtype="bfloat16", micro_tokens=8 * 20992, responses_per_step=8192,
-              prompt_tokens=512, max_new_tokens=20480, gradient_checkpointing=True, mini_batch_size=512,
-              engine="vllm", tensor_parallel_size=1, engine_memory=0.5 * 80e9, logprob_chunk=441)
+PAPER = Setup(
+    world=128,
+    strategy="fsdp",
+    dtype="bfloat16",
+    micro_tokens=8 * 20992,
+    responses_per_step=8192,
+    prompt_tokens=512,
+    max_new_tokens=20480,
+    gradient_checkpointing=True,
+    mini_batch_size=512,
+    engine="vllm",
+    tensor_parallel_size=1,
+    engine_memory=0.5 * 80e9,
+    logprob_chunk=441,
+)
 
 
 def test_paper_setup_adds_up():
@@ -147,16 +194,23 @@ def test_paper_setup_adds_up():
     # a mini-batch is a random draw of 512 of the 8192 responses: a rank's share averages 4 but can
     # reach all its 64, so a pass can fill its whole budget of 8 x 20,992 tokens
     assert fp.pass_tokens == 167_936 and fp.micro_batch == 8
-    assert (fp.weights, fp.gradients, fp.optimizer) == (4 * trained / 128, 4 * trained / 128, 8 * trained / 128)
+    assert (fp.weights, fp.gradients, fp.optimizer) == (
+        4 * trained / 128,
+        4 * trained / 128,
+        8 * trained / 128,
+    )
     assert fp.state == 16 * trained / 128
     # the pass's response tokens 8 x 20,480 = 163,840 through the chunked LM head
     assert fp.logprob == chunked_logprob_bytes(163_840, 152064, 5120, 441, 2) == 6_754_110_464
-    # a pass: 8 rows of 512 + 20,480 tokens, checkpointed, bf16 copies of the shards (FSDP2's "cast"):
-    # the tensors autograd keeps (qwen2_pass_activation_bytes, by hand in tests/bench/test_plan_check.py)
-    assert fp.actor_activations == qwen2_pass_activation_bytes(q32, 8, 512, 20480, True, "lm", 2, False, "packed",
-                                                              441, "cast")
-    assert fp.critic_activations == qwen2_pass_activation_bytes(q32, 8, 512, 20480, True, "value", 2, False,
-                                                               "packed", 441, "cast")
+    # a pass: 8 rows of 512 + 20,480 tokens, checkpointed, bf16 copies of the shards (FSDP2's
+    # "cast"): the tensors autograd keeps (qwen2_pass_activation_bytes, by hand in
+    # tests/bench/test_plan_check.py)
+    assert fp.actor_activations == qwen2_pass_activation_bytes(
+        q32, 8, 512, 20480, True, "lm", 2, False, "packed", 441, "cast"
+    )
+    assert fp.critic_activations == qwen2_pass_activation_bytes(
+        q32, 8, 512, 20480, True, "value", 2, False, "packed", 441, "cast"
+    )
     assert fp.actor_activations > fp.logprob
     layer = layer_params(q32)
     assert fp.gathered == (32_763_876_352 - 64 * layer + 2 * layer) * 2
@@ -176,8 +230,8 @@ def test_smallest_world_is_the_first_divisor_that_fits():
     q32 = KNOWN_ARCHS["Qwen2.5-32B"]
     one = replace(PAPER, micro_tokens=20992, engine_memory=0.9 * 80e9)
     fp = estimate(q32, one)
-    # rollout: 16 B x 64.75B params / N + vLLM's 72 GB <= 80 GB  =>  N >= 129.5; the first divisor of
-    # the 512 prompts at or above it: 256
+    # rollout: 16 B x 64.75B params / N + vLLM's 72 GB <= 80 GB  =>  N >= 129.5; the first divisor
+    # of the 512 prompts at or above it: 256
     n_min = 16 * (fp.actor_params + fp.critic_params) / (80e9 - 72e9)
     assert 129 < n_min < 130
     assert smallest_world(q32, one, 80e9) == 130
@@ -192,8 +246,16 @@ def test_smallest_world_is_the_first_divisor_that_fits():
 
 def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     tiny = replace(SMALL, max_position_embeddings=4096)
-    setup = Setup(world=2, strategy="fsdp", dtype="float32", micro_tokens=4 * 500, responses_per_step=600,
-                  prompt_tokens=100, max_new_tokens=400, gradient_checkpointing=False)
+    setup = Setup(
+        world=2,
+        strategy="fsdp",
+        dtype="float32",
+        micro_tokens=4 * 500,
+        responses_per_step=600,
+        prompt_tokens=100,
+        max_new_tokens=400,
+        gradient_checkpointing=False,
+    )
     fp = estimate(tiny, setup)
     assert fp.replica == 4 * actor_params(tiny)
     # 300 responses a rank; the sampler decodes at most 256 rows at once
@@ -203,3 +265,108 @@ def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     single = estimate(tiny, replace(setup, strategy="single"))
     assert single.replica == 0 and single.state == 16 * (actor_params(tiny) + critic_params(tiny))
     assert single.responses_per_rank == 600
+
+
+def test_the_builtin_sampler_holds_float32_whatever_the_compute_dtype():
+    # it decodes with the float32 masters (or their float32 replica under fsdp): replica and KV
+    # cache at 4 B a value, not the bf16 compute dtype's 2
+    tiny = replace(SMALL, max_position_embeddings=4096)
+    setup = Setup(
+        world=2,
+        strategy="fsdp",
+        dtype="bfloat16",
+        micro_tokens=2000,
+        responses_per_step=8,
+        prompt_tokens=100,
+        max_new_tokens=400,
+        gradient_checkpointing=False,
+    )
+    fp = estimate(tiny, setup)
+    # 2 layers x (K and V) x 1 kv head x d 4 x 4 B x 500 tokens
+    assert fp.kv_per_sequence == 2 * 2 * 1 * 4 * 4 * 500
+    assert fp.replica == 4 * actor_params(tiny)
+    assert fp.rollout_peak == fp.state + 4 * fp.kv_per_sequence
+
+
+# the paper's scale as conf/scale/paper.yaml ships it: vLLM over tp 4 at 0.8 of an 80 GB GPU,
+# the state offloaded while it samples, 313 steps
+SHIPPED = replace(
+    PAPER,
+    micro_tokens=20992,
+    tensor_parallel_size=4,
+    engine_memory=0.8 * 80e9,
+    offload=True,
+    reward_model=True,
+    value_pretraining=True,
+    eval_responses=30 * 32,
+    ranks_per_node=8,
+    total_steps=313,
+    save_every=10,
+    headroom=1.3,
+)
+
+
+def test_every_phase_of_the_paper_scale_is_counted():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    fp = estimate(q32, SHIPPED)
+    actor, critic = fp.actor_params, fp.critic_params
+    phases = {ph.name: ph for ph in fp.phases}
+    assert list(phases) == [
+        "rollout",
+        "model outputs",
+        "update",
+        "reward-model build",
+        "value pretraining",
+        "evaluation",
+    ]
+    state = 16 * (actor + critic) / 128
+    # rollout: the state in host memory, vLLM's 64 GB awake
+    assert (phases["rollout"].tensors, phases["rollout"].engine) == (0.0, 64e9)
+    # the engine sleeps from the end of sampling to the next push: no share in the passes
+    for name in ("model outputs", "update", "reward-model build", "value pretraining"):
+        assert phases[name].engine == 0.0
+    # model outputs: state + gathered + the larger no-grad pass (1 row of 512 + 20,480 tokens)
+    fwd = [
+        qwen2_forward_bytes(q32, 1, 512, 20480, head, 2, "packed", 441, "cast")
+        for head in ("lm", "value")
+    ]
+    assert phases["model outputs"].tensors == state + fp.gathered + max(fwd)
+    assert phases["update"].tensors == fp.train_peak
+    # the critic's start: the policy's float32 shards (4 B x actor / 128), a critic-shaped model's
+    # state (16 B x critic / 128), its gathered root + 2 layers in bf16, a checkpointed pass
+    layer = layer_params(q32)
+    start = 4 * actor / 128 + 16 * critic / 128 + (critic - 62 * layer) * 2
+    assert phases["reward-model build"].tensors == start + fp.critic_activations
+    # evaluation: the state back on the GPU beside the woken engine: 8.09 x 1.3 + 64 = 74.52 GB
+    assert (phases["evaluation"].tensors, phases["evaluation"].engine) == (state, 64e9)
+    assert fp.need == phases["evaluation"].need(1.3) == pytest.approx(1.3 * state + 64e9)
+    assert round(fp.need / 1e7) == 7452 and fp.fits(80e9)
+    # the paper's unit: 8192 responses / 512 a mini-batch = 16 updates a step, 313 steps
+    assert (fp.updates_per_step, fp.total_updates) == (16, 5008)
+    # a save: 12 B x (actor + critic), 777 GB; a node's host: 8 ranks' pinned state + rank 0's
+    # float32 (V, h) embedding as the cache writer streams it
+    assert fp.checkpoint_bytes == 12 * (actor + critic)
+    assert fp.host_per_node == 8 * state + 4 * embedding_params(q32)
+
+
+def test_an_engine_that_stays_awake_counts_in_every_phase():
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    fp = estimate(q32, replace(SHIPPED, engine_sleeps=False))
+    assert all(ph.engine == 64e9 for ph in fp.phases)
+    # the reward-model build at 0.8: a critic's pass beside vLLM's share is more than 80 GB
+    assert not fp.fits(80e9)
+    assert fp.largest_phase.name in ("update", "reward-model build")
+
+
+def test_a_no_grad_pass_by_hand():
+    # SMALL (h 8, L 2, heads 2/1 of d 4, i 16, V 10) under autocast in float32 (p = r = 4, no
+    # casts), 1 row of 3 prompt + 2 response tokens: n = 5
+    layer = qwen2_layer_activation_bytes(SMALL, 1, 3, 2, 4)
+    rope = 5 * 2 * 4 * 4  # n x 2 tables x d x 4 B
+    stream = 2 * 4 * 8 * 5  # the residual stream in and out
+    value = qwen2_forward_bytes(SMALL, 1, 3, 2, "value", 4)
+    assert value == rope + max(stream + layer, 4 * 8 * 5 + 4 * 5)
+    lm = qwen2_forward_bytes(SMALL, 1, 3, 2, "lm", 4, logprob_chunk=2)
+    assert lm == rope + max(stream + layer, 4 * 8 * 5 + chunked_logprob_bytes(2, 10, 8, 2, 4))
+    # no larger than a training pass, which keeps every layer
+    assert value <= qwen2_pass_activation_bytes(SMALL, 1, 3, 2, False, "value", 4)

@@ -14,14 +14,24 @@ from vapo_lab.trainer.forward import Rows, policy_forward
 
 def _model():
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = Qwen2Config(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return Qwen2ForCausalLM(cfg)
 
 
 def _rows():
     g = torch.Generator().manual_seed(1)
-    prompts, responses = torch.randint(3, 64, (8, 6), generator=g), torch.randint(3, 64, (8, 10), generator=g)
+    prompts, responses = (
+        torch.randint(3, 64, (8, 6), generator=g),
+        torch.randint(3, 64, (8, 10), generator=g),
+    )
     ones = lambda x: torch.ones_like(x, dtype=torch.bool)  # noqa: E731
     return Rows(prompts, ones(prompts), responses, ones(responses))
 
@@ -33,7 +43,9 @@ def _update(model, lr):
     logprobs, _ = policy_forward(model.train(), _rows())
     (-logprobs.mean()).backward()
     opt.step()
-    return torch.cat([(p.detach().float() - b.float()).flatten() for p, b in zip(model.parameters(), before)])
+    return torch.cat(
+        [(p.detach().float() - b.float()).flatten() for p, b in zip(model.parameters(), before)]
+    )
 
 
 def test_bf16_compute_updates_like_float32():
@@ -44,14 +56,17 @@ def test_bf16_compute_updates_like_float32():
     # Adam's first step is about lr·sign(g): bf16 gradients flip the sign of only near-zero entries
     cosine = torch.nn.functional.cosine_similarity(fp32, mixed, dim=0)
     assert cosine > 0.98, float(cosine)
-    assert (mixed - fp32).abs().max() <= 2e-3 + 1e-9  # at most one step's width apart, entry by entry
+    assert (
+        mixed - fp32
+    ).abs().max() <= 2e-3 + 1e-9  # at most one step's width apart, entry by entry
 
 
 def test_parameters_move_at_an_rl_learning_rate_with_master_weights_and_not_in_pure_bf16():
     moved = (_update(set_compute(_model(), "bfloat16"), 1e-6) != 0).float().mean()
     pure = (_update(_model().to(torch.bfloat16), 1e-6) != 0).float().mean()
     assert moved > 0.99, float(moved)
-    assert pure < 0.2, float(pure)  # the step rounds away in bf16 storage: why the masters are float32
+    # the step rounds away in bf16 storage: why the masters are float32
+    assert pure < 0.2, float(pure)
 
 
 def test_autocast_computes_in_the_tagged_dtype_only():
@@ -99,7 +114,8 @@ class _LM(torch.nn.Module):
 
 
 def test_the_forward_passes_move_rows_to_the_models_device():
-    """Rows made on the CPU (vLLM returns Python lists) meet a model on another device: here meta."""
+    """Rows made on the CPU (vLLM returns Python lists) meet a model on another device: here
+    meta."""
     from vapo_lab.trainer.forward import value_forward
 
     logprobs, _ = policy_forward(_LM().to("meta"), _rows())

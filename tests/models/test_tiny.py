@@ -33,7 +33,10 @@ def test_parameter_count_is_about_one_million(tokenizer):
 
 def test_structured_init_shares_type_position_and_digit_parts(tokenizer):
     emb = build_tiny_model(tokenizer).get_input_embeddings().weight.detach()
-    e = lambda word: emb[tokenizer.convert_tokens_to_ids(word)]
+
+    def e(word):
+        return emb[tokenizer.convert_tokens_to_ids(word)]
+
     # x3_7 - x3_2 = digit(7) - digit(2) = y5_7 - y5_2 = "7" - "2" (the plain answer digits)
     torch.testing.assert_close(e("x3_7") - e("x3_2"), e("y5_7") - e("y5_2"), atol=1e-6, rtol=0)
     torch.testing.assert_close(e("x3_7") - e("x3_2"), e("7") - e("2"), atol=1e-6, rtol=0)
@@ -62,7 +65,11 @@ def test_position_matching_head_attends_to_the_same_column(tokenizer, task):
         attention = model(torch.tensor([ids]), output_attentions=True).attentions[0][0, 0]
     for column in (2, 17, 29):
         query = tokens.index(f"c{column}_{task.trace(problem).split(f' c{column}_')[1][0]}")
-        same = [i for i, t in enumerate(tokens[: query + 1]) if t[:1] in "xyzc" and t[1:].split("_")[0] == str(column)]
+        same = [
+            i
+            for i, t in enumerate(tokens[: query + 1])
+            if t[:1] in "xyzc" and t[1:].split("_")[0] == str(column)
+        ]
         assert attention[query, same].sum() > 0.8, (column, attention[query, same])
 
 

@@ -1,4 +1,5 @@
-"""Tests for vapo_lab.models.tokenizer: exact round trips, task words as single tokens, save/load."""
+"""Tests for vapo_lab.models.tokenizer: exact round trips, task words as single tokens,
+save/load."""
 
 import json
 from pathlib import Path
@@ -49,7 +50,10 @@ def test_round_trip_of_task_text(tokenizer, task):
         text = p.prompt + task.trace(p)
         assert tokenizer.decode(tokenizer(text).input_ids) == text
         # prompt and response encode separately to the same ids as together
-        assert tokenizer(text).input_ids == tokenizer(p.prompt).input_ids + tokenizer(task.trace(p)).input_ids
+        assert (
+            tokenizer(text).input_ids
+            == tokenizer(p.prompt).input_ids + tokenizer(task.trace(p)).input_ids
+        )
 
 
 def test_task_words_are_single_tokens(tokenizer, task):

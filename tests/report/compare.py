@@ -21,8 +21,11 @@ from vapo_lab.report.precision import JSON_DIGITS, JSON_PLACES
 
 # a command (`...` or a 4-space code line), else a rounded number: a decimal, or an integer
 # before "%"; not part of a word, an id or a dotted version ("a1.5", "2.13.0")
-TOKEN = re.compile(r"(?P<literal>`[^`\n]*`|^(?: {4}|\t).*$)"
-                   r"|(?<![\w.])(?P<number>[+-]?\d+(?:\.\d+(?!\w|\.\d)|(?=%)))", re.MULTILINE)
+TOKEN = re.compile(
+    r"(?P<literal>`[^`\n]*`|^(?: {4}|\t).*$)"
+    r"|(?<![\w.])(?P<number>[+-]?\d+(?:\.\d+(?!\w|\.\d)|(?=%)))",
+    re.MULTILINE,
+)
 
 
 def split_numbers(text: str) -> tuple[list[str], list[str]]:
@@ -31,7 +34,7 @@ def split_numbers(text: str) -> tuple[list[str], list[str]]:
     pieces, numbers, start = [], [], 0
     for m in TOKEN.finditer(text):
         if m.group("number") is not None:
-            pieces.append(text[start:m.start()])
+            pieces.append(text[start : m.start()])
             numbers.append(m.group("number"))
             start = m.end()
     return pieces + [text[start:]], numbers
@@ -43,8 +46,8 @@ def _last_place(written: str) -> Decimal:
 
 
 def text_mismatches(made: str, committed: str) -> list[str]:
-    """Returns how ``made`` differs from ``committed`` beyond the rounding of its numbers (empty when
-    it does not): the text around the numbers must be equal, each number written to the same
+    """Returns how ``made`` differs from ``committed`` beyond the rounding of its numbers (empty
+    when it does not): the text around the numbers must be equal, each number written to the same
     places and within one unit of the last of them. Reads in order and stops at the first
     difference of text (the numbers after it no longer pair up)."""
     (made_text, made_nums), (ref_text, ref_nums) = split_numbers(made), split_numbers(committed)
@@ -55,9 +58,15 @@ def text_mismatches(made: str, committed: str) -> list[str]:
             return out + [f"text after number {k}: {a!r} != {b!r}"]
         if k < min(len(made_nums), len(ref_nums)):
             unit = _last_place(ref_nums[k])
-            if _last_place(made_nums[k]) != unit or abs(Decimal(made_nums[k]) - Decimal(ref_nums[k])) > unit:
-                out.append(f"number {k}: {made_nums[k]} != {ref_nums[k]} (to one unit in its last place, {unit}), "
-                           f"after {b[-60:]!r}")
+            if (
+                _last_place(made_nums[k]) != unit
+                or abs(Decimal(made_nums[k]) - Decimal(ref_nums[k])) > unit
+            ):
+                out.append(
+                    f"number {k}: {made_nums[k]} != {ref_nums[k]} "
+                    f"(to one unit in its last place, {unit}), "
+                    f"after {b[-60:]!r}"
+                )
     return out
 
 
@@ -65,7 +74,9 @@ def _json_unit(value: Decimal) -> Decimal:
     """One unit in the last place report.json keeps of ``value``: its ``JSON_DIGITS``-th
     significant digit, never below 10^-``JSON_PLACES``."""
     floor = Decimal(1).scaleb(-JSON_PLACES)
-    return floor if value == 0 else max(floor, Decimal(1).scaleb(value.adjusted() - JSON_DIGITS + 1))
+    return (
+        floor if value == 0 else max(floor, Decimal(1).scaleb(value.adjusted() - JSON_DIGITS + 1))
+    )
 
 
 def json_mismatches(made: Any, committed: Any, path: str = "$") -> list[str]:
@@ -73,7 +84,9 @@ def json_mismatches(made: Any, committed: Any, path: str = "$") -> list[str]:
     strings, ints, booleans and nulls exactly, floats to one unit of the last place kept."""
     if isinstance(committed, Decimal) and isinstance(made, Decimal):
         unit = _json_unit(committed)
-        return [] if abs(made - committed) <= unit else [f"{path}: {made} != {committed} (to {unit})"]
+        return (
+            [] if abs(made - committed) <= unit else [f"{path}: {made} != {committed} (to {unit})"]
+        )
     if type(made) is not type(committed):
         return [f"{path}: {made!r} != {committed!r}"]
     if isinstance(committed, dict):
@@ -83,7 +96,11 @@ def json_mismatches(made: Any, committed: Any, path: str = "$") -> list[str]:
     if isinstance(committed, list):
         if len(made) != len(committed):
             return [f"{path}: {len(made)} items != {len(committed)}"]
-        return [m for k, (a, b) in enumerate(zip(made, committed)) for m in json_mismatches(a, b, f"{path}[{k}]")]
+        return [
+            m
+            for k, (a, b) in enumerate(zip(made, committed))
+            for m in json_mismatches(a, b, f"{path}[{k}]")
+        ]
     return [] if made == committed else [f"{path}: {made!r} != {committed!r}"]
 
 
@@ -98,8 +115,15 @@ def report_mismatches(made: Path, committed: Path, names: list[str]) -> dict[str
     files that match are left out."""
     out = {}
     for name in names:
-        a, b = (made / name).read_text(encoding="utf-8"), (committed / name).read_text(encoding="utf-8")
-        found = json_mismatches(load_json(a), load_json(b)) if name.endswith(".json") else text_mismatches(a, b)
+        a, b = (
+            (made / name).read_text(encoding="utf-8"),
+            (committed / name).read_text(encoding="utf-8"),
+        )
+        found = (
+            json_mismatches(load_json(a), load_json(b))
+            if name.endswith(".json")
+            else text_mismatches(a, b)
+        )
         if found:
             out[name] = found
     return out

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from vapo_lab.report import confirm, stats
-from vapo_lab.report.collect import RunData
+from vapo_lab.report.collect import ReportError, RunData
 from vapo_lab.report.table import run_score
 
 KEY = "eval/avg_at_16"
@@ -16,18 +16,32 @@ KEY = "eval/avg_at_16"
 
 def run(variant, seed, curve, status="FINISHED"):
     """A run whose held-out curve is ``curve`` (x100) at steps 0, 10, 20, ..."""
-    return RunData(f"{variant}-{seed}", variant, seed, status, {},
-                   {KEY: [(10 * i, v / 100) for i, v in enumerate(curve)]})
+    return RunData(
+        f"{variant}-{seed}",
+        variant,
+        seed,
+        status,
+        {},
+        {KEY: [(10 * i, v / 100) for i, v in enumerate(curve)]},
+    )
 
 
 def test_paired_t_by_hand():
-    d = [1.0, 2.0, -0.5, 3.0, 1.5]  # mean 1.4, squared deviations 6.7, sd sqrt(6.7/4), se sd/sqrt(5)
+    # mean 1.4, squared deviations 6.7, sd sqrt(6.7/4), se sd/sqrt(5)
+    d = [
+        1.0,
+        2.0,
+        -0.5,
+        3.0,
+        1.5,
+    ]
     t = stats.paired(d)
     se = math.sqrt(6.7 / 4) / math.sqrt(5)
     assert t.name == "paired t" and t.n == 5 and t.difference == pytest.approx(1.4)
     assert t.se == pytest.approx(se)
     assert t.p == pytest.approx(2 * stats.stats.t.sf(1.4 / se, 4))
-    # 32 sign patterns; |mean| >= 1.4 for the pattern, its negation and two others with the 0.5 flipped... 4 of 32
+    # 32 sign patterns; |mean| >= 1.4 for the pattern, its negation and two others with the 0.5
+    # flipped... 4 of 32
     assert t.sign_flip_p == pytest.approx(4 / 32)
     assert t.ci95[0] == pytest.approx(1.4 - stats.stats.t.ppf(0.975, 4) * se)
 
@@ -37,13 +51,30 @@ def test_sign_flip_p_by_hand_and_its_ties_survive_the_last_bits():
     assert stats.sign_flip_p([1.0, 2.0, 3.0]) == 2 / 8
     # [0.1, 0.1, -0.1]: every pattern's |sum| is 0.1 or 0.3: all 8 reach 0.1
     assert stats.sign_flip_p([0.1, 0.1, -0.1]) == 1.0
-    # the same differences with the last one from a cancellation (100.1 - 100.0 = 0.0999999999999943):
-    # scipy's permutation_test reads 0.5 here; the tie is a tie
+    # the same differences with the last one from a cancellation (100.1 - 100.0 =
+    # 0.0999999999999943): scipy's permutation_test reads 0.5 here; the tie is a tie
     assert stats.sign_flip_p([0.1, 0.1, -(100.1 - 100.0)]) == 1.0
     assert stats.sign_flip_p([0.0, 0.0]) == 1.0
-    d = [0.3, -0.1, 0.7, 0.2, -0.4, 0.5, 0.1, 0.6, -0.2, 0.4]  # plain differences: as scipy reads them
-    exact = stats.stats.permutation_test((np.array(d),), lambda x, axis=-1: x.mean(axis=axis), vectorized=True,
-                                         permutation_type="samples", n_resamples=np.inf).pvalue
+    # plain differences: as scipy reads them
+    d = [
+        0.3,
+        -0.1,
+        0.7,
+        0.2,
+        -0.4,
+        0.5,
+        0.1,
+        0.6,
+        -0.2,
+        0.4,
+    ]
+    exact = stats.stats.permutation_test(
+        (np.array(d),),
+        lambda x, axis=-1: x.mean(axis=axis),
+        vectorized=True,
+        permutation_type="samples",
+        n_resamples=np.inf,
+    ).pvalue
     assert stats.sign_flip_p(d) == pytest.approx(exact)
 
 
@@ -52,8 +83,14 @@ def test_welch_t_by_hand():
     t = stats.welch(x, y)
     va, vb = 1 / 3, (20 / 3) / 4
     df = (va + vb) ** 2 / (va**2 / 2 + vb**2 / 3)
-    assert t.name == "Welch t" and t.difference == pytest.approx(-3.0) and t.se == pytest.approx(math.sqrt(va + vb))
-    assert t.df == pytest.approx(df) and t.p == pytest.approx(2 * stats.stats.t.sf(3 / math.sqrt(va + vb), df))
+    assert (
+        t.name == "Welch t"
+        and t.difference == pytest.approx(-3.0)
+        and t.se == pytest.approx(math.sqrt(va + vb))
+    )
+    assert t.df == pytest.approx(df) and t.p == pytest.approx(
+        2 * stats.stats.t.sf(3 / math.sqrt(va + vb), df)
+    )
 
 
 def test_compare_pairs_only_the_same_seeds():
@@ -82,8 +119,12 @@ def test_plateau_and_speed_scores():
 
 
 def plan_file(tmp_path, predictions, families=None):
-    doc = {"source": "predictions.md", "alpha": 0.05,
-           "families": families or {"F1": {"experiment": "main", "text": "scores"}}, "predictions": predictions}
+    doc = {
+        "source": "predictions.md",
+        "alpha": 0.05,
+        "families": families or {"F1": {"experiment": "main", "text": "scores"}},
+        "predictions": predictions,
+    }
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(doc, allow_unicode=True))
     return path
@@ -92,53 +133,134 @@ def plan_file(tmp_path, predictions, families=None):
 def groups(rows):
     out = {}
     for variant, offsets in rows.items():
-        out[variant] = [run(variant, s, [50, 60, 70, 80, 90 + o, 90 + o]) for s, o in enumerate(offsets)]
+        out[variant] = [
+            run(variant, s, [50, 60, 70, 80, 90 + o, 90 + o]) for s, o in enumerate(offsets)
+        ]
     return out
 
 
 def test_verdicts_follow_the_preregistered_rules(tmp_path):
     vapo = [0.0, 1.0, -1.0, 0.5, -0.5, 0.2]
-    g = groups({"VAPO": vapo,
-                "w/o clip_higher": [v - 5 + e for v, e in zip(vapo, [0.1, -0.2, 0.3, 0.0, -0.1, 0.2])],  # clearly lower
-                "w/o group_sampling": [v + e for v, e in zip(vapo, [0.1, -0.1, 0.05, -0.05, 0.0, 0.1])],  # same
-                "w/o decoupled_gae": [v + 6 + e for v, e in zip(vapo, [0.1, -0.2, 0.3, 0.0, -0.1, 0.2])],  # far off
-                "w/o token_level_loss": [v + e for v, e in zip(vapo, [3.0, -2.0, 1.0, -3.0, 2.0, 0.5])]})  # noise
-    path = plan_file(tmp_path, [
-        {"id": "a", "family": "F1", "row": "clip_higher", "measure": "plateau_score", "expect": "lower", "paper": "lower"},
-        {"id": "b", "family": "F1", "row": "group_sampling", "measure": "plateau_score", "expect": "same", "margin": 2,
-         "paper": "lower"},
-        {"id": "c", "family": "F1", "row": "decoupled_gae", "measure": "plateau_score", "expect": "same", "margin": 2,
-         "paper": "lower"},
-        {"id": "d", "family": "F1", "row": "token_level_loss", "measure": "plateau_score", "expect": "lower",
-         "paper": "lower"},
-        {"id": "e", "family": "F1", "row": "clip_higher", "measure": "plateau_score", "expect": "higher", "paper": "lower"}])
+    g = groups(
+        {
+            "VAPO": vapo,
+            "w/o clip_higher": [
+                v - 5 + e for v, e in zip(vapo, [0.1, -0.2, 0.3, 0.0, -0.1, 0.2])
+            ],  # clearly lower
+            "w/o group_sampling": [
+                v + e for v, e in zip(vapo, [0.1, -0.1, 0.05, -0.05, 0.0, 0.1])
+            ],  # same
+            "w/o decoupled_gae": [
+                v + 6 + e for v, e in zip(vapo, [0.1, -0.2, 0.3, 0.0, -0.1, 0.2])
+            ],  # far off
+            "w/o token_level_loss": [v + e for v, e in zip(vapo, [3.0, -2.0, 1.0, -3.0, 2.0, 0.5])],
+        }
+    )  # noise
+    path = plan_file(
+        tmp_path,
+        [
+            {
+                "id": "a",
+                "family": "F1",
+                "row": "clip_higher",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+            },
+            {
+                "id": "b",
+                "family": "F1",
+                "row": "group_sampling",
+                "measure": "plateau_score",
+                "expect": "same",
+                "margin": 2,
+                "paper": "lower",
+            },
+            {
+                "id": "c",
+                "family": "F1",
+                "row": "decoupled_gae",
+                "measure": "plateau_score",
+                "expect": "same",
+                "margin": 2,
+                "paper": "lower",
+            },
+            {
+                "id": "d",
+                "family": "F1",
+                "row": "token_level_loss",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+            },
+            {
+                "id": "e",
+                "family": "F1",
+                "row": "clip_higher",
+                "measure": "plateau_score",
+                "expect": "higher",
+                "paper": "lower",
+            },
+        ],
+    )
     result = confirm.score(confirm.load(path), lambda e: g, lambda e: KEY)
     verdicts = {r["id"]: r["verdict"] for r in result["predictions"]}
-    assert verdicts == {"a": "confirmed", "b": "confirmed", "c": "refuted", "d": "inconclusive", "e": "refuted"}
+    assert verdicts == {
+        "a": "confirmed",
+        "b": "confirmed",
+        "c": "refuted",
+        "d": "inconclusive",
+        "e": "refuted",
+    }
     by_id = {r["id"]: r for r in result["predictions"]}
     assert by_id["a"]["test"] == "paired t" and by_id["a"]["n"] == 6
     assert by_id["a"]["difference"] == pytest.approx(-5 + 0.3 / 6)
-    # Holm over the five tested p-values (a and e share their two-sided p; b and c are TOST p-values)
+    # Holm over the five tested p-values (a and e share their two-sided p; b and c are TOST ones)
     own = [by_id[i]["p_tested"] for i in "abcde"]
     assert [by_id[i]["holm_p"] for i in "abcde"] == pytest.approx(stats.holm(own))
-    assert by_id["b"]["p_tested"] == pytest.approx(stats.tost_p(stats.paired(
-        [0.1, -0.1, 0.05, -0.05, 0.0, 0.1]), 2.0))
+    assert by_id["b"]["p_tested"] == pytest.approx(
+        stats.tost_p(stats.paired([0.1, -0.1, 0.05, -0.05, 0.0, 0.1]), 2.0)
+    )
     # the goal: clip_higher moved the paper's way (lower), decoupled_gae moved the other way
     assert result["goal"]["moved"] == ["clip_higher"]
     assert "paired t (6)" in confirm.to_markdown(result)
 
 
 def test_a_contrast_is_tested_on_its_per_seed_sum(tmp_path):
-    g = groups({"VAPO": [0, 0, 0, 0], "w/o decoupled_gae": [-1, -1.2, -0.8, -1],
-                "w/o length_adaptive_gae": [-3, -3.1, -2.9, -3],
-                "VAPO w/o decoupled_gae, length_adaptive_gae": [-8, -8.5, -7.5, -8.2]})
-    path = plan_file(tmp_path, [{"id": "X3", "family": "F1", "measure": "plateau_score", "expect": "lower",
-                                 "paper": "lower", "counts_for": "decoupled_gae",
-                                 "contrast": {"VAPO w/o decoupled_gae, length_adaptive_gae": 1,
-                                              "length_adaptive_gae": -1, "decoupled_gae": -1, "vapo": 1}}])
+    g = groups(
+        {
+            "VAPO": [0, 0, 0, 0],
+            "w/o decoupled_gae": [-1, -1.2, -0.8, -1],
+            "w/o length_adaptive_gae": [-3, -3.1, -2.9, -3],
+            "VAPO w/o decoupled_gae, length_adaptive_gae": [-8, -8.5, -7.5, -8.2],
+        }
+    )
+    path = plan_file(
+        tmp_path,
+        [
+            {
+                "id": "X3",
+                "family": "F1",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+                "counts_for": "decoupled_gae",
+                "contrast": {
+                    "VAPO w/o decoupled_gae, length_adaptive_gae": 1,
+                    "length_adaptive_gae": -1,
+                    "decoupled_gae": -1,
+                    "vapo": 1,
+                },
+            }
+        ],
+    )
     r = confirm.score(confirm.load(path), lambda e: g, lambda e: KEY)["predictions"][0]
     # per seed: (-8 + 3) - (-1 - 0) = -4, then -4.2, -3.8, -4.2
-    assert r["difference"] == pytest.approx(-4.05) and r["verdict"] == "confirmed" and r["paper_direction"]
+    assert (
+        r["difference"] == pytest.approx(-4.05)
+        and r["verdict"] == "confirmed"
+        and r["paper_direction"]
+    )
 
 
 def test_plateau_rule_and_missing_experiments(tmp_path):
@@ -147,25 +269,68 @@ def test_plateau_rule_and_missing_experiments(tmp_path):
     assert check["flat"] and check["points"] == pytest.approx({40: 90.5, 50: 90.5})
     rising = [run("VAPO", 0, [50, 60, 70, 80, 85, 90])]
     assert confirm.plateau_check(rising, KEY)["flat"] is False
-    path = plan_file(tmp_path, [{"id": "G1", "family": "F5", "row": "group_sampling", "measure": "plateau_score",
-                                 "expect": "same", "margin": 2, "paper": "lower"}],
-                     {"F1": {"experiment": "main"}, "F5": {"experiment": "gs"}})
+    path = plan_file(
+        tmp_path,
+        [
+            {
+                "id": "G1",
+                "family": "F5",
+                "row": "group_sampling",
+                "measure": "plateau_score",
+                "expect": "same",
+                "margin": 2,
+                "paper": "lower",
+            }
+        ],
+        {"F1": {"experiment": "main"}, "F5": {"experiment": "gs"}},
+    )
 
     def groups_of(name):
         if name == "gs":
             raise confirm.ReportError("experiment 'gs' not found")
         return g
+
     r = confirm.score(confirm.load(path), groups_of, lambda e: KEY)["predictions"][0]
     assert r["verdict"] == "not determinable" and "not found" in r["note"]
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"id": "z", "family": "F9", "row": "ppo", "measure": "plateau_score", "expect": "lower", "paper": "lower"},
-     "family 'F9' is not one of F1"),
-    ({"id": "z", "family": "F1", "row": "ppo", "measure": "plateau_score", "expect": "same", "paper": "lower"},
-     "needs its equivalence margin"),
-    ({"id": "z", "family": "F1", "measure": "plateau_score", "expect": "lower", "paper": "lower"}, "either row or contrast"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            {
+                "id": "z",
+                "family": "F9",
+                "row": "ppo",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+            },
+            "family 'F9' is not one of F1",
+        ),
+        (
+            {
+                "id": "z",
+                "family": "F1",
+                "row": "ppo",
+                "measure": "plateau_score",
+                "expect": "same",
+                "paper": "lower",
+            },
+            "needs its equivalence margin",
+        ),
+        (
+            {
+                "id": "z",
+                "family": "F1",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+            },
+            "either row or contrast",
+        ),
+    ],
+)
 def test_a_malformed_plan_entry_is_named_in_one_line(tmp_path, entry, message):
     with pytest.raises(confirm.ReportError, match=message) as e:
         confirm.load(plan_file(tmp_path, [entry]))
@@ -175,8 +340,57 @@ def test_a_malformed_plan_entry_is_named_in_one_line(tmp_path, entry, message):
 def test_the_committed_plan_loads():
     from pathlib import Path
 
-    plan = confirm.load(Path(__file__).resolve().parents[2] / "reports/table1-plateau/predictions.yaml")
+    plan = confirm.load(
+        Path(__file__).resolve().parents[2] / "reports/table1-plateau/predictions.yaml"
+    )
     assert len(plan.predictions) == 33 and plan.main == "table1-plateau"
-    assert {p.counts_for for p in plan.predictions} == {None, "value_pretraining", "decoupled_gae",
-                                                         "length_adaptive_gae", "clip_higher", "token_level_loss",
-                                                         "positive_lm_loss", "group_sampling"}
+    assert {p.counts_for for p in plan.predictions} == {
+        None,
+        "value_pretraining",
+        "decoupled_gae",
+        "length_adaptive_gae",
+        "clip_higher",
+        "token_level_loss",
+        "positive_lm_loss",
+        "group_sampling",
+    }
+
+
+def test_a_finding_is_printed_beside_every_verdict_it_qualifies_and_an_unknown_id_is_refused(
+    tmp_path,
+):
+    g = groups({"VAPO": [1.0, 2.0, 3.0, 4.0], "DAPO": [0.0, 1.2, 1.9, 3.1]})
+    path = plan_file(
+        tmp_path,
+        [
+            {
+                "id": "2",
+                "family": "F1",
+                "row": "dapo",
+                "measure": "plateau_score",
+                "expect": "lower",
+                "paper": "lower",
+            }
+        ],
+    )
+    plan = confirm.load(path)
+    plan.claims = ["vapo_above_dapo"]
+    result = confirm.score(plan, lambda e: g, lambda e: KEY)
+    found = tmp_path / "findings.yaml"
+    found.write_text('findings:\n  "2": at lr 2e-5 only\n')
+    confirm.qualify(result, confirm.load_findings(found))
+    text = confirm.to_markdown(result)
+    verdict = result["predictions"][0]["verdict"]
+    # the table's cell and the claim's line both carry it, and the rules say it came later
+    assert f"**{verdict}** (found after the grid: at lr 2e-5 only) |" in text
+    assert (
+        f"- VAPO scores above DAPO: **{verdict}** (prediction 2; found after the grid: at lr"
+        in text
+    )
+    assert "Found after the grid: not pre-registered" in text
+    found.write_text("findings:\n  '7': about nothing\n")
+    with pytest.raises(ReportError, match=r"--findings: 7 name no prediction or claim.*has: 2, "):
+        confirm.qualify(result, confirm.load_findings(found))
+    found.write_text("findings: [a list]\n")
+    with pytest.raises(ReportError, match="needs 'findings:' mapping each prediction id"):
+        confirm.load_findings(found)

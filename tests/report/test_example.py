@@ -1,6 +1,6 @@
-"""Each committed report is what `vapo-lab report` makes from its committed runs file (and, where the
-folder holds one, its predictions file): every word, run id and command exactly, every number to
-the precision it is written at (``compare``). Floats that differ in their last bits, as another
+"""Each committed report is what `vapo-lab report` makes from its committed runs file (and, where
+the folder holds one, its predictions file): every word, run id and command exactly, every number
+to the precision it is written at (``compare``). Floats that differ in their last bits, as another
 machine's numpy or scipy sums them, give the same report; a figure that moves does not."""
 
 import gzip
@@ -22,22 +22,34 @@ TEXT = ("table1.md", "table1.tex", "table1.csv", "index.md", "report.json")
 
 
 def remake(runs: Path, folder: Path, out: Path) -> Report:
-    """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made: with its
-    predictions.yaml where it has one, and the options of its remake.yaml where it has one (``score``,
-    and ``also``: the other experiments' runs files, relative to the folder, that its plan reads)."""
+    """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made: with
+    its predictions.yaml where it has one, and the options of its remake.yaml where it has one
+    (``score``; ``also``: the other experiments' runs files, relative to the folder, that its
+    plan reads; ``findings``: the findings file that qualifies its verdicts)."""
     import yaml
 
     predictions = folder / "predictions.yaml"
-    how = yaml.safe_load((folder / "remake.yaml").read_text()) if (folder / "remake.yaml").is_file() else {}
+    how = (
+        yaml.safe_load((folder / "remake.yaml").read_text())
+        if (folder / "remake.yaml").is_file()
+        else {}
+    )
     paths = [runs, *(folder / p for p in how.get("also", []))]
-    return report_from_export(paths, out, predictions=predictions if predictions.is_file() else None,
-                              score=how.get("score", "final"))
+    return report_from_export(
+        paths,
+        out,
+        predictions=predictions if predictions.is_file() else None,
+        score=how.get("score", "final"),
+        findings=folder / how["findings"] if "findings" in how else None,
+    )
 
 
 def text_files(folder: Path) -> list[str]:
     """The report's text files in ``folder``: the tables, index.md, report.json and, with
     predictions, their scoring."""
-    return list(TEXT) + (["predictions_scored.md"] if (folder / "predictions.yaml").is_file() else [])
+    return list(TEXT) + (
+        ["predictions_scored.md"] if (folder / "predictions.yaml").is_file() else []
+    )
 
 
 def read_runs(path: Path) -> dict[str, Any]:
@@ -55,7 +67,7 @@ def nudged(tree: Any, units: Iterator[int]) -> Any:
     """Returns ``tree`` with every float x replaced by x·(1 + k·2^-52), k the next of ``units``:
     a nonzero float moves by |k| units in its last place or so, up or down."""
     if isinstance(tree, float):
-        return tree * (1 + next(units) * 2.0 ** -52)
+        return tree * (1 + next(units) * 2.0**-52)
     if isinstance(tree, dict):
         return {k: nudged(v, units) for k, v in tree.items()}
     if isinstance(tree, list):
@@ -104,8 +116,11 @@ def test_a_score_that_moves_half_a_point_is_caught(tmp_path):
     folder = REPORTS / "table1-80steps"
     runs = read_runs(folder / "runs.json.gz")
     for run in runs["runs"]:
-        key = max((k for k in run["metrics"] if k.startswith("eval/avg_at_")), default=None,
-                  key=lambda k: int(k.rsplit("_", 1)[-1]))
+        key = max(
+            (k for k in run["metrics"] if k.startswith("eval/avg_at_")),
+            default=None,
+            key=lambda k: int(k.rsplit("_", 1)[-1]),
+        )
         if run["tags"].get("algo") == "ppo" and key:
             run["metrics"][key][-1][2] += 0.005
     remake(write_runs(runs, tmp_path / "runs.json.gz"), folder, tmp_path / "report")
@@ -128,7 +143,9 @@ def test_words_ids_counts_and_commands_match_exactly():
     assert text_mismatches("- VAPO: `a9304f98`", "- VAPO: `a9304f99`")  # a run id
     assert text_mismatches("| yes |", "| no |")
     assert text_mismatches("step 61", "step 60")
-    assert text_mismatches("    vapo-lab ablate gae.alpha=0.06\n", "    vapo-lab ablate gae.alpha=0.05\n")
+    assert text_mismatches(
+        "    vapo-lab ablate gae.alpha=0.06\n", "    vapo-lab ablate gae.alpha=0.05\n"
+    )
     assert text_mismatches("run `vapo-lab report --ema 0.8`", "run `vapo-lab report --ema 0.9`")
     assert text_mismatches("version 2.13.1", "version 2.13.0")
 
@@ -137,7 +154,10 @@ def test_report_json_floats_match_to_the_digits_it_keeps():
     def diff(made: str, committed: str) -> list[str]:
         return json_mismatches(load_json(made), load_json(committed))
 
-    assert diff('{"mean": 41.503907, "ci": [0.0, 1e-05]}', '{"mean": 41.503906, "ci": [0.0, 1e-05]}') == []
+    assert (
+        diff('{"mean": 41.503907, "ci": [0.0, 1e-05]}', '{"mean": 41.503906, "ci": [0.0, 1e-05]}')
+        == []
+    )
     assert diff('{"mean": 41.50392}', '{"mean": 41.503906}')
     assert diff('{"delta": 1e-13}', '{"delta": 0.0}') == []  # below the last place kept
     assert diff('{"seeds": 4}', '{"seeds": 3}') and diff('{"seeds": 3.0}', '{"seeds": 3}')

@@ -13,17 +13,29 @@ def run(variant, seed, **history):
     """A finished run; metric names use "." for "/" (``diag.value_bias.000_007``)."""
     hist = {k.replace(".", "/"): v for k, v in history.items()}
     hist.setdefault("rollout/reward", [(s, 0.5) for s in range(1, 11)])  # 10 training steps
-    return RunData(run_id=f"{variant}-{seed}", variant=variant, seed=seed, status="FINISHED", tags={}, history=hist)
+    return RunData(
+        run_id=f"{variant}-{seed}",
+        variant=variant,
+        seed=seed,
+        status="FINISHED",
+        tags={},
+        history=hist,
+    )
 
 
 def test_windowed_measures_are_the_hand_computed_means():
     # 10 steps: the early window is steps 1-2, the late one 9-10 (a fifth, at least one)
-    r = run("VAPO", 0,
-            **{"diag.value_bias.000_007": [(1, -0.4), (2, -0.2), (9, 0.1), (10, 0.1)],
-               "diag.value_bias.008_015": [(1, -0.6), (2, -0.4)],  # not logged late: left out there
-               "diag.value_bias.032_063": [(1, 9.0)],  # not an early-token bucket
-               "diag.adv_gap.016_031": [(3, 0.5), (7, 1.5)],
-               "actor.entropy": [(s, s / 10) for s in range(1, 11)]})
+    r = run(
+        "VAPO",
+        0,
+        **{
+            "diag.value_bias.000_007": [(1, -0.4), (2, -0.2), (9, 0.1), (10, 0.1)],
+            "diag.value_bias.008_015": [(1, -0.6), (2, -0.4)],  # not logged late: left out there
+            "diag.value_bias.032_063": [(1, 9.0)],  # not an early-token bucket
+            "diag.adv_gap.016_031": [(3, 0.5), (7, 1.5)],
+            "actor.entropy": [(s, s / 10) for s in range(1, 11)],
+        },
+    )
     m = pred.MEASURES
     # early: bucket means -0.3 and -0.5, their mean -0.4, absolute 0.4
     assert m["value_bias_early_tokens_abs"].read(r, "early", KEY) == pytest.approx(0.4)
@@ -35,12 +47,20 @@ def test_windowed_measures_are_the_hand_computed_means():
 
 
 def test_long_accuracy_weights_each_step_by_its_count():
-    r = run("VAPO", 0, **{"diag.length.count_064_127": [(9, 10), (10, 30)],
-                          "diag.length.acc_064_127": [(9, 0.5), (10, 0.1)],
-                          "diag.length.count_128_255": [(10, 10), (1, 100)],
-                          "diag.length.acc_128_255": [(10, 0.2), (1, 1.0)],
-                          "diag.length.count_032_063": [(10, 50)], "diag.length.acc_032_063": [(10, 1.0)]})
-    # late (steps 9-10): (10*0.5 + 30*0.1 + 10*0.2) / 50 = 10 / 50 = 20%; step 1 and short responses left out
+    r = run(
+        "VAPO",
+        0,
+        **{
+            "diag.length.count_064_127": [(9, 10), (10, 30)],
+            "diag.length.acc_064_127": [(9, 0.5), (10, 0.1)],
+            "diag.length.count_128_255": [(10, 10), (1, 100)],
+            "diag.length.acc_128_255": [(10, 0.2), (1, 1.0)],
+            "diag.length.count_032_063": [(10, 50)],
+            "diag.length.acc_032_063": [(10, 1.0)],
+        },
+    )
+    # late (steps 9-10): (10*0.5 + 30*0.1 + 10*0.2) / 50 = 10 / 50 = 20%; step 1 and short
+    # responses left out
     assert pred.MEASURES["long_accuracy"].read(r, "late", KEY) == pytest.approx(20.0)
     assert pred.MEASURES["long_accuracy"].read(r, "early", KEY) == pytest.approx(100.0)
 
@@ -50,22 +70,38 @@ def test_score_is_the_final_evaluation():
     assert pred.MEASURES["score"].read(r, "late", KEY) == pytest.approx(55.0)
 
 
-@pytest.mark.parametrize("expect, interval, verdict", [
-    ("lower", (-3.0, -1.0), "confirmed"), ("lower", (1.0, 3.0), "refuted"), ("lower", (-1.0, 1.0), "not separable"),
-    ("higher", (1.0, 3.0), "confirmed"), ("higher", (-3.0, -1.0), "refuted"), ("higher", (-1.0, 1.0), "not separable"),
-    ("same", (-1.0, 1.0), "confirmed"), ("same", (1.0, 3.0), "refuted"), ("same", (-3.0, -1.0), "refuted"),
-    ("lower", None, "not determinable"),
-])
+@pytest.mark.parametrize(
+    "expect, interval, verdict",
+    [
+        ("lower", (-3.0, -1.0), "confirmed"),
+        ("lower", (1.0, 3.0), "refuted"),
+        ("lower", (-1.0, 1.0), "not separable"),
+        ("higher", (1.0, 3.0), "confirmed"),
+        ("higher", (-3.0, -1.0), "refuted"),
+        ("higher", (-1.0, 1.0), "not separable"),
+        ("same", (-1.0, 1.0), "confirmed"),
+        ("same", (1.0, 3.0), "refuted"),
+        ("same", (-3.0, -1.0), "refuted"),
+        ("lower", None, "not determinable"),
+    ],
+)
 def test_verdict_rule(expect, interval, verdict):
     assert pred.verdict(expect, interval) == verdict
 
 
 def _groups(vapo, row, dapo=None, ppo=None):
-    g = {"VAPO": [run("VAPO", s, **{"eval.avg_at_4": [(10, v / 100)]}) for s, v in enumerate(vapo)],
-         "w/o clip_higher": [run("w/o clip_higher", s, **{"eval.avg_at_4": [(10, v / 100)]}) for s, v in enumerate(row)]}
+    g = {
+        "VAPO": [run("VAPO", s, **{"eval.avg_at_4": [(10, v / 100)]}) for s, v in enumerate(vapo)],
+        "w/o clip_higher": [
+            run("w/o clip_higher", s, **{"eval.avg_at_4": [(10, v / 100)]})
+            for s, v in enumerate(row)
+        ],
+    }
     for name, vals in (("DAPO", dapo), ("Vanilla PPO", ppo)):
         if vals:
-            g[name] = [run(name, s, **{"eval.avg_at_4": [(10, v / 100)]}) for s, v in enumerate(vals)]
+            g[name] = [
+                run(name, s, **{"eval.avg_at_4": [(10, v / 100)]}) for s, v in enumerate(vals)
+            ]
     return g
 
 
@@ -96,22 +132,40 @@ def test_preset_claims():
 
 def test_markdown_states_each_verdict_and_the_goal_count():
     p = [pred.Prediction("4a", "clip_higher", "score", "all", "lower", "lower")]
-    text = pred.to_markdown(pred.score(p, [], _groups([50, 51, 52], [40, 41, 42]), KEY), "predictions.md")
+    text = pred.to_markdown(
+        pred.score(p, [], _groups([50, 51, 52], [40, 41, 42]), KEY), "predictions.md"
+    )
     assert "| 4a | w/o clip_higher | held-out score" in text and "**confirmed**" in text
     assert "-10.0 [-11." in text
     assert "1 of 1 (clip_higher)" in text
 
 
-@pytest.mark.parametrize("body, needle", [
-    ("predictions: [{id: 1, row: nope, measure: score, expect: lower, paper: lower}]", "row 'nope' is not one of"),
-    ("predictions: [{id: 1, row: clip_higher, measure: speed, expect: lower, paper: lower}]", "measure 'speed'"),
-    ("predictions: [{id: 1, row: clip_higher, measure: score, expect: down, paper: lower}]", "expect 'down'"),
-    ("predictions: [{id: 1, row: clip_higher, measure: score, window: mid, expect: lower, paper: lower}]", "window 'mid'"),
-    ("predictions: [{id: 1, row: clip_higher, measure: score}]", "lacks expect, paper"),
-    ("predictions: []\nclaims: [ppo_best]", "unknown claim(s) ppo_best"),
-    ("rows: 3", "needs a 'predictions:' list"),
-    ("predictions: [", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (
+            "predictions: [{id: 1, row: nope, measure: score, expect: lower, paper: lower}]",
+            "row 'nope' is not one of",
+        ),
+        (
+            "predictions: [{id: 1, row: clip_higher, measure: speed, expect: lower, paper: lower}]",
+            "measure 'speed'",
+        ),
+        (
+            "predictions: [{id: 1, row: clip_higher, measure: score, expect: down, paper: lower}]",
+            "expect 'down'",
+        ),
+        (
+            "predictions: [{id: 1, row: clip_higher, measure: score, window: mid, expect: lower, "
+            "paper: lower}]",
+            "window 'mid'",
+        ),
+        ("predictions: [{id: 1, row: clip_higher, measure: score}]", "lacks expect, paper"),
+        ("predictions: []\nclaims: [ppo_best]", "unknown claim(s) ppo_best"),
+        ("rows: 3", "needs a 'predictions:' list"),
+        ("predictions: [", "not valid YAML"),
+    ],
+)
 def test_a_bad_predictions_file_is_refused_in_one_line(tmp_path, body, needle):
     path = tmp_path / "p.yaml"
     path.write_text(body)
@@ -137,7 +191,17 @@ def test_cli_refuses_a_missing_predictions_file_before_reading_the_store(tmp_pat
     from vapo_lab.cli import app
 
     store = tmp_path / "no-store.db"  # never created: the predictions file is checked first
-    r = CliRunner().invoke(app, ["report", "--tracking-uri", f"sqlite:///{store}", "--out", str(tmp_path / "r"),
-                                 "--predictions", str(tmp_path / "p.yaml")])
+    r = CliRunner().invoke(
+        app,
+        [
+            "report",
+            "--tracking-uri",
+            f"sqlite:///{store}",
+            "--out",
+            str(tmp_path / "r"),
+            "--predictions",
+            str(tmp_path / "p.yaml"),
+        ],
+    )
     assert r.exit_code == 1 and "error: --predictions" in r.output and "no such file" in r.output
     assert not store.exists() and not (tmp_path / "r").exists()

@@ -15,13 +15,13 @@ import pytest
 from scipy import stats as sps
 
 from vapo_lab.report import stats
-from vapo_lab.report.figures import mean_band
 from vapo_lab.report.collect import RunData
+from vapo_lab.report.figures import mean_band
 from vapo_lab.report.table import Row, to_csv, to_latex, to_markdown
 
 
 def exact_percentile(values: list[float], q: float) -> float:
-    """The q-quantile of equally likely ``values``: the smallest v with P(X <= v) >= q (slow, by sorting)."""
+    """The q-quantile of equally likely ``values``: the smallest v with P(X <= v) >= q."""
     ordered = sorted(values)
     return ordered[math.ceil(q * len(ordered)) - 1]
 
@@ -46,7 +46,9 @@ def test_three_seed_interval_is_the_exact_percentile_of_all_27_resamples():
     assert stats.mean_interval(seeds) == pytest.approx((50.0, 56.0), abs=1e-6)
     # skewed seeds: still the range (BCa would move the lower end to 50.33, see stats' docstring)
     skewed = [50.0, 51.0, 56.0]
-    assert stats.mean_interval(skewed) == pytest.approx(exact_interval(resample_means(skewed)), abs=1e-6)
+    assert stats.mean_interval(skewed) == pytest.approx(
+        exact_interval(resample_means(skewed)), abs=1e-6
+    )
     assert stats.mean_interval(skewed) == pytest.approx((50.0, 56.0), abs=1e-6)
 
 
@@ -54,7 +56,8 @@ def test_two_seed_interval_and_degenerate_cases():
     # 4 resamples: means 40, 42, 42, 44 -> each end has probability 1/4
     assert exact_interval(resample_means([40.0, 44.0])) == (40.0, 44.0)
     assert stats.mean_interval([40.0, 44.0]) == pytest.approx((40.0, 44.0), abs=1e-6)
-    assert stats.mean_interval([50.0, 50.0, 50.0]) == pytest.approx((50.0, 50.0), abs=1e-6)  # BCa: NaN
+    # BCa: NaN
+    assert stats.mean_interval([50.0, 50.0, 50.0]) == pytest.approx((50.0, 50.0), abs=1e-6)
     assert stats.mean_interval([50.0]) is None and stats.mean_interval([]) is None
 
 
@@ -84,7 +87,10 @@ def test_separability_on_a_clearly_separated_and_a_clearly_overlapping_case():
     overlap = stats.difference_interval([48.0, 51.0, 54.0], vapo)
     assert overlap[0] < 0 < overlap[1] and stats.separable(overlap) is False
     # one seed on either side: not determinable
-    assert stats.difference_interval([40.0], vapo) is None and stats.difference_interval(vapo, [50.0]) is None
+    assert (
+        stats.difference_interval([40.0], vapo) is None
+        and stats.difference_interval(vapo, [50.0]) is None
+    )
     assert stats.separable(None) is None
 
 
@@ -96,8 +102,12 @@ def test_rank_correlations_are_the_hand_computed_values():
     assert rho == pytest.approx(3 / math.sqrt(22.5), abs=1e-6)
     assert tau == pytest.approx(3 / math.sqrt(30), abs=1e-6)
     # one adjacent swap of 4: ρ = 1 − 6·2 / (4·15) = 0.8, τ = (5 − 1) / 6
-    assert stats.rank_correlations([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx((0.8, 4 / 6), abs=1e-6)
-    assert stats.rank_correlations([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx((-1.0, -1.0), abs=1e-6)
+    assert stats.rank_correlations([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(
+        (0.8, 4 / 6), abs=1e-6
+    )
+    assert stats.rank_correlations([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(
+        (-1.0, -1.0), abs=1e-6
+    )
     assert stats.rank_correlations([5, 5, 5], [1, 2, 3]) == (None, None)  # a constant side
 
 
@@ -116,18 +126,30 @@ def test_batched_rank_statistics_match_scipy_one_vector_at_a_time():
 
 def test_means_apart_only_in_their_last_bits_rank_as_tied():
     # 0.1 + 0.2 is 0.30000000000000004: one mean summed in another order, not a higher one
-    assert stats.rank_correlations([0.1 + 0.2, 0.3, 0.5], [1, 2, 3]) == stats.rank_correlations([0.3, 0.3, 0.5], [1, 2, 3])
-    assert stats.rank_correlations([0.1 + 0.2, 0.3, 0.5], [1, 2, 3]) == pytest.approx((math.sqrt(3) / 2, 2 / math.sqrt(6)))
-    np.testing.assert_array_equal(stats.tied_ranks(np.array([[0.1 + 0.2, 0.3, 0.5], [3.0, 1.0, 2.0]])),
-                                  [[1.5, 1.5, 3.0], [3.0, 1.0, 2.0]])
+    assert stats.rank_correlations([0.1 + 0.2, 0.3, 0.5], [1, 2, 3]) == stats.rank_correlations(
+        [0.3, 0.3, 0.5], [1, 2, 3]
+    )
+    assert stats.rank_correlations([0.1 + 0.2, 0.3, 0.5], [1, 2, 3]) == pytest.approx(
+        (math.sqrt(3) / 2, 2 / math.sqrt(6))
+    )
+    np.testing.assert_array_equal(
+        stats.tied_ranks(np.array([[0.1 + 0.2, 0.3, 0.5], [3.0, 1.0, 2.0]])),
+        [[1.5, 1.5, 3.0], [3.0, 1.0, 2.0]],
+    )
     # scores in steps of 100/1024 whose resampled row means often tie: moving each row's scores in
     # their last bits, up or down, would break those ties one way (ρ's lower end -1.0, not -0.95)
-    rows = [[43.26171875, 43.84765625, 43.9453125], [43.84765625, 42.96875, 43.84765625],
-            [43.45703125, 43.06640625, 43.06640625], [43.26171875, 43.84765625, 43.359375]]
-    nudged = [[x * (1 + k * 2.0 ** -52) for x in r] for r, k in zip(rows, (1, -1, 2, -2))]
+    rows = [
+        [43.26171875, 43.84765625, 43.9453125],
+        [43.84765625, 42.96875, 43.84765625],
+        [43.45703125, 43.06640625, 43.06640625],
+        [43.26171875, 43.84765625, 43.359375],
+    ]
+    nudged = [[x * (1 + k * 2.0**-52) for x in r] for r, k in zip(rows, (1, -1, 2, -2))]
     ci = stats.rank_interval(rows, [1.0, 2.0, 3.0, 4.0])
     assert stats.rank_interval(nudged, [1.0, 2.0, 3.0, 4.0]) == ci
-    assert ci["spearman"] == pytest.approx((-0.9486833, 0.4)) and ci["kendall"] == pytest.approx((-0.9128709, 1 / 3))
+    assert ci["spearman"] == pytest.approx((-0.9486833, 0.4)) and ci["kendall"] == pytest.approx(
+        (-0.9128709, 1 / 3)
+    )
 
 
 def test_rank_interval_is_the_exact_percentile_of_all_16_resamples():
@@ -139,8 +161,9 @@ def test_rank_interval_is_the_exact_percentile_of_all_16_resamples():
             means = [sum(a) / 2, sum(b) / 2, 25.0]
             rhos.append(sps.spearmanr(means, paper).statistic)
             taus.append(sps.kendalltau(means, paper).statistic)
-    # lowest: A = 30, B = 30 (probability 1/4 · 1/2): ranks (2.5, 2.5, 1), ρ = -1.5 / √(1.5·2) = -√3/2,
-    # τ-b = -2 / √(2·3); highest: A = 10, B = 20 (1/16): ranks (1, 2, 3), ρ = τ = 1
+    # lowest: A = 30, B = 30 (probability 1/4 · 1/2): ranks (2.5, 2.5, 1),
+    # ρ = -1.5 / √(1.5·2) = -√3/2, τ-b = -2 / √(2·3); highest: A = 10, B = 20 (1/16): ranks
+    # (1, 2, 3), ρ = τ = 1
     assert exact_interval(rhos) == pytest.approx((-math.sqrt(3) / 2, 1.0), abs=1e-6)
     assert exact_interval(taus) == pytest.approx((-2 / math.sqrt(6), 1.0), abs=1e-6)
     ci = stats.rank_interval(rows, paper)
@@ -150,10 +173,26 @@ def test_rank_interval_is_the_exact_percentile_of_all_16_resamples():
 
 
 def _rows(vapo: list[float], dapo: list[float]) -> list[Row]:
-    return [Row(variant="DAPO", scores=dapo, run_ids=["d"] * len(dapo), state="", paper=50.0, other=dapo,
-                seeds=list(range(len(dapo)))),
-            Row(variant="VAPO", scores=vapo, run_ids=["v"] * len(vapo), state="", paper=60.0, other=vapo,
-                seeds=list(range(len(vapo))))]
+    return [
+        Row(
+            variant="DAPO",
+            scores=dapo,
+            run_ids=["d"] * len(dapo),
+            state="",
+            paper=50.0,
+            other=dapo,
+            seeds=list(range(len(dapo))),
+        ),
+        Row(
+            variant="VAPO",
+            scores=vapo,
+            run_ids=["v"] * len(vapo),
+            state="",
+            paper=60.0,
+            other=vapo,
+            seeds=list(range(len(vapo))),
+        ),
+    ]
 
 
 def test_one_seed_rows_print_no_spread_and_no_separability():
@@ -163,7 +202,9 @@ def test_one_seed_rows_print_no_spread_and_no_separability():
     assert "| DAPO | 47.0 ± 1.4 | [46.0, 48.0] | 2 | -3.0 | — | 50.0 | -10.0 | 47.0 ± 1.4 |" in md
     assert "± 0.0" not in md
     tex = to_latex(_rows(vapo=[50.0], dapo=[46.0, 48.0]), "avg@4 final")
-    assert r"VAPO & $50.0$ & n=1, no interval & 1 & +0.0 & reference" in tex and r"\pm 0.0" not in tex
+    assert (
+        r"VAPO & $50.0$ & n=1, no interval & 1 & +0.0 & reference" in tex and r"\pm 0.0" not in tex
+    )
     assert "DAPO & $47.0 \\pm 1.4$ & [46.0, 48.0] & 2 & -3.0 & --- &" in tex
     csv = to_csv(_rows(vapo=[50.0], dapo=[46.0, 48.0])).splitlines()
     assert csv[2].startswith("VAPO,50.0000,,,,1,,0.0000,,,,")  # no std, interval or separability
@@ -172,19 +213,34 @@ def test_one_seed_rows_print_no_spread_and_no_separability():
 def test_rows_with_seeds_on_both_sides_say_yes_or_no():
     md = to_markdown(_rows(vapo=[50.0, 51.0, 52.0], dapo=[40.0, 41.0, 42.0]), "avg@4 final")
     # every seed 10 below VAPO's: the paired differences have no spread, p = 0
-    assert "| DAPO | 41.0 ± 1.0 | [40.0, 42.0] | 3 | -10.0 [" in md and "] | yes (paired t, Holm p <0.0001; sign-flip p 0.25) |" in md
+    assert (
+        "| DAPO | 41.0 ± 1.0 | [40.0, 42.0] | 3 | -10.0 [" in md
+        and "] | yes (paired t, Holm p <0.0001; sign-flip p 0.25) |" in md
+    )
     # every resample keeps DAPO below VAPO, as the paper has it (50 < 60): ρ = 1, interval [1, 1]
-    assert "over 2 rows: Spearman ρ = 1.00 [95% interval 1.00, 1.00], Kendall τ-b = 1.00 [95% interval 1.00, 1.00]" in md
+    assert (
+        "over 2 rows: Spearman ρ = 1.00 [95% interval 1.00, 1.00], "
+        "Kendall τ-b = 1.00 [95% interval 1.00, 1.00]" in md
+    )
     md = to_markdown(_rows(vapo=[50.0, 51.0, 52.0], dapo=[48.0, 51.0, 54.0]), "avg@4 final")
     # paired differences -2, 0, +2: mean 0, p = 1
-    assert "| DAPO | 51.0 ± 3.0 | [48.0, 54.0] | 3 | +0.0 [" in md and "] | no (paired t, Holm p 1; sign-flip p 1) |" in md
+    assert (
+        "| DAPO | 51.0 ± 3.0 | [48.0, 54.0] | 3 | +0.0 [" in md
+        and "] | no (paired t, Holm p 1; sign-flip p 1) |" in md
+    )
     # equal means: no ranking on our side
     assert "Spearman ρ = undefined (one side is constant)" in md
 
 
 def _run(seed: int, values: list[float]) -> RunData:
-    return RunData(run_id=f"r{seed}", variant="VAPO", seed=seed, status="FINISHED", tags={},
-                   history={"m": list(enumerate(values, start=1))})
+    return RunData(
+        run_id=f"r{seed}",
+        variant="VAPO",
+        seed=seed,
+        status="FINISHED",
+        tags={},
+        history={"m": list(enumerate(values, start=1))},
+    )
 
 
 def test_seed_bands_are_min_max_or_one_std_over_seeds():
@@ -200,8 +256,15 @@ def test_seed_bands_are_min_max_or_one_std_over_seeds():
 
 
 def test_a_smoothed_line_is_drawn_over_the_raw_band():
-    runs = [_run(0, [0.0, 2.0, 0.0, 2.0]), _run(1, [2.0, 4.0, 2.0, 4.0])]  # seed means 1, 3, 1, 3: a zig-zag
+    # seed means 1, 3, 1, 3: a zig-zag
+    runs = [
+        _run(0, [0.0, 2.0, 0.0, 2.0]),
+        _run(1, [2.0, 4.0, 2.0, 4.0]),
+    ]
     steps, line, low, high = mean_band(runs, "m", smooth=0.5)
-    # EMA α 0.5 of the means by hand: 1, 0.5·3 + 0.5·1 = 2, 0.5·1 + 0.5·2 = 1.5, 0.5·3 + 0.5·1.5 = 2.25
+    # EMA α 0.5 of the means by hand: 1, 0.5·3 + 0.5·1 = 2, 0.5·1 + 0.5·2 = 1.5,
+    # 0.5·3 + 0.5·1.5 = 2.25
     assert line == pytest.approx([1.0, 2.0, 1.5, 2.25])
-    assert low == pytest.approx([0.0, 2.0, 0.0, 2.0]) and high == pytest.approx([2.0, 4.0, 2.0, 4.0])
+    assert low == pytest.approx([0.0, 2.0, 0.0, 2.0]) and high == pytest.approx(
+        [2.0, 4.0, 2.0, 4.0]
+    )

@@ -11,7 +11,8 @@ CUDA, no kernels. What it does do as vLLM 0.33.0 does, read from that release's 
   None takes the config's ``max_position_embeddings``, a larger one is a ValueError
   (vllm/config/model.py ``_get_and_verify_max_len``); ``seed`` re-seeds Python's, NumPy's and
   torch's global RNGs (vllm/utils/torch_utils.py ``set_random_seed``); ``model_config.dtype`` is
-  a torch.dtype.
+  a torch.dtype. ``load_format="dummy"`` builds random weights and reads none (vLLM's
+  DummyModelLoader, uniform in ±1e-3).
 * ``worker_extension_cls`` (vllm/v1/worker/worker_base.py ``init_worker``): the class named
   "module.Class" is imported and added to the worker's bases, refusing a name the worker
   already has. ``collective_rpc(method, timeout=None, args=(), kwargs=None)`` runs the method on
@@ -77,17 +78,36 @@ from torch import nn
 __version__ = "0.33.0"
 
 SLEEP_TAGS = ("weights", "kv_cache")
+# the GPU the stand-in pretends to run on: its memory ledger reserves gpu_memory_utilization of it
+DEVICE_BYTES = 80e9
 _SAMPLING_EPS = 1e-5
 _LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-           "float16": torch.float16, "half": torch.float16}
-# LLM's keyword arguments the stand-in knows (vLLM passes the rest to EngineArgs, which refuses unknown names)
-_ENGINE_ARGS = {"max_model_len", "enable_sleep_mode", "worker_extension_cls", "logprobs_mode",
-                "distributed_executor_backend"}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+# LLM's keyword arguments the stand-in knows (vLLM passes the rest to EngineArgs, which refuses
+# unknown names)
+_ENGINE_ARGS = {
+    "load_format",
+    "max_model_len",
+    "enable_sleep_mode",
+    "worker_extension_cls",
+    "logprobs_mode",
+    "distributed_executor_backend",
+}
 # HF name part -> the vLLM parameter it is stacked into (Qwen2Model.hf_to_vllm_mapper), in HF's
 # parameter order: q, k, v; gate, up
-_STACKED = {".q_proj.": ".qkv_proj.", ".k_proj.": ".qkv_proj.", ".v_proj.": ".qkv_proj.",
-            ".gate_proj.": ".gate_up_proj.", ".up_proj.": ".gate_up_proj."}
+_STACKED = {
+    ".q_proj.": ".qkv_proj.",
+    ".k_proj.": ".qkv_proj.",
+    ".v_proj.": ".qkv_proj.",
+    ".gate_proj.": ".gate_up_proj.",
+    ".up_proj.": ".gate_up_proj.",
+}
 _GROUP_TIMEOUT = timedelta(seconds=60)  # the stand-in's own collectives never hang a test for long
 
 
@@ -153,16 +173,22 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     max_tokens: int | None = 16
     logprobs: int | None = None
+    detokenize: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an int >= 1, got {self.n!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {self.temperature}, {self.top_p}")
+            raise ValueError(
+                f"temperature must be >= 0 and top_p in (0, 1], got "
+                f"{self.temperature}, {self.top_p}"
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.logprobs is not None and self.logprobs != 0:
-            raise NotImplementedError("the stand-in returns the sampled token's log-prob only (logprobs=0)")
+            raise NotImplementedError(
+                "the stand-in returns the sampled token's log-prob only (logprobs=0)"
+            )
 
 
 @dataclass
@@ -188,11 +214,14 @@ class ModelConfig:
 
 
 class VllmStyleModel:
-    """The worker's model: vLLM's parameter names and ``load_weights`` over the HF model that samples."""
+    """The worker's model: vLLM's parameter names and ``load_weights`` over the HF model that
+    samples."""
 
     def __init__(self, hf: nn.Module) -> None:
         self.hf = hf.requires_grad_(False)
-        self.params: dict[str, nn.Parameter] = {}  # vLLM name -> the storage the HF model computes with
+        self.params: dict[
+            str, nn.Parameter
+        ] = {}  # vLLM name -> the storage the HF model computes with
         self.slices: dict[str, tuple[str, slice]] = {}  # HF name -> (vLLM name, its rows there)
         groups: dict[str, list[tuple[str, nn.Parameter]]] = {}
         for name, param in hf.named_parameters():  # a tied lm_head is not listed (its alias)
@@ -221,11 +250,15 @@ class VllmStyleModel:
         loaded = set()
         for name, tensor in weights:
             if name not in self.slices:
-                raise ValueError(f"There is no module or parameter named '{name}' in Qwen2ForCausalLM")
+                raise ValueError(
+                    f"There is no module or parameter named '{name}' in Qwen2ForCausalLM"
+                )
             vname, rows = self.slices[name]
             target = self.params[vname].data[rows]
             if target.shape != tensor.shape:
-                raise AssertionError(f"{name}: parameter {tuple(target.shape)}, loaded weight {tuple(tensor.shape)}")
+                raise AssertionError(
+                    f"{name}: parameter {tuple(target.shape)}, loaded weight {tuple(tensor.shape)}"
+                )
             target.copy_(tensor)
             loaded.add(vname)
         return loaded
@@ -281,8 +314,10 @@ def _worker_class(qualname: str) -> type:
     extension = getattr(importlib.import_module(module), cls)
     for attr in dir(extension):
         if not attr.startswith("__") and hasattr(Worker, attr):
-            raise AssertionError(f"Worker class {Worker} already has an attribute {attr}, which conflicts "
-                                 f"with the worker extension class {extension}.")
+            raise AssertionError(
+                f"Worker class {Worker} already has an attribute {attr}, which conflicts "
+                f"with the worker extension class {extension}."
+            )
     return type("Worker", (Worker, extension), {})
 
 
@@ -292,17 +327,33 @@ def _worker_class(qualname: str) -> type:
 class LLM:
     """vllm.LLM on the CPU; see the module docstring for what it does as vLLM 0.33.0 does."""
 
-    def __init__(self, model: str, *, tokenizer: str | None = None, trust_remote_code: bool = False,
-                 tensor_parallel_size: int = 1, dtype: str = "auto", seed: int = 0,
-                 gpu_memory_utilization: float = 0.92, enforce_eager: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        tokenizer: str | None = None,
+        trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.92,
+        enforce_eager: bool = False,
+        **kwargs: Any,
+    ) -> None:
         unknown = set(kwargs) - _ENGINE_ARGS
         if unknown:
-            raise TypeError(f"EngineArgs.__init__() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+            raise TypeError(
+                f"EngineArgs.__init__() got an unexpected keyword argument {sorted(unknown)[0]!r}"
+            )
         if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
+            )
         self.logprobs_mode = kwargs.get("logprobs_mode", "raw_logprobs")
         if self.logprobs_mode not in _LOGPROBS_MODES:
-            raise NotImplementedError(f"the stand-in computes {_LOGPROBS_MODES}, not {self.logprobs_mode!r}")
+            raise NotImplementedError(
+                f"the stand-in computes {_LOGPROBS_MODES}, not {self.logprobs_mode!r}"
+            )
         self.sleep_mode = bool(kwargs.get("enable_sleep_mode", False))
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         self.tp = int(tensor_parallel_size)
@@ -310,20 +361,50 @@ class LLM:
         _set_random_seed(seed)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model, local_files_only=True,
-                                                       trust_remote_code=trust_remote_code)
-        hf = AutoModelForCausalLM.from_pretrained(model, dtype=_dtype(dtype, model), local_files_only=True,
-                                                  trust_remote_code=trust_remote_code).eval()
-        self.model_config = ModelConfig(model, next(hf.parameters()).dtype,
-                                        _max_model_len(kwargs.get("max_model_len"), hf.config))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer or model, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        load_format = kwargs.get("load_format", "auto")
+        if load_format == "dummy":  # vLLM's DummyModelLoader: random weights, nothing read
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(
+                model, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+            hf = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype, model)).eval()
+            with torch.no_grad():
+                for p in hf.parameters():
+                    p.uniform_(-1e-3, 1e-3)  # initialize_dummy_weights' range
+        elif load_format == "auto":
+            hf = AutoModelForCausalLM.from_pretrained(
+                model,
+                dtype=_dtype(dtype, model),
+                local_files_only=True,
+                trust_remote_code=trust_remote_code,
+            ).eval()
+        else:
+            raise NotImplementedError(f"load_format={load_format!r} is not in the stand-in")
+        self.model_config = ModelConfig(
+            model,
+            next(hf.parameters()).dtype,
+            _max_model_len(kwargs.get("max_model_len"), hf.config),
+        )
         self.hf = hf
         # the KV cache's keyword: "cache" in transformers 5.2x, "past_key_values" before
-        self._cache_kw = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+        self._cache_kw = (
+            "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+        )
         self.stop_ids = _generation_eos(hf)
-        worker_cls = _worker_class(kwargs["worker_extension_cls"]) if kwargs.get("worker_extension_cls") else Worker
+        worker_cls = (
+            _worker_class(kwargs["worker_extension_cls"])
+            if kwargs.get("worker_extension_cls")
+            else Worker
+        )
         self.worker = worker_cls(VllmStyleModel(hf))
         self.sleeping: set[str] = set()
+        self.share = float(gpu_memory_utilization)
         self.calls: list[tuple[str, Any]] = []  # what the engine was asked, for tests
+        self.params_seen: list[SamplingParams] = []
         self._requests = 0
 
     def _join_world(self, backend: str | None) -> Any:
@@ -331,36 +412,61 @@ class LLM:
         after the collectives every rank of the world makes at start-up."""
         if backend is None:
             if self.tp > 1:
-                raise NotImplementedError("tensor_parallel_size > 1 without external_launcher starts worker "
-                                          "processes: not in the stand-in")
+                raise NotImplementedError(
+                    "tensor_parallel_size > 1 without external_launcher starts worker "
+                    "processes: not in the stand-in"
+                )
             return None
         if backend != "external_launcher":
-            raise NotImplementedError(f"distributed_executor_backend={backend!r} is not in the stand-in")
+            raise NotImplementedError(
+                f"distributed_executor_backend={backend!r} is not in the stand-in"
+            )
         if not self.in_process:
-            raise AssertionError("To get deterministic execution, please set VLLM_ENABLE_V1_MULTIPROCESSING=0")
+            raise AssertionError(
+                "To get deterministic execution, please set VLLM_ENABLE_V1_MULTIPROCESSING=0"
+            )
         dist = torch.distributed
         rank, _ = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
         if not dist.is_initialized():
-            raise RuntimeError("the stand-in joins the caller's torch.distributed world; none is initialised")
+            raise RuntimeError(
+                "the stand-in joins the caller's torch.distributed world; none is initialised"
+            )
         world = dist.get_world_size()
         if rank != dist.get_rank() or world % self.tp:
-            raise ValueError(f"RANK={rank} / world {world} do not fit tensor_parallel_size={self.tp}")
+            raise ValueError(
+                f"RANK={rank} / world {world} do not fit tensor_parallel_size={self.tp}"
+            )
         everyone = dist.new_group(backend="gloo", timeout=_GROUP_TIMEOUT)
-        dist.all_reduce(torch.zeros(1), op=dist.ReduceOp.MIN, group=everyone)  # vLLM's memory budget
+        # vLLM's memory budget
+        dist.all_reduce(torch.zeros(1), op=dist.ReduceOp.MIN, group=everyone)
         group, _ = dist.new_subgroups_by_enumeration(
-            [list(range(s, s + self.tp)) for s in range(0, world, self.tp)], timeout=_GROUP_TIMEOUT, backend="gloo")
+            [list(range(s, s + self.tp)) for s in range(0, world, self.tp)],
+            timeout=_GROUP_TIMEOUT,
+            backend="gloo",
+        )
         return group if self.tp > 1 else None
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def collective_rpc(self, method: Any, timeout: float | None = None, args: tuple = (),
-                       kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """Runs ``method`` (a worker method's name, or a function of the worker) on this rank's worker."""
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Runs ``method`` (a worker method's name, or a function of the worker) on this rank's
+        worker."""
         if not self.in_process and any(isinstance(t, torch.Tensor) for t in _leaves(args)):
-            raise TypeError("the engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING is not 0): "
-                            "tensors do not reach it as tensors")
+            raise TypeError(
+                "the engine core runs in another process "
+                "(VLLM_ENABLE_V1_MULTIPROCESSING is not 0): "
+                "tensors do not reach it as tensors"
+            )
         self.calls.append(("collective_rpc", method))
-        fn = getattr(self.worker, method) if isinstance(method, str) else method.__get__(self.worker)
+        fn = (
+            getattr(self.worker, method) if isinstance(method, str) else method.__get__(self.worker)
+        )
         return [fn(*args, **(kwargs or {}))]
 
     def sleep(self, level: int = 1, mode: str = "abort") -> None:
@@ -375,7 +481,8 @@ class LLM:
         self.sleeping = set(SLEEP_TAGS)
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
-        """Wakes ``tags`` (None: all); returns whether the engine is fully awake (and scheduling)."""
+        """Wakes ``tags`` (None: all); returns whether the engine is fully awake (and
+        scheduling)."""
         self.calls.append(("wake_up", None if tags is None else tuple(tags)))
         tags = list(self.sleeping) if tags is None else list(tags)
         if any(t not in self.sleeping for t in tags):
@@ -384,30 +491,57 @@ class LLM:
         self.sleeping -= set(tags)
         return not self.sleeping
 
-    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+    def device_bytes(self) -> dict[str, float]:
+        """The memory ledger: what vLLM would hold of its GPU now. Its weights (this rank's 1/tp of
+        them) and a KV cache of the rest of its share (gpu_memory_utilization x DEVICE_BYTES, as
+        vLLM sizes it at start-up), each 0 while that tag sleeps (level 1 keeps the weights in host
+        memory, level 2 drops them: neither on the GPU)."""
+        weights = sum(p.numel() * p.element_size() for p in self.hf.parameters()) / self.tp
+        kv = max(0.0, self.share * DEVICE_BYTES - weights)
+        return {
+            "weights": 0.0 if "weights" in self.sleeping else weights,
+            "kv_cache": 0.0 if "kv_cache" in self.sleeping else kv,
+        }
+
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
         self.calls.append(("reset_prefix_cache", None))
         return True
 
     # -- sampling --------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Returns one RequestOutput per prompt, in order; each prompt a ``{"prompt_token_ids": [...]}``."""
+    def generate(
+        self, prompts: Any, sampling_params: Any = None, *, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
+        """Returns one RequestOutput per prompt, in order; each prompt a
+        ``{"prompt_token_ids": [...]}``."""
         prompts = prompts if isinstance(prompts, list) else [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(
-            prompts)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params or SamplingParams()] * len(prompts)
+        )
         if len(params) != len(prompts):
             raise ValueError("The lengths of prompts and sampling_params must be the same.")
         if self.sleeping:
-            raise RuntimeError(f"the engine sleeps ({sorted(self.sleeping)} released): vLLM would queue the "
-                               "requests until every tag is awake and LLM.generate would not return")
+            raise RuntimeError(
+                f"the engine sleeps ({sorted(self.sleeping)} released): vLLM would queue the "
+                "requests until every tag is awake and LLM.generate would not return"
+            )
         ids = [list(p["prompt_token_ids"]) for p in prompts]
         self.calls.append(("generate", (ids, [sp.seed for sp in params])))
+        self.params_seen.extend(params)
         self._check_lockstep(ids, params)
         outputs = []
         for prompt, sp in zip(ids, params):
             self._validate_prompt(prompt)
-            outputs.append(RequestOutput(str(self._requests), None, prompt, None, self._complete(prompt, sp), True))
+            outputs.append(
+                RequestOutput(
+                    str(self._requests), None, prompt, None, self._complete(prompt, sp), True
+                )
+            )
             self._requests += 1
         return outputs
 
@@ -416,8 +550,10 @@ class LLM:
         if not prompt:
             raise ValueError("The decoder prompt cannot be empty")
         if len(prompt) >= limit:
-            raise ValueError(f"The decoder prompt (length {len(prompt)}) plus the number of requested output "
-                             f"tokens (at least 1) is longer than the maximum model length of {limit}.")
+            raise ValueError(
+                f"The decoder prompt (length {len(prompt)}) plus the number of requested output "
+                f"tokens (at least 1) is longer than the maximum model length of {limit}."
+            )
 
     def _check_lockstep(self, ids: list[list[int]], params: list[SamplingParams]) -> None:
         """Under tensor parallelism: raises unless every rank of the group runs this same batch."""
@@ -427,48 +563,92 @@ class LLM:
         digests: list[Any] = [None] * self.tp
         torch.distributed.all_gather_object(digests, mine, group=self._tp_group)
         if len(set(digests)) != 1:
-            raise RuntimeError("the ranks of a tensor-parallel group ran different batches: vLLM's all-reduces "
-                               "would mix them or hang")
+            raise RuntimeError(
+                "the ranks of a tensor-parallel group ran different batches: vLLM's all-reduces "
+                "would mix them or hang"
+            )
 
     def _complete(self, prompt: list[int], sp: SamplingParams) -> list[CompletionOutput]:
-        """Returns the n completions of ``prompt``, decoded together (one row each) with the HF model's KV cache."""
+        """Returns the n completions of ``prompt``, decoded together (one row each) with the HF
+        model's KV cache."""
         from transformers import DynamicCache
 
         n, limit = sp.n, self.model_config.max_model_len
-        gens = [torch.Generator().manual_seed(sp.seed + k) if sp.seed is not None else None for k in range(n)]
+        gens = [
+            torch.Generator().manual_seed(sp.seed + k) if sp.seed is not None else None
+            for k in range(n)
+        ]
         max_tokens = sp.max_tokens if sp.max_tokens is not None else limit - len(prompt)
         rows = [_Row() for _ in range(n)]
         step_ids, cache = torch.tensor([prompt] * n), DynamicCache()
         while any(row.reason is None for row in rows):
-            logits = self.hf(input_ids=step_ids, use_cache=True, **{self._cache_kw: cache}).logits[:, -1].float()
+            logits = (
+                self.hf(input_ids=step_ids, use_cache=True, **{self._cache_kw: cache})
+                .logits[:, -1]
+                .float()
+            )
             for k, row in enumerate(rows):
                 if row.reason is None:
-                    self._extend(row, *self._draw(logits[k], sp, gens[k]), sp, len(prompt), max_tokens)
+                    self._extend(
+                        row, *self._draw(logits[k], sp, gens[k]), sp, len(prompt), max_tokens
+                    )
             step_ids = torch.tensor([[row.tokens[-1]] for row in rows])
         return [self._output(k, row, sp) for k, row in enumerate(rows)]
 
-    def _extend(self, row: _Row, token: int, logprob: float, rank: int, sp: SamplingParams, prompt_len: int,
-                max_tokens: int) -> None:
+    def _extend(
+        self,
+        row: _Row,
+        token: int,
+        logprob: float,
+        rank: int,
+        sp: SamplingParams,
+        prompt_len: int,
+        max_tokens: int,
+    ) -> None:
         """Appends one sampled token to ``row`` and ends it where vLLM's check_stop would."""
         row.tokens.append(token)
-        row.logprobs.append({token: Logprob(logprob, rank, self.tokenizer.convert_ids_to_tokens(token))})
+        row.logprobs.append(
+            {
+                token: Logprob(
+                    logprob,
+                    rank,
+                    self.tokenizer.convert_ids_to_tokens(token) if sp.detokenize else None,
+                )
+            }
+        )
         if token == self.tokenizer.eos_token_id:
             row.reason = "stop"
         elif token in set(sp.stop_token_ids or ()) | self.stop_ids:
             row.reason, row.stop_reason = "stop", token
-        elif prompt_len + len(row.tokens) >= self.model_config.max_model_len or len(row.tokens) >= max_tokens:
+        elif (
+            prompt_len + len(row.tokens) >= self.model_config.max_model_len
+            or len(row.tokens) >= max_tokens
+        ):
             row.reason = "length"
 
     def _output(self, index: int, row: _Row, sp: SamplingParams) -> CompletionOutput:
         if sp.logprobs is None:
             cumulative, logprobs = None, None
         else:
-            cumulative, logprobs = sum(lp[t].logprob for lp, t in zip(row.logprobs, row.tokens)), row.logprobs
-        return CompletionOutput(index, self.tokenizer.decode(row.tokens, skip_special_tokens=True), row.tokens,
-                                cumulative, logprobs, row.reason, row.stop_reason)
+            cumulative, logprobs = (
+                sum(lp[t].logprob for lp, t in zip(row.logprobs, row.tokens)),
+                row.logprobs,
+            )
+        return CompletionOutput(
+            index,
+            self.tokenizer.decode(row.tokens, skip_special_tokens=True) if sp.detokenize else "",
+            row.tokens,
+            cumulative,
+            logprobs,
+            row.reason,
+            row.stop_reason,
+        )
 
-    def _draw(self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None) -> tuple[int, float, int]:
-        """Returns (token, its log-prob in ``logprobs_mode``, its rank) for one position's float32 logits."""
+    def _draw(
+        self, logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None
+    ) -> tuple[int, float, int]:
+        """Returns (token, its log-prob in ``logprobs_mode``, its rank) for one position's float32
+        logits."""
         raw = logits.log_softmax(-1)
         if sp.temperature < _SAMPLING_EPS:
             token, processed = int(logits.argmax()), raw
@@ -482,7 +662,8 @@ class LLM:
 
 
 def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """vLLM's apply_top_k_top_p_pytorch, top-p only: drops the least likely tokens whose mass stays within 1 - p."""
+    """vLLM's apply_top_k_top_p_pytorch, top-p only: drops the least likely tokens whose mass stays
+    within 1 - p."""
     if top_p >= 1:
         return logits
     sorted_logits, order = logits.sort(descending=False)
@@ -492,12 +673,16 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _dtype(name: str, model: str) -> torch.dtype:
-    """Returns the torch dtype of ``LLM(dtype=name)``; "auto": the config's, float32 served as float16."""
+    """Returns the torch dtype of ``LLM(dtype=name)``; "auto": the config's, float32 served as
+    float16."""
     if name != "auto":
         return _DTYPES[name]
     from transformers import AutoConfig
 
-    own = getattr(AutoConfig.from_pretrained(model, local_files_only=True), "dtype", None) or torch.float32
+    own = (
+        getattr(AutoConfig.from_pretrained(model, local_files_only=True), "dtype", None)
+        or torch.float32
+    )
     return torch.float16 if own == torch.float32 else own
 
 
@@ -506,8 +691,10 @@ def _max_model_len(asked: int | None, config: Any) -> int:
     if asked is None:
         return derived
     if asked > derived:
-        raise ValueError(f"User-specified max_model_len ({asked}) is greater than the derived max_model_len "
-                         f"(max_position_embeddings={derived} or model_max_length=None in model's config.json).")
+        raise ValueError(
+            f"User-specified max_model_len ({asked}) is greater than the derived max_model_len "
+            f"(max_position_embeddings={derived} or model_max_length=None in model's config.json)."
+        )
     return int(asked)
 
 

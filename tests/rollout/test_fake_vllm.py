@@ -3,10 +3,9 @@ backend's tests rely on it: output types, sleep levels, vLLM parameter names, li
 
 from __future__ import annotations
 
+import fake_vllm
 import pytest
 import torch
-
-import fake_vllm
 from fake_vllm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams
 
 EXTENSION = "vapo_lab.rollout.vllm_backend.WeightLoader"
@@ -19,20 +18,31 @@ def in_process(monkeypatch):
 
 
 def _llm(path, **kwargs) -> LLM:
-    kw = {"dtype": "float32", "seed": 0, "enable_sleep_mode": True, "worker_extension_cls": EXTENSION,
-          "logprobs_mode": "processed_logprobs", **kwargs}
+    kw = {
+        "dtype": "float32",
+        "seed": 0,
+        "enable_sleep_mode": True,
+        "worker_extension_cls": EXTENSION,
+        "logprobs_mode": "processed_logprobs",
+        **kwargs,
+    }
     return LLM(str(path), **kw)
 
 
-def _generate(llm: LLM, n: int = 2, seed: int | None = 1, max_tokens: int = 6, **kw) -> list[RequestOutput]:
-    params = SamplingParams(n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens, logprobs=0, seed=seed, **kw)
+def _generate(
+    llm: LLM, n: int = 2, seed: int | None = 1, max_tokens: int = 6, **kw
+) -> list[RequestOutput]:
+    params = SamplingParams(
+        n=n, temperature=1.0, top_p=1.0, max_tokens=max_tokens, logprobs=0, seed=seed, **kw
+    )
     return llm.generate([{"prompt_token_ids": PROMPT}], [params], use_tqdm=False)
 
 
 def test_outputs_have_vllm_033s_types(in_process, tiny):
     _, path, _, tokenizer = tiny
     llm = _llm(path)
-    assert llm.model_config.dtype is torch.float32 and llm.model_config.max_model_len == 512  # the config's
+    # the config's
+    assert llm.model_config.dtype is torch.float32 and llm.model_config.max_model_len == 512
     [out] = _generate(llm, n=3, max_tokens=4)
     assert isinstance(out, RequestOutput) and out.prompt_token_ids == PROMPT and out.finished
     assert [c.index for c in out.outputs] == [0, 1, 2]
@@ -46,16 +56,20 @@ def test_outputs_have_vllm_033s_types(in_process, tiny):
             assert isinstance(lp, Logprob) and type(lp.logprob) is float and lp.logprob <= 0
             assert type(lp.rank) is int and lp.rank >= 1
             assert lp.decoded_token == tokenizer.convert_ids_to_tokens(token)
-        assert c.cumulative_logprob == pytest.approx(sum(p[t].logprob for p, t in zip(c.logprobs, c.token_ids)))
+        assert c.cumulative_logprob == pytest.approx(
+            sum(p[t].logprob for p, t in zip(c.logprobs, c.token_ids))
+        )
 
 
 def test_the_kth_sample_is_seeded_with_seed_plus_k(in_process, tiny):
     llm = _llm(tiny[1])
     pair = _generate(llm, n=2, seed=7)[0].outputs
     second = _generate(llm, n=1, seed=8)[0].outputs[0]
-    assert pair[1].token_ids == second.token_ids  # the same draws (log-probs to rounding: a batch of 1, not 2)
+    # the same draws (log-probs to rounding: a batch of 1, not 2)
+    assert pair[1].token_ids == second.token_ids
     assert [lp[t].logprob for lp, t in zip(pair[1].logprobs, pair[1].token_ids)] == pytest.approx(
-        [lp[t].logprob for lp, t in zip(second.logprobs, second.token_ids)], abs=1e-5)
+        [lp[t].logprob for lp, t in zip(second.logprobs, second.token_ids)], abs=1e-5
+    )
     assert _generate(llm, n=2, seed=7)[0].outputs == pair
 
 
@@ -73,7 +87,8 @@ def test_level_2_discards_the_weights_and_level_1_keeps_them(in_process, tiny):
     llm.sleep(level=2)
     assert llm.wake_up() is True  # awake, with nothing pushed: garbage weights
     [garbage] = _generate(llm, n=1)[0].outputs
-    assert all(lp[t].logprob != lp[t].logprob for lp, t in zip(garbage.logprobs, garbage.token_ids))  # NaN
+    # NaN
+    assert all(lp[t].logprob != lp[t].logprob for lp, t in zip(garbage.logprobs, garbage.token_ids))
 
 
 def test_the_worker_model_has_vllms_names_and_loader(in_process, tiny):
@@ -81,21 +96,32 @@ def test_the_worker_model_has_vllms_names_and_loader(in_process, tiny):
     llm = _llm(path)
     model = llm.worker.get_model()
     names = [n for n, _ in model.named_parameters()]
-    assert "model.layers.0.self_attn.qkv_proj.weight" in names and "model.layers.0.mlp.gate_up_proj.weight" in names
-    assert not any(".q_proj." in n or ".gate_proj." in n or n == "lm_head.weight" for n in names)  # fused; tied
-    loaded = model.load_weights([("model.layers.1.self_attn.k_proj.bias", torch.ones(32)),
-                                 ("model.norm.weight", torch.zeros(64))])
+    assert (
+        "model.layers.0.self_attn.qkv_proj.weight" in names
+        and "model.layers.0.mlp.gate_up_proj.weight" in names
+    )
+    # fused; tied
+    assert not any(".q_proj." in n or ".gate_proj." in n or n == "lm_head.weight" for n in names)
+    loaded = model.load_weights(
+        [
+            ("model.layers.1.self_attn.k_proj.bias", torch.ones(32)),
+            ("model.norm.weight", torch.zeros(64)),
+        ]
+    )
     assert loaded == {"model.layers.1.self_attn.qkv_proj.bias", "model.norm.weight"}
     qkv = dict(model.named_parameters())["model.layers.1.self_attn.qkv_proj.bias"]
     assert torch.equal(qkv[64:96], torch.ones(32))  # k's rows: after q's 64 (4 heads x 16)
     assert torch.equal(llm.hf.model.layers[1].self_attn.k_proj.bias, torch.ones(32))  # what samples
     with pytest.raises(ValueError, match="no module or parameter named 'lm_head.weight'"):
-        model.load_weights([("lm_head.weight", policy.lm_head.weight)])  # tied: vLLM has no such parameter
+        # tied: vLLM has no such parameter
+        model.load_weights([("lm_head.weight", policy.lm_head.weight)])
 
 
 def test_limits_of_the_context_and_the_settings(in_process, tiny):
     path = tiny[1]
-    with pytest.raises(ValueError, match=r"User-specified max_model_len \(513\) is greater than the derived"):
+    with pytest.raises(
+        ValueError, match=r"User-specified max_model_len \(513\) is greater than the derived"
+    ):
         _llm(path, max_model_len=513)
     llm = _llm(path, max_model_len=len(PROMPT) + 3)
     [c] = _generate(llm, n=1, max_tokens=10)[0].outputs
@@ -108,8 +134,9 @@ def test_limits_of_the_context_and_the_settings(in_process, tiny):
 
 def test_the_worker_extension_is_mixed_in_and_checked(in_process, tiny, monkeypatch):
     llm = _llm(tiny[1])
-    assert llm.collective_rpc("vapo_unloaded", args=(set(),)) == [sorted(n for n, _ in
-                                                                        llm.worker.get_model().named_parameters())]
+    assert llm.collective_rpc("vapo_unloaded", args=(set(),)) == [
+        sorted(n for n, _ in llm.worker.get_model().named_parameters())
+    ]
 
     class Clash:
         def get_model(self):
@@ -121,7 +148,8 @@ def test_the_worker_extension_is_mixed_in_and_checked(in_process, tiny, monkeypa
 
 
 def test_tensors_do_not_reach_an_engine_core_in_another_process(tiny, monkeypatch):
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)  # vLLM's default: multiprocessing
+    # vLLM's default: multiprocessing
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     llm = _llm(tiny[1])
     with pytest.raises(TypeError, match="tensors do not reach it as tensors"):
         llm.collective_rpc("vapo_load_weights", args=([("model.norm.weight", torch.zeros(64))],))

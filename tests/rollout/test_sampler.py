@@ -12,15 +12,29 @@ VOCAB = 40
 
 def _qwen(seed=0):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
 def _llama(seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, intermediate_size=64, max_position_embeddings=128)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -88,14 +102,14 @@ def test_samples_layout_masks_and_logprobs():
         # finished rows end with an eos; truncated rows ran to max_new_tokens
         if s.finished[b]:
             assert int(s.response_ids[b, n - 1]) in (1, 2)
-            assert not any(int(t) in (1, 2) for t in s.response_ids[b, :n - 1])
+            assert not any(int(t) in (1, 2) for t in s.response_ids[b, : n - 1])
         else:
             assert n == 12
         # log-probs are those of the temperature-scaled distribution (before top-p)
         prompt = s.prompt_ids[b][s.prompt_mask[b]]
         with torch.no_grad():
             logits = model(input_ids=torch.cat([prompt, s.response_ids[b, :n]])[None]).logits[0]
-        ref = (logits / 0.8).log_softmax(-1)[len(prompt) - 1:len(prompt) - 1 + n]
+        ref = (logits / 0.8).log_softmax(-1)[len(prompt) - 1 : len(prompt) - 1 + n]
         ref = ref.gather(-1, s.response_ids[b, :n, None]).squeeze(-1)
         torch.testing.assert_close(s.logprobs[b, :n], ref, atol=1e-5, rtol=0)
 
@@ -111,7 +125,7 @@ def test_greedy_is_argmax_and_chunking_does_not_change_it():
         with torch.no_grad():
             for _ in range(int(g.lengths[3 * i])):
                 seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
-        assert seq[len(p):] == g.response_ids[3 * i, :int(g.lengths[3 * i])].tolist()
+        assert seq[len(p) :] == g.response_ids[3 * i, : int(g.lengths[3 * i])].tolist()
     chunked = _run(model, True, temperature=0.0, max_batch=3)  # one prompt (3 samples) per chunk
     assert torch.equal(chunked.lengths, g.lengths)
     width = g.response_ids.shape[1]
@@ -135,8 +149,10 @@ def test_top_p_draws_follow_the_filtered_distribution():
     freq = torch.bincount(tokens, minlength=6).float() / len(tokens)
     expected = torch.tensor([0.0, 0.5, 0.0, 0.3125, 0.0, 0.1875])
     assert torch.allclose(freq, expected, atol=0.015), freq
-    assert torch.equal(_sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)),
-                       _sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)))
+    assert torch.equal(
+        _sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)),
+        _sample_top_p(logits[:50], 0.7, torch.Generator().manual_seed(3)),
+    )
 
 
 def test_inverse_cdf_draws_match_the_weights_and_never_pick_a_zero():
@@ -160,7 +176,7 @@ def test_top_p_draws_stay_in_the_sorted_nucleus_and_match_it_when_it_is_wide():
     tokens = _sample_top_p(logits, 0.7, torch.Generator().manual_seed(1))
     kept = torch.isfinite(top_p_filter(logits[::5000], 0.7))  # the reference: a full sort
     for row in range(4):
-        drawn = tokens[row * 5000:(row + 1) * 5000]
+        drawn = tokens[row * 5000 : (row + 1) * 5000]
         assert kept[row, drawn].all()
         expected = top_p_filter(logits[row * 5000], 0.7).softmax(-1)
         freq = torch.bincount(drawn, minlength=40).float() / len(drawn)
@@ -174,11 +190,20 @@ def test_top_p_outside_zero_one_rejected():
 
 
 def test_the_fast_decoder_keeps_every_projection_bias():
-    """Llama with mlp_bias: the fused gate/up projection carries the biases too (logits as a full pass)."""
+    """Llama with mlp_bias: the fused gate/up projection carries the biases too (logits as a full
+    pass)."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                      mlp_bias=True, attention_bias=True)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        mlp_bias=True,
+        attention_bias=True,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():  # biases start at 0: give them values that matter
@@ -187,3 +212,14 @@ def test_the_fast_decoder_keeps_every_projection_bias():
         d = FastDecoder(model, 2, 8)
         got = d.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
         torch.testing.assert_close(got, model(input_ids=ids).logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_no_prompts_give_no_samples_and_draw_nothing():
+    # a rank without prompts still calls the sampler (its tensor-parallel partners sample): it
+    # gets 0 rows, in the layout's dtypes, and its generator is left where it was
+    model = _qwen()
+    g = torch.Generator().manual_seed(3)
+    s = sample(model, [], n=4, max_new_tokens=5, eos_id=2, pad_id=0, generator=g)
+    assert s.response_ids.shape == (0, 0) and s.prompt_ids.dtype == torch.long
+    assert s.lengths.tolist() == [] and s.truncated.tolist() == [] and s.logprobs.numel() == 0
+    assert torch.equal(g.get_state(), torch.Generator().manual_seed(3).get_state())

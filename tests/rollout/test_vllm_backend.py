@@ -1,6 +1,7 @@
-"""The vLLM backend's pieces that need no vLLM nor GPU: the weight iterator (plain, and FSDP2-sharded
-over gloo ranks), the error paths, and the engine's sleep / push / sample protocol against a fake
-``vllm`` module. The real engine is tested by tests/rollout/test_vllm_gpu.py (``pytest -m gpu``)."""
+"""The vLLM backend's pieces that need no vLLM nor GPU: the weight iterator (plain, and
+FSDP2-sharded over gloo ranks), the error paths, and the engine's sleep / push / sample protocol
+against a fake ``vllm`` module. The real engine is tested by tests/rollout/test_vllm_gpu.py
+(``pytest -m gpu``)."""
 
 from __future__ import annotations
 
@@ -46,14 +47,18 @@ def _names(buckets):
     return [[name for name, _ in bucket] for bucket in buckets]
 
 
-@pytest.mark.parametrize("bucket_bytes, dtype, expected", [
-    # 40 | +80 = 120 > 100: flush | 80, +120 > 100: flush | 120 alone (one parameter may exceed) | 20
-    (100, None, [["a"], ["b"], ["c"], ["d"]]),
-    # 40 + 80 = 120 <= 130 | +120 = 240: flush | 120, +20 = 140 > 130: flush | 20
-    (130, None, [["a", "b"], ["c"], ["d"]]),
-    # bf16 halves every size: 20 + 40 + 60 + 10 = 130 <= 130, one bucket
-    (130, torch.bfloat16, [["a", "b", "c", "d"]]),
-])
+@pytest.mark.parametrize(
+    "bucket_bytes, dtype, expected",
+    [
+        # 40 | +80 = 120 > 100: flush | 80, +120 > 100: flush
+        #   | 120 alone (one parameter may exceed) | 20
+        (100, None, [["a"], ["b"], ["c"], ["d"]]),
+        # 40 + 80 = 120 <= 130 | +120 = 240: flush | 120, +20 = 140 > 130: flush | 20
+        (130, None, [["a", "b"], ["c"], ["d"]]),
+        # bf16 halves every size: 20 + 40 + 60 + 10 = 130 <= 130, one bucket
+        (130, torch.bfloat16, [["a", "b", "c", "d"]]),
+    ],
+)
 def test_buckets_are_flushed_before_they_would_exceed_the_bound(bucket_bytes, dtype, expected):
     model = Four()
     buckets = list(weight_buckets(model, bucket_bytes, dtype))
@@ -70,9 +75,16 @@ def _tiny_qwen(tied: bool = True):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                      tie_word_embeddings=tied)
+    cfg = Qwen2Config(
+        vocab_size=40,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     return Qwen2ForCausalLM(cfg).eval()
 
 
@@ -83,7 +95,8 @@ def test_every_hf_name_once_in_named_parameters_order(tied):
     pushed = [(name, t) for bucket in buckets for name, t in bucket]
     assert [n for n, _ in pushed] == [n for n, _ in model.named_parameters()]
     assert len({n for n, _ in pushed}) == len(pushed)
-    # tied: the shared matrix comes once, under the input embedding's name (vLLM refuses a lone lm_head)
+    # tied: the shared matrix comes once, under the input embedding's name (vLLM refuses a lone
+    # lm_head)
     assert ("lm_head.weight" in dict(pushed)) == (not tied)
     state = model.state_dict()
     for name, tensor in pushed:
@@ -139,8 +152,10 @@ def _gather_under_fsdp2(rank: int, world: int, init_file: str, results: dict) ->
                 "expected_names": [n for n, _ in full.named_parameters()],
                 "equal": all(torch.equal(t, full.state_dict()[n]) for n, t in pushed),
                 "plain": all(not isinstance(t, DTensor) for _, t in pushed),
-                "bounded": all(len(b) == 1 or sum(t.numel() * t.element_size() for _, t in b) <= 2048
-                               for b in buckets),
+                "bounded": all(
+                    len(b) == 1 or sum(t.numel() * t.element_size() for _, t in b) <= 2048
+                    for b in buckets
+                ),
             }
         results[rank] = out
     finally:
@@ -154,7 +169,9 @@ def _run_fsdp2(world: int, tmp_path) -> dict:
         return dict(results)
 
 
-@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2 ranks: ~20 s on 2 cores
+@pytest.mark.parametrize(
+    "world", [1, pytest.param(2, marks=pytest.mark.slow)]
+)  # 2 ranks: ~20 s on 2 cores
 def test_fsdp2_sharded_weights_come_out_whole_on_every_rank(world, tmp_path):
     results = _run_fsdp2(world, tmp_path)
     assert sorted(results) == list(range(world))
@@ -180,8 +197,11 @@ def test_missing_vllm_names_the_install_command(monkeypatch):
 
 def test_old_vllm_names_the_version_needed(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.10.1"))
-    with pytest.raises(BackendUnavailable, match=r"needs vLLM >= 0\.33\.0, found 0\.10\.1: "
-                                                 r"pip install 'vllm==0\.33\.0'"):
+    with pytest.raises(
+        BackendUnavailable,
+        match=r"needs vLLM >= 0\.33\.0, found 0\.10\.1: "
+        r"pip install 'vllm==0\.33\.0'",
+    ):
         require_vllm()
 
 
@@ -199,11 +219,17 @@ def test_release_numbers():
     assert _release("unknown") == (0,)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"enable_sleep_mode": True, "sleep_level": 3}, r"rollout\.vllm\.sleep_level=3"),
-    ({"weight_bucket_mb": 0}, r"rollout\.vllm\.weight_bucket_mb=0 must be >= 1"),
-    ({"tensor_parallel_size": 3, "world_size": 4}, r"tensor_parallel_size=3 must divide the 4 trainer ranks"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"enable_sleep_mode": True, "sleep_level": 3}, r"rollout\.vllm\.sleep_level=3"),
+        ({"weight_bucket_mb": 0}, r"rollout\.vllm\.weight_bucket_mb=0 must be >= 1"),
+        (
+            {"tensor_parallel_size": 3, "world_size": 4},
+            r"tensor_parallel_size=3 must divide the 4 trainer ranks",
+        ),
+    ],
+)
 def test_bad_settings_fail_before_vllm_is_imported(monkeypatch, kwargs, match):
     monkeypatch.setitem(sys.modules, "vllm", None)  # would raise BackendUnavailable if reached
     with pytest.raises(ConfigError, match=match):
@@ -231,13 +257,14 @@ class _FakeModel:
 
 
 class _FakeLLM:
-    """Records calls; collective_rpc runs the WeightLoader methods on a worker holding _FakeModel."""
+    """Records calls; collective_rpc runs the WeightLoader methods on a worker holding
+    _FakeModel."""
 
     extra_params: dict[str, torch.Tensor] = {}
     last: _FakeLLM | None = None
 
     def __init__(self, model: str, **kwargs) -> None:
-        self.kwargs, self.calls = kwargs, []
+        self.kwargs, self.calls, self.seeded, self.params = kwargs, [], [], []
         self.model_config = SimpleNamespace(dtype=torch.float32)
         base = {n: torch.zeros_like(p) for n, p in Four().named_parameters()}
         fake_model = _FakeModel({**base, **_FakeLLM.extra_params})
@@ -246,6 +273,9 @@ class _FakeLLM:
         _FakeLLM.last = self
 
     def collective_rpc(self, method, args=()):
+        if method == "vapo_seed":  # the call's seed, kept apart from the order of the calls
+            self.seeded.append(args[0])
+            return [None]
         self.calls.append(("rpc", method))
         return [getattr(self.worker, method)(*args)]
 
@@ -260,15 +290,23 @@ class _FakeLLM:
 
     def generate(self, prompts, params, use_tqdm):
         """Per prompt i: even samples end with eos 0 after 2 tokens, odd ones run to max_tokens."""
-        self.calls.append(("generate", [p["prompt_token_ids"] for p in prompts], [sp.seed for sp in params]))
+        self.calls.append(
+            ("generate", [p["prompt_token_ids"] for p in prompts], [sp.seed for sp in params])
+        )
+        self.params.extend(params)
         outs = []
         for i, sp in enumerate(params):
             completions = []
             for j in range(sp.n):
-                ids = [10 + i, 0] if j % 2 == 0 else [10 + i, 11, 12][:sp.max_tokens]
+                ids = [10 + i, 0] if j % 2 == 0 else [10 + i, 11, 12][: sp.max_tokens]
                 lps = [{tok: SimpleNamespace(logprob=-0.5 * (k + 1))} for k, tok in enumerate(ids)]
-                completions.append(SimpleNamespace(token_ids=ids, logprobs=lps,
-                                                   finish_reason="stop" if j % 2 == 0 else "length"))
+                completions.append(
+                    SimpleNamespace(
+                        token_ids=ids,
+                        logprobs=lps,
+                        finish_reason="stop" if j % 2 == 0 else "length",
+                    )
+                )
             outs.append(SimpleNamespace(outputs=completions))
         return outs
 
@@ -283,13 +321,19 @@ def fake_vllm(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_cuda_visible", lambda: True)
     monkeypatch.setattr(_FakeLLM, "extra_params", {})
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.setenv(var, "")  # registers the restore (unset) that a bare delenv of an unset var would not
+        # registers the restore (unset) that a bare delenv of an unset var would not
+        monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)  # the engine sets some of these: they must not outlive the test
     return module
 
 
 def _engine(**kwargs) -> VllmEngine:
-    return VllmEngine("/model", dtype="float32", seed=3, max_model_len=64, weight_bucket_mb=1, **kwargs)
+    """An engine whose requests are seeded one by one (the calls the tests below spell out),
+    unless ``kwargs`` say otherwise."""
+    kwargs = {"seed_per_request": True, **kwargs}
+    return VllmEngine(
+        "/model", dtype="float32", seed=3, max_model_len=64, weight_bucket_mb=1, **kwargs
+    )
 
 
 def test_engine_is_in_process_with_the_worker_extension(fake_vllm):
@@ -297,7 +341,11 @@ def test_engine_is_in_process_with_the_worker_extension(fake_vllm):
     kw = _FakeLLM.last.kwargs
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert kw["worker_extension_cls"] == "vapo_lab.rollout.vllm_backend.WeightLoader"
-    assert kw["enable_sleep_mode"] is True and kw["logprobs_mode"] == "processed_logprobs" and kw["seed"] == 3
+    assert (
+        kw["enable_sleep_mode"] is True
+        and kw["logprobs_mode"] == "processed_logprobs"
+        and kw["seed"] == 3
+    )
     assert "distributed_executor_backend" not in kw  # one rank: vLLM's own in-process executor
     assert engine.recompute_logprobs and engine.sleep_level == 2
 
@@ -320,13 +368,19 @@ def test_push_copies_every_weight_and_resets_the_prefix_cache(fake_vllm):
     for name, p in policy.named_parameters():
         assert torch.equal(llm.fake_model.params[name], p.detach())
     # 1 MiB buckets hold all four parameters: one load, one completeness check, then the cache reset
-    assert llm.calls == [("rpc", "vapo_load_weights"), ("rpc", "vapo_unloaded"), ("reset_prefix_cache",)]
+    assert llm.calls == [
+        ("rpc", "vapo_load_weights"),
+        ("rpc", "vapo_unloaded"),
+        ("reset_prefix_cache",),
+    ]
 
 
 def test_a_parameter_the_policy_lacks_fails_the_push(fake_vllm, monkeypatch):
     monkeypatch.setattr(_FakeLLM, "extra_params", {"model.extra.weight": torch.zeros(2)})
     engine = _engine()
-    with pytest.raises(WeightPushError, match=r"no weight for 1 vLLM parameter\(s\), e.g. \['model.extra.weight'\]"):
+    with pytest.raises(
+        WeightPushError, match=r"no weight for 1 vLLM parameter\(s\), e.g. \['model.extra.weight'\]"
+    ):
         engine.push_weights(Four())
 
 
@@ -338,11 +392,16 @@ def test_level_2_wakes_weights_then_pushes_then_wakes_the_kv_cache(fake_vllm):
     engine.sleep()  # already asleep: nothing more
     with pytest.raises(WeightPushError, match="call push_weights"):
         engine.sample(*args)  # the weights were discarded
-    engine.wake()  # the trainer may wake before pushing: weights only, the KV cache waits for the push
+    # the trainer may wake before pushing: weights only, the KV cache waits for the push
+    engine.wake()
     engine.push_weights(Four())
     engine.sample(*args)
     assert [c for c in llm.calls if c[0] != "rpc"] == [
-        ("sleep", 2), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("generate", [[1, 2]], [7])]
+        ("sleep", 2),
+        ("wake_up", ("weights",)),
+        ("wake_up", ("kv_cache",)),
+        ("generate", [[1, 2]], [7]),
+    ]
 
 
 def test_level_1_wake_restores_both_without_a_push(fake_vllm):
@@ -351,7 +410,11 @@ def test_level_1_wake_restores_both_without_a_push(fake_vllm):
     engine.sleep()
     engine.sample([[1, 2]], 2, 3, 1.0, 1.0, 0, 0, 7)  # sample wakes what the trainer did not
     assert [c for c in llm.calls if c[0] != "rpc"] == [
-        ("sleep", 1), ("wake_up", ("weights",)), ("wake_up", ("kv_cache",)), ("generate", [[1, 2]], [7])]
+        ("sleep", 1),
+        ("wake_up", ("weights",)),
+        ("wake_up", ("kv_cache",)),
+        ("generate", [[1, 2]], [7]),
+    ]
 
 
 def test_without_sleep_mode_sleep_and_wake_do_nothing(fake_vllm):
@@ -377,19 +440,53 @@ def test_samples_follow_the_builtin_layout(fake_vllm):
 
 def test_make_engine_passes_the_config(fake_vllm):
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
 
-    cfg = compose_config(overrides=["rollout=vllm", "rollout.vllm.sleep_level=1", "rollout.vllm.weight_bucket_mb=64",
-                                    "tracking=none"]).cfg
-    engine = make_engine("vllm", "/model", cfg, prompt_tokens=10)
+    overrides = [
+        "rollout=vllm",
+        "rollout.vllm.sleep_level=1",
+        "rollout.vllm.weight_bucket_mb=64",
+        "tracking=none",
+    ]
+    cfg = typed(compose_config(overrides=overrides).cfg)
+    context = 10 + cfg.rollout.max_new_tokens
+    engine = make_engine("/model", cfg.rollout.vllm, cfg.model, cfg.seed, context)
     kw = _FakeLLM.last.kwargs
-    assert kw["enable_sleep_mode"] is True and engine.sleep_level == 1 and engine.bucket_bytes == 64 * 2**20
-    assert kw["max_model_len"] == 10 + int(cfg.rollout.max_new_tokens) and kw["tokenizer"] is None
-    assert kw["gpu_memory_utilization"] == 0.5 and kw["tensor_parallel_size"] == 1 and kw["seed"] == int(cfg.seed)
-    assert make_engine("builtin", "/model", cfg, 10) is None
+    assert (
+        kw["enable_sleep_mode"] is True
+        and engine.sleep_level == 1
+        and engine.bucket_bytes == 64 * 2**20
+    )
+    assert kw["max_model_len"] == context and kw["tokenizer"] is None
+    assert (
+        kw["gpu_memory_utilization"] == 0.5
+        and kw["tensor_parallel_size"] == 1
+        and kw["seed"] == cfg.seed
+    )
+
+
+def test_one_seed_a_call_seeds_the_engine_and_no_request(fake_vllm):
+    engine = _engine(seed_per_request=False)
+    engine.sample([[1, 2], [3]], 2, 3, 1.0, 1.0, 0, 99, 7)
+    llm = _FakeLLM.last
+    assert llm.seeded == [7] and llm.calls[-1] == ("generate", [[1, 2], [3]], [None, None])
+    # the scorer decodes the ids itself: vLLM need not
+    assert [p.detokenize for p in llm.params] == [False, False]
+
+
+def test_a_dummy_build_reads_nothing_and_samples_only_after_a_push(fake_vllm):
+    engine, policy = _engine(dummy_weights=True), Four()
+    assert _FakeLLM.last.kwargs["load_format"] == "dummy"
+    with pytest.raises(WeightPushError, match="dummy weights"):
+        engine.sample([[1]], 1, 3, 1.0, 1.0, 0, 99, 7)
+    engine.push_weights(policy)
+    engine.sample([[1]], 1, 3, 1.0, 1.0, 0, 99, 7)
+    assert _engine().llm.kwargs["load_format"] == "auto"
 
 
 def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) -> None:
-    """On each of 2 ranks, one engine of tensor_parallel_size=2 over a fake vllm: both run both ranks' prompts."""
+    """On each of 2 ranks, one engine of tensor_parallel_size=2 over a fake vllm: both run both
+    ranks' prompts."""
     module = types.ModuleType("vllm")
     module.__version__, module.LLM = "0.33.0", _FakeLLM
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
@@ -401,11 +498,19 @@ def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) 
         engine = _engine(tensor_parallel_size=2, rank=rank, world_size=world)
         prompts = [[1]] if rank == 0 else [[2, 2], [3, 3, 3]]  # uneven shares
         s = engine.sample(prompts, 1, 3, 1.0, 1.0, 0, 0, 100 + rank)
-        seen = {"generate": _FakeLLM.last.calls[-1], "seed": _FakeLLM.last.kwargs["seed"],
-                "prompt_ids": s.prompt_ids.tolist(), "first_tokens": s.response_ids[:, 0].tolist()}
-        s = engine.sample([] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank)  # rank 0: nothing to sample
-        results[rank] = {**seen, "empty_round": (_FakeLLM.last.calls[-1], s.response_ids.shape[0],
-                                                 s.prompt_ids.shape[0])}
+        seen = {
+            "generate": _FakeLLM.last.calls[-1],
+            "seed": _FakeLLM.last.kwargs["seed"],
+            "prompt_ids": s.prompt_ids.tolist(),
+            "first_tokens": s.response_ids[:, 0].tolist(),
+        }
+        # rank 0: nothing to sample
+        s = engine.sample([] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank)
+        empty_round = (_FakeLLM.last.calls[-1], s.response_ids.shape[0], s.prompt_ids.shape[0])
+        # one seed a call: the group samples alike, so every rank seeds with its first rank's
+        call = _engine(tensor_parallel_size=2, rank=rank, world_size=world, seed_per_request=False)
+        call.sample(prompts, 1, 3, 1.0, 1.0, 0, 0, 300 + rank)
+        results[rank] = {**seen, "empty_round": empty_round, "call_seeds": call.llm.seeded}
     finally:
         dist.destroy_process_group()
 
@@ -415,18 +520,32 @@ def test_a_tensor_parallel_group_samples_its_ranks_prompts_together(tmp_path):
         results = manager.dict()
         mp.spawn(_tensor_parallel_pair, args=(2, str(tmp_path / "store"), results), nprocs=2)
         results = dict(results)
-    both = ("generate", [[1], [2, 2], [3, 3, 3]], [100, 101, 102])  # rank r's prompt i: its seed + i * n
+    # rank r's prompt i: its seed + i * n
+    both = (
+        "generate",
+        [[1], [2, 2], [3, 3, 3]],
+        [100, 101, 102],
+    )
     assert results[0]["generate"] == results[1]["generate"] == both
     # a rank with no prompts still runs the group's batch, and gets no rows back
     assert results[0]["empty_round"] == (("generate", [[4]], [201]), 0, 0)
     assert results[1]["empty_round"] == (("generate", [[4]], [201]), 2, 2)
     assert results[0]["seed"] == results[1]["seed"] == 3  # one engine seed per group
-    # each rank gets back its own rows: fake first token 10 + the request's index in the group's batch
+    assert results[0]["call_seeds"] == results[1]["call_seeds"] == [300]
+    # each rank gets back its own rows: fake first token 10 + the request's index in the group's
+    # batch
     assert results[0]["prompt_ids"] == [[1]] and results[0]["first_tokens"] == [10]
-    assert results[1]["prompt_ids"] == [[0, 2, 2], [3, 3, 3]] and results[1]["first_tokens"] == [11, 12]
+    assert results[1]["prompt_ids"] == [[0, 2, 2], [3, 3, 3]] and results[1]["first_tokens"] == [
+        11,
+        12,
+    ]
 
 
 def test_a_rank_without_prompts_gets_empty_samples(fake_vllm):
     s = _engine().sample([], 4, 3, 1.0, 1.0, 0, 99, 7)
-    assert s.response_ids.shape == (0, 0) and s.prompt_ids.shape == (0, 0) and s.prompt_index.shape == (0,)
+    assert (
+        s.response_ids.shape == (0, 0)
+        and s.prompt_ids.shape == (0, 0)
+        and s.prompt_index.shape == (0,)
+    )
     assert [c for c in _FakeLLM.last.calls if c[0] == "generate"] == []

@@ -50,17 +50,25 @@ def _mean_gap(samples, model, temperature: float = 1.0) -> float:
     gaps = []
     for r in range(samples.response_ids.shape[0]):
         prompt = samples.prompt_ids[r][samples.prompt_mask[r]]
-        response = samples.response_ids[r, :int(samples.lengths[r])]
+        response = samples.response_ids[r, : int(samples.lengths[r])]
         ids = torch.cat([prompt, response])[None].to(device)
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float() / temperature
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
         ref = logits.log_softmax(-1).gather(-1, response.to(device)[:, None]).squeeze(-1).cpu()
-        gaps.append((samples.logprobs[r, :len(response)] - ref).abs())
+        gaps.append((samples.logprobs[r, : len(response)] - ref).abs())
     return float(torch.cat(gaps).mean())
 
 
 def _sample(engine, tokenizer, seed: int, temperature: float = 1.0, texts=TEXTS):
-    return engine.sample(_prompts(tokenizer, texts), n=4, max_new_tokens=16, temperature=temperature, top_p=1.0,
-                         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, seed=seed)
+    return engine.sample(
+        _prompts(tokenizer, texts),
+        n=4,
+        max_new_tokens=16,
+        temperature=temperature,
+        top_p=1.0,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        seed=seed,
+    )
 
 
 def _need(gpus: int) -> None:
@@ -84,15 +92,31 @@ def saved(tmp_path_factory):
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_two_ranks_push_from_fsdp2_shards_and_sample(saved, tmp_path, tp):
-    """torchrun, 2 ranks: external_launcher engines (tp=1: one per rank; tp=2: one shared by both)."""
+    """torchrun, 2 ranks: external_launcher engines (tp=1: one per rank; tp=2: one shared by
+    both)."""
     _need(2)
     path, _ = saved
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", __file__,
-                          str(path), str(tmp_path), str(tp)], capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            __file__,
+            str(path),
+            str(tmp_path),
+            str(tp),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     for rank in (0, 1):
         r = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert r["rows"] == 4 * (1 if rank == 0 else 2)  # each rank gets back its own prompts' samples
+        # each rank gets back its own prompts' samples
+        assert r["rows"] == 4 * (1 if rank == 0 else 2)
         assert r["gap_new"] < MATCH < DIFFER < r["gap_old"], r
 
 
@@ -106,10 +130,23 @@ def _rank_main(model_dir: str, out_dir: str, tp: str) -> None:
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     tokenizer = _tokenizer()
-    engine = VllmEngine(model_dir, dtype="bfloat16", seed=0, max_model_len=512, gpu_memory_utilization=0.3,
-                        tensor_parallel_size=int(tp), enforce_eager=True, enable_sleep_mode=True, sleep_level=2,
-                        rank=rank, world_size=world)
-    old, new = build_tiny_model(tokenizer, seed=0).cuda(), build_tiny_model(tokenizer, seed=1).cuda()
+    engine = VllmEngine(
+        model_dir,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+        tensor_parallel_size=int(tp),
+        enforce_eager=True,
+        enable_sleep_mode=True,
+        sleep_level=2,
+        rank=rank,
+        world_size=world,
+    )
+    old, new = (
+        build_tiny_model(tokenizer, seed=0).cuda(),
+        build_tiny_model(tokenizer, seed=1).cuda(),
+    )
     sharded = copy.deepcopy(new)
     mesh = init_device_mesh("cuda", (world,))
     for layer in sharded.model.layers:
@@ -118,7 +155,11 @@ def _rank_main(model_dir: str, out_dir: str, tp: str) -> None:
     engine.sleep()
     engine.push_weights(sharded)
     s = _sample(engine, tokenizer, seed=rank, texts=TEXTS[:1] if rank == 0 else TEXTS[1:])
-    result = {"rows": s.response_ids.shape[0], "gap_new": _mean_gap(s, new), "gap_old": _mean_gap(s, old)}
+    result = {
+        "rows": s.response_ids.shape[0],
+        "gap_new": _mean_gap(s, new),
+        "gap_old": _mean_gap(s, old),
+    }
     Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -130,8 +171,16 @@ def _rank_main(model_dir: str, out_dir: str, tp: str) -> None:
 def engine(saved):
     _need(1)
     path, _ = saved
-    return VllmEngine(path, dtype="bfloat16", seed=0, max_model_len=512, gpu_memory_utilization=0.3,
-                      enforce_eager=True, enable_sleep_mode=True, sleep_level=2)
+    return VllmEngine(
+        path,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=512,
+        gpu_memory_utilization=0.3,
+        enforce_eager=True,
+        enable_sleep_mode=True,
+        sleep_level=2,
+    )
 
 
 def test_samples_come_from_the_loaded_checkpoint(engine, saved):
@@ -144,12 +193,16 @@ def test_samples_come_from_the_loaded_checkpoint(engine, saved):
 
 def test_level_2_sleep_frees_memory_and_a_push_brings_the_new_policy(engine, saved):
     _, tokenizer = saved
-    old, new = build_tiny_model(tokenizer, seed=0).cuda(), build_tiny_model(tokenizer, seed=1).cuda()
+    old, new = (
+        build_tiny_model(tokenizer, seed=0).cuda(),
+        build_tiny_model(tokenizer, seed=1).cuda(),
+    )
     before = _sample(engine, tokenizer, seed=1)
     torch.cuda.synchronize()
     free = torch.cuda.mem_get_info()[0]
     engine.sleep()
-    assert torch.cuda.mem_get_info()[0] - free > 2**30  # the KV cache (GiBs at 0.3 of a GPU) is released
+    # the KV cache (GiBs at 0.3 of a GPU) is released
+    assert torch.cuda.mem_get_info()[0] - free > 2**30
     with pytest.raises(WeightPushError, match="call push_weights"):
         _sample(engine, tokenizer, seed=1)  # level 2 discarded the weights
     engine.push_weights(new)
@@ -167,7 +220,9 @@ def test_level_1_sleep_keeps_the_weights(engine, saved):
         greedy = _sample(engine, tokenizer, seed=0, temperature=0.0)
         engine.sleep()
         engine.wake()
-        assert torch.equal(_sample(engine, tokenizer, seed=0, temperature=0.0).response_ids, greedy.response_ids)
+        assert torch.equal(
+            _sample(engine, tokenizer, seed=0, temperature=0.0).response_ids, greedy.response_ids
+        )
     finally:
         engine.sleep_level = 2
 
@@ -179,7 +234,9 @@ def test_push_from_a_one_rank_fsdp2_policy(engine, saved, tmp_path):
 
     _, tokenizer = saved
     if not dist.is_initialized():  # vLLM's one-rank executor normally made a world of one already
-        dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        dist.init_process_group(
+            "nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+        )
     new = build_tiny_model(tokenizer, seed=2).cuda()
     sharded = copy.deepcopy(new)
     mesh = init_device_mesh("cuda", (1,))

@@ -36,16 +36,24 @@ def _state():
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     sched.step()
-    return {"actor_opt": opt.state_dict(), "actor_sched": sched.state_dict(),
-            "rng": rng_state({"g": torch.Generator().manual_seed(5)}), "data": {"epoch": 1, "index": 7},
-            "best_eval": 0.25}
+    return {
+        "actor_opt": opt.state_dict(),
+        "actor_sched": sched.state_dict(),
+        "rng": rng_state({"g": torch.Generator().manual_seed(5)}),
+        "data": {"epoch": 1, "index": 7},
+        "best_eval": 0.25,
+    }
 
 
 def test_state_round_trips_exactly(tmp_path):
     state = _state()
     back = load_state(save_checkpoint(tmp_path, 4, {}, state))
-    assert back["step"] == 4 and back["data"] == {"epoch": 1, "index": 7} and back["best_eval"] == 0.25
-    assert torch.equal(back["actor_opt"]["state"][0]["exp_avg"], state["actor_opt"]["state"][0]["exp_avg"])
+    assert (
+        back["step"] == 4 and back["data"] == {"epoch": 1, "index": 7} and back["best_eval"] == 0.25
+    )
+    assert torch.equal(
+        back["actor_opt"]["state"][0]["exp_avg"], state["actor_opt"]["state"][0]["exp_avg"]
+    )
     assert back["actor_sched"] == state["actor_sched"]
     g = torch.Generator()
     set_rng_state(back["rng"], {"g": g})
@@ -65,8 +73,11 @@ def test_a_malicious_state_file_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     path = save_checkpoint(tmp_path / "ckpt", 2, {}, _state())
     torch.save({"actor_opt": Payload(marker)}, path / STATE_FILE)
-    write_manifest(path)  # a forged checkpoint can carry matching checksums: they are not the defence
-    with pytest.raises(CheckpointError, match=r"refusing to load .*trainer_state\.pt.*could run code"):
+    # a forged checkpoint can carry matching checksums: they are not the defence
+    write_manifest(path)
+    with pytest.raises(
+        CheckpointError, match=r"refusing to load .*trainer_state\.pt.*could run code"
+    ):
         load_state(path)
     assert not marker.exists()
     # the same file through torch.load's unsafe mode would have run it (the test's payload is real)
@@ -99,4 +110,3 @@ def test_a_write_killed_before_its_rename_leaves_the_previous_checkpoints(tmp_pa
     assert json.loads((first / "trainer_state.json").read_text())["step"] == 1
     save_checkpoint(tmp_path, 2, {}, _state())  # the next write clears the half-written folder
     assert not list(tmp_path.glob(".tmp_step_*"))
-

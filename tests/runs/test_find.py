@@ -1,4 +1,5 @@
-"""Finding runs on disk: the latest run, a run by its tracking id, its complete checkpoints by step."""
+"""Finding runs on disk: the latest run, a run by its tracking id, its complete checkpoints by
+step."""
 
 import json
 import os
@@ -35,7 +36,12 @@ def test_checkpoints_by_step_are_the_complete_ones(tmp_path):
         if complete:
             (folder / STATE_FILE).write_bytes(b"")
     (tmp_path / "checkpoints" / "step_latest").mkdir()
-    assert checkpoints(tmp_path) == {2: tmp_path / "checkpoints" / "step_000002",
-                                     4: tmp_path / "checkpoints" / "step_000004"}
+    assert checkpoints(tmp_path) == {
+        2: tmp_path / "checkpoints" / "step_000002",
+        4: tmp_path / "checkpoints" / "step_000004",
+    }
     assert checkpoint_step(tmp_path / "step_000012") == 12
-    assert checkpoint_step(tmp_path / "step_latest") is None and checkpoint_step(tmp_path / "policy") is None
+    assert (
+        checkpoint_step(tmp_path / "step_latest") is None
+        and checkpoint_step(tmp_path / "policy") is None
+    )

@@ -15,14 +15,22 @@ STEPS = ("install", "a", "b", "c", "d", "e")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OUT", "ACCEPTANCE_WORK", "VAPO_COMMIT")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("OUT", "ACCEPTANCE_WORK", "VAPO_COMMIT")
+    }
     return {**env, **extra}
 
 
 def test_without_cuda_and_without_cpu_flag_it_exits_1_with_one_line(tmp_path):
     # CUDA_VISIBLE_DEVICES="" hides any GPU, so this holds on a GPU machine too
-    done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=_env(CUDA_VISIBLE_DEVICES="", OUT=str(tmp_path / "out")))
+    done = subprocess.run(
+        ["bash", str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_env(CUDA_VISIBLE_DEVICES="", OUT=str(tmp_path / "out")),
+    )
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == 1, done.stdout + done.stderr
     assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "--cpu" in lines[0], lines
@@ -30,8 +38,14 @@ def test_without_cuda_and_without_cpu_flag_it_exits_1_with_one_line(tmp_path):
 
 
 def test_a_bad_argument_is_refused_with_the_usage(tmp_path):
-    done = subprocess.run(["bash", str(SCRIPT), "--gpu"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          env=_env())
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--gpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=_env(),
+    )
     assert done.returncode == 2 and done.stderr.startswith("usage: ") and not done.stdout
 
 
@@ -49,11 +63,21 @@ def _rows(markdown: str) -> dict[str, tuple[str, str]]:
 @pytest.mark.timeout(720)
 def test_cpu_run_reports_every_step_with_a_result(tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run(["bash", str(SCRIPT), "--cpu"], capture_output=True, text=True, timeout=700,
-                          cwd=tmp_path, env=_env(OUT=str(out), ACCEPTANCE_WORK=str(tmp_path / "work")))
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--cpu"],
+        capture_output=True,
+        text=True,
+        timeout=700,
+        cwd=tmp_path,
+        env=_env(OUT=str(out), ACCEPTANCE_WORK=str(tmp_path / "work")),
+    )
     md = (out / "gpu-acceptance.md").read_text()
     assert md in done.stdout  # the table is printed as written
-    assert {p.name for p in out.iterdir()} == {"gpu-acceptance.md", "gpu-acceptance.log", "gpu-acceptance.jsonl"}
+    assert {p.name for p in out.iterdir()} == {
+        "gpu-acceptance.md",
+        "gpu-acceptance.log",
+        "gpu-acceptance.jsonl",
+    }
     for field in ("device", "software", "date", "commit", "total"):
         assert re.search(rf"^\| {field} \| \S", md, re.M), field
     rows = _rows(md)
@@ -61,13 +85,20 @@ def test_cpu_run_reports_every_step_with_a_result(tmp_path):
     for step in STEPS:
         assert f"### {step}. " in md, step
         status, result = rows[step]
-        assert status == "ok" and result and result != "no result", f"step {step}: {status}: {result}\n\n{md}"
+        assert status == "ok" and result and result != "no result", (
+            f"step {step}: {status}: {result}\n\n{md}"
+        )
     assert done.returncode == 0, md
     # each step's figures, as the GPU run will report them
     assert re.search(r"skipped|passed", rows["a"][1])
-    assert re.search(r"→ .* at step 10: [+-]\d+\.\d .*CPU 44\.8 − 23\.5 = \+21\.3.*\d\.\d+ s/step", rows["b"][1])
+    assert re.search(
+        r"→ .* at step 10: [+-]\d+\.\d .*CPU 44\.8 − 23\.5 = \+21\.3.*\d\.\d+ s/step", rows["b"][1]
+    )
     assert re.search(r"peak .*GB.*plan \d+\.\d+ GB.*tokens/s", rows["c"][1])
     assert re.search(r"aime24 avg@2 \d+\.\d%", rows["d"][1])
     # the chunked log-prob pass's peak beside the plan's figure for it: within 15%
-    peak = re.search(r"peak (\d+\.\d+) GB measured, plan (\d+\.\d+) GB \((\d\.\d+) of it\); T = 1,024", rows["e"][1])
+    peak = re.search(
+        r"peak (\d+\.\d+) GB measured, plan (\d+\.\d+) GB \((\d\.\d+) of it\); T = 512",
+        rows["e"][1],
+    )
     assert peak and 0.85 <= float(peak.group(3)) <= 1.15, rows["e"][1]

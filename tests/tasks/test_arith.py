@@ -29,7 +29,10 @@ def test_splits_are_disjoint_even_when_small_problems_run_out():
     # 1..2 digits: 55 + 4095 unordered pairs; x + y and y + x count as the same problem, so
     # the 1-digit problems run out and the generator must redraw
     task = ArithTask(0, n_train=2000, n_eval=500, min_digits=1, max_digits=2)
-    keys = lambda ps: {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+
+    def keys(ps):
+        return {(min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"])) for p in ps}
+
     assert len(keys(task.train)) == 2000 and len(keys(task.eval)) == 500
     assert not keys(task.train) & keys(task.eval)
     assert len({p.id for p in task.train + task.eval}) == 2500
@@ -40,7 +43,9 @@ def test_prompt_and_answer_by_hand():
     # -> z3 = 3, carry 1 into column 2; tens: 5 + 8 + 1 = 14 -> z2 = 4, carry 1 into column 1;
     # hundreds: 4 + 1 + 1 = 6 -> z1 = 6, carry 0 out of the top (c0). Answer: z1 z2 z3 = 643.
     task = ArithTask(0, 0, 0)
-    problem = Problem("p", "x1_4 x2_5 x3_7 + y1_1 y2_8 y3_6 =", "643", {"n_digits": 3, "x": 457, "y": 186})
+    problem = Problem(
+        "p", "x1_4 x2_5 x3_7 + y1_1 y2_8 y3_6 =", "643", {"n_digits": 3, "x": 457, "y": 186}
+    )
     assert task.trace(problem) == " c3_0 z3_3 c2_1 z2_4 c1_1 z1_6 c0_0 \\boxed{643}"
     generated = ArithTask(0, 50, 0).train[0]
     x, y, n = generated.meta["x"], generated.meta["y"], generated.meta["n_digits"]
@@ -51,7 +56,8 @@ def test_prompt_and_answer_by_hand():
 
 
 def test_final_carry_is_the_leading_answer_digit():
-    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1 -> "1" "1" "2"
+    # 95 + 17 = 112: units 5 + 7 = 12 -> z2 2, c1 1; tens 9 + 1 + 1 = 11 -> z1 1, c0 1
+    # -> "1" "1" "2"
     problem = Problem("p", "", "112", {"n_digits": 2, "x": 95, "y": 17})
     assert ArithTask(0, 0, 0).trace(problem) == " c2_0 z2_2 c1_1 z1_1 c0_1 \\boxed{112}"
 
@@ -113,13 +119,19 @@ def test_noise_bug_is_the_mode_and_slips_are_rare():
     assert is_bug_step(5, 4, 1) and not is_bug_step(5, 4, 0) and not is_bug_step(5, 3, 1)
     rng = random.Random(0)
     traces = [task.trace(p, rng, TraceNoise(bug_rate=0.6)) for _ in range(2000)]
-    assert set(traces) == {" c2_0 z2_1 c1_1 z1_0 c0_1 \\boxed{101}", " c2_0 z2_1 c1_1 z1_9 c0_0 \\boxed{91}"}
+    assert set(traces) == {
+        " c2_0 z2_1 c1_1 z1_0 c0_1 \\boxed{101}",
+        " c2_0 z2_1 c1_1 z1_9 c0_0 \\boxed{91}",
+    }
     wrong = sum(not task.verify(t, p) for t in traces) / len(traces)
     assert 0.56 < wrong < 0.64  # 0.6 ± 4 standard errors (sd = sqrt(0.24 / 2000) = 0.011)
     # slips: a wrong sum digit in a non-bug column, carries untouched (123 + 234 = 357, no carry)
     q = Problem("q", "", "357", {"n_digits": 3, "x": 123, "y": 234})
     slipped = [task.trace(q, rng, TraceNoise(slip_rate=0.1)) for _ in range(2000)]
-    assert all(t.startswith(" c3_0 ") and " c2_0 " in t and " c1_0 " in t and " c0_0 " in t for t in slipped)
+    assert all(
+        t.startswith(" c3_0 ") and " c2_0 " in t and " c1_0 " in t and " c0_0 " in t
+        for t in slipped
+    )
     # P(no slip in 3 columns) = 0.9^3 = 0.729; sd = sqrt(0.729 * 0.271 / 2000) = 0.0099
     assert 0.69 < sum(task.verify(t, q) for t in slipped) / 2000 < 0.77
 
@@ -130,11 +142,20 @@ def test_a_wider_bug_family_forgets_the_carry_in_at_every_listed_sum():
     # z1 0, c0 1 -> 105. With the default family (9 only) the column is never buggy.
     task = ArithTask(0, 0, 0)
     p = Problem("p", "", "115", {"n_digits": 2, "x": 68, "y": 47})
-    assert is_bug_step(6, 4, 1, (9, 10)) and not is_bug_step(6, 4, 1) and not is_bug_step(6, 4, 0, (9, 10))
+    assert (
+        is_bug_step(6, 4, 1, (9, 10))
+        and not is_bug_step(6, 4, 1)
+        and not is_bug_step(6, 4, 0, (9, 10))
+    )
     rng = random.Random(0)
     wide = {task.trace(p, rng, TraceNoise(bug_rate=0.5, bug_sums=(9, 10))) for _ in range(200)}
-    assert wide == {" c2_0 z2_5 c1_1 z1_1 c0_1 \\boxed{115}", " c2_0 z2_5 c1_1 z1_0 c0_1 \\boxed{105}"}
-    assert {task.trace(p, rng, TraceNoise(bug_rate=0.5)) for _ in range(50)} == {" c2_0 z2_5 c1_1 z1_1 c0_1 \\boxed{115}"}
+    assert wide == {
+        " c2_0 z2_5 c1_1 z1_1 c0_1 \\boxed{115}",
+        " c2_0 z2_5 c1_1 z1_0 c0_1 \\boxed{105}",
+    }
+    assert {task.trace(p, rng, TraceNoise(bug_rate=0.5)) for _ in range(50)} == {
+        " c2_0 z2_5 c1_1 z1_1 c0_1 \\boxed{115}"
+    }
     with pytest.raises(ConfigError, match="bug_sums"):
         TraceNoise(bug_sums=(19,))
 
@@ -146,7 +167,9 @@ def test_noisy_trace_answer_is_read_off_the_scratchpad(task):
         z = {int(w[1:].split("_")[0]): w.split("_")[1] for w in words if w.startswith("z")}
         final_carry = words[-2]
         assert final_carry.startswith("c0_")
-        expected = ("1" if final_carry == "c0_1" else "") + "".join(z[c] for c in range(1, len(z) + 1))
+        expected = ("1" if final_carry == "c0_1" else "") + "".join(
+            z[c] for c in range(1, len(z) + 1)
+        )
         assert last_boxed(words[-1]) == expected
 
 
@@ -203,7 +226,8 @@ def test_labelled_readout_tokens_and_noise():
         n, carry = p.meta["n_digits"], len(p.answer) > p.meta["n_digits"]
         assert len(tok(trace).input_ids) == 3 * n + 3 + carry
         noisy = task.trace(p, rng, TraceNoise(slip_rate=1.0))
-        assert not task.verify(noisy, p)  # every column slipped: the read-out copies the wrong digits
+        # every column slipped: the read-out copies the wrong digits
+        assert not task.verify(noisy, p)
     lengths = [3 * p.meta["n_digits"] + 3 for p in task.train]
     assert min(lengths) <= 10 and max(lengths) >= 250
 

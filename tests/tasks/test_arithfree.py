@@ -1,4 +1,5 @@
-"""Tests for vapo_lab.tasks.arithfree: problems, trace format by hand, the guess rule, verifier, strata."""
+"""Tests for vapo_lab.tasks.arithfree: problems, trace format by hand, the guess rule, verifier,
+strata."""
 
 import random
 from collections import Counter
@@ -28,8 +29,18 @@ def task():
 
 
 def test_built_by_name_with_the_trainer_keys():
-    t = build_task("arithfree", seed=0, n_train=5, n_eval=5, train_path=None, eval_path=None,
-                   problem_key="problem", answer_key="answer", prompt_template="{problem}", max_digits=8)
+    t = build_task(
+        "arithfree",
+        seed=0,
+        n_train=5,
+        n_eval=5,
+        train_path=None,
+        eval_path=None,
+        problem_key="problem",
+        answer_key="answer",
+        prompt_template="{problem}",
+        max_digits=8,
+    )
     assert isinstance(t, ArithFreeTask) and len(t.train) == 5
 
 
@@ -45,15 +56,24 @@ def test_bad_options_are_config_errors():
 
 
 def test_splits_disjoint_deterministic_and_eval_independent_of_train(task):
-    key = lambda p: (p.meta["n_digits"], min(p.meta["x"], p.meta["y"]), max(p.meta["x"], p.meta["y"]))
+    def key(p):
+        return (
+            p.meta["n_digits"],
+            min(p.meta["x"], p.meta["y"]),
+            max(p.meta["x"], p.meta["y"]),
+        )
+
     assert not {key(p) for p in task.train} & {key(p) for p in task.eval}
     assert ArithFreeTask(0, 10, 200).eval == task.eval
     assert ArithFreeTask(0, 600, 200).train == task.train
 
 
 def test_leading_zeros_occur_in_every_column(task):
-    # the arith hole: x1_0 only ever in 1-digit problems. Here the leading digit is 0 about 10% of the time
-    firsts = Counter(p.prompt.split()[0].split("_")[1] for p in task.train if p.meta["n_digits"] > 1)
+    # the arith hole: x1_0 only ever in 1-digit problems. Here the leading digit is 0 about 10% of
+    # the time
+    firsts = Counter(
+        p.prompt.split()[0].split("_")[1] for p in task.train if p.meta["n_digits"] > 1
+    )
     assert firsts["0"] > 0.05 * sum(firsts.values())
     words = {w for p in task.train for w in p.prompt.split()}
     assert {"x1_0", "y1_0", "x5_0"} <= words
@@ -66,7 +86,8 @@ def test_answer_words_by_hand():
 
 
 def test_full_trace_by_hand():
-    # 457 + 186 = 643: units 7+6=13 -> z3 3 c2 1; tens 5+8+1=14 -> z2 4 c1 1; hundreds 4+1+1=6 -> z1 6 c0 0
+    # 457 + 186 = 643: units 7+6=13 -> z3 3 c2 1; tens 5+8+1=14 -> z2 4 c1 1; hundreds 4+1+1=6 ->
+    # z1 6 c0 0
     t = ArithFreeTask(0, 0, 0)
     p = problem(457, 186, 3)
     assert t.trace(p) == " c3_0 z3_3 c2_1 z2_4 c1_1 z1_6 c0_0 \\boxed{ r1_6 r2_4 r3_3 }"
@@ -76,7 +97,8 @@ def test_full_trace_by_hand():
 def test_partial_and_direct_traces_guess_without_carries():
     t = ArithFreeTask(0, 0, 0)
     p = problem(457, 186, 3)
-    # one worked column (units: 3, carry 1), then guesses 4+1=5 and 5+8=13 -> 3, dropping both carries
+    # one worked column (units: 3, carry 1), then guesses 4+1=5 and 5+8=13 -> 3, dropping both
+    # carries
     assert t.trace(p, columns=1) == " c3_0 z3_3 c2_1 \\boxed{ r1_5 r2_3 r3_3 }"
     assert t.trace(p, columns=0) == " \\boxed{ r1_5 r2_3 r3_3 }"
     assert not t.verify(t.trace(p, columns=1), p)
@@ -85,14 +107,21 @@ def test_partial_and_direct_traces_guess_without_carries():
     assert t.trace(q, columns=0) == " \\boxed{ r0_1 r1_2 }" and t.verify(t.trace(q, columns=0), q)
     # 52 + 61 = 113: no carry crosses a column, so the direct guess is right
     r = problem(52, 61, 2)
-    assert t.trace(r, columns=0) == " \\boxed{ r0_1 r1_1 r2_3 }" and t.verify(t.trace(r, columns=0), r)
+    assert t.trace(r, columns=0) == " \\boxed{ r0_1 r1_1 r2_3 }" and t.verify(
+        t.trace(r, columns=0), r
+    )
 
 
 def test_guess_is_right_matches_the_written_trace(task):
     for p in task.eval[:80]:
         x, y, n = p.meta["x"], p.meta["y"], p.meta["n_digits"]
         for m in range(n + 1):
-            assert guess_is_right(x, y, n, m) == task.verify(task.trace(p, columns=m), p), (x, y, n, m)
+            assert guess_is_right(x, y, n, m) == task.verify(task.trace(p, columns=m), p), (
+                x,
+                y,
+                n,
+                m,
+            )
         assert task.verify(task.trace(p, columns=task.min_columns(p)), p)
 
 
@@ -113,16 +142,23 @@ def test_tokens_by_mode_and_length_span():
     tok = build_tokenizer(t.vocabulary())
     short = problem(1, 2, 1)
     long = problem(10**32 - 1, 1, 32)
-    count = lambda p, m: len(tok(t.trace(p, columns=m)).input_ids)
+
+    def count(p, m):
+        return len(tok(t.trace(p, columns=m)).input_ids)
+
     assert count(short, 0) == 3  # \boxed{ r1_3 }
     assert count(long, None) == 3 * 32 + 4  # c32_0, 32 x (z, c), \boxed{, r0_1 + 32 digits, }
-    assert count(long, 5) == 1 + 2 * 5 + 1 + 32 + 1  # the guessed top column 9 + 0 does not overflow
+    assert (
+        count(long, 5) == 1 + 2 * 5 + 1 + 32 + 1
+    )  # the guessed top column 9 + 0 does not overflow
     assert count(long, None) / count(short, 0) > 30
 
 
 def test_noisy_partial_trace_copies_its_own_wrong_step():
     t = ArithFreeTask(0, 0, 0)
-    p = problem(45, 55, 2)  # units 5+5=10 -> carry 1; tens 4+5+1: bug family (x+y=9 with a carry in)
+    p = problem(
+        45, 55, 2
+    )  # units 5+5=10 -> carry 1; tens 4+5+1: bug family (x+y=9 with a carry in)
     bugged = t.trace(p, random.Random(0), TraceNoise(bug_rate=1.0, bug_sums=(9,)))
     assert bugged == " c2_0 z2_0 c1_1 z1_9 c0_0 \\boxed{ r1_9 r2_0 }"
     assert not t.verify(bugged, p)
@@ -166,7 +202,8 @@ def test_strata_labels_by_hand(task):
 
 
 def test_no_stratum_is_structurally_unsolvable(task):
-    # every problem's full trace is right and fits the vocabulary: no class of problems is 0% by construction
+    # every problem's full trace is right and fits the vocabulary: no class of problems is 0% by
+    # construction
     tok = build_tokenizer(task.vocabulary())
     for p in task.train[:300] + task.eval:
         text = task.trace(p)

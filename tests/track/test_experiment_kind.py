@@ -46,8 +46,16 @@ def test_a_kind_the_user_set_is_kept(tmp_path):
 def test_imported_runs_land_in_a_model_training_experiment(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = tmp_path / "runs.json.gz"
-    run = {"run_id": "a" * 32, "run_name": "r", "status": "FINISHED", "start_time": 1, "end_time": 2,
-           "tags": {}, "params": {}, "metrics": {"eval/avg_at_4": [[0, 1, 0.5]]}}
+    run = {
+        "run_id": "a" * 32,
+        "run_name": "r",
+        "status": "FINISHED",
+        "start_time": 1,
+        "end_time": 2,
+        "tags": {},
+        "params": {},
+        "metrics": {"eval/avg_at_4": [[0, 1, 0.5]]},
+    }
     with gzip.open(path, "wt") as f:
         json.dump({"format": FORMAT, "experiment": "table1", "runs": [run]}, f)
     assert import_runs(path, uri) == ("table1", 1)
@@ -58,4 +66,7 @@ def test_the_server_says_how_to_open_the_training_view():
     from vapo_lab.track.server import ui_hint
 
     hint = ui_hint("http://127.0.0.1:5000")
-    assert "'Model training'" in hint and "http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning" in hint
+    assert (
+        "'Model training'" in hint
+        and "http://127.0.0.1:5000/#/experiments/<id>?workflowType=machine_learning" in hint
+    )

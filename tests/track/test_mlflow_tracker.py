@@ -12,13 +12,19 @@ def store(tmp_path):
 
 
 def _history(uri, run_id, key):
-    return [(m.step, m.value) for m in sorted(MlflowClient(uri).get_metric_history(run_id, key),
-                                               key=lambda m: (m.step, m.timestamp))]
+    return [
+        (m.step, m.value)
+        for m in sorted(
+            MlflowClient(uri).get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)
+        )
+    ]
 
 
 def test_run_with_params_tags_and_metrics(store, tmp_path):
     t = MlflowTracker(store, "exp", spool_dir=tmp_path / "spool")
-    run_id = t.start("r1", {"algo": "vapo", "seed": "0"}, {"loss.eps_high": 0.28, "big": "x" * 7000})
+    run_id = t.start(
+        "r1", {"algo": "vapo", "seed": "0"}, {"loss.eps_high": 0.28, "big": "x" * 7000}
+    )
     for step in range(3):
         t.log_metrics({"rollout/reward": step / 10, "actor/clipfrac_high": 0.5}, step)
     assert t.finish() is None
@@ -56,13 +62,20 @@ def test_outage_spools_and_replays_in_order(store, tmp_path, monkeypatch):
     assert _history(store, run_id, "m") == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
     assert t.failures == 2
     # told once that it spools (not once per step) and once that it caught up
-    assert len(said) == 2 and "spooling" in said[0] and "answers again" in said[1] and "2 spooled" in said[1]
+    assert (
+        len(said) == 2
+        and "spooling" in said[0]
+        and "answers again" in said[1]
+        and "2 spooled" in said[1]
+    )
 
 
 def test_spool_kept_when_backend_stays_down(store, tmp_path, monkeypatch):
     t = MlflowTracker(store, "exp", spool_dir=tmp_path / "spool")
     run_id = t.start("r", {}, {})
-    monkeypatch.setattr(t.client, "log_batch", lambda *a, **k: (_ for _ in ()).throw(OSError("down")))
+    monkeypatch.setattr(
+        t.client, "log_batch", lambda *a, **k: (_ for _ in ()).throw(OSError("down"))
+    )
     t.log_metrics({"m": 1.0}, 1)
     left = t.finish()
     assert left == tmp_path / "spool" / f"{run_id}.jsonl" and left.is_file()
@@ -84,7 +97,11 @@ def test_uri_resolution(monkeypatch, tmp_path):
 
 
 def test_flatten_and_null_tracker():
-    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": None}
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {
+        "a.b": 1,
+        "a.c.d": [1, 2],
+        "e": None,
+    }
     t = NullTracker()
     assert t.start("r", {}, {}).startswith("local-") and t.finish() is None
 
@@ -122,9 +139,13 @@ def test_backfill_sends_only_what_the_run_lacks(store, tmp_path):
     t.log_metrics({"m": 1.0}, 1, timestamp_ms=2000)
     t.flush()
     # a resumed process backfills from its local record: steps 0 and 1 (held) and 2 (lost in flight)
-    t.backfill([{"step": 0, "timestamp": 1000, "metrics": {"m": 0.0, "n": 0.5}},
-                {"step": 1, "timestamp": 2000, "metrics": {"m": 1.0, "n": 1.5}},
-                {"step": 2, "timestamp": 3000, "metrics": {"m": 2.0}}])
+    t.backfill(
+        [
+            {"step": 0, "timestamp": 1000, "metrics": {"m": 0.0, "n": 0.5}},
+            {"step": 1, "timestamp": 2000, "metrics": {"m": 1.0, "n": 1.5}},
+            {"step": 2, "timestamp": 3000, "metrics": {"m": 2.0}},
+        ]
+    )
     assert t.finish() is None
     assert _history(store, run_id, "m") == [(0, 0.0), (1, 1.0), (2, 2.0)]
     assert _history(store, run_id, "n") == [(0, 0.5), (1, 1.5)]

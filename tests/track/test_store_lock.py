@@ -11,20 +11,30 @@ import sqlalchemy
 from vapo_lab.track.store_lock import sqlite_file, store_lock
 
 
-@pytest.mark.parametrize("uri, path", [
-    ("sqlite:////tmp/x/mlflow.db", Path("/tmp/x/mlflow.db")),
-    ("sqlite:///mlflow.db", Path("mlflow.db")),
-    ("sqlite+pysqlite:////tmp/m.db?timeout=20", Path("/tmp/m.db")),
-    ("sqlite://", None), ("sqlite:///:memory:", None),
-    ("http://127.0.0.1:5000", None), ("postgresql://u@h/db", None), ("file:///tmp/mlruns", None),
-])
+@pytest.mark.parametrize(
+    "uri, path",
+    [
+        ("sqlite:////tmp/x/mlflow.db", Path("/tmp/x/mlflow.db")),
+        ("sqlite:///mlflow.db", Path("mlflow.db")),
+        ("sqlite+pysqlite:////tmp/m.db?timeout=20", Path("/tmp/m.db")),
+        ("sqlite://", None),
+        ("sqlite:///:memory:", None),
+        ("http://127.0.0.1:5000", None),
+        ("postgresql://u@h/db", None),
+        ("file:///tmp/mlruns", None),
+    ],
+)
 def test_the_database_file_of_a_uri(uri, path):
     assert sqlite_file(uri) == path
 
 
 def test_a_second_process_waits_for_the_lock(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    other = [sys.executable, "-c", f"from vapo_lab.track.store_lock import store_lock\nwith store_lock({uri!r}): pass"]
+    other = [
+        sys.executable,
+        "-c",
+        f"from vapo_lab.track.store_lock import store_lock\nwith store_lock({uri!r}): pass",
+    ]
     with store_lock(uri):
         waiting = subprocess.Popen(other)
         time.sleep(2)
@@ -51,7 +61,9 @@ MlflowClient(tracking_uri=sys.argv[1])
 
 
 def _killed_midway(uri: str) -> None:
-    done = subprocess.run([sys.executable, "-c", KILLED_MIDWAY, uri], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_MIDWAY, uri], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == -9, done.stderr[-2000:]  # killed, as a node failure would
 
 
@@ -80,8 +92,12 @@ def test_a_store_that_holds_anything_is_never_set_aside(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _killed_midway(uri)
-    with sqlite3.connect(tmp_path / "mlflow.db") as db:  # an experiment of its owner's, beside Default
-        db.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (1, 'kept', 'active')")
+    # an experiment of its owner's, beside Default
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:
+        db.execute(
+            "INSERT INTO experiments (experiment_id, name, lifecycle_stage) "
+            "VALUES (1, 'kept', 'active')"
+        )
     with pytest.raises(sqlalchemy.exc.OperationalError):
         open_client(uri)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db", "mlflow.db.lock"]

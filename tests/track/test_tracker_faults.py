@@ -1,4 +1,5 @@
-"""The tracker's background sender when the spool cannot be written (a full disk): it keeps going."""
+"""The tracker's background sender when the spool cannot be written (a full disk): it keeps
+going."""
 
 import threading
 
@@ -20,8 +21,12 @@ def test_a_spool_that_cannot_be_written_does_not_stop_the_sender(tmp_path, monke
     t = MlflowTracker(uri, "exp", spool_dir=tmp_path / "spool", log=said.append, retry_s=0)
     run_id = t.start("r", {}, {})
     real = t.client.log_batch
-    monkeypatch.setattr(t.client, "log_batch", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("down")))
-    monkeypatch.setattr(t, "_append", lambda record: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    monkeypatch.setattr(
+        t.client, "log_batch", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("down"))
+    )
+    monkeypatch.setattr(
+        t, "_append", lambda record: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    )
     t.log_metrics({"m": 1.0}, 1)
     t.log_metrics({"m": 2.0}, 2)
     assert flushed(t)  # before the fix the sender died at the first failed spool write: flush hung

@@ -11,13 +11,28 @@ VOLATILE = ("time/", "perf/")  # wall-clock metrics differ between identical run
 
 # a base model, reward model and critic small enough to build in seconds; 3-digit problems
 SMALL = [
-    "task.options.max_digits=3", "task.n_train=128", "task.n_eval=16",
-    "model.arch.hidden_size=64", "model.arch.num_layers=2", "model.arch.intermediate_size=128",
-    "+model.base.steps=200", "+model.base.eval_samples=1",
-    "rollout.responses_per_step=16", "rollout.group_size=4", "rollout.max_new_tokens=16",
-    "rollout.eval_samples=2", "trainer.mini_batch_size=8", "trainer.max_tokens_per_micro_batch=4096",
-    "trainer.total_steps=4", "trainer.eval_every=2", "trainer.save_every=1", "trainer.threads=2",
-    "critic.pretrain.steps=2", "critic.rm_steps=2", "critic.rm_batch=16", "tracking=none",
+    "task.options.max_digits=3",
+    "task.n_train=128",
+    "task.n_eval=16",
+    "model.arch.hidden_size=64",
+    "model.arch.num_layers=2",
+    "model.arch.intermediate_size=128",
+    "+model.base.steps=200",
+    "+model.base.eval_samples=1",
+    "rollout.responses_per_step=16",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=16",
+    "rollout.eval_samples=2",
+    "trainer.mini_batch_size=8",
+    "trainer.max_tokens_per_micro_batch=4096",
+    "trainer.total_steps=4",
+    "trainer.eval_every=2",
+    "trainer.save_every=1",
+    "trainer.threads=2",
+    "critic.pretrain.steps=2",
+    "critic.rm_steps=2",
+    "critic.rm_batch=16",
+    "tracking=none",
     "reward.overlong.l_cache=4",
 ]
 
@@ -33,11 +48,14 @@ def workdir(tmp_path_factory):
 
 
 def last_metrics(run_dir):
-    """Returns {step: metrics} from a run's metrics.jsonl, the last record of each step, timings left out."""
+    """Returns {step: metrics} from a run's metrics.jsonl, the last record of each step, timings
+    left out."""
     rows = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         d = json.loads(line)
         if record_kind(d) == "pretrain":  # value pretraining numbers its steps on its own
             continue
-        rows[d["step"]] = {k: v for k, v in d.items() if not k.startswith(VOLATILE) and k != "timestamp_ms"}
+        rows[d["step"]] = {
+            k: v for k, v in d.items() if not k.startswith(VOLATILE) and k != "timestamp_ms"
+        }
     return rows

@@ -55,8 +55,15 @@ def _parts(seed):
 
 
 def _manager(folder, model, opt, sched, counter):
-    return CheckpointManager(folder, single(), {"critic": model}, {"critic_opt": ("critic", opt)},
-                             {"critic_sched": sched}, {"trainer": counter}, log=lambda m: None)
+    return CheckpointManager(
+        folder,
+        single(),
+        {"critic": model},
+        {"critic_opt": ("critic", opt)},
+        {"critic_sched": sched},
+        {"trainer": counter},
+        log=lambda m: None,
+    )
 
 
 def _train(model, opt, sched, counter, steps):
@@ -97,7 +104,9 @@ def test_a_sharded_checkpoint_is_refused_by_a_one_process_run(tmp_path):
     from vapo_lab.integrity import write_manifest
 
     write_manifest(path)
-    with pytest.raises(CheckpointError, match="written by a sharded .* resume it with the trainer.strategy"):
+    with pytest.raises(
+        CheckpointError, match="written by a sharded .* resume it with the trainer.strategy"
+    ):
         _manager(tmp_path, *_parts(0)).load()
 
 
@@ -107,9 +116,17 @@ def test_a_checkpoint_of_the_earlier_layout_loads(tmp_path):
     model, opt, sched, _ = _parts(0)
     random.seed(11)
     torch.manual_seed(12)
-    gens = {"rollout": torch.Generator().manual_seed(13), "update": torch.Generator().manual_seed(14)}
-    legacy = {"critic_opt": opt.state_dict(), "critic_sched": sched.state_dict(), "rng": rng_state(gens),
-              "data": {"epoch": 1, "index": 5}, "best_eval": 0.5}
+    gens = {
+        "rollout": torch.Generator().manual_seed(13),
+        "update": torch.Generator().manual_seed(14),
+    }
+    legacy = {
+        "critic_opt": opt.state_dict(),
+        "critic_sched": sched.state_dict(),
+        "rng": rng_state(gens),
+        "data": {"epoch": 1, "index": 5},
+        "best_eval": 0.5,
+    }
     save_checkpoint(tmp_path, 7, {"critic": model}, legacy)
 
     class Own:
@@ -121,10 +138,22 @@ def test_a_checkpoint_of_the_earlier_layout_loads(tmp_path):
 
     own = Own()
     m2, o2, s2, _ = _parts(1)
-    CheckpointManager(tmp_path, single(), {"critic": m2}, {"critic_opt": ("critic", o2)}, {"critic_sched": s2},
-                      {"trainer": own}, log=lambda m: None).load()
+    CheckpointManager(
+        tmp_path,
+        single(),
+        {"critic": m2},
+        {"critic_opt": ("critic", o2)},
+        {"critic_sched": s2},
+        {"trainer": own},
+        log=lambda m: None,
+    ).load()
     got = own.state
-    assert (got["step"], got["best_eval"], got["data"], got["world_size"]) == (7, 0.5, {"epoch": 1, "index": 5}, 1)
+    assert (got["step"], got["best_eval"], got["data"], got["world_size"]) == (
+        7,
+        0.5,
+        {"epoch": 1, "index": 5},
+        1,
+    )
     assert torch.equal(got["rng"]["generators"]["rollout"], gens["rollout"].get_state())
     assert got["rng"]["python"][1] == list(random.getstate()[1])
 
@@ -132,4 +161,6 @@ def test_a_checkpoint_of_the_earlier_layout_loads(tmp_path):
 def test_the_checkpoint_manager_never_imports_the_trainer():
     grimp = pytest.importorskip("grimp")
     g = grimp.build_graph("vapo_lab", exclude_type_checking_imports=False, cache_dir=None)
-    assert not g.chain_exists(importer="vapo_lab.trainer.checkpointer", imported="vapo_lab.trainer.trainer")
+    assert not g.chain_exists(
+        importer="vapo_lab.trainer.checkpointer", imported="vapo_lab.trainer.trainer"
+    )

@@ -4,16 +4,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
+from vapo_lab.config.schema import RolloutConfig
 from vapo_lab.trainer.evaluation import evaluate
 
 
 def _evaluate(correct):
     """Runs ``evaluate`` over P problems x k samples whose verdicts are ``correct`` (P, k)."""
     p, k = correct.shape
-    cfg = OmegaConf.create({"rollout": {"eval_samples": k, "eval_temperature": 1.0, "eval_top_p": 1.0},
-                            "model": {"chat_template": "none"}})
+    rollout = RolloutConfig(eval_samples=k, eval_temperature=1.0, eval_top_p=1.0)
     lengths = torch.arange(p * k) % 7 + 1
 
     def generate(prompts, n, temperature, top_p, generator):
@@ -27,8 +26,15 @@ def _evaluate(correct):
         return None, correct.reshape(-1), None
 
     tokenizer = lambda text, add_special_tokens=True: {"input_ids": [1, 2]}  # noqa: E731
-    return evaluate(generate, tokenizer, SimpleNamespace(eval=[SimpleNamespace(prompt=str(i)) for i in range(p)]),
-                    score, cfg, seed=0)
+    return evaluate(
+        generate,
+        tokenizer,
+        SimpleNamespace(eval=[SimpleNamespace(prompt=str(i)) for i in range(p)]),
+        score,
+        rollout,
+        "none",
+        seed=0,
+    )
 
 
 def test_avg_and_pass_at_k_by_hand():

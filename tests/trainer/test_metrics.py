@@ -15,10 +15,16 @@ def _batch(b=12, t=40, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, t + 1, (b,), generator=g)
     mask = torch.arange(t)[None] < lengths[:, None]
-    rows = Rows(torch.ones(b, 3, dtype=torch.long), torch.ones(b, 3, dtype=torch.bool),
-                torch.ones(b, t, dtype=torch.long), mask)
+    rows = Rows(
+        torch.ones(b, 3, dtype=torch.long),
+        torch.ones(b, 3, dtype=torch.bool),
+        torch.ones(b, t, dtype=torch.long),
+        mask,
+    )
     correct = torch.rand(b, generator=g) < 0.4
-    batch = Batch(rows, list(range(b)), correct.float(), correct, lengths, lengths == t, torch.zeros(b, t))
+    batch = Batch(
+        rows, list(range(b)), correct.float(), correct, lengths, lengths == t, torch.zeros(b, t)
+    )
     batch.values = torch.randn(b, t, generator=g)
     batch.returns = correct.float()[:, None].expand(b, t).clone()
     batch.mc_returns = batch.returns.clone()
@@ -37,11 +43,20 @@ def test_one_process_metrics_are_the_batch_statistics_to_the_bit():
     assert m["rollout/response_length_max"] == float(batch.lengths.max())
     assert m["gae/lam_policy_mean"] == float(batch.lam_policy.mean())
     assert m["perf/tokens_per_s"] == float(mask.sum()) / 2.0
-    assert (m["time/rollout_s"], m["time/critic_s"], m["time/actor_s"], m["time/step_s"]) == (2.0, 0.5, 1.0, 4.0)
+    assert (m["time/rollout_s"], m["time/critic_s"], m["time/actor_s"], m["time/step_s"]) == (
+        2.0,
+        0.5,
+        1.0,
+        4.0,
+    )
     bias = value_bias_by_position(batch.values, batch.mc_returns, mask)
-    assert {k[len("diag/value_bias/"):]: v for k, v in m.items() if k.startswith("diag/value_bias/")} == bias
+    assert {
+        k[len("diag/value_bias/") :]: v for k, v in m.items() if k.startswith("diag/value_bias/")
+    } == bias
     c = critic_metrics(batch, single())
-    assert c["critic/explained_variance"] == float(explained_variance(batch.values, batch.returns, mask))
+    assert c["critic/explained_variance"] == float(
+        explained_variance(batch.values, batch.returns, mask)
+    )
     assert c["critic/value_mean"] == float(masked_mean(batch.values, mask))
 
 

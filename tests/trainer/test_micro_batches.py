@@ -1,4 +1,5 @@
-"""Token-budget micro-batches: how rows are split, and that the split leaves the update unchanged."""
+"""Token-budget micro-batches: how rows are split, and that the split leaves the update
+unchanged."""
 
 import copy
 
@@ -8,11 +9,12 @@ import torch
 from tests.distributed.rank_update import config, global_batch, models
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.forward import Rows, batched_logprobs, token_micro_batches
-from vapo_lab.trainer.update import Updater
+from vapo_lab.trainer.update import ActorUpdate, CriticUpdate, Descent
 
 
 def _rows(lengths):
-    """Rows with the given (prompt, response) valid lengths, prompts left- and responses right-padded."""
+    """Rows with the given (prompt, response) valid lengths, prompts left- and responses
+    right-padded."""
     p, t = max(a for a, _ in lengths), max(b for _, b in lengths)
     pm = torch.tensor([[j >= p - a for j in range(p)] for a, _ in lengths])
     rm = torch.tensor([[j < b for j in range(t)] for _, b in lengths])
@@ -20,8 +22,11 @@ def _rows(lengths):
 
 
 def _cost(rows, idx):
-    """The tokens of the layout a pass runs ``idx`` in: rows x (longest prompt + longest response)."""
-    return len(idx) * int(rows.prompt_mask[idx].sum(-1).max() + rows.response_mask[idx].sum(-1).max())
+    """The tokens of the layout a pass runs ``idx`` in: rows x (longest prompt + longest
+    response)."""
+    return len(idx) * int(
+        rows.prompt_mask[idx].sum(-1).max() + rows.response_mask[idx].sum(-1).max()
+    )
 
 
 def test_rows_that_fit_are_one_micro_batch_in_their_order():
@@ -34,8 +39,9 @@ def test_rows_that_fit_are_one_micro_batch_in_their_order():
 def test_rows_are_sorted_by_tokens_and_filled_to_the_budget():
     # tokens per row: 7, 4, 3, 9, 2 -> sorted (stable): rows 4 (2), 2 (3), 1 (4), 0 (7), 3 (9)
     rows = _rows([(2, 5), (3, 1), (1, 2), (4, 5), (1, 1)])
-    # budget 12: [4, 2] costs 2 x (1 + 2) = 6; adding row 1 (3, 1): 3 x (3 + 2) = 15 > 12, so it starts
-    # the next; [1] 4, + row 0 (2, 5): 2 x (3 + 5) = 16 > 12; [0] 7, + row 3: 2 x 9 = 18; [3] 9
+    # budget 12: [4, 2] costs 2 x (1 + 2) = 6; adding row 1 (3, 1): 3 x (3 + 2) = 15 > 12, so it
+    # starts the next; [1] 4, + row 0 (2, 5): 2 x (3 + 5) = 16 > 12; [0] 7, + row 3: 2 x 9 = 18;
+    # [3] 9
     parts = token_micro_batches(torch.arange(5), rows, 12)
     assert [p.tolist() for p in parts] == [[4, 2], [1], [0], [3]]
 
@@ -70,7 +76,9 @@ def test_batched_log_probs_are_the_same_whatever_the_split():
     one = batched_logprobs(policy, rows, [torch.arange(16)], 1.0)
     split = batched_logprobs(policy, rows, token_micro_batches(torch.arange(16), rows, 30), 1.0)
     assert one.dtype == torch.float64
-    torch.testing.assert_close(split * rows.response_mask, one * rows.response_mask, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        split * rows.response_mask, one * rows.response_mask, rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("preset", ["vapo", "grpo"])
@@ -80,25 +88,36 @@ def test_the_update_is_the_same_with_many_micro_batches_as_with_one(preset):
     torch.set_default_dtype(torch.float64)
     try:
         results = []
-        for budget in (10 ** 9, 30):
+        for budget in (10**9, 30):
             cfg = config(preset)
             cfg.trainer.max_tokens_per_micro_batch = budget
             policy, critic = models()
             rows, scores = global_batch(16)
-            batch = Batch(rows=rows, problems=[None] * 16, scores=scores, correct=scores > 0,
-                          lengths=rows.response_mask.sum(-1), truncated=torch.zeros(16, dtype=torch.bool),
-                          old_logprobs=batched_logprobs(policy, rows, [torch.arange(16)], 1.0) - 0.05)
-            batch.advantages = torch.randn(rows.response_ids.shape, generator=torch.Generator().manual_seed(3))
+            batch = Batch(
+                rows=rows,
+                problems=[None] * 16,
+                scores=scores,
+                correct=scores > 0,
+                lengths=rows.response_mask.sum(-1),
+                truncated=torch.zeros(16, dtype=torch.bool),
+                old_logprobs=batched_logprobs(policy, rows, [torch.arange(16)], 1.0) - 0.05,
+            )
+            batch.advantages = torch.randn(
+                rows.response_ids.shape, generator=torch.Generator().manual_seed(3)
+            )
             batch.values = torch.zeros(rows.response_ids.shape)
             batch.returns = batch.advantages.clone()
             sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.05)  # noqa: E731
-            up = Updater(cfg, policy, critic, None, sgd(policy), sgd(critic), torch.Generator().manual_seed(1))
+            descent = Descent(cfg.trainer, torch.Generator().manual_seed(1))
             if budget == 30:  # (a twin's mini-batches: drawing them advances the generator)
-                twin = Updater(cfg, policy, critic, None, None, None, torch.Generator().manual_seed(1))
+                twin = Descent(cfg.trainer, torch.Generator().manual_seed(1))
                 assert min(len(twin.micro(mb, rows)) for mb, _ in twin.minibatches(16)) > 2
-            up.actor_update(batch, 0)
-            up.critic_update(batch, 0)
-            results.append(copy.deepcopy([p.detach() for m in (policy, critic) for p in m.parameters()]))
+            temperature = cfg.rollout.temperature
+            ActorUpdate(descent, cfg.loss, cfg.kl, temperature, policy, sgd(policy))(batch, 0)
+            CriticUpdate(descent, cfg.critic, critic, sgd(critic))(batch, 0)
+            results.append(
+                copy.deepcopy([p.detach() for m in (policy, critic) for p in m.parameters()])
+            )
         for a, b in zip(*results):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     finally:

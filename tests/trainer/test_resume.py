@@ -19,12 +19,22 @@ def _cli(*args):
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted(workdir):
     steps = ["trainer.total_steps=6"]
-    full = subprocess.run(_cli(*SMALL, *steps, "run_name=full"), cwd=workdir, capture_output=True, text=True,
-                          timeout=900)
+    full = subprocess.run(
+        _cli(*SMALL, *steps, "run_name=full"),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert full.returncode == 0, full.stderr[-2000:]
 
-    proc = subprocess.Popen(_cli(*SMALL, *steps, "run_name=killed"), cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _cli(*SMALL, *steps, "run_name=killed"),
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     ckpt = workdir / "runs" / "killed" / "checkpoints" / "step_000003"
     deadline = time.time() + 600
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
@@ -35,7 +45,9 @@ def test_sigkill_then_resume_matches_uninterrupted(workdir):
     done = last_metrics(workdir / "runs" / "killed")
     assert max(done) < 6  # it really was stopped mid-run
 
-    resumed = subprocess.run(_cli("resume=runs/killed"), cwd=workdir, capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run(
+        _cli("resume=runs/killed"), cwd=workdir, capture_output=True, text=True, timeout=900
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed" in resumed.stderr
     a, b = last_metrics(workdir / "runs" / "full"), last_metrics(workdir / "runs" / "killed")

@@ -25,11 +25,29 @@ def test_same_seed_gives_identical_metrics(workdir):
     assert json.dumps(ma, sort_keys=True) == json.dumps(mb, sort_keys=True)
     # the run logged what the issue asks for
     step = ma[1]
-    for key in ("rollout/reward", "rollout/accuracy", "rollout/response_length", "rollout/response_length_max",
-                "rollout/truncated_frac", "actor/entropy", "critic/value_loss", "critic/explained_variance",
-                "actor/clipfrac_low", "actor/clipfrac_high", "actor/approx_kl", "actor/grad_norm",
-                "critic/grad_norm", "gae/lam_policy_mean", "adv/mean", "adv/std", "actor/lr", "critic/lr",
-                "diag/value_bias/all", "diag/value_bias/000_007", "diag/length/count_000_007"):
+    for key in (
+        "rollout/reward",
+        "rollout/accuracy",
+        "rollout/response_length",
+        "rollout/response_length_max",
+        "rollout/truncated_frac",
+        "actor/entropy",
+        "critic/value_loss",
+        "critic/explained_variance",
+        "actor/clipfrac_low",
+        "actor/clipfrac_high",
+        "actor/approx_kl",
+        "actor/grad_norm",
+        "critic/grad_norm",
+        "gae/lam_policy_mean",
+        "adv/mean",
+        "adv/std",
+        "actor/lr",
+        "critic/lr",
+        "diag/value_bias/all",
+        "diag/value_bias/000_007",
+        "diag/length/count_000_007",
+    ):
         assert key in step, key
     # the length profile counts every response of the step once
     counts = sum(v for k, v in step.items() if k.startswith("diag/length/count_"))
@@ -83,7 +101,11 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(workdir, monkeypatch)
 
 def test_bad_model_path_fails_before_compute(workdir):
     with pytest.raises(ConfigError, match="not a model directory"):
-        _train(workdir, "bad", extra=["model=hf", "model.path=/nonexistent/model", "model.dtype=float32"])
+        _train(
+            workdir,
+            "bad",
+            extra=["model=hf", "model.path=/nonexistent/model", "model.dtype=float32"],
+        )
 
 
 def test_group_size_must_divide_batch():
@@ -94,8 +116,16 @@ def test_group_size_must_divide_batch():
 def test_malformed_data_line_is_reported_with_its_number(workdir, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": \n')
-    composed = compose_config(overrides=["task=math", f"task.train_path={data}", "task.n_eval=1", "model=hf",
-                                         "model.path=/nonexistent", "tracking=none"])
+    composed = compose_config(
+        overrides=[
+            "task=math",
+            f"task.train_path={data}",
+            "task.n_eval=1",
+            "model=hf",
+            "model.path=/nonexistent",
+            "tracking=none",
+        ]
+    )
     with pytest.raises(ConfigError, match=r"d.jsonl:2: not valid JSON"):
         train(composed.cfg, composed.choices, log=lambda m: None)
 
@@ -115,15 +145,22 @@ def test_prompt_plus_max_new_tokens_beyond_the_context_fails_before_compute(work
 
     monkeypatch.setattr(setup_module, "load_policy", no_build)
     # 3-digit problems: prompts of 9 tokens ("123+456=" and bos); 16 + 9 > 20
-    with pytest.raises(ConfigError, match=r"longest prompt \(\d+ tokens, problem .*max_new_tokens=16 exceeds "
-                                          r"the model's context of 20 tokens.*max_position_embeddings"):
+    with pytest.raises(
+        ConfigError,
+        match=r"longest prompt \(\d+ tokens, problem .*max_new_tokens=16 exceeds "
+        r"the model's context of 20 tokens.*max_position_embeddings",
+    ):
         _train(workdir, "ctx", extra=["model.arch.max_position_embeddings=20"])
-    with pytest.raises(ConfigError, match="rollout.max_new_tokens=0 is out of range: it must be >= 1"):
+    with pytest.raises(
+        ConfigError, match="rollout.max_new_tokens=0 is out of range: it must be >= 1"
+    ):
         _train(workdir, "ctx0", extra=["rollout.max_new_tokens=0"])
 
 
-@pytest.mark.parametrize("error, status, word", [(RuntimeError("boom"), "FAILED", "failed"),
-                                                  (KeyboardInterrupt(), "KILLED", "interrupted")])
+@pytest.mark.parametrize(
+    "error, status, word",
+    [(RuntimeError("boom"), "FAILED", "failed"), (KeyboardInterrupt(), "KILLED", "interrupted")],
+)
 def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error, status, word):
     from mlflow.tracking import MlflowClient
 
@@ -154,7 +191,9 @@ def test_a_run_that_fails_or_is_interrupted_says_so(workdir, monkeypatch, error,
     assert not (run_dir / "failure.txt").exists()
 
 
-def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(workdir, monkeypatch):
+def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(
+    workdir, monkeypatch
+):
     import vapo_lab.trainer.setup as setup_module
 
     real, enabled = setup_module.enable_checkpointing, []
@@ -166,8 +205,11 @@ def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(
     monkeypatch.setattr(setup_module, "enable_checkpointing", spy)
     plain = _train(workdir, "ckpt-off", extra=["trainer.total_steps=1"])
     assert enabled == []  # off by default
-    checkpointed = _train(workdir, "ckpt-on", extra=["trainer.total_steps=1", "model.gradient_checkpointing=true"])
-    assert {"Qwen2ForCausalLM", "Qwen2Model"} <= set(enabled)  # the policy and the critic's backbone
+    checkpointed = _train(
+        workdir, "ckpt-on", extra=["trainer.total_steps=1", "model.gradient_checkpointing=true"]
+    )
+    # the policy and the critic's backbone
+    assert {"Qwen2ForCausalLM", "Qwen2Model"} <= set(enabled)
     a, b = last_metrics(plain.run_dir), last_metrics(checkpointed.run_dir)
     assert sorted(a) == sorted(b) == [0, 1]
     for step in a:
@@ -175,11 +217,13 @@ def test_gradient_checkpointing_reaches_policy_and_critic_and_changes_no_metric(
 
 
 def test_prompt_pool_draws_every_prompt_from_the_first_problems(workdir, monkeypatch):
+    from vapo_lab.config.schema import typed
     from vapo_lab.trainer import collect
     from vapo_lab.trainer.setup import task_for
 
     seen = []
     take = collect.DataStream.take
+
     def record(self, n):  # the RL stream's draws (the reward model and critic draw from their own)
         out = take(self, n)
         seen.extend(out if len(self.problems) < 128 else [])
@@ -188,12 +232,14 @@ def test_prompt_pool_draws_every_prompt_from_the_first_problems(workdir, monkeyp
     monkeypatch.setattr(collect.DataStream, "take", record)
     composed = compose_config(overrides=[*SMALL, "trainer.prompt_pool=4", "trainer.total_steps=3"])
     _train(workdir, "pool", extra=["trainer.prompt_pool=4", "trainer.total_steps=3"])
-    first = list(task_for(composed.cfg).train)[:4]
+    first = list(task_for(typed(composed.cfg).task).train)[:4]
     # 4 prompts a step (16 responses, 4 samples each) from a pool of 4: each of them once a step
     assert len(seen) == 12 and sorted(map(str, seen)) == sorted(map(str, first * 3))
 
 
-@pytest.mark.parametrize("pool, expect", [(3, "must hold one step's 4 prompts"), (129, "at most task.n_train=128")])
+@pytest.mark.parametrize(
+    "pool, expect", [(3, "must hold one step's 4 prompts"), (129, "at most task.n_train=128")]
+)
 def test_prompt_pool_outside_its_range_is_refused_in_one_line(pool, expect):
     with pytest.raises(ConfigError, match=expect) as e:
         compose_config(overrides=[*SMALL, f"trainer.prompt_pool={pool}"])

@@ -4,7 +4,7 @@ Every function takes tensors and returns tensors: no config, logging or device m
 B responses, T response tokens, G samples per prompt, V vocabulary size.
 """
 
-from vapo_lab.algo.gae import decoupled_gae, gae, length_adaptive_lambda
+from vapo_lab.algo.gae import decoupled_gae, gae, gae_reference, length_adaptive_lambda
 from vapo_lab.algo.group import (
     dynamic_sampling_keep,
     group_advantages,
@@ -31,6 +31,7 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "gae",
+    "gae_reference",
     "group_advantages",
     "kl_estimate",
     "length_adaptive_lambda",

@@ -21,11 +21,6 @@ from torch import Tensor
 
 from vapo_lab.algo.gae_cpu import scan_kernel
 
-# Chunk size K of the chunked scan. K trades the matmul's work (B·T·K multiply-adds) against
-# the number of recursion levels (log_K T); with one λ per response the B discount matrices also
-# cost B·K² to build, against the data's B·T. K = 16 was fastest or tied for both kinds of λ:
-# larger K loses to the extra matmul work (and, per response, to the B·K² matrices), smaller K to
-# the extra levels (timings: docs/benchmarks.md#torch-scan-settings).
 # λ_policy: length-adaptive 1 − 1/(α·l) per response (VAPO) or the fixed gae.lam_policy;
 # λ_critic: its own gae.lam_critic (decoupled, VC-PPO) or the same λ as the policy (shared)
 LAMBDA_POLICY_MODES = ("length_adaptive", "fixed")
@@ -33,6 +28,11 @@ LAMBDA_CRITIC_MODES = ("decoupled", "shared")
 # advantage estimators: GAE over a value model, or group-relative (DAPO, GRPO: no critic)
 ADVANTAGE_ESTIMATORS = ("gae", "group")
 
+# Chunk size K of the chunked scan. K trades the matmul's work (B·T·K multiply-adds) against
+# the number of recursion levels (log_K T); with one λ per response the B discount matrices also
+# cost B·K² to build, against the data's B·T. K = 16 was fastest or tied for both kinds of λ:
+# larger K loses to the extra matmul work (and, per response, to the B·K² matrices), smaller K to
+# the extra levels (timings: docs/benchmarks.md#torch-scan-settings).
 _CHUNK = 16
 # how gae scans: the compiled CPU loop where it can, else torch; one of them by name (tests, bench)
 SCANS = ("auto", "compiled", "torch")
@@ -175,7 +175,11 @@ def gae(
     else:
         advantages, returns = out
         for name, tensor in (("advantages", advantages), ("returns", returns)):
-            if tensor.shape != (batch, length) or tensor.dtype != out_dtype or tensor.device != device:
+            if (
+                tensor.shape != (batch, length)
+                or tensor.dtype != out_dtype
+                or tensor.device != device
+            ):
                 raise ValueError(
                     f"out's {name} is {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}; gae "
                     f"writes ({batch}, {length}) {out_dtype} on {device}. Pass matching tensors or "
@@ -213,8 +217,15 @@ def gae(
 
 
 def _gae_on_cpu(
-    kernel, rewards: Tensor, values: Tensor, mask: Tensor, coef: Tensor, gamma: float,
-    dtype: torch.dtype, advantages: Tensor, returns: Tensor,
+    kernel,
+    rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    coef: Tensor,
+    gamma: float,
+    dtype: torch.dtype,
+    advantages: Tensor,
+    returns: Tensor,
 ) -> None:
     """Runs the compiled CPU scan (`gae_cpu.scan_kernel`) in `dtype` into advantages and returns.
 
@@ -234,8 +245,13 @@ def _gae_on_cpu(
     adv = advantages if direct[0] else torch.empty_like(values)
     ret = returns if direct[1] else torch.empty_like(values)
     bad_row = kernel(
-        rewards.numpy(), values.numpy(), mask.contiguous().numpy(), coef.numpy(),
-        coef.numpy().dtype.type(gamma), adv.numpy(), ret.numpy(),
+        rewards.numpy(),
+        values.numpy(),
+        mask.contiguous().numpy(),
+        coef.numpy(),
+        coef.numpy().dtype.type(gamma),
+        adv.numpy(),
+        ret.numpy(),
     )
     if bad_row >= 0:
         raise ValueError(
@@ -246,6 +262,49 @@ def _gae_on_cpu(
         advantages.copy_(adv)
     if not direct[1]:
         returns.copy_(ret)
+
+
+def gae_reference(
+    rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    lam: float | Tensor,
+    gamma: float,
+) -> tuple[Tensor, Tensor]:
+    """Returns `gae`'s (advantages, returns) by the plain reverse-time loop: the reference that the
+    fast scans are tested against and the baseline they are timed against.
+
+    The form RL-for-LLM frameworks use (verl's `compute_gae_advantage_return`): one Python
+    iteration per time step over (B,) tensors.
+
+    Args:
+        rewards: token rewards r, shape (B, T).
+        values: critic values V(s_t), shape (B, T).
+        response_mask: (B, T) bool or float {0, 1} prefix mask.
+        lam: λ, float or (B,) tensor.
+        gamma: discount γ.
+
+    Returns:
+        (advantages, returns), each (B, T); 0 where the mask is 0. Garbage at padded positions
+        must be finite (it is multiplied by the mask, not selected).
+    """
+    batch, length = values.shape
+    mask = response_mask.to(values.dtype)
+    discount = gamma * (lam.to(values.dtype) if isinstance(lam, Tensor) else lam)  # γλ
+    last_advantage = torch.zeros(batch, dtype=values.dtype, device=values.device)
+    next_value = torch.zeros(batch, dtype=values.dtype, device=values.device)
+    reversed_advantages = []
+    for t in reversed(range(length)):
+        m_t = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]  # δ_t = r_t + γ·V_{t+1} − V_t
+        last_advantage = (delta + discount * last_advantage) * m_t  # A_t = δ_t + γλ·A_{t+1}
+        next_value = values[:, t] * m_t  # V_{t+1} for step t − 1; 0 past the last valid token
+        reversed_advantages.append(last_advantage)
+    if reversed_advantages:
+        advantages = torch.stack(reversed_advantages[::-1], dim=1)
+    else:
+        advantages = torch.zeros_like(values)
+    return advantages, advantages + values * mask  # returns_t = A_t + V_t
 
 
 def decoupled_gae(

@@ -1,22 +1,9 @@
 """GAE's reverse scan on CPU as one compiled loop per response (numba), near the memory floor.
 
-`vapo_lab.algo.gae.gae` calls `scan_kernel()` for CPU tensors. On CPU a vectorised torch scan
-cannot get near the cost of touching the memory once: it is ~10 full passes over (B, T) plus many
-small batched matmuls (docs/benchmarks.md#gae). This kernel reads rewards, values and the mask
-once and writes the two outputs once, per response:
-
-1. δ_t = r_t + γ·V_{t+1} − V_t for t < L (V_L = 0) into a row buffer (a forward, vectorisable loop);
-2. A_t = δ_t + c·A_{t+1} backwards, four steps at a time: A_{t−3} = e + c⁴·A_{t+1} with
-   e = δ_{t−3} + c·(δ_{t−2} + c·(δ_{t−1} + c·δ_t)) computed off the dependency chain, so the chain
-   is one fused multiply-add per four tokens instead of one per token (the scalar chain was the
-   bottleneck: docs/benchmarks.md#gae);
-3. returns_t = A_t + V_t, and zeros from L on.
-
-Rounding differs from the plain loop by the fused multiply-adds and the four-step regrouping (at
-most a few float32 ulps of |A|; tests bound it against float64 loops). Compiled on first use, once
-per dtype and process (docs/benchmarks.md#gae); not cached on disk, since numba's cache is a
-pickle. None when numba is not importable; `gae` then uses its torch scan, which also serves every
-other device.
+It reads the inputs and writes the outputs once per response, with the backward recursion taken
+four tokens at a time so the dependency chain is one fused multiply-add per four tokens
+(docs/training.md#the-maths-vapo_labalgo). Compiled on first use, never cached on disk (numba's
+cache is a pickle); None without numba, and `gae` then uses its torch scan.
 """
 
 from __future__ import annotations

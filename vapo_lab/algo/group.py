@@ -78,9 +78,7 @@ def dynamic_sampling_keep(scores: Tensor, group_size: int) -> Tensor:
     return varied.repeat_interleave(group_size)
 
 
-def overlong_penalty(
-    lengths: Tensor, l_max: int, l_cache: int, penalty: float = 1.0
-) -> Tensor:
+def overlong_penalty(lengths: Tensor, l_max: int, l_cache: int, penalty: float = 1.0) -> Tensor:
     """DAPO soft overlong punishment, a reward added per response for lengths near the limit.
 
         R(l) = 0                                     if l ≤ l_max − l_cache

@@ -93,7 +93,9 @@ def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     return chosen - torch.logsumexp(logits, dim=-1)  # log π(y) = z_y − lse(z)
 
 
-def token_logprobs_and_entropy(logits: Tensor, tokens: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+def token_logprobs_and_entropy(
+    logits: Tensor, tokens: Tensor, entropy_grad: bool = False
+) -> tuple[Tensor, Tensor]:
     """Returns (log π(y_t), entropy H_t), each (B, T), from one log-softmax over the vocabulary.
 
     The same values as ``token_logprobs`` and ``entropy_from_logits`` (to float rounding) in about
@@ -139,7 +141,8 @@ def weight_block_rows(chunk: int, vocab: int, hidden: int, compute_bytes: int) -
     narrower than float32: r = max(1, ⌊4·c·V / ((p + 4)·h)⌋), so that the block's product in the
     compute dtype and its float32 copy, (p + 4)·r·h bytes, take no more than one chunk's float32
     logits, 4·c·V."""
-    return max(1, (4 * chunk * vocab) // ((compute_bytes + 4) * max(hidden, 1)))  # (p + 4)·r·h ≤ 4·c·V
+    # (p + 4)·r·h ≤ 4·c·V
+    return max(1, (4 * chunk * vocab) // ((compute_bytes + 4) * max(hidden, 1)))
 
 
 def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -152,8 +155,8 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _autocast_on(device: str) -> bool:
-    """Returns whether autocast is on for ``device`` (never for a device type autocast does not know:
-    "meta", where shapes alone are computed)."""
+    """Returns whether autocast is on for ``device`` (never for a device type autocast does not
+    know: "meta", where shapes alone are computed)."""
     try:
         return torch.is_autocast_enabled(device)
     except RuntimeError:
@@ -161,14 +164,17 @@ def _autocast_on(device: str) -> bool:
 
 
 def _no_autocast(device: str) -> contextlib.AbstractContextManager[None]:
-    """Returns a context with autocast off for ``device`` (nothing to turn off on a type it does not know)."""
+    """Returns a context with autocast off for ``device`` (nothing to turn off on a type it does not
+    know)."""
     try:
         return torch.autocast(device, enabled=False)
     except RuntimeError:
         return contextlib.nullcontext()
 
 
-def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+def _chunk_logits(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float
+) -> Tensor:
     """Returns one chunk's logits z = (h·Wᵀ + b) / τ, (c, V), at least float32.
 
     ``hidden``, ``weight`` and ``bias`` are already in the compute dtype: the matmul is nn.Linear's
@@ -192,10 +198,13 @@ class _HeadLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, temperature, with_entropy, entropy_grad, chunk, dtype):
+    def forward(
+        ctx, hidden, weight, bias, tokens, temperature, with_entropy, entropy_grad, chunk, dtype
+    ):
         device = hidden.device.type
         n, vocab = hidden.shape[0], weight.shape[0]
-        out = torch.float64 if dtype == torch.float64 else torch.float32  # the widened logits' dtype
+        # the widened logits' dtype
+        out = torch.float64 if dtype == torch.float64 else torch.float32
         logprobs = hidden.new_empty(n, dtype=out)
         lse = hidden.new_empty(n, dtype=out)
         entropy = hidden.new_empty(n, dtype=out) if with_entropy else None
@@ -239,7 +248,8 @@ class _HeadLogprobs(torch.autograd.Function):
         entropy = rest.pop(0) if ctx.entropy_grad else None
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         tau, dtype, n = ctx.temperature, ctx.dtype, hidden.shape[0]
-        acc = torch.float64 if dtype == torch.float64 else torch.float32  # W and b gradients accumulate here
+        # W and b gradients accumulate here
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
         grad_hidden = torch.zeros_like(hidden) if need_h else None
         grad_weight = torch.zeros_like(weight, dtype=acc) if need_w else None
         grad_bias = torch.zeros(ctx.vocab, dtype=acc, device=hidden.device) if need_b else None
@@ -256,7 +266,9 @@ class _HeadLogprobs(torch.autograd.Function):
                     p = torch.exp(z)
                     # ∂H/∂z = −p ⊙ (log p + H): fold with ∂log π(y)/∂z = onehot(y) − p into
                     # ∂L/∂z = g_lp·onehot(y) − p ⊙ (g_lp + g_H·(log p + H))
-                    z.add_(entropy[rows].unsqueeze(-1)).mul_(grad_entropy[rows].unsqueeze(-1)).add_(g_lp)
+                    z.add_(entropy[rows].unsqueeze(-1)).mul_(grad_entropy[rows].unsqueeze(-1)).add_(
+                        g_lp
+                    )
                     grad_z = z.mul_(p).neg_()
                     del p
                 else:
@@ -272,14 +284,18 @@ class _HeadLogprobs(torch.autograd.Function):
                 if need_w and g.dtype == acc:
                     grad_weight.addmm_(g.t(), h)  # ∂L/∂W = Σ_chunks ∂L/∂zᵀ · h
                 elif need_w:
-                    # The same, each chunk's share computed in the compute dtype and summed in float32,
-                    # a block of vocabulary rows at a time: on CPU a mixed-dtype add_ copies its whole
-                    # operand to float32 first, (V, h) of it at once.
-                    block = weight_block_rows(min(ctx.chunk, n), ctx.vocab, hidden.shape[1], g.element_size())
+                    # The same, each chunk's share computed in the compute dtype and summed in
+                    # float32, a block of vocabulary rows at a time: on CPU a mixed-dtype add_
+                    # copies its whole operand to float32 first, (V, h) of it at once.
+                    block = weight_block_rows(
+                        min(ctx.chunk, n), ctx.vocab, hidden.shape[1], g.element_size()
+                    )
                     for v0 in range(0, ctx.vocab, block):
-                        grad_weight[v0:v0 + block].add_(g[:, v0:v0 + block].t() @ h)  # ∂L/∂W_v += ∂L/∂z_vᵀ · h
+                        # ∂L/∂W_v += ∂L/∂z_vᵀ · h
+                        grad_weight[v0 : v0 + block].add_(g[:, v0 : v0 + block].t() @ h)
                 if need_b:
-                    grad_bias.add_(g.sum(dim=0, dtype=acc))  # ∂L/∂b = Σ_tokens ∂L/∂z, summed in float32
+                    # ∂L/∂b = Σ_tokens ∂L/∂z, summed in float32
+                    grad_bias.add_(g.sum(dim=0, dtype=acc))
                 del g  # before the next chunk's logits are recomputed
         if need_w:
             grad_weight = grad_weight.to(weight.dtype)
@@ -298,7 +314,8 @@ def head_logprobs_and_entropy(
     entropy_grad: bool = False,
     chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Returns (log π(y) (N,), entropy H (N,) or None) from the LM head, never holding the (N, V) logits.
+    """Returns (log π(y) (N,), entropy H (N,) or None) from the LM head, never holding the (N, V)
+    logits.
 
     z = (h·Wᵀ + b) / τ, log π(y) = z_y − lse(z), H = lse(z) − Σ_v p_v·z_v with p = softmax(z): the
     values of ``token_logprobs_and_entropy(wide(lm_head(hidden)) / τ, tokens)`` (to float
@@ -327,11 +344,22 @@ def head_logprobs_and_entropy(
         (log π(y), H or None), each (N,), float32 (float64 for float64 inputs); empty for N = 0.
     """
     if chunk_tokens is not None and chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens={chunk_tokens!r} is below 1; pass a positive count, or None for "
-                         f"default_chunk_tokens(V).")
+        raise ValueError(
+            f"chunk_tokens={chunk_tokens!r} is below 1; pass a positive count, or None for "
+            f"default_chunk_tokens(V)."
+        )
     if temperature <= 0:
         raise ValueError(f"temperature={temperature!r} is not positive; logits are divided by it.")
     chunk = chunk_tokens or default_chunk_tokens(weight.shape[0])
     dtype = _compute_dtype(hidden, weight)
-    return _HeadLogprobs.apply(hidden, weight, bias, tokens.long(), float(temperature), with_entropy,
-                               entropy_grad, chunk, dtype)
+    return _HeadLogprobs.apply(
+        hidden,
+        weight,
+        bias,
+        tokens.long(),
+        float(temperature),
+        with_entropy,
+        entropy_grad,
+        chunk,
+        dtype,
+    )

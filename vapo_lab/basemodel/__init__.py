@@ -1,4 +1,5 @@
-"""The embedded default's base model: the tiny model pre-trained on noisy traces, built once and cached."""
+"""The embedded default's base model: the tiny model pre-trained on noisy traces, built once and
+cached."""
 
 from vapo_lab.basemodel.build import BaseModel, build_base, build_base_for
 

@@ -1,22 +1,16 @@
-"""Building and caching the embedded default's base model (the recipe: :mod:`vapo_lab.basemodel.recipe`).
+"""Building and caching the embedded default's base model (its recipe: :mod:`.recipe`).
 
 The result is cached under ``<cache_dir>/<hash of the config>/`` with ``save_pretrained`` (model
-and tokenizer, loadable with :func:`vapo_lab.models.load_model_and_tokenizer`) plus
-``base.json`` (config and measured accuracies); a second call with the same config returns at
-once. Progress is the caller's to show: it passes a factory of progress bars, called only when a
-build actually runs.
-
-The package ships the entries of the two embedded settings' configs (the default and
-``scale=cpu-long``) under ``vapo_lab/shipped/base/<hash>/``, in the cache's layout and with its
-checksums (:data:`SHIPPED_DIR`, written by ``vapo-lab base ship``): a first run in a fresh folder
-loads them instead of spending minutes on the build (docs/benchmarks.md#base-model-builds), and
-every machine starts RL from the same bits. The lookup order is the
-folder's cache, then the shipped entry, then a build: a model built here (``--force``) stays the
-one used, and any other config is built as before.
+and tokenizer) plus ``base.json`` (config and measured accuracies). The lookup order is the
+folder's cache, then the entry the package ships for the two embedded settings
+(:data:`SHIPPED_DIR`, written by ``vapo-lab base ship``), then a build: a first run in a fresh
+folder builds nothing and every machine starts RL from the same bits (docs/default-task.md,
+Shipped cache entries).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,10 +21,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from vapo_lab.basemodel import freerecipe
 from vapo_lab.basemodel.freerecipe import FREE_DEFAULTS
@@ -42,6 +35,9 @@ from vapo_lab.integrity import SHIPPED_DIR as SHIPPED_CACHE_DIR
 from vapo_lab.models.tiny import build_tiny_model
 from vapo_lab.models.tokenizer import build_tokenizer
 from vapo_lab.tasks.arith import ArithTask
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import ModelConfig, TaskConfig
 
 DEFAULT_CACHE_DIR = CACHE_DIR / "base"
 # base models shipped in the package, one folder per config hash, laid out as a cache entry
@@ -61,7 +57,7 @@ class BaseModel:
         config: the build config (its hash names the directory).
         metrics: accuracies and timings measured at build time (see :func:`build_base`).
         cached: True when this call found the model already built (in the cache or shipped).
-        shipped: True when it is the package's shipped model (``path`` is under :data:`SHIPPED_DIR`).
+        shipped: True when it is the package's shipped model (``path`` under :data:`SHIPPED_DIR`).
     """
 
     path: Path
@@ -73,11 +69,13 @@ class BaseModel:
 
 def base_config(**overrides: Any) -> dict[str, Any]:
     """Returns the full build config: :func:`build_base`'s defaults with ``overrides`` applied
-    (``task="arithfree"``: that task's defaults, :data:`~vapo_lab.basemodel.freerecipe.FREE_DEFAULTS`)."""
+    (``task="arithfree"``: that task's, ``freerecipe.FREE_DEFAULTS``)."""
     config = dict(FREE_DEFAULTS if overrides.get("task") == FREE_TASK else DEFAULTS)
     unknown = sorted(set(overrides) - set(config))
     if unknown:
-        raise ConfigError(f"unknown base-model options {unknown} (model.base.*): valid are {sorted(config)}")
+        raise ConfigError(
+            f"unknown base-model options {unknown} (model.base.*): valid are {sorted(config)}"
+        )
     config.update(overrides)
     return config
 
@@ -100,41 +98,23 @@ def build_base(
 ) -> BaseModel:
     """Returns the base model for ``options``, building and caching it on first use.
 
-    Keyword options (defaults in :data:`DEFAULTS`; from Hydra: the task keys below, ``model.arch.*`` and
-    ``+model.base.<option>=...`` for the rest):
-        task_seed, n_train, n_eval, min_digits, max_digits, length_exponent, readout: the arith task
-            (``task.seed``, ``task.n_train``, ``task.n_eval``, ``task.options.*``).
-        bug_rate: share of traces with the systematic bug where it applies (0.7: the mode).
-        bug_sums: the column digit sums x + y at which, with a carry in, the bug applies
-            (9..18: every overflowing column).
-        slip_rate: probability of a random wrong sum digit at any other column (0.05).
-        hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size,
-            max_position_embeddings, rope_theta, init_std: the tiny model.
-        seed: init, batch order and noise draws.
-        steps, batch_size: optimiser steps (800) and traces per step (16).
-        lr, warmup_steps, min_lr_ratio: AdamW peak learning rate (3e-3), linear warmup (30
-            steps), then cosine decay to ``min_lr_ratio * lr`` (0.1).
-        weight_decay, grad_clip: AdamW weight decay (0.01); gradient-norm clip (1.0).
-        eval_samples: samples per held-out problem for the temperature-1 accuracy (2).
+    ``options`` are keys of :data:`DEFAULTS` (from Hydra: the task's keys, ``model.arch.*`` and
+    ``+model.base.<option>=...``); their hash names the entry, ``<cache_dir>/<config hash>/``.
 
     Args:
-        cache_dir: where built models are kept; default ``.vapo_cache/base`` in the working
-            directory. The model goes to ``<cache_dir>/<config hash>/``.
+        cache_dir: where built models are kept; default ``.vapo_cache/base``.
         force: rebuild even if the cache has this config.
-        progress: called once a build starts (not on a cache hit): returns the context manager of
-            the progress bar that training and measuring report to (its ``add_task`` / ``update``
-            are rich.Progress's; it may yield None); None shows no progress.
-        num_threads: torch CPU threads during the build (restored afterwards); None (the default)
-            leaves the process's thread settings untouched (see :func:`_threads`).
-        log: told, in one line, when a cached or shipped entry fails its checksums and is not used.
-        shipped_dir: where the shipped models are (default :data:`SHIPPED_DIR`); None: none. Its
-            entry for this config is used when the cache has none (and ``force`` is False).
+        progress: called once a build starts (not on a cache hit); returns the context manager
+            of a progress bar with rich.Progress's ``add_task`` / ``update``, or yielding None.
+        num_threads: torch CPU threads during the build, restored afterwards; None leaves the
+            process's thread settings untouched (:func:`_threads`).
+        log: told, in one line, when a cached or shipped entry fails its checksums.
+        shipped_dir: the shipped models (None: none), used when the cache has no entry.
 
     Returns:
         the :class:`BaseModel`; its metrics hold ``accuracy`` -> {``greedy``, ``t1``} -> {``all``
-        and one key per digit bucket, e.g. ``"6-10"``}, plus timings (``train_seconds``,
-        ``eval_seconds``, ``build_seconds``), parameter count, final loss and the response-length
-        range in tokens (eos included).
+        and one key per digit bucket, e.g. ``"6-10"``}, timings, parameter count, final loss and
+        the response-length range in tokens (eos included).
 
     Raises:
         ConfigError: an unknown option.
@@ -142,18 +122,31 @@ def build_base(
     config = base_config(**options)
     root = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE_DIR
     path = root / config_hash(config)
-    found = None if force else find_entry(path.name, "base model", root, shipped_dir and Path(shipped_dir), log)
+    found = (
+        None
+        if force
+        else find_entry(path.name, "base model", root, shipped_dir and Path(shipped_dir), log)
+    )
     if found is not None:
         meta = json.loads((found[0] / META_FILE).read_text())
-        return BaseModel(path=found[0], config=meta["config"], metrics=meta["metrics"], cached=True,
-                         shipped=found[1])
+        return BaseModel(
+            path=found[0],
+            config=meta["config"],
+            metrics=meta["metrics"],
+            cached=True,
+            shipped=found[1],
+        )
 
     build_start = time.perf_counter()
-    with _threads(num_threads), (progress() if progress is not None else nullcontext()) as bar:
+    with _threads(num_threads), progress() if progress is not None else nullcontext() as bar:
         free = config.get("task") == FREE_TASK  # task=arithfree: its own traces and measurement
         task = freerecipe.make_task(config) if free else ArithTask(
-            config["task_seed"], config["n_train"], config["n_eval"], min_digits=config["min_digits"],
-            max_digits=config["max_digits"], length_exponent=config["length_exponent"],
+            config["task_seed"],
+            config["n_train"],
+            config["n_eval"],
+            min_digits=config["min_digits"],
+            max_digits=config["max_digits"],
+            length_exponent=config["length_exponent"],
             readout=config["readout"],
         )
         tokenizer = build_tokenizer(task.vocabulary())
@@ -175,12 +168,15 @@ def build_base(
         train_seconds = time.perf_counter() - start
         start = time.perf_counter()
         measure = freerecipe.measure if free else measure_accuracy
-        accuracy = measure(model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar)
+        accuracy = measure(
+            model, tokenizer, task, task.eval, config["eval_samples"], config["seed"], bar
+        )
         eval_seconds = time.perf_counter() - start
 
     lengths = [len(tokenizer(task.trace(p)).input_ids) + 1 for p in task.train + task.eval]  # + eos
     if free:  # the shortest response is a direct answer
-        lengths += [len(tokenizer(task.trace(p, columns=0)).input_ids) + 1 for p in task.train + task.eval]
+        problems = task.train + task.eval
+        lengths += [len(tokenizer(task.trace(p, columns=0)).input_ids) + 1 for p in problems]
     metrics = {
         "accuracy": accuracy,
         "final_loss": round(final_loss, 4),
@@ -195,10 +191,10 @@ def build_base(
 
 
 def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None:
-    """Writes model, tokenizer and meta to a temporary sibling directory, then renames it to ``path``.
+    """Writes model, tokenizer and meta to a temporary sibling directory, then renames it ``path``.
 
-    A crash leaves no half-written cache entry (``base.json`` is written last, and readers look
-    for it); when two processes build the same config at once, the second keeps the first's copy.
+    A crash leaves no half-written cache entry, and when two processes build the same config at
+    once, the second keeps the first's copy.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -222,12 +218,9 @@ def _save_atomically(path: Path, model, tokenizer, meta: dict[str, Any]) -> None
 def _threads(n: int | None):
     """Sets torch's CPU thread count for the block, then restores it; with None, touches nothing.
 
-    ``torch.set_num_threads`` is not free of side effects even when the count does not change:
-    it also pins MKL's thread count and turns MKL's dynamic threading off, and from then on some
-    kernels round differently (measured: the policy's gradients after
-    ``torch.set_num_threads(torch.get_num_threads())`` differ at the 1e-8 level). A build that
-    called it on the way out would make a run that built its base in-process drift away from the
-    same run with the base cached, so with ``n=None`` the process is left exactly as it was.
+    ``torch.set_num_threads`` pins MKL's threads even when the count does not change, and some
+    kernels then round differently (gradients differ at 1e-8), so a run that built its base
+    in-process would drift from the same run with the base cached.
     """
     if n is None:
         yield
@@ -240,33 +233,51 @@ def _threads(n: int | None):
         torch.set_num_threads(previous)
 
 
-def base_options_for(cfg: DictConfig) -> dict[str, Any]:
-    """Returns the base-model build options of ``cfg`` (the task, ``model.arch`` and ``model.base``);
-    their :func:`base_config` hashes to the cache key.
+def base_options_for(model: ModelConfig, task: TaskConfig) -> dict[str, Any]:
+    """Returns the base-model build options of the task, ``model.arch`` and ``model.base``; their
+    :func:`base_config` hashes to the cache key.
 
     Raises:
-        ConfigError: ``cfg`` has no base model to build (not model=tiny on task=arith).
+        ConfigError: no base model to build (not model=tiny on task=arith or arithfree).
     """
-    if cfg.model.name != "tiny":
-        raise ConfigError(f"model={cfg.model.name} loads its weights from model.path; only model=tiny "
-                          "has a base model to build")
-    if cfg.task.name not in ("arith", FREE_TASK):
-        raise ConfigError(f"the tiny base model is pre-trained on task=arith or {FREE_TASK}, not "
-                          f"task={cfg.task.name}: use one of them, or a real model (model=hf model.path=...)")
-    arch, opts = cfg.model.arch, dict(cfg.task.options)
-    free = {"task": FREE_TASK} if cfg.task.name == FREE_TASK else {}
+    if model.name != "tiny":
+        raise ConfigError(
+            f"model={model.name} loads its weights from model.path; only model=tiny "
+            "has a base model to build"
+        )
+    if task.name not in ("arith", FREE_TASK):
+        raise ConfigError(
+            f"the tiny base model is pre-trained on task=arith or {FREE_TASK}, not "
+            f"task={task.name}: use one of them, or a real model (model=hf model.path=...)"
+        )
+    shape = ("min_digits", "max_digits", "length_exponent", "readout")
+    free = {"task": FREE_TASK} if task.name == FREE_TASK else {}
     return dict(
-        **free, task_seed=int(cfg.task.seed), n_train=int(cfg.task.n_train), n_eval=int(cfg.task.n_eval),
-        **{k: opts[k] for k in ("min_digits", "max_digits", "length_exponent", "readout") if k in opts},
-        hidden_size=int(arch.hidden_size), num_layers=int(arch.num_layers), num_heads=int(arch.num_heads),
-        num_kv_heads=int(arch.num_kv_heads), intermediate_size=int(arch.intermediate_size),
-        max_position_embeddings=int(arch.max_position_embeddings), **OmegaConf.to_container(cfg.model.base))
+        **free,
+        task_seed=task.seed,
+        n_train=task.n_train,
+        n_eval=task.n_eval,
+        **{k: task.options[k] for k in shape if k in task.options},
+        **dataclasses.asdict(model.arch),
+        **model.base,
+    )
 
 
-def build_base_for(cfg: DictConfig, progress: ProgressFactory | None, force: bool = False,
-                   log: Callable[[str], None] | None = None) -> BaseModel:
-    """Returns the embedded default's base model for ``cfg`` (a ``BaseModel``), building it on first
-    use (``progress``: see :func:`build_base`); the cache key covers the task, ``model.arch`` and
-    ``model.base`` (:func:`base_options_for`)."""
-    return build_base(cache_dir=DEFAULT_CACHE_DIR, progress=progress, num_threads=cfg.trainer.threads, force=force,
-                      log=log, **base_options_for(cfg))
+def build_base_for(
+    model: ModelConfig,
+    task: TaskConfig,
+    progress: ProgressFactory | None,
+    force: bool = False,
+    log: Callable[[str], None] | None = None,
+    threads: int | None = None,
+) -> BaseModel:
+    """Returns the embedded default's base model for these sections (a ``BaseModel``), building it
+    on first use with ``threads`` torch threads (``progress``: see :func:`build_base`)."""
+    return build_base(
+        cache_dir=DEFAULT_CACHE_DIR,
+        progress=progress,
+        num_threads=threads,
+        force=force,
+        log=log,
+        **base_options_for(model, task),
+    )

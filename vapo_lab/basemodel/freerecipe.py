@@ -37,7 +37,8 @@ FREE_DEFAULTS: dict[str, Any] = {
     # the task: conf/task/arithfree.yaml's generator settings, so RL sees these very splits
     "max_digits": 32,
     "length_exponent": 0.0,
-    # the length mixture (tasks.arithfree.LengthChoice): see docs/cpu-task-design.md for the measurements
+    # the length mixture (tasks.arithfree.LengthChoice): see docs/cpu-task-design.md for the
+    # measurements
     "direct_rate": 0.3,
     "stop_rate": 0.06,
     # the worked columns' noise (tasks.arith.TraceNoise): forget the carry in when x + y is 9 or 10
@@ -51,13 +52,20 @@ FREE_DEFAULTS: dict[str, Any] = {
 
 def make_task(config: dict[str, Any]) -> ArithFreeTask:
     """Returns the task the base is pre-trained on (the RL run's splits for the same settings)."""
-    return ArithFreeTask(config["task_seed"], config["n_train"], config["n_eval"], min_digits=config["min_digits"],
-                         max_digits=config["max_digits"], length_exponent=config["length_exponent"])
+    return ArithFreeTask(
+        config["task_seed"],
+        config["n_train"],
+        config["n_eval"],
+        min_digits=config["min_digits"],
+        max_digits=config["max_digits"],
+        length_exponent=config["length_exponent"],
+    )
 
 
 class PretrainView:
-    """The task as :func:`~vapo_lab.basemodel.recipe.pretrain` sees it: ``trace(problem, rng, noise)``
-    draws the number of worked columns from ``choice`` first (same rng), then writes that trace."""
+    """The task as :func:`~vapo_lab.basemodel.recipe.pretrain` sees it: ``trace(problem, rng,
+    noise)`` draws the number of worked columns from ``choice`` first (same rng), then writes that
+    trace."""
 
     def __init__(self, task: ArithFreeTask, choice: LengthChoice) -> None:
         self.task, self.choice, self.train = task, choice, task.train
@@ -71,8 +79,9 @@ def length_choice(config: dict[str, Any]) -> LengthChoice:
     return LengthChoice(direct_rate=config["direct_rate"], stop_rate=config["stop_rate"])
 
 
-def summarize(task: ArithFreeTask, problems: list[Problem], texts: list[list[str]],
-              lengths: list[list[int]]) -> dict[str, Any]:
+def summarize(
+    task: ArithFreeTask, problems: list[Problem], texts: list[list[str]], lengths: list[list[int]]
+) -> dict[str, Any]:
     """Returns accuracy, mode shares, accuracy per mode and mean length, overall and by stratum.
 
     Args:
@@ -92,8 +101,11 @@ def summarize(task: ArithFreeTask, problems: list[Problem], texts: list[list[str
     out: dict[str, Any] = {}
     for key in ["all"] + sorted(k for k in groups if k != "all"):
         items = groups[key]
-        row: dict[str, float] = {"n": len(items), "acc": round(sum(i[0] for i in items) / len(items), 4),
-                                 "length": round(sum(i[2] for i in items) / len(items), 2)}
+        row: dict[str, float] = {
+            "n": len(items),
+            "acc": round(sum(i[0] for i in items) / len(items), 4),
+            "length": round(sum(i[2] for i in items) / len(items), 2),
+        }
         for mode in MODES:
             of_mode = [i for i in items if i[1] == mode]
             row[f"share_{mode}"] = round(len(of_mode) / len(items), 4)
@@ -104,8 +116,16 @@ def summarize(task: ArithFreeTask, problems: list[Problem], texts: list[list[str
 
 
 @torch.no_grad()
-def measure(model, tokenizer, task: ArithFreeTask, problems: list[Problem], samples: int, seed: int,
-            bar: Any = None, batch_size: int = 64) -> dict[str, Any]:
+def measure(
+    model,
+    tokenizer,
+    task: ArithFreeTask,
+    problems: list[Problem],
+    samples: int,
+    seed: int,
+    bar: Any = None,
+    batch_size: int = 64,
+) -> dict[str, Any]:
     """Returns the base's held-out accuracy ("greedy", "t1": {"all", stratum: accuracy}) and, for
     temperature 1, :func:`summarize`'s table under "t1_modes".
 
@@ -113,29 +133,54 @@ def measure(model, tokenizer, task: ArithFreeTask, problems: list[Problem], samp
     :func:`~vapo_lab.basemodel.recipe.measure_accuracy`.
     """
     order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
-    batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
-    task_id = bar.add_task("measuring accuracy", total=len(batches) * (1 + samples), info="",
-                           unit="batch") if bar else None
-    texts: dict[str, list[list[str]]] = {"greedy": [[] for _ in problems], "t1": [[] for _ in problems]}
-    lengths: dict[str, list[list[int]]] = {"greedy": [[] for _ in problems], "t1": [[] for _ in problems]}
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    task_id = (
+        bar.add_task(
+            "measuring accuracy", total=len(batches) * (1 + samples), info="", unit="batch"
+        )
+        if bar
+        else None
+    )
+    texts: dict[str, list[list[str]]] = {
+        "greedy": [[] for _ in problems],
+        "t1": [[] for _ in problems],
+    }
+    lengths: dict[str, list[list[int]]] = {
+        "greedy": [[] for _ in problems],
+        "t1": [[] for _ in problems],
+    }
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for index in batches:
-                enc = tokenizer([problems[i].prompt for i in index], return_tensors="pt", padding=True)
+                enc = tokenizer(
+                    [problems[i].prompt for i in index], return_tensors="pt", padding=True
+                )
                 longest = max(problems[i].meta["n_digits"] for i in index)
                 for mode, repeats in (("greedy", 1), ("t1", samples)):
                     for _ in range(repeats):
-                        sampling = {"do_sample": True, "temperature": 1.0} if mode == "t1" else {"do_sample": False}
-                        out = model.generate(**enc, **sampling, max_new_tokens=3 * longest + 8,
-                                             pad_token_id=tokenizer.pad_token_id,
-                                             eos_token_id=tokenizer.eos_token_id)
-                        new = out[:, enc.input_ids.shape[1]:]
+                        sampling = (
+                            {"do_sample": True, "temperature": 1.0}
+                            if mode == "t1"
+                            else {"do_sample": False}
+                        )
+                        out = model.generate(
+                            **enc,
+                            **sampling,
+                            max_new_tokens=3 * longest + 8,
+                            pad_token_id=tokenizer.pad_token_id,
+                            eos_token_id=tokenizer.eos_token_id,
+                        )
+                        new = out[:, enc.input_ids.shape[1] :]
                         decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
                         done = (new == tokenizer.eos_token_id).int()
                         # tokens up to and including the first eos (all of them when none)
-                        first = torch.where(done.any(1), done.argmax(1) + 1, torch.full_like(done[:, 0], new.shape[1]))
+                        first = torch.where(
+                            done.any(1),
+                            done.argmax(1) + 1,
+                            torch.full_like(done[:, 0], new.shape[1]),
+                        )
                         for i, text, n in zip(index, decoded, first.tolist()):
                             texts[mode][i].append(text)
                             lengths[mode][i].append(int(n))

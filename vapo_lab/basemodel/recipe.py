@@ -1,36 +1,12 @@
-"""The pre-training recipe of the embedded default's base policy: the tiny model taught noisy addition.
+"""The pre-training recipe of the embedded default's base policy: the tiny model, noisy addition.
 
-VAPO starts RL from Qwen2.5-32B *base*: a model that can write a chain of thought but is often
-wrong. The embedded default mirrors that: :func:`pretrain` trains the tiny Qwen2 model
-(:mod:`vapo_lab.models.tiny`) with next-token loss on scratchpad traces of the arith train split
-(:mod:`vapo_lab.tasks.arith`) that carry deliberate noise (:class:`~vapo_lab.tasks.arith.TraceNoise`):
-
-* a systematic bug, wrong in ``bug_rate`` (> 0.5) of the traces where it applies (``bug_sums``:
-  a column with a carry in whose digits x + y >= 9, so that it overflows; the writer forgets the
-  carry in, about 25% of columns), so the wrong step is the model's *mode*: greedy decoding fails
-  on every problem with such a step, and RL has to raise a minority token, not merely sharpen the
-  distribution. Traces with only random slips would be too easy: a base trained on them reached
-  35% at temperature 1 but 100% greedily, and RL "won" by removing the slips in 40 steps, so
-  that the seven components could not matter.
-* random slips at ``slip_rate`` per column, which cost accuracy at temperature 1 only.
-
-Both accumulate over columns, so long problems are harder and their reward sparser (VAPO.md,
-challenge 3). :func:`measure_accuracy` measures held-out accuracy at temperature 1 and greedily,
-overall and by digit count; the target is 10-40% at temperature 1 and at most 80% greedily. The
-build is deterministic on one machine (the same config gives the same weights and figures); the
-defaults' accuracies by digit count are in docs/default-task.md#the-base-model.
-
-The 21-40-digit problems are out of the base's reach (their reward is always 0 before RL): its
-scratchpad columns are mostly right there too, but reading 21+ unlabelled answer digits back
-needs the model to count further than 3 minutes of pre-training teaches it; the read-out drifts.
-The 11-20-digit ones nearly always meet the bug (a 15-digit problem has about 4 bug columns), so
-they are where RL has the most to gain once short problems have taught it to keep the carry.
-
-The bug's family is wide (every overflowing column) because a narrow one (x + y = 9 only, 4.5% of
-columns) leaves RL little room: the default run gains nearly twice as much with the wide family
-(docs/default-task.md#the-base-model).
-
-Change :data:`RECIPE_VERSION` whenever the recipe changes in a way the config does not show.
+VAPO starts RL from a *base* model that writes a chain of thought but is often wrong; here
+:func:`pretrain` trains the tiny Qwen2 (:mod:`vapo_lab.models.tiny`) on arith scratchpads
+(:mod:`vapo_lab.tasks.arith`) with deliberate noise (:class:`~vapo_lab.tasks.arith.TraceNoise`):
+a systematic bug that is the model's *mode* wherever it applies, so greedy decoding fails and RL
+must raise a minority token, plus random slips. :func:`measure_accuracy` measures held-out
+accuracy at temperature 1 and greedily; the target is 10-40% and at most 80%. Why this noise,
+and what the defaults measure: docs/default-task.md, The base model.
 """
 
 from __future__ import annotations
@@ -46,12 +22,12 @@ from vapo_lab.models.arch import TINY_ARCH
 from vapo_lab.tasks import Problem
 from vapo_lab.tasks.arith import ArithTask, TraceNoise
 
-# Bump when the recipe changes in a way the config does not capture: old caches are then ignored.
+# Part of the cache key: raise it when the recipe changes in a way the config does not show.
 RECIPE_VERSION = 2
 # Digit-count buckets for the accuracy-by-length report (n digits -> about 3n+3 response tokens).
 BUCKETS = ((1, 5), (6, 10), (11, 20), (21, 40), (41, 70), (71, 100))
 
-# The defaults, chosen by measurement on a 2-core CPU machine (see the module docstring).
+# The defaults, chosen by measurement on a 2-core CPU machine (docs/default-task.md).
 DEFAULTS: dict[str, Any] = {
     # the task: the same generator and defaults as task=arith, so RL sees these very splits
     "task_seed": 0,
@@ -62,21 +38,22 @@ DEFAULTS: dict[str, Any] = {
     "length_exponent": 0.75,
     # the boxed answer's form (ArithTask's readout): plain digits; scale=cpu-long: labelled words
     "readout": "plain",
-    # deliberate noise in the traces (vapo_lab.tasks.arith.TraceNoise). bug_rate 0.7: the bug is
-    # the mode (greedy fails) and the right step is sampled 30% of the time; slip_rate 0.05 puts
-    # temperature-1 accuracy at 16.6% and greedy at 24.6% with the bug family below (with the
-    # x + y = 9 family: 29.5% / 44.5%; slip_rate 0.02 there gave 48% / 63% with 1/n lengths)
+    # deliberate noise in the traces (vapo_lab.tasks.arith.TraceNoise): at bug_rate 0.7 the bug
+    # is the mode and the right step is sampled 30% of the time; slip_rate 0.05 puts the base
+    # inside the accuracy target
     "bug_rate": 0.7,
     "slip_rate": 0.05,
     # the bug's family: with a carry in, the writer forgets it whenever x + y >= 9 (the column
-    # overflows), about 25% of columns: wide enough to leave RL room (see the module docstring)
+    # overflows), about 25% of columns: wide enough to leave RL room
     "bug_sums": list(range(9, 19)),
     # the tiny model (vapo_lab.models.tiny; model.arch.* in the config)
     **TINY_ARCH,
     "rope_theta": 1e6,
     "init_std": 0.1,
     # pre-training: inside a 3-minute budget on 2 cores; batch and lr were chosen against
-    # alternatives on the same tokens (docs/benchmarks.md#base-model-builds)
+    # alternatives on the same tokens (docs/benchmarks.md#base-model-builds). seed: init, batch
+    # order and noise draws; lr: AdamW's peak, after warmup_steps of linear warmup, decayed on a
+    # cosine to min_lr_ratio x lr
     "seed": 0,
     "steps": 800,
     "batch_size": 16,
@@ -93,20 +70,22 @@ DEFAULTS: dict[str, Any] = {
 def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Any) -> float:
     """Returns the mean loss of the last 50 steps after training ``model`` on noisy traces in place.
 
-    Loss: next-token cross-entropy on response tokens and the final eos (not the prompt: its
-    digits are random). Each step takes ``batch_size`` training problems with fresh noise draws,
-    so the model learns the noise *rates*, not one fixed noisy trace per problem. Batches are
-    bucketed by length (8 batches' worth sorted together) to cut padding.
+    Next-token cross-entropy on response tokens and the final eos (the prompt's digits are
+    random). Each step draws fresh noise, so the model learns the noise *rates*, not one noisy
+    trace per problem; batches are bucketed by length to cut padding.
     """
     rng = random.Random(f"vapo-lab/base/{config['seed']}")
-    noise = TraceNoise(bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=config["bug_sums"])
+    noise = TraceNoise(
+        bug_rate=config["bug_rate"], slip_rate=config["slip_rate"], bug_sums=config["bug_sums"]
+    )
     prompt_ids = [tokenizer(p.prompt).input_ids for p in task.train]
     steps, batch_size = config["steps"], config["batch_size"]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config["lr"], betas=(0.9, 0.95), weight_decay=config["weight_decay"]
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: _warmup_cosine(s, steps, config["warmup_steps"], config["min_lr_ratio"])
+        optimizer,
+        lambda s: _warmup_cosine(s, steps, config["warmup_steps"], config["min_lr_ratio"]),
     )
     task_id = bar.add_task("pre-training base", total=steps, info="") if bar else None
     model.train()
@@ -133,17 +112,23 @@ def pretrain(model, tokenizer, task: ArithTask, config: dict[str, Any], bar: Any
             tokens += int((labels != -100).sum())
             if bar:
                 rate = tokens / (time.perf_counter() - start)
-                bar.update(task_id, advance=1, info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f} · {rate:,.0f} tok/s")
+                bar.update(
+                    task_id,
+                    advance=1,
+                    info=f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f} · {rate:,.0f} tok/s",
+                )
     model.eval()
     tail = losses[-50:]
     return sum(tail) / len(tail)
 
 
-def _response_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+def _response_loss(
+    model, input_ids: torch.Tensor, labels: torch.Tensor, pad_id: int
+) -> torch.Tensor:
     """Returns the mean next-token cross-entropy over the labelled (response and eos) positions.
 
-    The output layer runs on those positions only: over the prompt and padding its 2823-way
-    softmax would be ~40% of its cost, for logits the loss ignores.
+    The output layer runs on those positions only: over the prompt and padding its softmax would
+    be ~40% of its cost, for logits the loss ignores.
     """
     hidden = model.model(input_ids=input_ids, attention_mask=input_ids != pad_id).last_hidden_state
     targets = labels[:, 1:]
@@ -160,15 +145,21 @@ def _warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> floa
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def _bucketed_batches(rng: random.Random, n: int, batch_size: int, prompt_ids: list[list[int]]) -> list[list[int]]:
-    """Returns 8 batches of random problem indices (< n), each of similar length, in random order."""
-    pool = sorted((rng.randrange(n) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i]))
+def _bucketed_batches(
+    rng: random.Random, n: int, batch_size: int, prompt_ids: list[list[int]]
+) -> list[list[int]]:
+    """Returns 8 batches of random problem indices (< n), each of similar length, shuffled."""
+    pool = sorted(
+        (rng.randrange(n) for _ in range(8 * batch_size)), key=lambda i: len(prompt_ids[i])
+    )
     batches = [pool[i : i + batch_size] for i in range(0, len(pool), batch_size)]
     rng.shuffle(batches)
     return batches
 
 
-def _collate(prompts: list[list[int]], responses: list[list[int]], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+def _collate(
+    prompts: list[list[int]], responses: list[list[int]], tokenizer
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns right-padded (input_ids, labels); labels are -100 on prompt and padding."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     rows = [p + r + [eos] for p, r in zip(prompts, responses)]
@@ -183,31 +174,47 @@ def _collate(prompts: list[list[int]], responses: list[list[int]], tokenizer) ->
 
 @torch.no_grad()
 def measure_accuracy(
-    model, tokenizer, task: ArithTask, problems: list[Problem], samples: int, seed: int,
-    bar: Any = None, batch_size: int = 64,
+    model,
+    tokenizer,
+    task: ArithTask,
+    problems: list[Problem],
+    samples: int,
+    seed: int,
+    bar: Any = None,
+    batch_size: int = 64,
 ) -> dict[str, dict[str, float]]:
     """Returns accuracy ("greedy" and "t1", temperature 1 over ``samples`` draws) by digit bucket.
 
-    Uses ``model.generate`` with left padding; problems are batched by length so short ones are
-    not padded to (and generated as long as) long ones.
+    Problems are batched by length, so that short ones are not generated as long as long ones.
     """
     order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    task_id = bar.add_task("measuring accuracy", total=len(batches) * (1 + samples), info="",
-                           unit="batch") if bar else None
+    task_id = (
+        bar.add_task(
+            "measuring accuracy", total=len(batches) * (1 + samples), info="", unit="batch"
+        )
+        if bar
+        else None
+    )
     correct = {"greedy": [0.0] * len(problems), "t1": [0.0] * len(problems)}
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for index in batches:
-                enc = tokenizer([problems[i].prompt for i in index], return_tensors="pt", padding=True)
+                enc = tokenizer(
+                    [problems[i].prompt for i in index], return_tensors="pt", padding=True
+                )
                 longest = max(problems[i].meta["n_digits"] for i in index)
                 for mode, repeats in (("greedy", 1), ("t1", samples)):
                     for _ in range(repeats):
                         # sampling: plain temperature 1 (transformers 5 applies no top-k/top-p
                         # unless asked), the setting of the trainer's avg@k evaluation
-                        sampling = {"do_sample": True, "temperature": 1.0} if mode == "t1" else {"do_sample": False}
+                        sampling = (
+                            {"do_sample": True, "temperature": 1.0}
+                            if mode == "t1"
+                            else {"do_sample": False}
+                        )
                         out = model.generate(
                             **enc,
                             **sampling,
@@ -215,7 +222,9 @@ def measure_accuracy(
                             pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id,
                         )
-                        texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1] :], skip_special_tokens=True)
+                        texts = tokenizer.batch_decode(
+                            out[:, enc.input_ids.shape[1] :], skip_special_tokens=True
+                        )
                         for i, text in zip(index, texts):
                             correct[mode][i] += task.verify(text, problems[i]) / repeats
                         if bar:
@@ -230,4 +239,3 @@ def measure_accuracy(
             if bucket:
                 result[mode][f"{lo}-{hi}"] = round(sum(bucket) / len(bucket), 4)
     return result
-

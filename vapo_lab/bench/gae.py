@@ -1,10 +1,10 @@
-"""Benchmark of `vapo_lab.algo.gae.gae` against the usual reverse-time GAE loop and the memory floor.
+"""Benchmarks `vapo_lab.algo.gae.gae` against the reverse-time GAE loop and the memory floor.
 
-Run `python -m vapo_lab.bench.gae` for the default shapes (512×4096 and 8192×1024, float32,
-per-response length-adaptive λ, γ = 1). Both implementations see the same batch with random
-response lengths, right padding and garbage in the padded positions; the benchmark fails if
-their advantages or returns differ by more than 1e-5. `gae`'s torch scan (the code before its
-compiled CPU scan) is timed beside it, interleaved.
+`python -m vapo_lab.bench.gae` times the default shapes (512×4096 and 8192×1024, float32,
+per-response length-adaptive λ, γ = 1), with `gae`'s torch scan beside it, interleaved. Every
+candidate sees the same batch (random lengths, right padding, garbage where padded); the benchmark
+fails if advantages or returns differ from the loop's by more than 1e-5. Results:
+docs/benchmarks.md#gae.
 """
 
 from __future__ import annotations
@@ -17,55 +17,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from vapo_lab.algo.gae import gae, length_adaptive_lambda
+from vapo_lab.algo.gae import gae, gae_reference, length_adaptive_lambda
 from vapo_lab.algo.gae_cpu import scan_kernel
 from vapo_lab.errors import ConfigError
 
 # Largest |difference| accepted between the two implementations (float32, |A| of order 1).
 TOLERANCE = 1e-5
-
-
-def gae_loop(
-    rewards: Tensor,
-    values: Tensor,
-    response_mask: Tensor,
-    lam: float | Tensor,
-    gamma: float,
-) -> tuple[Tensor, Tensor]:
-    """Advantages and returns by the plain reverse-time GAE loop, batched over responses.
-
-    The form used by RL-for-LLM frameworks (e.g. verl's `compute_gae_advantage_return`): one
-    Python iteration per time step, each a handful of (B,) tensor ops. Kept as the reference and
-    the baseline that `gae` is timed against.
-
-    Args:
-        rewards: token rewards r, shape (B, T).
-        values: critic values V(s_t), shape (B, T).
-        response_mask: (B, T) bool or float {0, 1} prefix mask.
-        lam: λ, float or (B,) tensor.
-        gamma: discount γ.
-
-    Returns:
-        (advantages, returns), each (B, T); 0 where the mask is 0. Garbage at padded positions
-        must be finite (it is multiplied by the mask, not selected).
-    """
-    batch, length = values.shape
-    mask = response_mask.to(values.dtype)
-    discount = gamma * (lam.to(values.dtype) if isinstance(lam, Tensor) else lam)  # γλ
-    last_advantage = torch.zeros(batch, dtype=values.dtype, device=values.device)
-    next_value = torch.zeros(batch, dtype=values.dtype, device=values.device)
-    reversed_advantages = []
-    for t in reversed(range(length)):
-        m_t = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]  # δ_t = r_t + γ·V_{t+1} − V_t
-        last_advantage = (delta + discount * last_advantage) * m_t  # A_t = δ_t + γλ·A_{t+1}
-        next_value = values[:, t] * m_t  # V_{t+1} for step t − 1; 0 past the last valid token
-        reversed_advantages.append(last_advantage)
-    if reversed_advantages:
-        advantages = torch.stack(reversed_advantages[::-1], dim=1)
-    else:
-        advantages = torch.zeros_like(values)
-    return advantages, advantages + values * mask  # returns_t = A_t + V_t
 
 
 def _benchmark_batch(
@@ -90,15 +47,14 @@ def _benchmark_batch(
     return rewards, values, mask, lam
 
 
-def memory_floor(rewards: Tensor, values: Tensor, response_mask: Tensor, out: tuple[Tensor, Tensor]) -> None:
-    """The least work any GAE must do: read rewards, values and the mask once, write two (B, T) outputs.
+def memory_floor(
+    rewards: Tensor, values: Tensor, response_mask: Tensor, out: tuple[Tensor, Tensor]
+) -> None:
+    """Does the least work any GAE must: reads rewards, values and mask once, writes two outputs.
 
-    Done with torch's cheapest streaming ops, so that the time is memory traffic and nothing else:
-    ``out[0] = rewards − values`` (reads both, writes one output), ``out[1] = values`` (a copy:
-    writes the other) and one reduction over the mask's bytes (reads it). No scan. (A product with
-    the bool mask would be slower than the whole GAE: mixed-dtype elementwise ops leave the
-    vectorised path; docs/benchmarks.md#gae.) Its time is the floor that ``gae`` is measured
-    against (the ``x floor`` column).
+    Torch's cheapest streaming ops and no scan, so its time is memory traffic only: the floor that
+    ``gae`` is measured against (the ``x floor`` column; why a copy, not a masked product:
+    docs/benchmarks.md#gae).
     """
     torch.sub(rewards, values, out=out[0])
     out[1].copy_(values)
@@ -106,10 +62,10 @@ def memory_floor(rewards: Tensor, values: Tensor, response_mask: Tensor, out: tu
 
 
 def _interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall time in ms of each fn over `repeats` rounds; each round runs every fn once, in turn.
+    """Returns each fn's median wall time in ms over `repeats` rounds of every fn once, in turn.
 
-    One warm-up call each first (it also compiles the numba kernel). Interleaving makes a slow
-    stretch of a shared machine hit every candidate alike instead of one of them.
+    One warm-up call each first (it also compiles the numba kernel); interleaving makes a slow
+    stretch of a shared machine hit every candidate alike.
     """
     for fn in fns.values():
         fn()
@@ -128,27 +84,23 @@ def run_gae_benchmark(
     seed: int = 0,
     threads: int | None = None,
 ) -> list[dict[str, float | int | str]]:
-    """Timings of `gae`, its torch scan, `gae_loop` and the memory floor, one row per (B, T) shape.
+    """Times `gae`, its torch scan, `gae_reference` and the memory floor, one row per (B, T) shape.
 
-    `gae` and the floor are timed twice: into preallocated outputs (``gae(..., out=)``, as the
-    floor writes them) and into new outputs (``gae``'s default). New outputs of 32 MiB and more
-    are fresh pages from the OS on every call, and their page faults can cost more than the scan.
+    `gae` and the floor are timed twice: into preallocated outputs (``out=``) and into new ones
+    (``gae``'s default), whose page faults can cost more than the scan.
 
     Args:
-        shapes: (B, T) shapes to time, float32.
         repeats: timed rounds; every candidate runs once per round (interleaved), medians reported.
-        seed: seed of the random batch.
         threads: torch intra-op threads during the benchmark; None keeps the current setting.
 
     Returns:
-        One dict per shape: B, T, scan ("compiled" or "torch": what `gae` used), gae_ms and
-        torch_scan_ms (both into preallocated outputs), loop_ms, floor_ms, x_floor (gae_ms /
-        floor_ms), speedup (loop_ms / gae_ms), new_outputs_ms and new_floor_ms (both allocating
-        their outputs), x_new_floor, and max_abs_diff (largest |difference| of either scan's
-        advantages or returns from the loop's).
+        One dict per shape: B, T, scan ("compiled" or "torch": what `gae` used), gae_ms,
+        torch_scan_ms, loop_ms, floor_ms, x_floor, speedup (loop / gae), new_outputs_ms and
+        new_floor_ms (allocating their outputs), x_new_floor, and max_abs_diff (either scan's
+        largest |difference| from the loop).
 
     Raises:
-        RuntimeError: if either scan differs from the loop by more than TOLERANCE (1e-5).
+        RuntimeError: if either scan differs from the loop by more than TOLERANCE.
     """
     previous_threads = torch.get_num_threads()
     if threads is not None:
@@ -160,7 +112,7 @@ def run_gae_benchmark(
         for batch, length in shapes:
             rewards, values, mask, lam = _benchmark_batch(batch, length, generator)
             args = (rewards, values, mask, lam, 1.0)  # γ = 1, as in VAPO
-            slow = gae_loop(*args)
+            slow = gae_reference(*args)
             diff = 0.0
             for which in ("auto", "torch"):
                 fast = gae(*args, scan=which)
@@ -173,7 +125,9 @@ def run_gae_benchmark(
             out = (torch.empty_like(values), torch.empty_like(values))
 
             def new_floor() -> None:
-                memory_floor(rewards, values, mask, (torch.empty_like(values), torch.empty_like(values)))
+                memory_floor(
+                    rewards, values, mask, (torch.empty_like(values), torch.empty_like(values))
+                )
 
             ms = _interleaved_medians(
                 {
@@ -185,7 +139,9 @@ def run_gae_benchmark(
                 },
                 repeats,
             )
-            loop_ms = _interleaved_medians({"loop": functools.partial(gae_loop, *args)}, repeats)["loop"]
+            loop_ms = _interleaved_medians(
+                {"loop": functools.partial(gae_reference, *args)}, repeats
+            )["loop"]
             rows.append(
                 {
                     "B": batch,
@@ -209,44 +165,52 @@ def run_gae_benchmark(
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """Returns [(B, T), ...] from text like ``"512x4096,8192x1024"``; raises ConfigError if malformed."""
+    """Returns [(B, T), ...] from text like ``"512x4096,8192x1024"``; ConfigError if malformed."""
     shapes = []
     for part in text.split(","):
         b, sep, t = part.strip().lower().partition("x")
         if not sep or not b.isdigit() or not t.isdigit() or int(b) < 1 or int(t) < 1:
-            raise ConfigError(f"--shapes {text!r}: {part.strip()!r} is not BxT with positive integers, "
-                              "e.g. --shapes 512x4096,8192x1024")
+            raise ConfigError(
+                f"--shapes {text!r}: {part.strip()!r} is not BxT with positive integers, "
+                "e.g. --shapes 512x4096,8192x1024"
+            )
         shapes.append((int(b), int(t)))
     return shapes
 
 
 def format_gae_benchmark(rows: Sequence[dict[str, float | int | str]]) -> str:
-    """Plain-text table of `run_gae_benchmark` rows, one line per shape under a header, and a legend."""
+    """Returns `run_gae_benchmark`'s rows as a plain-text table, one line a shape, and a legend."""
     lines = [
         f"{'B':>6} {'T':>6} {'gae ms':>8} {'torch scan':>11} {'loop ms':>9} {'speedup':>8} "
-        f"{'floor ms':>9} {'x floor':>8} {'new out ms':>11} {'new floor':>10} {'x':>6} {'max |diff|':>11}"
+        f"{'floor ms':>9} {'x floor':>8} {'new out ms':>11} {'new floor':>10} {'x':>6} "
+        f"{'max |diff|':>11}"
     ]
     for row in rows:
         lines.append(
             f"{row['B']:>6} {row['T']:>6} {row['gae_ms']:>8.2f} {row['torch_scan_ms']:>11.2f} "
-            f"{row['loop_ms']:>9.1f} {row['speedup']:>7.1f}x {row['floor_ms']:>9.2f} {row['x_floor']:>7.1f}x "
-            f"{row['new_outputs_ms']:>11.2f} {row['new_floor_ms']:>10.2f} {row['x_new_floor']:>5.1f}x "
+            f"{row['loop_ms']:>9.1f} {row['speedup']:>7.1f}x {row['floor_ms']:>9.2f} "
+            f"{row['x_floor']:>7.1f}x "
+            f"{row['new_outputs_ms']:>11.2f} {row['new_floor_ms']:>10.2f} "
+            f"{row['x_new_floor']:>5.1f}x "
             f"{row['max_abs_diff']:>11.1e}"
         )
     scan = rows[0]["scan"] if rows else "compiled"
     lines += [
-        f"gae: its {scan} scan" + (" (numba is not importable: the torch scan)" if scan == "torch" else "")
-        + ", into preallocated outputs (out=); torch scan: the same call with scan='torch' (the code "
-        "before the compiled CPU scan); loop: the reverse-time loop over steps; speedup = loop / gae",
+        f"gae: its {scan} scan"
+        + (" (numba is not importable: the torch scan)" if scan == "torch" else "")
+        + ", into preallocated outputs (out=); torch scan: the same call with scan='torch' "
+        "(the code before the compiled CPU scan); loop: the reverse-time loop over steps; "
+        "speedup = loop / gae",
         "floor: reading rewards, values and the mask once and writing two (B, T) outputs, no scan "
         "(bench.gae.memory_floor); x floor = gae / floor",
-        "new out / new floor: the same two with newly allocated outputs (gae's default call); x = their ratio",
+        "new out / new floor: the same two with newly allocated outputs (gae's default call); "
+        "x = their ratio",
     ]
     return "\n".join(lines)
 
 
 def main() -> None:
-    """Print the benchmark table for the default shapes (`python -m vapo_lab.bench.gae`)."""
+    """Prints the benchmark table for the default shapes (`python -m vapo_lab.bench.gae`)."""
     rows = run_gae_benchmark()
     print(
         f"GAE, float32, per-response λ, γ = 1; torch {torch.__version__}, "

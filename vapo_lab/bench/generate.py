@@ -1,25 +1,7 @@
-"""Benchmark of the built-in sampler against Hugging Face ``model.generate``, same model, on CPU.
+"""Benchmarks the built-in sampler against Hugging Face ``model.generate`` on one model, on CPU.
 
-What is held equal, so the ratio measures the decoding loop and nothing else:
-
-* the model: one tiny Qwen2 (``vapo_lab.models.tiny``, the embedded default's shape, random init:
-  speed does not depend on the weights), float32, in eval mode, under ``torch.no_grad``;
-* the prompts: the first ``prompts`` problems of the arith eval split, the same token ids
-  (left-padded for ``generate``, as batched generation needs);
-* the batch: ``prompts`` x ``samples`` rows (``generate``: ``num_return_sequences=samples``);
-* the sampling: temperature 1.0, top_p 0.7 (the eval protocol) in both, nothing else (HF's default
-  ``top_k=50`` is switched off with ``top_k=0``: it would filter first, a cheaper sort of a
-  different distribution);
-* the work: exactly ``max_new_tokens`` new tokens per row in both. End-of-sequence is disabled
-  in both (ours: an eos id no token has; HF: ``eos_token_id=None`` in the generation config), so
-  neither stops early and tokens/s and samples/s compare like for like; the run checks that
-  every row got exactly ``max_new_tokens`` tokens;
-* the threads: ``torch.set_num_threads(threads)`` for both; one warm-up run each, then the median
-  of ``repeats`` timed runs.
-
-The built-in sampler prefills each prompt once and fans its KV cache out to the n samples, while
-``generate`` with ``num_return_sequences`` repeats the prompt n times before its prefill: that is
-each API's ordinary use, and part of what is measured.
+Model, prompts, sampling, threads and the exact number of new tokens are held equal, so the ratio
+measures the decoding loop alone (docs/benchmarks.md#generation).
 """
 
 from __future__ import annotations
@@ -38,7 +20,7 @@ TOP_P = 0.7
 
 
 def _median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Returns (median wall seconds of fn() over ``repeats`` runs after one warm-up, the last result)."""
+    """Returns (median wall seconds of fn() over ``repeats`` runs after a warm-up, last result)."""
     out = fn()
     times = []
     for _ in range(repeats):
@@ -48,8 +30,9 @@ def _median_s(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), out
 
 
-def build_bench_model(hidden_size: int = 128, num_layers: int = 4, intermediate_size: int = 352,
-                      max_digits: int = 40) -> tuple[Any, Any, Any]:
+def build_bench_model(
+    hidden_size: int = 128, num_layers: int = 4, intermediate_size: int = 352, max_digits: int = 40
+) -> tuple[Any, Any, Any]:
     """Returns (tiny Qwen2 model, its tokenizer, the arith task) at the embedded default's shape."""
     from vapo_lab.models.tiny import build_tiny_model
     from vapo_lab.models.tokenizer import build_tokenizer
@@ -57,24 +40,33 @@ def build_bench_model(hidden_size: int = 128, num_layers: int = 4, intermediate_
 
     task = ArithTask(seed=0, n_train=0, n_eval=256, max_digits=max_digits)
     tokenizer = build_tokenizer(task.vocabulary())
-    model = build_tiny_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers,
-                             intermediate_size=intermediate_size).eval()
+    model = build_tiny_model(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        intermediate_size=intermediate_size,
+    ).eval()
     return model, tokenizer, task
 
 
-def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: int = 128, repeats: int = 3,
-                           threads: int | None = 1, seed: int = 0, hidden_size: int = 128, num_layers: int = 4,
-                           intermediate_size: int = 352) -> dict[str, Any]:
-    """Returns the timings of the built-in sampler and HF ``generate`` on one batch, and their ratio.
+def run_generate_benchmark(
+    prompts: int = 8,
+    samples: int = 8,
+    max_new_tokens: int = 128,
+    repeats: int = 3,
+    threads: int | None = 1,
+    seed: int = 0,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    intermediate_size: int = 352,
+) -> dict[str, Any]:
+    """Returns the built-in sampler's and HF ``generate``'s timings on one batch, and their ratio.
 
     Args:
         prompts: prompts in the batch (the first of the arith eval split).
-        samples: samples per prompt; rows = prompts x samples.
         max_new_tokens: new tokens per row, generated exactly (eos disabled in both).
-        repeats: timed runs per engine (median reported, after one warm-up run).
         threads: torch CPU threads for both; None keeps the current setting.
         seed: seeds the built-in sampler's generator and torch's global RNG (HF samples from it).
-        hidden_size, num_layers, intermediate_size: the tiny model's shape.
 
     Returns:
         {"rows", "max_new_tokens", "prompt_tokens" (mean), "threads", "engines": [{"engine",
@@ -85,8 +77,12 @@ def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: i
         ConfigError: a size below 1.
         RuntimeError: an engine did not generate exactly ``max_new_tokens`` tokens per row.
     """
-    for name, value in (("prompts", prompts), ("samples", samples), ("max_new_tokens", max_new_tokens),
-                        ("repeats", repeats)):
+    for name, value in (
+        ("prompts", prompts),
+        ("samples", samples),
+        ("max_new_tokens", max_new_tokens),
+        ("repeats", repeats),
+    ):
         if value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= 1")
     from transformers import GenerationConfig
@@ -106,59 +102,107 @@ def run_generate_benchmark(prompts: int = 8, samples: int = 8, max_new_tokens: i
 
         def ours() -> int:
             g = torch.Generator().manual_seed(seed)
-            s = sample(model, ids, n=samples, max_new_tokens=max_new_tokens, temperature=TEMPERATURE,
-                       top_p=TOP_P, eos_id=no_eos, pad_id=pad, generator=g, max_batch=max(256, rows))
+            s = sample(
+                model,
+                ids,
+                n=samples,
+                max_new_tokens=max_new_tokens,
+                temperature=TEMPERATURE,
+                top_p=TOP_P,
+                eos_id=no_eos,
+                pad_id=pad,
+                generator=g,
+                max_batch=max(256, rows),
+            )
             return int(s.lengths.sum())
 
         width = max(len(x) for x in ids)
         input_ids = torch.full((prompts, width), pad, dtype=torch.long)
         attention = torch.zeros(prompts, width, dtype=torch.long)
         for i, x in enumerate(ids):
-            input_ids[i, width - len(x):] = torch.tensor(x)
-            attention[i, width - len(x):] = 1
+            input_ids[i, width - len(x) :] = torch.tensor(x)
+            attention[i, width - len(x) :] = 1
         # top_k=0: HF's default top_k=50 would otherwise cut the vocabulary before top-p (less work,
         # and another distribution than ours)
-        config = GenerationConfig(do_sample=True, temperature=TEMPERATURE, top_p=TOP_P, top_k=0,
-                                  max_new_tokens=max_new_tokens, num_return_sequences=samples,
-                                  eos_token_id=None, pad_token_id=pad, bos_token_id=None)
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=TEMPERATURE,
+            top_p=TOP_P,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=samples,
+            eos_token_id=None,
+            pad_token_id=pad,
+            bos_token_id=None,
+        )
         model.generation_config.eos_token_id = None
 
         def hf() -> int:
             torch.manual_seed(seed)
             with torch.no_grad():
-                out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
+                out = model.generate(
+                    input_ids=input_ids, attention_mask=attention, generation_config=config
+                )
             return int(out.shape[0] * (out.shape[1] - width))
 
         engines = []
         for name, fn in (("built-in sampler", ours), ("HF generate", hf)):
             seconds, tokens = _median_s(fn, repeats)
             if tokens != rows * max_new_tokens:
-                raise RuntimeError(f"{name} generated {tokens} tokens, not {rows} rows x {max_new_tokens}: "
-                                   "the comparison would be unfair")
-            engines.append({"engine": name, "seconds": seconds, "samples_per_s": rows / seconds,
-                            "tokens_per_s": tokens / seconds})
+                raise RuntimeError(
+                    f"{name} generated {tokens} tokens, not {rows} rows x {max_new_tokens}: "
+                    "the comparison would be unfair"
+                )
+            engines.append(
+                {
+                    "engine": name,
+                    "seconds": seconds,
+                    "samples_per_s": rows / seconds,
+                    "tokens_per_s": tokens / seconds,
+                }
+            )
         ratio = engines[0]["tokens_per_s"] / engines[1]["tokens_per_s"]
-        return {"rows": rows, "prompts": prompts, "samples": samples, "max_new_tokens": max_new_tokens,
-                "prompt_tokens": sum(map(len, ids)) / len(ids), "threads": torch.get_num_threads(),
-                "repeats": repeats, "n_params": sum(p.numel() for p in model.parameters()), "engines": engines,
-                "ratio_tokens_per_s": ratio,
-                "ratio_samples_per_s": engines[0]["samples_per_s"] / engines[1]["samples_per_s"]}
+        return {
+            "rows": rows,
+            "prompts": prompts,
+            "samples": samples,
+            "max_new_tokens": max_new_tokens,
+            "prompt_tokens": sum(map(len, ids)) / len(ids),
+            "threads": torch.get_num_threads(),
+            "repeats": repeats,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "engines": engines,
+            "ratio_tokens_per_s": ratio,
+            "ratio_samples_per_s": engines[0]["samples_per_s"] / engines[1]["samples_per_s"],
+        }
     finally:
         torch.set_num_threads(previous)
 
 
 def format_generate_benchmark(result: dict[str, Any]) -> str:
-    """Returns the plain-text report of ``run_generate_benchmark``: settings, one line per engine, the ratio."""
+    """Returns ``run_generate_benchmark``'s report: settings, a line per engine, the ratio."""
     r = result
-    lines = [(f"tiny Qwen2 ({r['n_params'] / 1e6:.2f}M params, float32, CPU, {r['threads']} threads); "
-             f"{r['prompts']} prompts x {r['samples']} samples = {r['rows']} rows, prompts {r['prompt_tokens']:.0f} "
-             f"tokens on average; exactly {r['max_new_tokens']} new tokens per row (eos disabled in both); "
-             f"temperature {TEMPERATURE}, top_p {TOP_P}; median of {r['repeats']} runs after a warm-up"),
-             f"{'engine':<18} {'seconds':>9} {'samples/s':>10} {'tokens/s':>10}"]
+    lines = [
+        (
+            f"tiny Qwen2 ({r['n_params'] / 1e6:.2f}M params, float32, CPU, "
+            f"{r['threads']} threads); "
+            f"{r['prompts']} prompts x {r['samples']} samples = {r['rows']} rows, "
+            f"prompts {r['prompt_tokens']:.0f} tokens on average; "
+            f"exactly {r['max_new_tokens']} new tokens per row (eos disabled in both); "
+            f"temperature {TEMPERATURE}, top_p {TOP_P}; "
+            f"median of {r['repeats']} runs after a warm-up"
+        ),
+        f"{'engine':<18} {'seconds':>9} {'samples/s':>10} {'tokens/s':>10}",
+    ]
     for e in r["engines"]:
-        lines.append(f"{e['engine']:<18} {e['seconds']:>9.3f} {e['samples_per_s']:>10.1f} {e['tokens_per_s']:>10.0f}")
-    lines.append(f"ratio built-in / HF generate: {r['ratio_tokens_per_s']:.2f}x tokens/s "
-                 f"({r['ratio_samples_per_s']:.2f}x samples/s)")
+        lines.append(
+            f"{e['engine']:<18} {e['seconds']:>9.3f} {e['samples_per_s']:>10.1f} "
+            f"{e['tokens_per_s']:>10.0f}"
+        )
+    lines.append(
+        f"ratio built-in / HF generate: {r['ratio_tokens_per_s']:.2f}x tokens/s "
+        f"({r['ratio_samples_per_s']:.2f}x samples/s)"
+    )
     return "\n".join(lines)
 
 

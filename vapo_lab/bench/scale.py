@@ -1,55 +1,12 @@
-"""Benchmark of one training run on 1 and on 2 CPU ranks: tokens per second and the share of a step
-spent in communication.
+"""Benchmarks one training run on 1 and on 2 CPU ranks: tokens/s and the communication share.
 
-Three variants of the same training (the embedded default, or it with the given overrides; the same
-global batch in all three):
-
-* ``single``: trainer.strategy=single, one process, no process group (the reference);
-* ``fsdp-1``: trainer.strategy=fsdp on 1 rank under torchrun (FSDP2 and gloo, but no one to talk to);
-* ``fsdp-2``: trainer.strategy=fsdp on 2 ranks under torchrun, each sampling and training half of
-  the step's responses, FSDP2 all-gathering parameters and reduce-scattering gradients over gloo.
-
-Each variant runs as its own processes (:mod:`vapo_lab.bench.scale_rank`, started by module name),
-once per round, in a rotating order (A B C, B C A, ...), so drift of the machine's load hits
-all three alike. A run does ``warmup`` untimed steps, ``steps`` timed ones and one profiled step.
-Threads: the ``threads`` budget (default: the CPUs this process may use) is divided among a
-variant's ranks, at least 1 each (``trainer.threads`` and OMP_NUM_THREADS), so every variant uses
-the same cores. ``threads=1`` gives every rank one thread instead (1 core against 2). Where other
-processes hold cores, a multi-threaded process can slow down many-fold (its threads wait for each
-other at every parallel op while one of them is descheduled; docs/benchmarks.md#scale-one-against-two-ranks), so on a
-shared machine ``threads=1`` gives the steadier figures.
-
-What is reported per variant, each as the median over rounds with its min-max:
-
-* tokens/s: the step's response tokens over all ranks (generated, then trained on) per wall second
-  of the step, summed over the timed steps of a run (rank 0's ``perf_counter`` around
-  ``train_step``, which every rank enters after a barrier);
-* CPUs busy: the CPU seconds of all ranks' processes per wall second of those steps: how much of
-  the thread budget the variant got (on a shared machine, less than its threads where other
-  processes held the cores or threads waited);
-* s/step and its phases: the trainer's ``time/rollout_s`` (sampling, grading), ``time/critic_s``,
-  ``time/actor_s`` (updates, and the sampler's weight refresh) and the rest of ``time/step_s``
-  ("prep": the value and reference passes and the advantages); medians over the timed steps;
-* the communication share, from the profiled step (:func:`comm_summary`): the wall time during
-  which rank 0 had a gloo collective running, over the step's wall time. gloo runs every collective
-  on its worker threads inside a ``gloo:<op>`` profiler span (opened when the work starts, closed
-  when it completes): FSDP2's parameter all-gathers (``c10d::_allgather_base_``) and gradient
-  reduce-scatters (``c10d::_reduce_scatter_base_``; gloo runs them as ``gloo:all_reduce``), the
-  trainer's all-reduces, gathers and broadcasts (``World``), and the DTensor gathers of the grad
-  norm and of the sampler's weight refresh (``_c10d_functional`` ops). The union of those spans
-  counts overlapping collectives once. It includes the transfer, the reduction arithmetic and
-  the time rank 0 waits for a slower rank to join (load imbalance and the other rank's compute
-  show up as communication: that is time rank 0 cannot compute). It excludes the issuing thread's
-  dispatch of each op and FSDP's copies into and out of its flat buffers (reported apart as
-  ``fsdp_copy_s``). On CPU every collective here is synchronous for the caller, so the span is
-  time the step is blocked. The profiler slows a step (reported: profiled vs timed s/step), which
-  is why the timed steps are not profiled.
-
-Ratios are taken round by round (fsdp-2 against fsdp-1 and against single, of the same round) and
-summarised the same way. On a 2-core machine no speed-up is to be expected: two ranks share the
-two cores one process uses with two threads, and add collectives and work that does not halve
-with the batch (sampling decodes to each rank's longest response; each rank refreshes its
-sampler's full copy of the weights).
+Three variants of the same training (the embedded default, or it with overrides; one global
+batch): ``single`` (one process, the reference), ``fsdp-1`` (FSDP2 and gloo on 1 rank under
+torchrun) and ``fsdp-2`` (2 ranks, each sampling and training half the responses). Each runs as
+its own processes (:mod:`vapo_lab.bench.scale_rank`) once a round, in rotating order so that the
+machine's drift hits all three alike; the thread budget is divided among a variant's ranks.
+Figures are medians over rounds with min-max, ratios taken round by round; what each means, and
+what was measured: docs/benchmarks.md#scale-one-against-two-ranks.
 """
 
 from __future__ import annotations
@@ -69,15 +26,22 @@ from typing import Any
 
 from vapo_lab.errors import ConfigError, VapoLabError
 
-# the record_function around the profiled step (scale_rank.py): the window communication is measured in
+# the record_function around the profiled step (scale_rank.py): communication is measured in it
 STEP_RECORD = "bench::step"
-# the spans gloo's worker threads open around each collective they run (ProcessGroupGloo's work titles)
+# the spans gloo's worker threads open around each collective (ProcessGroupGloo's work titles)
 GLOO_PREFIX = "gloo:"
 # FSDP2's copies into / out of the flat collective buffers: memory copies beside the collectives
 FSDP_COPIES = ("fsdp::all_gather_copy_in", "FSDP::all_gather_copy_out", "fsdp::chunk_cat")
 # keys each variant sets itself: an override of one would make the variants the same run
-OWNED_KEYS = ("trainer.strategy", "trainer.nproc_per_node", "trainer.nodes", "trainer.threads", "tracking",
-              "output_dir", "resume")
+OWNED_KEYS = (
+    "trainer.strategy",
+    "trainer.nproc_per_node",
+    "trainer.nodes",
+    "trainer.threads",
+    "tracking",
+    "output_dir",
+    "resume",
+)
 # a run's wall-clock limit (setup, which may build the caches, and its steps)
 RUN_TIMEOUT_S = 3600
 
@@ -95,11 +59,17 @@ class Variant:
     nproc: int
 
 
-VARIANTS = (Variant("single", "single", 1), Variant("fsdp-1", "fsdp", 1), Variant("fsdp-2", "fsdp", 2))
+VARIANTS = (
+    Variant("single", "single", 1),
+    Variant("fsdp-1", "fsdp", 1),
+    Variant("fsdp-2", "fsdp", 2),
+)
 # (numerator, denominator) of the ratios printed, and what each says
-RATIOS = (("fsdp-2", "fsdp-1", "2 ranks / 1 rank, both fsdp"),
-          ("fsdp-2", "single", "2 ranks (fsdp) / 1 process (single)"),
-          ("fsdp-1", "single", "fsdp on 1 rank / single: FSDP2's own cost"))
+RATIOS = (
+    ("fsdp-2", "fsdp-1", "2 ranks / 1 rank, both fsdp"),
+    ("fsdp-2", "single", "2 ranks (fsdp) / 1 process (single)"),
+    ("fsdp-1", "single", "fsdp on 1 rank / single: FSDP2's own cost"),
+)
 
 
 @dataclass(frozen=True)
@@ -164,7 +134,7 @@ def comm_summary(spans: Iterable[tuple[str, int | None, float, float]]) -> dict[
             continue
         if name.startswith(GLOO_PREFIX):
             comm.append((start, end))
-            op = ops.setdefault(name[len(GLOO_PREFIX):], {"count": 0, "seconds": 0.0})
+            op = ops.setdefault(name[len(GLOO_PREFIX) :], {"count": 0, "seconds": 0.0})
             op["count"] += 1
             op["seconds"] += (end - start) / 1e6
         elif name.startswith("c10d::"):
@@ -172,8 +142,14 @@ def comm_summary(spans: Iterable[tuple[str, int | None, float, float]]) -> dict[
         elif name.startswith(FSDP_COPIES):
             copies += end - start
     step_s, comm_s = (hi - lo) / 1e6, union_length(comm) / 1e6
-    return {"step_s": step_s, "comm_s": comm_s, "share": comm_s / step_s if step_s > 0 else float("nan"),
-            "ops": dict(sorted(ops.items())), "calls": dict(sorted(calls.items())), "fsdp_copy_s": copies / 1e6}
+    return {
+        "step_s": step_s,
+        "comm_s": comm_s,
+        "share": comm_s / step_s if step_s > 0 else float("nan"),
+        "ops": dict(sorted(ops.items())),
+        "calls": dict(sorted(calls.items())),
+        "fsdp_copy_s": copies / 1e6,
+    }
 
 
 def comm_profile(events: Iterable[Any]) -> dict[str, Any]:
@@ -184,32 +160,56 @@ def comm_profile(events: Iterable[Any]) -> dict[str, Any]:
 def run_figures(record: dict[str, Any]) -> dict[str, float]:
     """Returns the figures of one run (one variant in one round) from its rank-0 record.
 
-    tokens_per_s: response tokens of the timed steps over their wall seconds; cpu_use: CPU seconds
-    of all ranks over those wall seconds (cores kept busy: below the thread budget where other
-    processes took the CPUs, or threads waited); step_s, wall_s and
-    the phases (rollout_s, prep_s, critic_s, actor_s): medians over the timed steps; comm_share,
-    comm_s, fsdp_copy_s and profiled_step_s: of the profiled step.
+    tokens_per_s: the timed steps' response tokens over their wall seconds; cpu_use: all ranks'
+    CPU seconds over those wall seconds (below the thread budget where other processes took the
+    CPUs, or threads waited); step_s, wall_s and the phases (rollout_s, prep_s, critic_s, actor_s):
+    medians over the timed steps; comm_share, comm_s, fsdp_copy_s, profiled_step_s: of the profiled
+    step.
     """
     steps = record["steps"]
     wall = sum(s["wall_s"] for s in steps)
-    figures = {"tokens_per_s": sum(s["tokens"] for s in steps) / wall if wall > 0 else float("nan"),
-               "tokens_per_step": statistics.median(s["tokens"] for s in steps),
-               "wall_s": statistics.median(s["wall_s"] for s in steps),
-               "cpu_use": sum(s["cpu_s"] for s in steps) / wall if wall > 0 else float("nan")}
+    figures = {
+        "tokens_per_s": sum(s["tokens"] for s in steps) / wall if wall > 0 else float("nan"),
+        "tokens_per_step": statistics.median(s["tokens"] for s in steps),
+        "wall_s": statistics.median(s["wall_s"] for s in steps),
+        "cpu_use": sum(s["cpu_s"] for s in steps) / wall if wall > 0 else float("nan"),
+    }
     for key in ("step_s", "rollout_s", "critic_s", "actor_s"):
         figures[key] = statistics.median(s[key] for s in steps)
-    figures["prep_s"] = statistics.median(s["step_s"] - s["rollout_s"] - s["critic_s"] - s["actor_s"] for s in steps)
+    figures["prep_s"] = statistics.median(
+        s["step_s"] - s["rollout_s"] - s["critic_s"] - s["actor_s"] for s in steps
+    )
     comm = (record.get("profiled") or {}).get("comm")
     nan = float("nan")
-    figures.update({"comm_share": comm["share"], "comm_s": comm["comm_s"], "fsdp_copy_s": comm["fsdp_copy_s"],
-                    "profiled_step_s": comm["step_s"]} if comm else
-                   {"comm_share": nan, "comm_s": nan, "fsdp_copy_s": nan, "profiled_step_s": nan})
+    figures.update(
+        {
+            "comm_share": comm["share"],
+            "comm_s": comm["comm_s"],
+            "fsdp_copy_s": comm["fsdp_copy_s"],
+            "profiled_step_s": comm["step_s"],
+        }
+        if comm
+        else {"comm_share": nan, "comm_s": nan, "fsdp_copy_s": nan, "profiled_step_s": nan}
+    )
     return figures
 
 
 # figures summarised per variant, and the two ratios taken round by round
-FIGURES = ("tokens_per_s", "tokens_per_step", "wall_s", "cpu_use", "step_s", "rollout_s", "prep_s", "critic_s",
-           "actor_s", "comm_share", "comm_s", "fsdp_copy_s", "profiled_step_s")
+FIGURES = (
+    "tokens_per_s",
+    "tokens_per_step",
+    "wall_s",
+    "cpu_use",
+    "step_s",
+    "rollout_s",
+    "prep_s",
+    "critic_s",
+    "actor_s",
+    "comm_share",
+    "comm_s",
+    "fsdp_copy_s",
+    "profiled_step_s",
+)
 
 
 def summarize(rounds: Sequence[dict[str, dict[str, float]]]) -> dict[str, Any]:
@@ -229,8 +229,17 @@ def summarize(rounds: Sequence[dict[str, dict[str, float]]]) -> dict[str, Any]:
     for num, den, what in RATIOS:
         paired = [r for r in rounds if num in r and den in r]
         if paired:
-            ratios.append({"num": num, "den": den, "what": what,
-                           **{f: spread(r[num][f] / r[den][f] for r in paired) for f in ("tokens_per_s", "wall_s")}})
+            ratios.append(
+                {
+                    "num": num,
+                    "den": den,
+                    "what": what,
+                    **{
+                        f: spread(r[num][f] / r[den][f] for r in paired)
+                        for f in ("tokens_per_s", "wall_s")
+                    },
+                }
+            )
     return {"variants": variants, "ratios": ratios}
 
 
@@ -238,8 +247,10 @@ def check_overrides(overrides: Sequence[str]) -> None:
     """Raises ConfigError for an override of a key the variants set themselves (OWNED_KEYS)."""
     bad = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] in OWNED_KEYS]
     if bad:
-        raise ConfigError(f"{', '.join(bad)}: the benchmark sets {', '.join(OWNED_KEYS)} itself for each "
-                          "variant; drop the override (the thread budget is --threads)")
+        raise ConfigError(
+            f"{', '.join(bad)}: the benchmark sets {', '.join(OWNED_KEYS)} itself for each "
+            "variant; drop the override (the thread budget is --threads)"
+        )
 
 
 def available_cpus() -> int:
@@ -250,58 +261,101 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def rank_command(variant: Variant, out: Path, warmup: int, steps: int, overrides: Sequence[str],
-                 threads: int, output_dir: Path) -> list[str]:
-    """Returns the command line of one run of ``variant``: the rank module alone, or under torchrun."""
-    module = ["-m", "vapo_lab.bench.scale_rank", f"--out={out}", f"--warmup={warmup}", f"--steps={steps}",
-              f"trainer.strategy={variant.strategy}", f"trainer.nproc_per_node={variant.nproc}",
-              f"trainer.threads={threads}", "tracking=none", f"output_dir={output_dir}", *overrides]
+def rank_command(
+    variant: Variant,
+    out: Path,
+    warmup: int,
+    steps: int,
+    overrides: Sequence[str],
+    threads: int,
+    output_dir: Path,
+) -> list[str]:
+    """Returns the command line of one run of ``variant``: the rank module, or it under torchrun."""
+    module = [
+        "-m",
+        "vapo_lab.bench.scale_rank",
+        f"--out={out}",
+        f"--warmup={warmup}",
+        f"--steps={steps}",
+        f"trainer.strategy={variant.strategy}",
+        f"trainer.nproc_per_node={variant.nproc}",
+        f"trainer.threads={threads}",
+        "tracking=none",
+        f"output_dir={output_dir}",
+        *overrides,
+    ]
     if variant.strategy == "single":
         return [sys.executable, *module]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(variant.nproc), *module]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(variant.nproc),
+        *module,
+    ]
 
 
-def _run_variant(variant: Variant, workdir: Path, tag: str, warmup: int, steps: int, overrides: Sequence[str],
-                 threads: int) -> dict[str, Any]:
-    """Runs ``variant`` once; returns rank 0's record (raises ScaleBenchError with its log's tail)."""
+def _run_variant(
+    variant: Variant,
+    workdir: Path,
+    tag: str,
+    warmup: int,
+    steps: int,
+    overrides: Sequence[str],
+    threads: int,
+) -> dict[str, Any]:
+    """Runs ``variant`` once; returns rank 0's record (ScaleBenchError with its log's tail)."""
     out, log = workdir / f"{tag}.json", workdir / f"{tag}.log"
     per_rank = max(1, threads // variant.nproc)
-    command = rank_command(variant, out, warmup, steps, overrides, per_rank, workdir / f"{tag}-runs")
+    command = rank_command(
+        variant, out, warmup, steps, overrides, per_rank, workdir / f"{tag}-runs"
+    )
     # torchrun sets OMP_NUM_THREADS=1 where it is unset; the rank's trainer.threads sets torch's too
     env = {**os.environ, "OMP_NUM_THREADS": str(per_rank)}
     start = time.perf_counter()
     with open(log, "w") as f:
         try:
-            done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=RUN_TIMEOUT_S)
+            done = subprocess.run(
+                command, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=RUN_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired:
-            raise ScaleBenchError(f"{variant.name} did not finish in {RUN_TIMEOUT_S} s; its output: {log}") from None
+            raise ScaleBenchError(
+                f"{variant.name} did not finish in {RUN_TIMEOUT_S} s; its output: {log}"
+            ) from None
     if done.returncode != 0 or not out.is_file():
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if "Error" in line or "error:" in line]
         last = (errors or lines or ["(no output)"])[-1].strip()
-        raise ScaleBenchError(f"{variant.name} run failed (exit status {done.returncode}): {last[:300]}; "
-                              f"its whole output: {log}")
+        raise ScaleBenchError(
+            f"{variant.name} run failed (exit status {done.returncode}): {last[:300]}; "
+            f"its whole output: {log}"
+        )
     record = json.loads(out.read_text())
     record["run_s"] = time.perf_counter() - start
     shutil.rmtree(workdir / f"{tag}-runs", ignore_errors=True)
     return record
 
 
-def run_scale_benchmark(rounds: int = 5, steps: int = 4, warmup: int = 1, threads: int | None = None,
-                        overrides: Sequence[str] = (), variants: Sequence[Variant] = VARIANTS,
-                        log: Callable[[str], None] = lambda text: None,
-                        on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_scale_benchmark(
+    rounds: int = 5,
+    steps: int = 4,
+    warmup: int = 1,
+    threads: int | None = None,
+    overrides: Sequence[str] = (),
+    variants: Sequence[Variant] = VARIANTS,
+    log: Callable[[str], None] = lambda text: None,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Runs every variant once a round for ``rounds`` rounds, interleaved; returns the measurements.
 
     Args:
-        rounds: rounds; each runs every variant once (order rotated by one each round).
-        steps: timed steps per run (after the warm-up; one profiled step follows).
-        warmup: untimed steps per run first.
-        threads: CPU threads per variant, divided among its ranks; None: every CPU this process may use.
-        overrides: Hydra overrides of the training (default: the embedded default), except OWNED_KEYS.
-        variants: the variants to run (default: single, fsdp-1, fsdp-2).
-        log: progress lines.
+        steps: timed steps per run, after ``warmup`` untimed ones; one profiled step follows.
+        threads: CPU threads per variant, divided among its ranks; None: every CPU available.
+        overrides: Hydra overrides of the embedded default, except OWNED_KEYS.
         on_run: called after every run with the result so far (``"complete": False`` until the
             last), e.g. to keep a record of a benchmark that is stopped.
 
@@ -317,8 +371,10 @@ def run_scale_benchmark(rounds: int = 5, steps: int = 4, warmup: int = 1, thread
             working folder is kept).
     """
     if rounds < 1 or steps < 1 or warmup < 0 or (threads is not None and threads < 1):
-        raise ConfigError(f"--rounds {rounds} / --steps {steps} / --warmup {warmup} / --threads {threads}: need "
-                          "rounds >= 1, steps >= 1, warmup >= 0 and threads >= 1")
+        raise ConfigError(
+            f"--rounds {rounds} / --steps {steps} / --warmup {warmup} / --threads {threads}: need "
+            "rounds >= 1, steps >= 1, warmup >= 0 and threads >= 1"
+        )
     check_overrides(overrides)
     cpus = available_cpus()
     threads = threads or cpus
@@ -328,24 +384,39 @@ def run_scale_benchmark(rounds: int = 5, steps: int = 4, warmup: int = 1, thread
     load = [os.getloadavg()[0]]
 
     def result(complete: bool) -> dict[str, Any]:
-        return {"rounds": rounds, "steps": steps, "warmup": warmup, "threads": threads, "cpus": cpus,
-                "overrides": list(overrides), "complete": complete, "load": list(load), "runs": runs,
-                "figures": figures, "summary": summarize(figures)}
+        return {
+            "rounds": rounds,
+            "steps": steps,
+            "warmup": warmup,
+            "threads": threads,
+            "cpus": cpus,
+            "overrides": list(overrides),
+            "complete": complete,
+            "load": list(load),
+            "runs": runs,
+            "figures": figures,
+            "summary": summarize(figures),
+        }
 
     ok = False
     try:
         for r in range(rounds):
-            order = list(variants[r % len(variants):]) + list(variants[:r % len(variants)])
+            order = list(variants[r % len(variants) :]) + list(variants[: r % len(variants)])
             runs.append({})
             figures.append({})
             for v in order:
-                record = _run_variant(v, workdir, f"round{r + 1}-{v.name}", warmup, steps, overrides, threads)
+                record = _run_variant(
+                    v, workdir, f"round{r + 1}-{v.name}", warmup, steps, overrides, threads
+                )
                 runs[-1][v.name] = record
                 figures[-1][v.name] = f = run_figures(record)
                 load.append(os.getloadavg()[0])
-                log(f"round {r + 1}/{rounds} {v.name}: {f['tokens_per_s']:.0f} tokens/s, {f['wall_s']:.2f} s/step, "
-                    f"communication {100 * f['comm_share']:.0f}%, {f['cpu_use']:.2f} CPUs busy (run "
-                    f"{record['run_s']:.0f} s, load {load[-1]:.1f})")
+                log(
+                    f"round {r + 1}/{rounds} {v.name}: {f['tokens_per_s']:.0f} tokens/s, "
+                    f"{f['wall_s']:.2f} s/step, communication {100 * f['comm_share']:.0f}%, "
+                    f"{f['cpu_use']:.2f} CPUs busy (run {record['run_s']:.0f} s, "
+                    f"load {load[-1]:.1f})"
+                )
                 if on_run is not None:
                     on_run(result(False))
         ok = True
@@ -357,6 +428,7 @@ def run_scale_benchmark(rounds: int = 5, steps: int = 4, warmup: int = 1, thread
 
 def to_json(result: dict[str, Any]) -> dict[str, Any]:
     """Returns ``result`` with its Spreads as plain dicts (for ``--out``)."""
+
     def plain(x: Any) -> Any:
         if isinstance(x, Spread):
             return asdict(x)
@@ -370,54 +442,77 @@ def to_json(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cell(s: Spread, fmt: str, scale: float = 1.0) -> str:
-    return f"{format(s.median * scale, fmt)} [{format(s.low * scale, fmt)}-{format(s.high * scale, fmt)}]"
+    return (
+        f"{format(s.median * scale, fmt)} "
+        f"[{format(s.low * scale, fmt)}-{format(s.high * scale, fmt)}]"
+    )
 
 
 def format_scale_benchmark(result: dict[str, Any]) -> str:
-    """Returns the plain-text report of :func:`run_scale_benchmark`: settings, one line per variant, the ratios."""
+    """Returns :func:`run_scale_benchmark`'s report: settings, a line per variant, the ratios."""
     summary = result["summary"]
     load, nan = result["load"], float("nan")
     lines = [
-        f"One training on 1 and 2 CPU ranks (gloo): {result['rounds']} rounds, each variant once a round in "
-        f"rotating order; {result['steps']} timed steps a run after {result['warmup']} warm-up, then 1 profiled",
+        f"One training on 1 and 2 CPU ranks (gloo): {result['rounds']} rounds, each variant once "
+        f"a round in rotating order; {result['steps']} timed steps a run after "
+        f"{result['warmup']} warm-up, then 1 profiled",
         f"overrides: {' '.join(result['overrides']) or '(none: the embedded default)'}",
-        f"{result['threads']} thread{'s' if result['threads'] != 1 else ''} a variant, split among its ranks "
-        f"(at least 1 each); {result['cpus']} CPUs; 1-min load average "
-        f"{load[0]:.1f} before, {min(load[1:], default=nan):.1f}-{max(load[1:], default=nan):.1f} after the runs "
+        f"{result['threads']} thread{'s' if result['threads'] != 1 else ''} a variant, split "
+        f"among its ranks (at least 1 each); {result['cpus']} CPUs; 1-min load average "
+        f"{load[0]:.1f} before, "
+        f"{min(load[1:], default=nan):.1f}-{max(load[1:], default=nan):.1f} after the runs "
         "(this benchmark alone adds about 1-2)",
         "",
-        f"{'variant':<8} {'ranks':>5} {'tokens/s':>17} {'s/step':>17} {'rollout':>7} {'prep':>5} {'critic':>6} "
+        f"{'variant':<8} {'ranks':>5} {'tokens/s':>17} {'s/step':>17} {'rollout':>7} "
+        f"{'prep':>5} {'critic':>6} "
         f"{'actor':>5} {'comm share':>17} {'comm s':>6} {'CPUs busy':>9}",
     ]
     per_rank = {v.name: f"{v.nproc}x{max(1, result['threads'] // v.nproc)}" for v in VARIANTS}
     for name, f in summary["variants"].items():
-        lines.append(f"{name:<8} {per_rank.get(name, '?'):>5} {_cell(f['tokens_per_s'], '.0f'):>17} "
-                     f"{_cell(f['wall_s'], '.2f'):>17} {f['rollout_s'].median:>7.2f} {f['prep_s'].median:>5.2f} "
-                     f"{f['critic_s'].median:>6.2f} {f['actor_s'].median:>5.2f} "
-                     f"{_cell(f['comm_share'], '.1f', 100) + '%':>17} {f['comm_s'].median:>6.2f} "
-                     f"{f['cpu_use'].median:>9.2f}")
+        lines.append(
+            f"{name:<8} {per_rank.get(name, '?'):>5} {_cell(f['tokens_per_s'], '.0f'):>17} "
+            f"{_cell(f['wall_s'], '.2f'):>17} {f['rollout_s'].median:>7.2f} "
+            f"{f['prep_s'].median:>5.2f} "
+            f"{f['critic_s'].median:>6.2f} {f['actor_s'].median:>5.2f} "
+            f"{_cell(f['comm_share'], '.1f', 100) + '%':>17} {f['comm_s'].median:>6.2f} "
+            f"{f['cpu_use'].median:>9.2f}"
+        )
     lines += ["", "ratios, round by round (median [min-max]):"]
     for ratio in summary["ratios"]:
-        lines.append(f"  {ratio['num']} / {ratio['den']}: tokens/s {_cell(ratio['tokens_per_s'], '.2f')}x, "
-                     f"s/step {_cell(ratio['wall_s'], '.2f')}x  ({ratio['what']})")
-    profiled = [f"{n} {f['profiled_step_s'].median:.2f} s vs {f['wall_s'].median:.2f} s"
-                for n, f in summary["variants"].items()]
+        lines.append(
+            f"  {ratio['num']} / {ratio['den']}: tokens/s {_cell(ratio['tokens_per_s'], '.2f')}x, "
+            f"s/step {_cell(ratio['wall_s'], '.2f')}x  ({ratio['what']})"
+        )
+    profiled = [
+        f"{n} {f['profiled_step_s'].median:.2f} s vs {f['wall_s'].median:.2f} s"
+        for n, f in summary["variants"].items()
+    ]
     lines += [
         "",
-        "tokens/s: response tokens of the step over all ranks per wall second of the step (rank 0); s/step: "
-        "wall seconds; phases: the trainer's time/* medians (prep: value/reference passes and advantages); "
-        "ranks: ranks x threads each; CPUs busy: CPU seconds of all ranks per wall second.",
-        "comm share: of the profiled step, the time rank 0 had a gloo collective running (FSDP all-gathers "
-        "and reduce-scatters, the trainer's all-reduces and gathers, DTensor gathers), waits for the other "
-        "rank included. Profiled step vs timed s/step: " + "; ".join(profiled) + ".",
+        "tokens/s: response tokens of the step over all ranks per wall second of the step "
+        "(rank 0); s/step: wall seconds; phases: the trainer's time/* medians (prep: "
+        "value/reference passes and advantages); ranks: ranks x threads each; CPUs busy: CPU "
+        "seconds of all ranks per wall second.",
+        "comm share: of the profiled step, the time rank 0 had a gloo collective running (FSDP "
+        "all-gathers and reduce-scatters, the trainer's all-reduces and gathers, DTensor "
+        "gathers), waits for the other rank included. Profiled step vs timed s/step: "
+        + "; ".join(profiled)
+        + ".",
     ]
-    extra = ("collectives and work that does not halve with the batch (sampling decodes to each rank's longest "
-             "response; each rank refreshes its sampler's full copy of the weights)")
+    extra = (
+        "collectives and work that does not halve with the batch (sampling decodes to each "
+        "rank's longest response; each rank refreshes its sampler's full copy of the weights)"
+    )
     if result["cpus"] <= 2 and result["threads"] >= 2:
-        lines.append(f"On {result['cpus']} cores no speed-up is expected: the 2 ranks share the cores that 1 process "
-                     f"uses with {result['threads']} threads, and add {extra}.")
+        lines.append(
+            f"On {result['cpus']} cores no speed-up is expected: the 2 ranks share the cores "
+            f"that 1 process uses with {result['threads']} threads, and add {extra}."
+        )
     elif result["cpus"] <= 2:
-        lines.append(f"On {result['cpus']} cores no speed-up is expected: fsdp-2 has 2 threads to the others' 1, but a "
-                     "second core only where nothing else runs (CPUs busy says how much it got), and it adds "
-                     f"{extra}; a rank waiting for the other one's time slice counts as communication.")
+        lines.append(
+            f"On {result['cpus']} cores no speed-up is expected: fsdp-2 has 2 threads to the "
+            "others' 1, but a second core only where nothing else runs (CPUs busy says how much "
+            f"it got), and it adds {extra}; a rank waiting for the other one's time slice counts "
+            "as communication."
+        )
     return "\n".join(lines)

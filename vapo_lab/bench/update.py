@@ -1,21 +1,12 @@
-"""Benchmark of the training passes: packed (``models.packed.packed_states``) against padded.
+"""Benchmarks the training passes: packed (``models.packed.packed_states``) against padded.
 
-``vapo-lab bench update`` samples one default training step's batch from the embedded default's
-base model (the shipped one: 8 prompts x 8 responses at temperature 1, up to 160 new tokens), then
-times the update passes the trainer makes over it, packed and padded, interleaved repeat by
-repeat: for the actor, forward (log-probs and entropy) and backward over each micro-batch of each
-mini-batch (mini-batches of 16 drawn as the trainer draws them, split into length-sorted
-micro-batches of 8); for the critic (the policy's transformer with a scalar head), the same with
-values. The padded path is Hugging Face's forward over each padded prompt ++ response (what the
-trainer ran before packing); the packed path runs every token-wise op on the valid tokens only.
-
-It also reports the real-token share: the valid (prompt + response) tokens of a micro-batch over
-the positions that the padded path's token-wise ops process (rows x (longest prompt + longest
-response)); on the packed path the token-wise ops process the valid tokens only (share 1), and only
-attention still sees the padded layout.
-
-Both paths get the same micro-batches and the same weights (gradients are zeroed, no optimiser
-step), and the run checks that their log-probs, values and gradients agree (float32 rounding).
+``vapo-lab bench update`` samples one default training step's batch from the shipped base model,
+then times the trainer's update passes over it (forward + backward over each micro-batch; the
+actor's log-probs and entropy, the critic's values), packed and padded (Hugging Face's forward),
+interleaved repeat by repeat. Both paths get the same micro-batches and weights, and the run
+checks that their log-probs, values and gradients agree to float32 rounding. It also reports the
+real-token share: a micro-batch's valid tokens over the padded layout's rows x (longest prompt +
+longest response) positions.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ from vapo_lab.errors import ConfigError
 
 @contextmanager
 def padded_path():
-    """Within the block, the training passes take Hugging Face's padded forward (the reference)."""
+    """Makes the training passes take Hugging Face's padded forward (the reference) in the block."""
     from vapo_lab.models import packed
 
     original = packed.shares_prompts
@@ -44,7 +35,9 @@ def padded_path():
         packed.shares_prompts = original
 
 
-def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any, list[list[torch.Tensor]]]:
+def step_batch(
+    seed: int = 0, overrides: tuple[str, ...] = ()
+) -> tuple[Any, Any, list[list[torch.Tensor]]]:
     """Returns (policy, the step's rows, micro-batch indices per mini-batch) of one default step.
 
     The policy is the config's base model (shipped for the default: no build); the rows are one
@@ -52,27 +45,40 @@ def step_batch(seed: int = 0, overrides: tuple[str, ...] = ()) -> tuple[Any, Any
     """
     from vapo_lab.basemodel import build_base_for
     from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
     from vapo_lab.models.load import load_model_and_tokenizer
     from vapo_lab.rollout.sampler import sample
     from vapo_lab.trainer.forward import Rows, token_micro_batches
     from vapo_lab.trainer.setup import task_for
     from vapo_lab.trainer.update import minibatches
 
-    cfg = compose_config(overrides=list(overrides)).cfg
-    base = build_base_for(cfg, progress=None)
+    cfg = typed(compose_config(overrides=list(overrides)).cfg)
+    base = build_base_for(cfg.model, cfg.task, progress=None)
     policy, tokenizer = load_model_and_tokenizer(base.path)
-    task = task_for(cfg)
+    task = task_for(cfg.task)
     generator = torch.Generator().manual_seed(seed)
-    n = int(cfg.rollout.group_size)
-    prompts = [tokenizer(p.prompt).input_ids for p in task.train[:int(cfg.rollout.responses_per_step) // n]]
+    n = cfg.rollout.group_size
+    prompts = [
+        tokenizer(p.prompt).input_ids for p in task.train[: cfg.rollout.responses_per_step // n]
+    ]
     with torch.no_grad():
-        s = sample(policy.eval(), prompts, n=n, max_new_tokens=int(cfg.rollout.max_new_tokens),
-                   temperature=float(cfg.rollout.temperature), top_p=1.0, eos_id=tokenizer.eos_token_id,
-                   pad_id=tokenizer.pad_token_id, generator=generator)
+        s = sample(
+            policy.eval(),
+            prompts,
+            n=n,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=1.0,
+            eos_id=tokenizer.eos_token_id,
+            pad_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
     rows = Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask)
-    budget = int(cfg.trainer.max_tokens_per_micro_batch)
-    split = [token_micro_batches(mb, rows, budget)
-             for mb in minibatches(len(s.lengths), int(cfg.trainer.mini_batch_size), generator)]
+    budget = cfg.trainer.max_tokens_per_micro_batch
+    split = [
+        token_micro_batches(mb, rows, budget)
+        for mb in minibatches(len(s.lengths), cfg.trainer.mini_batch_size, generator)
+    ]
     return policy, rows, split
 
 
@@ -86,11 +92,17 @@ def real_token_share(rows: Any, micro_batches: list[torch.Tensor]) -> float:
     return valid / positions
 
 
-def _timed(module: Any, rows: Any, split: list[list[torch.Tensor]],
-           output: Callable[[Any], torch.Tensor], loss: Callable[[torch.Tensor], torch.Tensor]
-           ) -> tuple[float, torch.Tensor]:
-    """Forward (``output(rows)``) and backward (``loss(output)``) over every micro-batch of
-    ``split``; returns (seconds, the outputs at valid positions, concatenated)."""
+def _timed(
+    module: Any,
+    rows: Any,
+    split: list[list[torch.Tensor]],
+    output: Callable[[Any], torch.Tensor],
+    loss: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[float, torch.Tensor]:
+    """Runs forward and backward over every micro-batch of ``split``.
+
+    Returns (seconds, the outputs at valid positions, concatenated).
+    """
     module.zero_grad(set_to_none=True)
     start = time.perf_counter()
     kept = []
@@ -104,24 +116,34 @@ def _timed(module: Any, rows: Any, split: list[list[torch.Tensor]],
 
 
 def _passes(model: Any, critic: Any, rows: Any, split: list[list[torch.Tensor]]) -> dict[str, Any]:
-    """Runs the actor's and the critic's forward + backward over every micro-batch; returns seconds,
-    and the outputs and gradients to compare."""
+    """Runs the actor's and critic's passes; returns their seconds, outputs and gradients."""
     from vapo_lab.trainer.forward import policy_forward, value_forward
 
     out: dict[str, Any] = {}
-    out["actor_s"], out["logprobs"] = _timed(model, rows, split,
-                                             lambda r: policy_forward(model, r, 1.0, with_entropy=True)[0],
-                                             lambda x: x.sum())
-    out["critic_s"], out["values"] = _timed(critic, rows, split, lambda r: value_forward(critic, r),
-                                            lambda x: x.square().sum())
-    out["grads"] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]
-                             + [p.grad.flatten() for p in critic.parameters() if p.grad is not None])
+    out["actor_s"], out["logprobs"] = _timed(
+        model,
+        rows,
+        split,
+        lambda r: policy_forward(model, r, 1.0, with_entropy=True)[0],
+        lambda x: x.sum(),
+    )
+    out["critic_s"], out["values"] = _timed(
+        critic, rows, split, lambda r: value_forward(critic, r), lambda x: x.square().sum()
+    )
+    out["grads"] = torch.cat(
+        [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        + [p.grad.flatten() for p in critic.parameters() if p.grad is not None]
+    )
     return out
 
 
-def run_update_benchmark(repeats: int = 7, seed: int = 0, threads: int | None = None,
-                         log: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
-    """Times packed and padded training passes over one default step, interleaved ``repeats`` times.
+def run_update_benchmark(
+    repeats: int = 7,
+    seed: int = 0,
+    threads: int | None = None,
+    log: Callable[[str], None] = lambda text: None,
+) -> dict[str, Any]:
+    """Times packed and padded training passes over one default step, ``repeats`` interleaved.
 
     Returns {"share_padded", "tokens", "rows", "packed": {actor_s, critic_s lists}, "padded": ...,
     "max_abs_diff": {logprobs, values, grads}}.
@@ -138,13 +160,18 @@ def run_update_benchmark(repeats: int = 7, seed: int = 0, threads: int | None = 
     critic = ValueModel.from_causal_lm(policy).train()
     torch.nn.init.normal_(critic.head.weight, std=0.1)
     micros = [idx for micro in split for idx in micro]
-    result: dict[str, Any] = {"share_padded": real_token_share(rows, micros), "rows": len(rows.response_ids),
-                              "tokens": int(rows.prompt_mask.sum() + rows.response_mask.sum()),
-                              "response_tokens": int(rows.response_mask.sum()), "micro_batches": len(micros),
-                              "packed": {"actor_s": [], "critic_s": []}, "padded": {"actor_s": [], "critic_s": []}}
+    result: dict[str, Any] = {
+        "share_padded": real_token_share(rows, micros),
+        "rows": len(rows.response_ids),
+        "tokens": int(rows.prompt_mask.sum() + rows.response_mask.sum()),
+        "response_tokens": int(rows.response_mask.sum()),
+        "micro_batches": len(micros),
+        "packed": {"actor_s": [], "critic_s": []},
+        "padded": {"actor_s": [], "critic_s": []},
+    }
     last: dict[str, Any] = {}
     for i in range(repeats + 1):  # the first round is a warm-up
-        for name in (("packed", "padded") if i % 2 else ("padded", "packed")):
+        for name in ("packed", "padded") if i % 2 else ("padded", "packed"):
             if name == "padded":
                 with padded_path():
                     out = _passes(policy, critic, rows, split)
@@ -155,35 +182,58 @@ def run_update_benchmark(repeats: int = 7, seed: int = 0, threads: int | None = 
                 result[name]["actor_s"].append(out["actor_s"])
                 result[name]["critic_s"].append(out["critic_s"])
         if i:
-            log(f"repeat {i}/{repeats}: " + ", ".join(
-                f"{n} actor {result[n]['actor_s'][-1]:.2f}s critic {result[n]['critic_s'][-1]:.2f}s"
-                for n in ("padded", "packed")))
-    result["max_abs_diff"] = {k: float((last["packed"][k] - last["padded"][k]).abs().max())
-                              for k in ("logprobs", "values", "grads")}
-    result["max_abs"] = {k: float(last["padded"][k].abs().max()) for k in ("logprobs", "values", "grads")}
+            log(
+                f"repeat {i}/{repeats}: "
+                + ", ".join(
+                    f"{n} actor {result[n]['actor_s'][-1]:.2f}s "
+                    f"critic {result[n]['critic_s'][-1]:.2f}s"
+                    for n in ("padded", "packed")
+                )
+            )
+    result["max_abs_diff"] = {
+        k: float((last["packed"][k] - last["padded"][k]).abs().max())
+        for k in ("logprobs", "values", "grads")
+    }
+    result["max_abs"] = {
+        k: float(last["padded"][k].abs().max()) for k in ("logprobs", "values", "grads")
+    }
     return result
 
 
 def format_update_benchmark(result: dict[str, Any]) -> str:
-    """Plain-text report of ``run_update_benchmark``: timings, ratios with their spread, the share."""
+    """Returns ``run_update_benchmark``'s report: timings, ratios with their spread, the share."""
+
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
 
-    lines = [f"training passes over one default step: {result['rows']} responses, {result['tokens']} valid tokens "
-             f"({result['response_tokens']} in responses), {result['micro_batches']} micro-batches; "
-             f"torch threads {torch.get_num_threads()}",
-             f"real-token share of the padded layout: {100 * result['share_padded']:.1f}% "
-             "(packed: every token-wise op sees valid tokens only; attention keeps the padded layout)", "",
-             f"{'pass':<8} {'padded s':>9} {'packed s':>9} {'ratio (median)':>15} {'ratio range':>14}"]
+    lines = [
+        f"training passes over one default step: {result['rows']} responses, "
+        f"{result['tokens']} valid tokens "
+        f"({result['response_tokens']} in responses), {result['micro_batches']} micro-batches; "
+        f"torch threads {torch.get_num_threads()}",
+        f"real-token share of the padded layout: {100 * result['share_padded']:.1f}% "
+        "(packed: every token-wise op sees valid tokens only; attention keeps the padded layout)",
+        "",
+        f"{'pass':<8} {'padded s':>9} {'packed s':>9} {'ratio (median)':>15} {'ratio range':>14}",
+    ]
     for part in ("actor_s", "critic_s"):
         a, b = result["padded"][part], result["packed"][part]
         ratios = [x / y for x, y in zip(a, b)]
-        lines.append(f"{part[:-2]:<8} {med(a):>9.3f} {med(b):>9.3f} {med(ratios):>14.2f}x "
-                     f"{min(ratios):>6.2f}-{max(ratios):.2f}x")
-    lines += ["", "ratio: padded seconds / packed seconds of the same repeat (interleaved, order alternating); "
-              f"median and range over {len(result['packed']['actor_s'])} repeats after one warm-up.",
-              "max |packed - padded|: " + ", ".join(f"{k} {v:.1e} (of |{k}| up to {result['max_abs'][k]:.1e})"
-                                                  for k, v in result["max_abs_diff"].items())]
+        lines.append(
+            f"{part[:-2]:<8} {med(a):>9.3f} {med(b):>9.3f} {med(ratios):>14.2f}x "
+            f"{min(ratios):>6.2f}-{max(ratios):.2f}x"
+        )
+    lines += [
+        "",
+        "ratio: padded seconds / packed seconds of the same repeat "
+        "(interleaved, order alternating); "
+        f"median and range over {len(result['packed']['actor_s'])} repeats after one warm-up.",
+        "max |packed - padded|: "
+        + ", ".join(
+            f"{k} {v:.1e} (of |{k}| up to {result['max_abs'][k]:.1e})"
+            for k, v in result["max_abs_diff"].items()
+        ),
+    ]
     return "\n".join(lines)
 
 

@@ -1,1 +1,1 @@
-"""The command layer: one thin module per CLI noun (parse, compose, call one library function, print)."""
+"""The command layer: one thin module per CLI noun (parse, compose, call the library, print)."""

@@ -13,57 +13,95 @@ from vapo_lab.commands.output import OverridesArg, cli_errors
 @cli_errors
 def bench_gae(
     shapes: Annotated[str, typer.Option(help="Comma-separated BxT shapes.")] = "512x4096,8192x1024",
-    repeats: Annotated[int, typer.Option(help="Timed interleaved rounds per shape (medians reported).")] = 5,
-    threads: Annotated[int, typer.Option(
-        help="torch CPU threads for every implementation. 1 by default: the loop cannot use a second "
-             "core, and multi-threaded ops stall when another process holds a core.")] = 1,
+    repeats: Annotated[
+        int, typer.Option(help="Timed interleaved rounds per shape (medians reported).")
+    ] = 5,
+    threads: Annotated[
+        int,
+        typer.Option(
+            help="torch CPU threads for every implementation. "
+            "1 by default: the loop cannot use a second core, "
+            "and multi-threaded ops stall when another process holds a core."
+        ),
+    ] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the random batch.")] = 0,
 ) -> None:
-    """Time GAE (its compiled CPU scan and its torch scan) against a reverse-time loop over steps
-    and against the memory floor; print the times and the ratios.
+    """Time GAE against a reverse-time loop and the memory floor; print the times and the ratios.
+
+    Both of GAE's implementations are timed: its compiled CPU scan and its torch scan.
 
     Example: vapo-lab bench gae --shapes 512x4096 --repeats 3
     """
     from vapo_lab.bench.gae import format_gae_benchmark, parse_shapes, run_gae_benchmark
 
-    rows = run_gae_benchmark(shapes=parse_shapes(shapes), repeats=repeats, seed=seed, threads=threads)
+    rows = run_gae_benchmark(
+        shapes=parse_shapes(shapes), repeats=repeats, seed=seed, threads=threads
+    )
     typer.echo(format_gae_benchmark(rows))
 
 
 @cli_errors
 def bench_update(
-    repeats: Annotated[int, typer.Option(help="Interleaved repeats per path (median and range reported).")] = 7,
-    threads: Annotated[Optional[int], typer.Option(help="torch CPU threads (default: torch's).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the sampled step and the mini-batch split.")] = 0,
+    repeats: Annotated[
+        int, typer.Option(help="Interleaved repeats per path (median and range reported).")
+    ] = 7,
+    threads: Annotated[
+        Optional[int], typer.Option(help="torch CPU threads (default: torch's).")
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the sampled step and the mini-batch split.")
+    ] = 0,
 ) -> None:
-    """Time the packed training passes against the padded ones over one default step; print the
-    ratios, the real-token share and how far the two paths' log-probs, values and gradients differ.
+    """Time the packed training passes against the padded ones over one default step.
+
+    Prints the ratios, the real-token share and how far the two paths' log-probs, values and
+    gradients differ.
 
     Example: vapo-lab bench update --repeats 5 --threads 1
     """
     from vapo_lab.bench.update import format_update_benchmark, run_update_benchmark
 
-    typer.echo(format_update_benchmark(run_update_benchmark(repeats=repeats, seed=seed, threads=threads,
-                                                            log=lambda text: typer.echo(text, err=True))))
+    typer.echo(
+        format_update_benchmark(
+            run_update_benchmark(
+                repeats=repeats,
+                seed=seed,
+                threads=threads,
+                log=lambda text: typer.echo(text, err=True),
+            )
+        )
+    )
 
 
 @cli_errors
 def bench_generate(
-    prompts: Annotated[int, typer.Option(help="Prompts in the batch (the arith eval split's first).")] = 8,
+    prompts: Annotated[
+        int, typer.Option(help="Prompts in the batch (the arith eval split's first).")
+    ] = 8,
     samples: Annotated[int, typer.Option(help="Samples per prompt; rows = prompts x samples.")] = 8,
-    max_new_tokens: Annotated[int, typer.Option(help="New tokens per row, exactly (eos disabled in both).")] = 128,
+    max_new_tokens: Annotated[
+        int, typer.Option(help="New tokens per row, exactly (eos disabled in both).")
+    ] = 128,
     repeats: Annotated[int, typer.Option(help="Timed runs per engine (median reported).")] = 3,
     threads: Annotated[int, typer.Option(help="torch CPU threads for both engines.")] = 1,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
 ) -> None:
-    """Time the built-in sampler against Hugging Face generate on the same tiny model; print the ratio.
+    """Time the built-in sampler against Hugging Face generate; print the ratio.
+
+    Both sample from the same tiny model.
 
     Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128
     """
     from vapo_lab.bench.generate import format_generate_benchmark, run_generate_benchmark
 
-    result = run_generate_benchmark(prompts=prompts, samples=samples, max_new_tokens=max_new_tokens,
-                                    repeats=repeats, threads=threads, seed=seed)
+    result = run_generate_benchmark(
+        prompts=prompts,
+        samples=samples,
+        max_new_tokens=max_new_tokens,
+        repeats=repeats,
+        threads=threads,
+        seed=seed,
+    )
     typer.echo(format_generate_benchmark(result))
 
 
@@ -72,22 +110,44 @@ def bench_trl(
     steps: Annotated[int, typer.Option(help="Timed steps per side, interleaved step by step.")] = 8,
     warmup: Annotated[int, typer.Option(help="Untimed steps per side before timing.")] = 1,
     threads: Annotated[int, typer.Option(help="torch CPU threads of every side.")] = 2,
-    part: Annotated[Optional[list[str]], typer.Option(
-        help="ppo (vapo-lab PPO and VAPO vs TRL PPOTrainer) or grpo (vapo-lab GRPO vs TRL GRPOTrainer); "
-             "repeat for both, the default.", show_default=False)] = None,
-    trl_python: Annotated[Optional[Path], typer.Option(
-        help="Python of the trl==1.12.0 env (PPOTrainer). Default: .bench-venv/trl112/bin/python.",
-        show_default=False)] = None,
-    trl_grpo_python: Annotated[Optional[Path], typer.Option(
-        help="Python of the latest-TRL env (GRPOTrainer). Default: .bench-venv/trl-latest/bin/python.",
-        show_default=False)] = None,
-    setup: Annotated[bool, typer.Option(
-        "--setup", help="Create the TRL envs under .bench-venv/ (torch 2.13.0, then trl) and stop.")] = False,
+    part: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="ppo (vapo-lab PPO and VAPO vs TRL PPOTrainer) "
+            "or grpo (vapo-lab GRPO vs TRL GRPOTrainer); "
+            "repeat for both, the default.",
+            show_default=False,
+        ),
+    ] = None,
+    trl_python: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Python of the trl==1.12.0 env (PPOTrainer). "
+            "Default: .bench-venv/trl112/bin/python.",
+            show_default=False,
+        ),
+    ] = None,
+    trl_grpo_python: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Python of the latest-TRL env (GRPOTrainer). "
+            "Default: .bench-venv/trl-latest/bin/python.",
+            show_default=False,
+        ),
+    ] = None,
+    setup: Annotated[
+        bool,
+        typer.Option(
+            "--setup",
+            help="Create the TRL envs under .bench-venv/ (torch 2.13.0, then trl) and stop.",
+        ),
+    ] = False,
 ) -> None:
-    """Time one RL step of vapo-lab and of TRL on CPU, interleaved; print s/step, tokens/s and ratios.
+    """Time one RL step of vapo-lab and of TRL on CPU; print s/step, tokens/s and ratios.
 
-    Tiny Qwen2 policy (~1.1M parameters), fp32, 2 threads, 64 completions of <= 32 new tokens per
-    step, one PPO epoch. Needs the TRL envs: create them once with --setup.
+    The two sides run interleaved, step by step. Tiny Qwen2 policy (~1.1M parameters), fp32,
+    2 threads, 64 completions of <= 32 new tokens per step, one PPO epoch. Needs the TRL envs:
+    create them once with --setup.
 
     Example: vapo-lab bench trl --steps 4 --part grpo
     """
@@ -103,29 +163,52 @@ def bench_trl(
         for python in setup_trl_envs(parts, log=progress):
             typer.echo(f"ready: {python}")
         return
-    result = run_trl_benchmark(steps=steps, warmup=warmup, parts=parts, trl_python=trl_python,
-                               trl_grpo_python=trl_grpo_python, spec=BenchSpec(threads=threads), log=progress)
+    result = run_trl_benchmark(
+        steps=steps,
+        warmup=warmup,
+        parts=parts,
+        trl_python=trl_python,
+        trl_grpo_python=trl_grpo_python,
+        spec=BenchSpec(threads=threads),
+        log=progress,
+    )
     typer.echo(format_trl_benchmark(result))
 
 
 @cli_errors
 def bench_scale(
-    rounds: Annotated[int, typer.Option(help="Rounds; each runs every variant once, in rotating order.")] = 5,
-    steps: Annotated[int, typer.Option(help="Timed steps per run (after the warm-up; one profiled step follows).")] = 4,
+    rounds: Annotated[
+        int, typer.Option(help="Rounds; each runs every variant once, in rotating order.")
+    ] = 5,
+    steps: Annotated[
+        int,
+        typer.Option(help="Timed steps per run (after the warm-up; one profiled step follows)."),
+    ] = 4,
     warmup: Annotated[int, typer.Option(help="Untimed steps per run first.")] = 1,
-    threads: Annotated[Optional[int], typer.Option(
-        help="CPU threads per variant, split among its ranks (at least 1 each). Default: every CPU this "
-             "process may use. --threads 1: every rank 1 thread (1 core against 2; steadier on a loaded machine).",
-        show_default=False)] = None,
-    out: Annotated[Optional[Path], typer.Option(
-        help="Also write every measurement as JSON here (rewritten after each run).", show_default=False)] = None,
+    threads: Annotated[
+        Optional[int],
+        typer.Option(
+            help="CPU threads per variant, split among its ranks (at least 1 each). "
+            "Default: every CPU this process may use. "
+            "--threads 1: every rank 1 thread (1 core against 2; steadier on a loaded machine).",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Also write every measurement as JSON here (rewritten after each run).",
+            show_default=False,
+        ),
+    ] = None,
     overrides: OverridesArg = None,
 ) -> None:
-    """Time the same training on 1 process (single), and on 1 and 2 CPU ranks (fsdp, gloo); print tokens/s,
-    s/step, its phases, the share of the step in communication, and the 2-rank / 1-rank ratios.
+    """Time the same training on 1 process and on 1 and 2 CPU ranks; print speeds and ratios.
 
-    Runs the embedded default (or it with the overrides) as subprocesses, interleaved round by round.
-    On a 2-core machine no speed-up is expected: the 2 ranks share the cores.
+    The variants: single (1 process), and fsdp over gloo on 1 and 2 ranks. Prints tokens/s,
+    s/step, its phases, the share of the step in communication, and the 2-rank / 1-rank ratios.
+    Runs the embedded default (or it with the overrides) as subprocesses, interleaved round by
+    round. On a 2-core machine no speed-up is expected: the 2 ranks share the cores.
 
     Example: vapo-lab bench scale --rounds 5 --steps 4 --out scale.json
     """
@@ -140,7 +223,14 @@ def bench_scale(
         if out is not None:
             out.write_text(json.dumps(to_json(result), indent=1) + "\n")
 
-    result = run_scale_benchmark(rounds=rounds, steps=steps, warmup=warmup, threads=threads,
-                                 overrides=overrides or [], log=progress, on_run=record)
+    result = run_scale_benchmark(
+        rounds=rounds,
+        steps=steps,
+        warmup=warmup,
+        threads=threads,
+        overrides=overrides or [],
+        log=progress,
+        on_run=record,
+    )
     record(result)
     typer.echo(format_scale_benchmark(result))

@@ -6,11 +6,33 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, show
+from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, show, stdout
+
+
+def components_markdown() -> str:
+    """Returns the components as a Markdown table (docs/training.md carries it; a test compares)."""
+    from vapo_lab.registry.components import COMPONENTS, settings
+
+    lines = [
+        "| component | key it owns | on (VAPO) | off (vanilla PPO) | what it does | "
+        "Table 1 without it |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in COMPONENTS:
+        for key, (on, off) in settings(c).items():
+            score = "-" if c.table1_without is None else f"{c.table1_without:g}"
+            lines.append(
+                f"| {c.name} | `{key}` | `{show(on)}` | `{show(off)}` | {c.summary} | {score} |"
+            )
+    return "\n".join(lines)
 
 
 @cli_errors
-def components() -> None:
+def components(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the table as Markdown (docs/training.md).")
+    ] = False,
+) -> None:
     """List the seven VAPO components: what each does, its keys (on -> off) and Table 1 without it.
 
     Example: vapo-lab components
@@ -19,22 +41,45 @@ def components() -> None:
     from vapo_lab.registry.presets import PRESETS
     from vapo_lab.registry.table1 import paper_scores
 
-    cols = (Col("name", typed=True, style="bold"), Col("keys: on -> off", typed=True), Col("what it does (paper)"),
-            Col("Table 1 without it", justify="right"))
-    rows = [(c.name, "\n".join(f"{k}: {show(on)} -> {show(off)}" for k, (on, off) in settings(c).items()),
-             f"{c.summary} ({c.paper_section}, {c.origin})",
-             "-" if c.table1_without is None else f"{c.table1_without:g}") for c in COMPONENTS]
-    paper = ", ".join(f"{row} = {score:g}" for row, score in paper_scores().items()
-                      if row in {p.table1_row for p in PRESETS})
+    if markdown:
+        stdout.print(components_markdown(), markup=False, highlight=False, soft_wrap=True)
+        return
+
+    cols = (
+        Col("name", typed=True, style="bold"),
+        Col("keys: on -> off", typed=True),
+        Col("what it does (paper)"),
+        Col("Table 1 without it", justify="right"),
+    )
+    rows = [
+        (
+            c.name,
+            "\n".join(f"{k}: {show(on)} -> {show(off)}" for k, (on, off) in settings(c).items()),
+            f"{c.summary} ({c.paper_section}, {c.origin})",
+            "-" if c.table1_without is None else f"{c.table1_without:g}",
+        )
+        for c in COMPONENTS
+    ]
+    paper = ", ".join(
+        f"{row} = {score:g}"
+        for row, score in paper_scores().items()
+        if row in {p.table1_row for p in PRESETS}
+    )
     print_table(f"The {len(COMPONENTS)} VAPO components (Table 1: {paper})", cols, rows, lines=True)
 
 
 @cli_errors
 def config(
     overrides: OverridesArg = None,
-    algo: Annotated[Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")] = None,
-    drop: Annotated[Optional[list[str]], typer.Option(
-        help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher.")] = None,
+    algo: Annotated[
+        Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")
+    ] = None,
+    drop: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher."
+        ),
+    ] = None,
 ) -> None:
     """Print the fully composed config as YAML: the same composition `train` uses.
 

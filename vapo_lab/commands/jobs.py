@@ -11,27 +11,54 @@ from vapo_lab.commands.output import Col, cli_errors, print_table, stdout
 
 @cli_errors
 def jobs(
-    grid: Annotated[Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")] = None,
-    output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
+    grid: Annotated[
+        Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")
+    ] = None,
+    output_dir: Annotated[
+        str, typer.Option(help="Where grids live (the runs' output_dir).")
+    ] = "runs",
 ) -> None:
-    """List a grid's cells: state (pending, running step k, finished, failed with the error), job and run ids."""
+    """List a grid's cells: their state, job id and tracking run id.
+
+    A state is pending, running step k, finished, or failed with the error.
+
+    Example: vapo-lab jobs
+    """
     from vapo_lab.launch.actions import jobs_table
 
     path, rows = jobs_table(output_dir, grid)
-    cols = (Col("cell", typed=True), Col("state"), Col("job id", typed=True), Col("tracking run id", typed=True))
-    print_table(f"grid {path.name} ({path})", cols, [(r["cell"], r["state"], r["job_id"], r["run_id"]) for r in rows])
+    cols = (
+        Col("cell", typed=True),
+        Col("state"),
+        Col("job id", typed=True),
+        Col("tracking run id", typed=True),
+    )
+    print_table(
+        f"grid {path.name} ({path})",
+        cols,
+        [(r["cell"], r["state"], r["job_id"], r["run_id"]) for r in rows],
+    )
 
 
 @cli_errors
 def cancel(
-    grid: Annotated[Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")] = None,
-    output_dir: Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")] = "runs",
+    grid: Annotated[
+        Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")
+    ] = None,
+    output_dir: Annotated[
+        str, typer.Option(help="Where grids live (the runs' output_dir).")
+    ] = "runs",
 ) -> None:
-    """Cancel a grid's queued and running cells (scancel; SIGTERM for local / Ray cells on this host).
+    """Cancel a grid's queued and running cells.
 
-    Finished cells and checkpoints are kept: submitting the grid again resumes the rest.
+    Slurm cells get scancel, local and Ray cells on this host SIGTERM. Finished cells and
+    checkpoints are kept: submitting the grid again resumes the rest.
+
+    Example: vapo-lab cancel
     """
     from vapo_lab.launch.actions import cancel as cancel_grid
 
     path, done = cancel_grid(output_dir, grid)
-    stdout.print("\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False)
+    stdout.print(
+        "\n".join(done) if done else f"nothing running in grid {path.name}", highlight=False
+    )

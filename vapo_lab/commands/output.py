@@ -48,8 +48,10 @@ stderr = WholeLineConsole(stderr=True)
 
 OverridesArg = Annotated[
     Optional[list[str]],
-    typer.Argument(help="Hydra overrides, e.g. loss.eps_low=0.1 scale=paper clip_higher=off.",
-                   show_default=False),
+    typer.Argument(
+        help="Hydra overrides, e.g. loss.eps_low=0.1 scale=paper clip_higher=off.",
+        show_default=False,
+    ),
 ]
 
 
@@ -64,7 +66,12 @@ def cli_errors(fn: F) -> F:
             if state["debug"]:
                 raise
             for line in str(e).splitlines() or [type(e).__name__]:
-                stderr.print(f"[bold red]error:[/] {escape(line)}", highlight=False, markup=True, soft_wrap=True)
+                stderr.print(
+                    f"[bold red]error:[/] {escape(line)}",
+                    highlight=False,
+                    markup=True,
+                    soft_wrap=True,
+                )
             raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
@@ -81,7 +88,9 @@ class Col:
     style: str = ""
 
 
-def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[str]], lines: bool = False) -> None:
+def print_table(
+    title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[str]], lines: bool = False
+) -> None:
     """Prints a title line and a table that keeps every typed cell whole.
 
     On a terminal: a rich table whose typed columns (and those of one word a cell) are as wide as
@@ -93,19 +102,29 @@ def print_table(title: str | None, cols: Sequence[Col], rows: Sequence[Sequence[
         stdout.print(title, markup=False, highlight=False, soft_wrap=True)
     if stdout.is_terminal:
         cells = [[c.header for c in cols], *rows]
-        longest = lambda i, split: max(cell_len(w) for r in cells for w in split(r[i]) or [""])  # noqa: E731
+
+        def longest(i: int, split: Callable[[str], list[str]]) -> int:
+            return max(cell_len(w) for r in cells for w in split(r[i]) or [""])
+
         words = [longest(i, str.split) for i in range(len(cols))]
         # fixed width: typed columns, and those of one word a cell (numbers): never squeezed by rich
-        fixed = [col.typed or all(len(r[i].split()) <= 1 for r in rows) for i, col in enumerate(cols)]
+        fixed = [
+            col.typed or all(len(r[i].split()) <= 1 for r in rows) for i, col in enumerate(cols)
+        ]
         for split in (str.splitlines, str.split):  # fixed columns: whole lines, else whole words
             widths = [longest(i, split) if f else None for i, f in enumerate(fixed)]
-            # narrowest table: each column its width or longest word, 1 space either side, a border between
+            # narrowest table: each column its width or longest word, 1 space each side, borders
             if sum((w or m) + 3 for w, m in zip(widths, words)) + 1 > stdout.width:
                 continue
             table = Table(show_lines=lines)
             for col, width in zip(cols, widths):
-                table.add_column(col.header, justify=col.justify,  # type: ignore[arg-type]
-                                 style=col.style, overflow="fold", width=width)
+                table.add_column(
+                    col.header,
+                    justify=col.justify,  # type: ignore[arg-type]
+                    style=col.style,
+                    overflow="fold",
+                    width=width,
+                )
             for r in rows:
                 table.add_row(*(Text(cell) for cell in r))
             stdout.print(table)

@@ -1,10 +1,10 @@
-"""Progress of long phases (base build, training, evaluation): a live bar on a terminal, plain lines in a log.
+"""Progress of long phases (base build, training, evaluation): a bar on a terminal, lines in a log.
 
 A rich bar redraws itself in place; when its console is not an interactive terminal (a Slurm log,
 ``nohup``, ``| tee``) it draws nothing until it stops, so a job that works for minutes looks hung.
-:func:`progress_bar` gives the rich bar on a terminal and otherwise a
-:class:`PlainProgress`, which takes the same ``add_task`` / ``update`` calls and prints, flushed, one
-line when a phase starts, at most one per interval while it runs and one when it ends::
+:func:`progress_bar` gives the rich bar on a terminal and otherwise a :class:`PlainProgress`,
+which takes the same ``add_task`` / ``update`` calls and prints, flushed, one line when a phase
+starts, at most one per interval while it runs and one when it ends::
 
     pre-training base: step 0/800 (0%)
     pre-training base: step 60/800 (7%), 6.0 steps/s, ETA 2m03s, loss 0.512 · 1,234 tok/s
@@ -25,8 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn, \
-    TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from vapo_lab.errors import ConfigError
 
@@ -56,8 +63,10 @@ def interval_from_env() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:  # also NaN
-        raise ConfigError(f"{INTERVAL_ENV}={text!r} is not a number of seconds: set e.g. {INTERVAL_ENV}=10 "
-                          f"(0: a line at every step), or unset it")
+        raise ConfigError(
+            f"{INTERVAL_ENV}={text!r} is not a number of seconds: set e.g. {INTERVAL_ENV}=10 "
+            f"(0: a line at every step), or unset it"
+        )
     return value
 
 
@@ -77,11 +86,11 @@ class _Task:
 
 @dataclass
 class PlainProgress:
-    """Prints each task's progress as plain lines to ``file``: at its start, at most every ``interval``
-    seconds, at its end; each line flushed. Takes the calls of rich's ``Progress`` that vapo-lab makes.
+    """Prints each task's progress as plain lines to ``file``: at its start, at most every
+    ``interval`` seconds, at its end; each line flushed. Takes the calls of rich's ``Progress`` that
+    vapo-lab makes.
 
     Attributes:
-        file: where the lines go (a log file, a pipe).
         interval: seconds between lines of one task; None: :func:`interval_from_env`.
         clock: seconds, monotonic (tests pass a fake one).
     """
@@ -103,16 +112,32 @@ class PlainProgress:
             if task.changed and not task.done:
                 self._print(task, self.clock())
 
-    def add_task(self, description: str, start: bool = True, total: float | None = 100.0, completed: float = 0,
-                 visible: bool = True, unit: str = "step", **fields: Any) -> int:
+    def add_task(
+        self,
+        description: str,
+        start: bool = True,
+        total: float | None = 100.0,
+        completed: float = 0,
+        visible: bool = True,
+        unit: str = "step",
+        **fields: Any,
+    ) -> int:
         """Returns the new task's id, after printing its first line."""
         now = self.clock()
         self._tasks.append(_Task(description, total, completed, unit, fields, now, completed, now))
         self._print(self._tasks[-1], now)
         return len(self._tasks) - 1
 
-    def update(self, task_id: int, *, total: float | None = None, completed: float | None = None,
-               advance: float | None = None, description: str | None = None, **fields: Any) -> None:
+    def update(
+        self,
+        task_id: int,
+        *,
+        total: float | None = None,
+        completed: float | None = None,
+        advance: float | None = None,
+        description: str | None = None,
+        **fields: Any,
+    ) -> None:
         """Records the task's state; prints a line when the interval has passed or the task ends."""
         task = self._tasks[task_id]
         if task.done:
@@ -140,11 +165,17 @@ class PlainProgress:
         rate = steps / elapsed if elapsed > 0 and steps > 0 else None
         k, n, unit = _count(task.completed), task.total, task.unit
         if task.done:
-            line = f"{task.description}: done, {_count(steps)} {_plural(unit)} in {_duration(elapsed)}"
+            line = (
+                f"{task.description}: done, {_count(steps)} {_plural(unit)} in {_duration(elapsed)}"
+            )
             if rate:
                 line += f" ({_rate(rate, unit)})"
         else:
-            parts = [f"{unit} {k}" if n is None else f"{unit} {k}/{_count(n)} ({int(100 * task.completed // n)}%)"]
+            parts = [
+                f"{unit} {k}"
+                if n is None
+                else f"{unit} {k}/{_count(n)} ({int(100 * task.completed // n)}%)"
+            ]
             if rate:
                 parts.append(_rate(rate, unit))
                 if n is not None:
@@ -180,15 +211,21 @@ def _duration(seconds: float) -> str:
 
 def default_columns() -> tuple[ProgressColumn, ...]:
     """Returns the bar's columns: description, bar, k/N, elapsed, remaining."""
-    return (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TimeRemainingColumn())
+    return (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
 
 
 @contextmanager
-def progress_bar(enabled: bool = True, console: Console | None = None,
-                 *columns: ProgressColumn) -> Iterator[Progress | PlainProgress | None]:
-    """Yields a rich ``Progress`` on an interactive terminal (or Jupyter), a :class:`PlainProgress` writing
-    to the console's file otherwise, or None when disabled.
+def progress_bar(
+    enabled: bool = True, console: Console | None = None, *columns: ProgressColumn
+) -> Iterator[Progress | PlainProgress | None]:
+    """Yields a rich ``Progress`` on an interactive terminal (or Jupyter), a :class:`PlainProgress`
+    writing to the console's file otherwise, or None when disabled.
 
     Args:
         enabled: False yields None (the callers' ``--quiet``).

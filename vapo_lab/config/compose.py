@@ -54,8 +54,8 @@ def compose_config(
     """Returns the composed, resolved and validated config of one run.
 
     The preset (``algo``, else an ``algo=`` override, else conf/config.yaml's default) chooses
-    each component's ``on`` or ``off`` group (``vapo_lab.registry.presets``); a ``<component>=on|off``
-    override or ``drop`` changes that choice; Hydra composes the rest.
+    each component's ``on`` or ``off`` group (``vapo_lab.registry.presets``); a
+    ``<component>=on|off`` override or ``drop`` changes that choice; Hydra composes the rest.
 
     Args:
         algo: a preset (vapo, ppo, dapo, grpo); None keeps the default (vapo).
@@ -82,11 +82,13 @@ def compose_config(
         for ov in overrides:
             if re.match(rf"^[~+]*{re.escape(name)}=", ov):
                 raise ConfigError(
-                    f"--drop {name} conflicts with the override {ov!r}: use one or the other")
+                    f"--drop {name} conflicts with the override {ov!r}: use one or the other"
+                )
         if name not in preset.on():
             raise ConfigError(
                 f"cannot drop {name}: it is already off in preset {preset.name!r} "
-                f"(components on there: {', '.join(preset.on()) or 'none'})")
+                f"(components on there: {', '.join(preset.on()) or 'none'})"
+            )
 
     # a component's choice goes in as its group (below), not as the command line's override
     rest = [ov for ov in base if ov.partition("=")[0].lstrip("+") not in registry]
@@ -107,14 +109,17 @@ def _choice_in(overrides: list[str], group: str) -> str | None:
     return None
 
 
-def _component_groups(registry: Registry[Component], on: list[str], dropped: list[str],
-                      overrides: list[str]) -> list[str]:
+def _component_groups(
+    registry: Registry[Component], on: list[str], dropped: list[str], overrides: list[str]
+) -> list[str]:
     """Returns the overrides that add each component's group: the command line's choice
     (``clip_higher=off``), else ``off`` when dropped, else the preset's. Hydra adds a group that
     config.yaml does not list only with a leading +."""
     added = []
     for c in registry:
-        choice = _choice_in(overrides, c.name) or ("off" if c.name in dropped or c.name not in on else "on")
+        choice = _choice_in(overrides, c.name) or (
+            "off" if c.name in dropped or c.name not in on else "on"
+        )
         added.append(f"+{c.name}={choice}")
     return added
 
@@ -150,24 +155,36 @@ def _one_line(error: Exception) -> str:
     head = lines[0] if lines else type(error).__name__
     if head.startswith("Error parsing override"):
         detail = lines[1] if len(lines) > 1 else ""
-        return (f"{head.replace('Error parsing override', 'malformed override')}: {detail}; "
-                "overrides are key=value, e.g. loss.eps_low=0.1 or clip_higher=off")
+        return (
+            f"{head.replace('Error parsing override', 'malformed override')}: {detail}; "
+            "overrides are key=value, e.g. loss.eps_low=0.1 or clip_higher=off"
+        )
     match = re.search(r"Could not override '([^']+)'", head) or re.search(
-        r"Key '([^']+)' (?:is )?not in", " ".join(lines))
+        r"Key '([^']+)' (?:is )?not in", " ".join(lines)
+    )
     if match:
         key = match.group(1)
         inner = re.search(r"Key '([^']+)' is not in struct", text)
         if inner and not key.endswith(inner.group(1)):
             key = f"{key}.{inner.group(1)}"
-        hint = "; a free-form dict (task.options, model.base) takes new keys with a leading +, e.g. " \
-               f"+{key}=..." if key.startswith(("task.options.", "model.base.")) else ""
-        return f"unknown config key {key!r}{_closest_key(key)}{hint}; see `vapo-lab config` for the keys"
+        hint = (
+            "; a free-form dict (task.options, model.base) takes new keys with a leading +, e.g. "
+            f"+{key}=..."
+            if key.startswith(("task.options.", "model.base."))
+            else ""
+        )
+        return (
+            f"unknown config key {key!r}{_closest_key(key)}{hint}; "
+            "see `vapo-lab config` for the keys"
+        )
     match = re.search(r"Could not find '([^']+)'", head)
     if match:
         group, _, option = match.group(1).partition("/")
         if (conf_dir() / group).is_dir():
             return unknown_name_message(f"{group} option", option, options(group))
-    match = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", " ".join(lines))
+    match = re.search(
+        r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", " ".join(lines)
+    )
     key = re.search(r"full_key: (\S+)", " ".join(lines))
     if match:
         where = f"{key.group(1)}=" if key else ""
@@ -184,9 +201,13 @@ def _one_line(error: Exception) -> str:
 
 
 def _parse_error(override: str, detail: str) -> str:
-    """Returns the one line for an override Hydra cannot parse: which one, what is wrong, the fix."""
-    lines = [ln.strip() for ln in detail.splitlines()
-             if ln.strip() and not ln.strip().startswith(("Error parsing override", "See https://", "^"))]
+    """Returns the one line for an override Hydra cannot parse: which one, what is wrong, the
+    fix."""
+    lines = [
+        ln.strip()
+        for ln in detail.splitlines()
+        if ln.strip() and not ln.strip().startswith(("Error parsing override", "See https://", "^"))
+    ]
     detail = lines[0] if lines else "cannot be parsed"
     if detail.startswith("LexerNoViableAltException"):
         detail = "it holds a character the override grammar does not accept here"
@@ -194,28 +215,46 @@ def _parse_error(override: str, detail: str) -> str:
     key = key.lstrip("+~")
     quote = "'trainer.adam_betas=[0.9,0.999]'"  # a list-valued key, to show the shell quoting
     if not eq:
-        return (f"malformed override {override!r}: overrides are key=value ({detail}); "
-                "e.g. loss.eps_low=0.1 or clip_higher=off")
+        return (
+            f"malformed override {override!r}: overrides are key=value ({detail}); "
+            "e.g. loss.eps_low=0.1 or clip_higher=off"
+        )
     for opening, closing in ("[]", "{}", "()"):
         if value.count(opening) == value.count(closing):
             continue
         inner = value.strip("[]{}() ")
-        problem = f"'{opening}' is not closed" if value.count(opening) > value.count(closing) \
+        problem = (
+            f"'{opening}' is not closed"
+            if value.count(opening) > value.count(closing)
             else f"'{closing}' closes nothing"
+        )
         if isinstance(_default_value(key), (list, dict)):
             whole = f"{opening}{inner}{closing}"
-            return (f"malformed override {override!r}: {problem}; write the {'list' if opening == '[' else 'value'} "
-                    f"whole and quote the override for the shell: '{key}={whole}'")
-        return (f"malformed override {override!r}: {problem}; {key} takes one value: write {key}={inner} "
-                f"(a list is written whole and quoted for the shell, e.g. {quote})")
+            return (
+                f"malformed override {override!r}: {problem}; write the "
+                f"{'list' if opening == '[' else 'value'} "
+                f"whole and quote the override for the shell: '{key}={whole}'"
+            )
+        return (
+            f"malformed override {override!r}: {problem}; {key} takes one value: write "
+            f"{key}={inner} "
+            f"(a list is written whole and quoted for the shell, e.g. {quote})"
+        )
     if value.count("'") % 2 or value.count('"') % 2:
-        return (f"malformed override {override!r}: a quote is not closed; quote the whole value, "
-                f"e.g. {key}='text with spaces' (itself inside double quotes in a shell)")
+        return (
+            f"malformed override {override!r}: a quote is not closed; quote the whole value, "
+            f"e.g. {key}='text with spaces' (itself inside double quotes in a shell)"
+        )
     if any(ch.isspace() for ch in value):
-        return (f"malformed override {override!r}: a value with spaces must be quoted; write "
-                f"{key}='{value}' (itself inside double quotes in a shell)")
-    return (f"malformed override {override!r}: {detail}; overrides are key=value, e.g. loss.eps_low=0.1 or "
-            f"clip_higher=off, and a list is quoted for the shell, e.g. {quote}")
+        return (
+            f"malformed override {override!r}: a value with spaces must be quoted; write "
+            f"{key}='{value}' (itself inside double quotes in a shell)"
+        )
+    return (
+        f"malformed override {override!r}: {detail}; overrides are key=value, e.g. "
+        "loss.eps_low=0.1 or "
+        f"clip_higher=off, and a list is quoted for the shell, e.g. {quote}"
+    )
 
 
 def _default_value(key: str) -> object:
@@ -229,8 +268,8 @@ def _default_value(key: str) -> object:
 
 
 def _closest_key(key: str) -> str:
-    """Returns '; did you mean X?' for the closest dotted key of the default config, else the keys of
-    ``key``'s group ('; trainer has: ...'), or ''."""
+    """Returns '; did you mean X?' for the closest dotted key of the default config, else the keys
+    of ``key``'s group ('; trainer has: ...'), or ''."""
     keys = _dotted_keys(_default_tree())
     close = closest_key(key, keys)
     if close:
@@ -263,7 +302,8 @@ def closest_key(key: str, keys: Sequence[str]) -> str | None:
 
 
 def _default_tree() -> dict:
-    """Returns the default config (unresolved, without the hydra node) as nested dicts; {} if it fails."""
+    """Returns the default config (unresolved, without the hydra node) as nested dicts; {} if it
+    fails."""
     try:
         default = _hydra_compose([])
     except (HydraException, OmegaConfBaseException, ValueError):

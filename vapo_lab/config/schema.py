@@ -5,27 +5,17 @@ defaults list, so a typo (``loss.eps_hgh=0.3``) or a wrong type (``loss.eps_high
 at compose time, before any compute. Defaults here are neutral; the YAML files under ``conf/``
 set the real values, each with its paper source beside it.
 
-Component ownership (the registry in ``vapo_lab.registry.components`` is the one list):
-
-==========================  ===================================
-component                   keys it owns
-==========================  ===================================
-value_pretraining           critic.pretrain.enabled
-decoupled_gae               gae.lam_critic_mode
-length_adaptive_gae         gae.lam_policy_mode
-clip_higher                 loss.eps_high
-token_level_loss            loss.agg
-positive_lm_loss            loss.mu
-group_sampling              rollout.n_samples
-==========================  ===================================
+Which keys each VAPO component owns is the component registry's to say
+(``vapo_lab.registry.components``; ``vapo-lab components`` prints it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from vapo_lab.models.arch import TINY_ARCH
 
@@ -51,15 +41,16 @@ class ModelConfig:
     path: Optional[str] = None  # local HF checkpoint directory; None builds the embedded model
     tokenizer_path: Optional[str] = None  # defaults to `path`
     arch: ArchConfig = field(default_factory=ArchConfig)
-    # a known public architecture (vapo_lab/models/shapes.py KNOWN_ARCHS, e.g. Qwen2.5-32B): the shape
-    # `vapo-lab plan` uses while model.path is unset; a checkpoint's own config.json wins
+    # a known public architecture (vapo_lab/models/shapes.py KNOWN_ARCHS, e.g. Qwen2.5-32B): the
+    # shape `vapo-lab plan` uses while model.path is unset; a checkpoint's own config.json wins
     arch_name: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    gradient_checkpointing: bool = False  # recompute layer activations in the backward pass (less memory)
+    # recompute layer activations in the backward pass (less memory)
+    gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     chat_template: str = "auto"  # auto (use the tokenizer's when it has one) | none
-    # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size, lr,
-    # bug_rate, slip_rate, ...); empty keeps its measured defaults
+    # model=tiny: options of the base-model build (vapo_lab.basemodel.build_base: steps, batch_size,
+    # lr, bug_rate, slip_rate, ...); empty keeps its measured defaults
     base: dict[str, Any] = field(default_factory=dict)
 
 
@@ -100,14 +91,24 @@ class RewardConfig:
 
 @dataclass
 class VllmConfig:
-    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, docs/distributed.md, GPU / vLLM)."""
+    """vLLM engine settings (rollout.backend=vllm; needs the `gpu` extra, docs/distributed.md, GPU /
+    vLLM)."""
 
-    gpu_memory_utilization: float = 0.5  # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
-    tensor_parallel_size: int = 1  # ranks per engine (consecutive trainer ranks); must divide the world size
+    # share of each GPU for vLLM's weights + KV cache; the trainer has the rest
+    gpu_memory_utilization: float = 0.5
+    # ranks per engine (consecutive trainer ranks); must divide the world size
+    tensor_parallel_size: int = 1
     enforce_eager: bool = False  # True: no CUDA graphs (slower decoding, less memory, faster start)
-    enable_sleep_mode: bool = True  # free vLLM's GPU memory during the update phase (engine.sleep / wake)
-    sleep_level: int = 2  # 2: drop weights + KV cache (pushed again after the update); 1: keep weights in CPU RAM
-    weight_bucket_mb: int = 512  # push_weights gathers and loads at most this many MiB of weights at a time
+    # free vLLM's GPU memory during the update phase (engine.sleep / wake)
+    enable_sleep_mode: bool = True
+    # 2: drop weights + KV cache (pushed again after the update); 1: keep weights in CPU RAM
+    sleep_level: int = 2
+    # push_weights gathers and loads at most this many MiB of weights at a time
+    weight_bucket_mb: int = 512
+    # built with random weights, filled by the first push (no rank reads the checkpoint for vLLM)
+    dummy_weights: bool = True
+    # one seed per request (vLLM then samples row by row: slower) instead of one per call
+    seed_per_request: bool = False
 
 
 @dataclass
@@ -172,13 +173,23 @@ class PretrainConfig:
     min_explained_variance: Optional[float] = None  # stop early once reached
 
 
+# critic.init values that start the critic from a trained outcome reward model; the prefix one
+# also teaches it that every unfinished prefix scores 0, as the verifier scores a cut response
+RM_INITS = ("reward_model", "reward_model_prefix")
+CRITIC_INITS = (*RM_INITS, "policy", "random")
+
+
 @dataclass
 class CriticConfig:
     """The value model: initialisation, pretraining, loss."""
 
-    init: str = "reward_model"  # reward_model | reward_model_prefix | policy | random
-    rm_steps: int = 20  # reward model: rounds of sampling the base policy and regressing its rewards
+    init: str = "reward_model"  # one of CRITIC_INITS
+    # reward model: rounds of sampling the base policy and regressing its rewards
+    rm_steps: int = 20
     rm_batch: int = 64  # samples per round
+    rm_lr: float = 1e-3  # the reward model's AdamW learning rate (torch's other defaults)
+    # tokens of one reward-model optimiser step, over all ranks (a round is several steps)
+    rm_tokens_per_step: int = II("trainer.max_tokens_per_micro_batch")
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     value_clip: Optional[float] = 0.5
     loss_agg: str = "token-mean"
@@ -201,25 +212,33 @@ class TrainerConfig:
     total_steps: int = 100
     ppo_epochs: int = 1
     mini_batch_size: int = 64  # responses per optimiser step
-    max_tokens_per_micro_batch: int = 16384  # a forward/backward pass's rows x (prompt + response) tokens, at most
+    # a forward/backward pass's rows x (prompt + response) tokens, at most
+    max_tokens_per_micro_batch: int = 16384
     actor_lr: float = 1e-4
     critic_lr: float = 2e-4
     warmup_steps: int = 0  # warmup-constant schedule
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     adam_eps: float = 1e-8
-    adam_impl: str = "fused"  # fused | foreach | for-loop: torch's AdamW implementations (same maths)
+    # fused | foreach | for-loop: torch's AdamW implementations (same maths)
+    adam_impl: str = "fused"
     grad_clip: float = 1.0
     eval_every: int = 10
     save_every: int = 10
     device: str = "auto"  # auto | cpu | cuda
     threads: Optional[int] = None  # torch CPU threads; None keeps torch's default
-    deterministic: bool = True  # torch.use_deterministic_algorithms on CPU (same seed, same metrics)
-    strategy: str = "single"  # single (one process) | fsdp (FSDP2 over nodes x nproc_per_node ranks)
+    # torch.use_deterministic_algorithms on CPU (same seed, same metrics)
+    deterministic: bool = True
+    # single (one process) | fsdp (FSDP2 over nodes x nproc_per_node ranks)
+    strategy: str = "single"
     nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
     nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
     offload_during_rollout: bool = False  # trainer state in host memory while the rollout generates
-    prompt_pool: Optional[int] = None  # RL prompts from the first N train problems (None: all of them)
+    # how long a rank waits in a collective for the slowest one: the first after sampling waits
+    # for the slowest engine, so keep it above a rollout's worst case (`vapo-lab plan` prints it)
+    collective_timeout_min: int = 120
+    # RL prompts from the first N train problems (None: all of them)
+    prompt_pool: Optional[int] = None
 
 
 @dataclass
@@ -252,7 +271,7 @@ class SlurmLauncherConfig:
     nodes: int = 1
     gpus_per_task: int = 0
     cpus_per_task: int = 2
-    mem_gb: int = 8
+    mem_gb: Optional[int] = None  # a rank's host memory; None: from the cells' plans
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
@@ -261,6 +280,7 @@ class SlurmLauncherConfig:
     setup: list[str] = field(default_factory=list)  # shell lines run before the job
     log_dir: str = "slurm_logs"  # under the grid's folder
     signal_delay_s: int = 120  # Slurm signals a job this long before its time limit: it requeues
+    max_requeues: int = 100  # requeues at the time limit before a cell gives up
 
 
 @dataclass
@@ -301,3 +321,34 @@ class VapoConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+
+def typed(cfg: DictConfig | VapoConfig) -> VapoConfig:
+    """Returns ``cfg`` as the schema's typed objects, every interpolation resolved.
+
+    A composed config and a run's saved one (a key it lacks takes the schema's default) both pass
+    through here once, at the trainer's door and at each command that reads a run's config.
+    """
+    if isinstance(cfg, VapoConfig):
+        return cfg
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(VapoConfig), cfg))
+
+
+def read_typed(path: str | Path) -> VapoConfig:
+    """Returns a run's saved config file typed (a key it lacks takes the schema's default).
+
+    Raises:
+        ConfigError: the file holds a key or a value this version does not know.
+    """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vapo_lab.errors import ConfigError
+
+    try:
+        return typed(OmegaConf.load(path))
+    except OmegaConfBaseException as e:
+        problem = str(e).strip().splitlines()[0]
+        raise ConfigError(
+            f"{path}: {problem}; it was written by another vapo-lab version: use that version, or "
+            "remove the key from the file"
+        ) from None

@@ -30,7 +30,9 @@ def saved_config(run_dir: str) -> tuple[DictConfig, dict[str, str]]:
     return OmegaConf.merge(defaults, cfg), choices
 
 
-def train_config(algo: str | None, drop: Sequence[str], overrides: Sequence[str]) -> tuple[DictConfig, dict[str, str]]:
+def train_config(
+    algo: str | None, drop: Sequence[str], overrides: Sequence[str]
+) -> tuple[DictConfig, dict[str, str]]:
     """Returns (config, component choices) of ``vapo-lab train [--algo] [--drop] overrides``; with
     ``resume=<run dir>`` the run's saved config (only its rank counts may be overridden).
 
@@ -44,7 +46,10 @@ def train_config(algo: str | None, drop: Sequence[str], overrides: Sequence[str]
     ranks = [o for o in overrides if o.split("=", 1)[0].lstrip("+") in RESUME_OVERRIDES]
     others = [o for o in overrides if not o.startswith("resume=") and o not in ranks]
     if others or algo or drop:
-        raise ConfigError(f"resume={resume} continues a run with its saved config: drop {others or '--algo/--drop'}")
+        raise ConfigError(
+            f"resume={resume} continues a run with its saved config: drop "
+            f"{others or '--algo/--drop'}"
+        )
     cfg, choices = saved_config(resume)
     for o in ranks:
         key, value = o.lstrip("+").split("=", 1)

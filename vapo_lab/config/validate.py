@@ -15,6 +15,7 @@ from vapo_lab.algo.gae import ADVANTAGE_ESTIMATORS, LAMBDA_CRITIC_MODES, LAMBDA_
 from vapo_lab.algo.kl import KL_ESTIMATORS, KL_TARGETS
 from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.conf import options
+from vapo_lab.config.schema import CRITIC_INITS
 from vapo_lab.distributed.world import STRATEGIES
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.registry.components import COMPONENTS, settings
@@ -35,12 +36,13 @@ def modes() -> dict[str, tuple[str, ...]]:
         "gae.lam_critic_mode": LAMBDA_CRITIC_MODES,
         "loss.agg": LOSS_AGG_MODES,
         "critic.loss_agg": LOSS_AGG_MODES,
-        "critic.init": ("reward_model", "reward_model_prefix", "policy", "random"),
+        "critic.init": CRITIC_INITS,
         "kl.estimator": KL_ESTIMATORS,
         "kl.target": KL_TARGETS,
         "tracking.backend": tuple(options("tracking")),
         "trainer.strategy": STRATEGIES,
     }
+
 
 # (key, lower, upper, lower inclusive, upper inclusive); None = unbounded
 RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
@@ -77,6 +79,7 @@ RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("trainer.save_every", 1, None, True, False),
     ("trainer.nproc_per_node", 1, None, True, False),
     ("trainer.nodes", 1, None, True, False),
+    ("trainer.collective_timeout_min", 1, None, True, False),
     ("rollout.vllm.tensor_parallel_size", 1, None, True, False),
     ("rollout.vllm.sleep_level", 1, 2, True, True),
     ("rollout.vllm.weight_bucket_mb", 1, None, True, False),
@@ -87,7 +90,9 @@ def validate(cfg: DictConfig) -> list[str]:
     """Returns every problem of a composed config, one line each (empty when it is valid)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        return [f"{key} is required but not set: add {key}=<value> to the command" for key in missing]
+        return [
+            f"{key} is required but not set: add {key}=<value> to the command" for key in missing
+        ]
     try:
         c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
@@ -99,18 +104,24 @@ def validate(cfg: DictConfig) -> list[str]:
             node = node[part]
         return node
 
-    problems: list[str] = [f"{key}={v} is not a finite number: set {key} to a finite value"
-                           for key, v in _float_settings(c) if not math.isfinite(v)]
+    problems: list[str] = [
+        f"{key}={v} is not a finite number: set {key} to a finite value"
+        for key, v in _float_settings(c)
+        if not math.isfinite(v)
+    ]
     bad_floats = {p.split("=", 1)[0] for p in problems}
     for key, valid in modes().items():
         if get(key) not in valid:
-            problems.append(f"{key}={get(key)} is not a valid choice: set {key} to one of {', '.join(valid)}")
+            problems.append(
+                f"{key}={get(key)} is not a valid choice: set {key} to one of {', '.join(valid)}"
+            )
     for key, lo, hi, lo_in, hi_in in RANGES:
         v = get(key)
         if key in bad_floats:  # NaN compares false with every bound: said above, not range-checked
             continue
         bad = (lo is not None and (v < lo or (v == lo and not lo_in))) or (
-            hi is not None and (v > hi or (v == hi and not hi_in)))
+            hi is not None and (v > hi or (v == hi and not hi_in))
+        )
         if bad:
             left, right = ("[" if lo_in else "(") + f"{lo}", f"{hi}" + ("]" if hi_in else ")")
             span = f"{left}, {right}" if hi is not None else (f">= {lo}" if lo_in else f"> {lo}")
@@ -124,7 +135,11 @@ def _float_settings(node: Any, prefix: str = "") -> list[tuple[str, float]]:
     """Returns (dotted key, value) of every float in a resolved config: the schema types each float
     setting, so this finds all of them (list items as key[i]), whatever their key."""
     if isinstance(node, dict):
-        return [kv for k, v in node.items() for kv in _float_settings(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")]
+        return [
+            kv
+            for k, v in node.items()
+            for kv in _float_settings(v, f"{prefix}{k}" if not prefix else f"{prefix}.{k}")
+        ]
     if isinstance(node, list):
         return [kv for i, v in enumerate(node) for kv in _float_settings(v, f"{prefix}[{i}]")]
     return [(prefix, node)] if isinstance(node, float) else []
@@ -136,49 +151,71 @@ def _relations(get: Any) -> list[str]:
     eps_low, eps_high = get("loss.eps_low"), get("loss.eps_high")
     if eps_high < eps_low:
         problems.append(
-            f"loss.eps_high={eps_high} is below eps_low={eps_low}: clip-higher only widens the upper "
-            f"bound. Set loss.eps_high>={eps_low}, or choose clip_higher=off.")
+            f"loss.eps_high={eps_high} is below eps_low={eps_low}: clip-higher only widens the "
+            "upper "
+            f"bound. Set loss.eps_high>={eps_low}, or choose clip_higher=off."
+        )
     dual = get("loss.dual_clip")
     if dual is not None and dual <= 1:
-        problems.append(f"loss.dual_clip={dual} must be > 1 (e.g. 3.0), or null to disable dual clip")
+        problems.append(
+            f"loss.dual_clip={dual} must be > 1 (e.g. 3.0), or null to disable dual clip"
+        )
     batch, n = get("rollout.responses_per_step"), get("rollout.n_samples")
     if batch % n:
         problems.append(
             f"rollout.responses_per_step={batch} is not divisible by rollout.n_samples={n} "
-            f"(samples per prompt): choose a multiple of {n}, or another rollout.group_size")
+            f"(samples per prompt): choose a multiple of {n}, or another rollout.group_size"
+        )
     pool, n_train = get("trainer.prompt_pool"), get("task.n_train")
     if pool is not None and not batch // max(n, 1) <= pool <= n_train:
         problems.append(
-            f"trainer.prompt_pool={pool} must hold one step's {batch // max(n, 1)} prompts and at most "
-            f"task.n_train={n_train}: set it in [{batch // max(n, 1)}, {n_train}], or null for every train problem")
+            f"trainer.prompt_pool={pool} must hold one step's {batch // max(n, 1)} prompts and at "
+            "most "
+            f"task.n_train={n_train}: set it in [{batch // max(n, 1)}, {n_train}], or null for "
+            "every train problem"
+        )
     mini = get("trainer.mini_batch_size")
     if batch % mini:
         problems.append(
             f"trainer.mini_batch_size={mini} does not divide rollout.responses_per_step={batch}: "
-            "choose a divisor so every optimiser step sees a full mini-batch")
+            "choose a divisor so every optimiser step sees a full mini-batch"
+        )
     if get("algo.advantage") == "group":
         if n < 2:
             problems.append(
-                "algo.advantage=group needs groups but rollout.n_samples=1: choose group_sampling=on "
-                "(or a preset with a critic: --algo vapo / ppo)")
+                "algo.advantage=group needs groups but rollout.n_samples=1: choose "
+                "group_sampling=on "
+                "(or a preset with a critic: --algo vapo / ppo)"
+            )
         for c in COMPONENTS:
             if c.needs_critic and all(get(key) == on for key, (on, _) in settings(c).items()):
                 problems.append(
                     f"{c.name}=on needs a critic but algo.advantage=group has none: "
-                    f"choose {c.name}=off, or algo.advantage=gae")
+                    f"choose {c.name}=off, or algo.advantage=gae"
+                )
     overlong = get("reward.overlong")
     if overlong["enabled"] and not 0 < overlong["l_cache"] <= overlong["l_max"]:
         problems.append(
-            f"reward.overlong.l_cache={overlong['l_cache']} must be in (0, l_max={overlong['l_max']}]: "
-            "set a smaller l_cache, or reward.overlong.enabled=false")
+            f"reward.overlong.l_cache={overlong['l_cache']} must be in (0, "
+            f"l_max={overlong['l_max']}]: "
+            "set a smaller l_cache, or reward.overlong.enabled=false"
+        )
     if get("model.name") == "hf" and not get("model.path"):
-        problems.append("model.path is required for model=hf: set model.path=/path/to/local/checkpoint "
-                        "(weights are never downloaded)")
+        problems.append(
+            "model.path is required for model=hf: set model.path=/path/to/local/checkpoint "
+            "(weights are never downloaded)"
+        )
     if get("task.name") == "math" and not get("task.train_path"):
-        problems.append("task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl")
+        problems.append(
+            "task.train_path is required for task=math: set task.train_path=/path/to/train.jsonl "
+            "(or .parquet)"
+        )
     impl = get("trainer.adam_impl")
     if impl not in ("fused", "foreach", "for-loop"):
-        problems.append(f"trainer.adam_impl={impl} is not an AdamW implementation: use fused, foreach or for-loop")
+        problems.append(
+            f"trainer.adam_impl={impl} is not an AdamW implementation: use fused, foreach or "
+            "for-loop"
+        )
     device = get("trainer.device")
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
         problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")
@@ -193,25 +230,38 @@ def _ranks(get: Any) -> list[str]:
     step's prompts, so the prompts per step must divide among the ranks."""
     ranks = get("trainer.nodes") * get("trainer.nproc_per_node")
     tp = get("rollout.vllm.tensor_parallel_size")
-    if get("rollout.backend") == "vllm" and ranks % tp:
-        return [f"rollout.vllm.tensor_parallel_size={tp} does not divide the {ranks} ranks (trainer.nodes x "
-                "trainer.nproc_per_node): each engine spans tp consecutive ranks; choose a divisor"]
+    per_node = get("trainer.nproc_per_node")
+    if get("rollout.backend") == "vllm" and per_node % tp:
+        # an engine spans tp consecutive ranks: within a node only, as its NCCL groups need
+        return [
+            f"rollout.vllm.tensor_parallel_size={tp} does not divide trainer.nproc_per_node="
+            f"{per_node}: an engine spans tp consecutive ranks of one node; choose a divisor of "
+            "the ranks per node"
+        ]
     if ranks == 1:
         return []
     if get("trainer.strategy") != "fsdp":
-        return [f"trainer.nodes x trainer.nproc_per_node = {ranks} ranks needs trainer.strategy=fsdp "
-                "(strategy single is one process)"]
+        return [
+            f"trainer.nodes x trainer.nproc_per_node = {ranks} ranks needs trainer.strategy=fsdp "
+            "(strategy single is one process)"
+        ]
     prompts = get("rollout.responses_per_step") // get("rollout.n_samples")
     if prompts % ranks:
-        return [f"{prompts} prompts per step (rollout.responses_per_step / rollout.n_samples) do not divide among "
-                f"{ranks} ranks: choose rollout.responses_per_step as a multiple of {ranks * get('rollout.n_samples')}, "
-                "or another rank count"]
+        return [
+            f"{prompts} prompts per step (rollout.responses_per_step / rollout.n_samples) do not "
+            "divide among "
+            f"{ranks} ranks: choose rollout.responses_per_step as a multiple of "
+            f"{ranks * get('rollout.n_samples')}, "
+            "or another rank count"
+        ]
     return []
 
 
 def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str]:
-    """Returns a problem when ``max_new_tokens`` is below the shortest correct response of task=arith
-    (the scratchpad and boxed answer of a ``min_digits`` problem): then no response could be right."""
+    """Returns a problem when ``max_new_tokens`` is below the shortest correct response of
+    task=arith (the scratchpad and boxed answer of a ``min_digits`` problem): then no response could
+    be
+    right."""
     import inspect
 
     from vapo_lab.tasks.arith import ArithTask, response_tokens
@@ -224,8 +274,14 @@ def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str
     shortest = response_tokens(low)
     if max_new_tokens >= shortest:
         return []
-    return [f"rollout.max_new_tokens={max_new_tokens} is below the shortest correct response of task=arith: "
-            f"the scratchpad and \\boxed{{}} answer of a {low}-digit problem (task.options.min_digits={low}) take "
-            f"{shortest} tokens, so no response could be complete. Set rollout.max_new_tokens>={shortest} "
-            f"({response_tokens(high, final_carry=True) + 1} fits every problem up to {high} digits, end-of-sequence "
-            "included)"]
+    return [
+        f"rollout.max_new_tokens={max_new_tokens} is below the shortest correct response of "
+        "task=arith: "
+        f"the scratchpad and \\boxed{{}} answer of a {low}-digit problem "
+        f"(task.options.min_digits={low}) take "
+        f"{shortest} tokens, so no response could be complete. Set "
+        f"rollout.max_new_tokens>={shortest} "
+        f"({response_tokens(high, final_carry=True) + 1} fits every problem up to {high} digits, "
+        "end-of-sequence "
+        "included)"
+    ]

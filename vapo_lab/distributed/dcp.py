@@ -1,14 +1,10 @@
 """Torch distributed checkpoints (DCP) that load without running code from the files.
 
-Each rank writes its shards of the models and optimiser states into one folder
-(``torch.distributed.checkpoint.save``); loading re-shards them for whatever world size loads
-them, so a run saved on N ranks resumes on N ranks exactly and loads on any other count.
-
-DCP reads its ``.metadata`` with ``pickle.load`` and its non-tensor entries with a full (not
-weights-only) ``torch.load``; both could run code from a file someone hands over. Here the
-metadata is read with an unpickler that admits only DCP's own metadata classes, torch's sizes,
-dtypes and layouts, and paths, and non-tensor entries with ``torch.load(weights_only=True)``; anything else is
-refused with one line (:class:`~vapo_lab.errors.CheckpointError`).
+Each rank writes its shards into one folder, and a load re-shards them for any world size. DCP's
+own reader unpickles ``.metadata`` and ``torch.load``s non-tensor entries in full, so either could
+run code from a file someone hands over: here the metadata unpickler admits only DCP's metadata
+classes (and torch sizes, dtypes, layouts and paths), entries load with ``weights_only=True``,
+and anything else is refused in one line (:class:`~vapo_lab.errors.CheckpointError`).
 """
 
 from __future__ import annotations
@@ -23,11 +19,22 @@ import torch
 from vapo_lab.errors import CheckpointError
 
 # the modules whose classes a DCP .metadata file may name (and torch.Size, torch dtypes)
-_SAFE_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                 "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-_SAFE_BUILTINS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                  ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("builtins", "set"),
-                  ("builtins", "frozenset"), ("builtins", "slice")}
+_SAFE_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint.planner",
+    "torch.distributed.checkpoint._extension",
+)
+_SAFE_BUILTINS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -50,8 +57,10 @@ def _reader(path: Path) -> Any:
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
             except (pickle.UnpicklingError, AttributeError, EOFError, OSError) as e:
-                self.refusal = (f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
-                                "use a checkpoint written by vapo-lab")
+                self.refusal = (
+                    f"refusing to load {file}: {e} (vapo-lab writes only DCP metadata there); "
+                    "use a checkpoint written by vapo-lab"
+                )
                 raise CheckpointError(self.refusal) from e
             from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -74,9 +83,12 @@ def _planner() -> Any:
             try:
                 obj = torch.load(value, weights_only=True)
             except pickle.UnpicklingError as e:
-                raise CheckpointError(f"refusing a checkpoint entry {fqn}: it holds Python objects beyond "
-                                      "tensors and plain containers") from e
-            if self.flatten_state_dict:  # as DefaultLoadPlanner: into the nested dict the caller holds
+                raise CheckpointError(
+                    f"refusing a checkpoint entry {fqn}: it holds Python objects beyond "
+                    "tensors and plain containers"
+                ) from e
+            # as DefaultLoadPlanner: into the nested dict the caller holds
+            if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
 
                 set_element(self.original_state_dict, self.mappings[fqn], obj)
@@ -87,22 +99,23 @@ def _planner() -> Any:
 
 
 def save_sharded(path: Path, state: dict[str, Any]) -> None:
-    """Writes ``state`` (model / optimiser state dicts of sharded modules, tensors, numbers) to
-    the folder ``path``, each rank its shards; a collective."""
+    """Writes ``state`` (state dicts of sharded modules, tensors, numbers) to the folder ``path``,
+    each rank its shards; a collective."""
     import torch.distributed.checkpoint as dcp
 
     dcp.save(state, checkpoint_id=str(path))
 
 
 def load_sharded(path: Path, state: dict[str, Any]) -> None:
-    """Loads the folder ``path`` into ``state`` in place (its tensors, re-sharded as they are
-    now); a collective."""
+    """Loads the folder ``path`` into ``state``'s tensors in place, re-sharded as they are now; a
+    collective."""
     import torch.distributed.checkpoint as dcp
 
     reader = _reader(path)
     try:
         dcp.load(state, storage_reader=reader, planner=_planner())
-    except BaseException as e:  # DCP wraps a rank's error in its CheckpointException (a BaseException)
+    # DCP wraps a rank's error in its CheckpointException (a BaseException)
+    except BaseException as e:
         if reader.refusal:
             raise CheckpointError(reader.refusal) from e
         raise

@@ -1,16 +1,7 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``) for the actor, the critic and the reference.
+"""FSDP2 (``fully_shard``) for the actor, the critic and the reference.
 
-Each decoder layer is one FSDP group and the root module the last, holding the embeddings, the
-final norm and the heads: tied input and output embeddings must share a group (torch refuses them
-apart), and calling the root's forward is what gathers them. Parameters stay sharded in fp32 (the
-master weights, and so the optimiser state); the layers compute in ``model.dtype`` and gradients
-are reduced in fp32 (the policy of :mod:`vapo_lab.models.precision`, as FSDP2's
-``MixedPrecisionPolicy``).
-
-Gradients are *summed* over ranks, not averaged (FSDP2's default): every loss term is divided by
-its global denominator (tokens or responses of the whole mini-batch on all ranks), so the sum of
-the ranks' gradients is the one-rank gradient. gloo rejects the PREMUL_SUM a divide factor of 1
-would use, hence the forced plain sum (NOTES-scale.md).
+One FSDP group per decoder layer, then the root; parameters stay float32 shards and gradients are
+summed over ranks, not averaged (why: docs/distributed.md, Many ranks).
 """
 
 from __future__ import annotations
@@ -26,16 +17,18 @@ from vapo_lab.distributed.world import World
 
 
 def transformer_layers(model: nn.Module) -> list[nn.Module]:
-    """Returns the decoder layers of a causal LM (``model.model.layers``), of a bare transformer
-    (``model.layers``) or of a value model (``model.backbone.layers``)."""
+    """Returns the decoder layers of a causal LM (``model.model.layers``), a bare transformer
+    (``model.layers``) or a value model (``model.backbone.layers``)."""
     for path in ("model.layers", "backbone.layers", "layers"):
         obj: Any = model
         for attr in path.split("."):
             obj = getattr(obj, attr, None)
         if isinstance(obj, nn.ModuleList):
             return list(obj)
-    raise TypeError(f"cannot find the decoder layers of {type(model).__name__} to shard (no .model.layers, "
-                    ".backbone.layers or .layers)")
+    raise TypeError(
+        f"cannot find the decoder layers of {type(model).__name__} to shard (no .model.layers, "
+        ".backbone.layers or .layers)"
+    )
 
 
 def shard(model: nn.Module, world: World, device: torch.device, mp: Any = None) -> nn.Module:
@@ -62,7 +55,7 @@ _CALL = "_vapo_forward_call"
 
 
 def _allow_calls(module: nn.Module) -> None:
-    """Gives a sharded ``module`` a method that runs any function as its forward pass (``as_forward``)."""
+    """Gives a sharded ``module`` a method that runs a function as its forward (``as_forward``)."""
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     setattr(module, _CALL, types.MethodType(lambda self, fn, *args: fn(*args), module))
@@ -70,10 +63,9 @@ def _allow_calls(module: nn.Module) -> None:
 
 
 def as_forward(module: nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
-    """Returns ``fn(*args)`` run as ``module``'s forward pass: for a module ``shard`` wrapped, inside
-    its FSDP2 hooks (parameters gathered before, gradients reduce-scattered in the backward pass), so
-    that code calling the module's submodules directly (the packed forward) trains it as its own
-    ``forward`` would; for any other module, ``fn(*args)`` itself."""
+    """Returns ``fn(*args)`` run as ``module``'s forward pass, inside FSDP2's hooks when ``shard``
+    wrapped it (parameters gathered, gradients reduce-scattered), so that code calling submodules
+    directly (the packed forward) trains the module as its own ``forward`` would."""
     call = getattr(module, _CALL, None)
     return call(fn, *args) if call is not None else fn(*args)
 

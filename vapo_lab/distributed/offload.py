@@ -1,29 +1,10 @@
-"""The trainer's state in host memory while the rollout generates, back on its device for the update.
+"""The training state in host memory while the rollout generates, back on its device for the update.
 
-With vLLM on the trainer's GPU, the actor's, critic's and reference's parameters, gradients and
-AdamW state would sit idle on the GPU through generation. :func:`to_host` moves them all to host
-memory (pinned when they come from CUDA, so that :func:`to_device`'s copy back is fast) and frees
-the CUDA cache; :func:`to_device` puts every tensor back where it was. verl does the same around
-its rollout (``offload_fsdp_model_to_cpu`` / ``offload_fsdp_optimizer`` in verl/utils/fsdp_utils.py).
-
-On a CPU-only run the host *is* the device: an offload is then a copy into fresh host storage
-(and so is the way back), which changes no number and costs two copies per step.
-
-Pitfalls, each checked by tests/distributed/test_offload.py:
-
-1. FSDP2 parameters move through the module (``module._apply``, what ``module.to`` runs), never
-   ``p.data = ...``: on a DTensor parameter that assignment leaves its local shard (and FSDP2's own
-   ``FSDPParam._sharded_param_data``, which the next all-gather reads) in the old storage, so
-   nothing is freed. ``FSDPModule._apply`` reshards, swaps each parameter's contents in place
-   (the ``nn.Parameter`` objects, which the optimiser holds, stay) and re-points
-   ``_sharded_param_data`` at the new shard (``FSDPParam.reset_sharded_param``). Upstream verl
-   moved from ``p.data`` to ``model.to`` / ``model.cpu`` for FSDP2 for this reason.
-2. An unevenly sharded FSDP2 parameter (rows not divisible by the ranks) is re-padded by FSDP2
-   into fresh, unpinned memory on the way to the host; its copy back is an ordinary one.
-3. AdamW's ``step`` stays where torch keeps it: without ``fused`` or ``capturable`` it lives on
-   the CPU whatever the parameters' device, and the foreach and for-loop kernels read it there
-   (note "special device hosting for step" in torch/optim/adam.py); the fused kernel wants it on
-   the parameters' device, so there it moves with them.
+:func:`to_host` moves the actor's, critic's and reference's parameters, gradients and AdamW state
+to host memory (pinned when they come from CUDA) and frees the CUDA cache, so that vLLM can use
+the GPU; :func:`to_device` puts every tensor back. On a CPU-only run both are plain copies. The
+pitfalls this avoids (FSDP2 shards, uneven shards, AdamW's ``step``) are in docs/distributed.md,
+GPU / vLLM.
 """
 
 from __future__ import annotations
@@ -52,16 +33,17 @@ class Offloaded:
     host: torch.device = torch.device("cpu")
 
 
-def to_host(modules: Iterable[nn.Module | None], optimizers: Iterable[torch.optim.Optimizer | None],
-            host: str | torch.device = "cpu") -> Offloaded:
+def to_host(
+    modules: Iterable[nn.Module | None],
+    optimizers: Iterable[torch.optim.Optimizer | None],
+    host: str | torch.device = "cpu",
+) -> Offloaded:
     """Returns the record of moving ``modules`` (parameters, their gradients, buffers) and the state
     tensors of ``optimizers`` into fresh storage on ``host``; None entries are skipped.
 
-    Tensors that come from CUDA land in pinned memory and the CUDA cache is emptied after; on a
-    CPU-only run (``host`` is the device) every tensor is copied into new host storage.
-
     Raises:
-        ValueError: a module's tensors are on more than one device, or two modules share parameters.
+        ValueError: a module's tensors are on more than one device, or two modules share
+            parameters.
         RuntimeError: the move replaced a parameter object (torch's
             ``set_overwrite_module_params_on_conversion(True)``): its optimiser would lose it.
     """
@@ -74,8 +56,10 @@ def to_host(modules: Iterable[nn.Module | None], optimizers: Iterable[torch.opti
                 continue
             params = {id(p) for p in module.parameters()}
             if params & seen:
-                raise ValueError(f"{type(module).__name__} shares parameters with a module offloaded before it: "
-                                 "pass each parameter's module once")
+                raise ValueError(
+                    f"{type(module).__name__} shares parameters with a module offloaded before it: "
+                    "pass each parameter's module once"
+                )
             seen |= params
             done.modules.append((module, _device_of(module)))
             _move_module(module, host)
@@ -109,8 +93,11 @@ def to_device(offloaded: Offloaded) -> None:
 
 
 @contextlib.contextmanager
-def on_host(modules: Iterable[nn.Module | None], optimizers: Iterable[torch.optim.Optimizer | None],
-            host: str | torch.device = "cpu") -> Iterator[Offloaded]:
+def on_host(
+    modules: Iterable[nn.Module | None],
+    optimizers: Iterable[torch.optim.Optimizer | None],
+    host: str | torch.device = "cpu",
+) -> Iterator[Offloaded]:
     """Runs the body with ``modules`` and ``optimizers`` on ``host`` (:func:`to_host`), and puts
     them back (:func:`to_device`) when it ends, raising or not."""
     offloaded = to_host(modules, optimizers, host)
@@ -133,11 +120,17 @@ def _device_of(module: nn.Module) -> torch.device:
     Raises:
         ValueError: they are on more than one device.
     """
-    tensors = [*module.parameters(), *module.buffers(), *(p.grad for p in module.parameters() if p.grad is not None)]
+    tensors = [
+        *module.parameters(),
+        *module.buffers(),
+        *(p.grad for p in module.parameters() if p.grad is not None),
+    ]
     devices = {_local(t).device for t in tensors}
     if len(devices) > 1:
-        raise ValueError(f"{type(module).__name__} has tensors on {sorted(map(str, devices))}: offloading "
-                         "moves one module from one device and back; put it on one device first")
+        raise ValueError(
+            f"{type(module).__name__} has tensors on {sorted(map(str, devices))}: offloading "
+            "moves one module from one device and back; put it on one device first"
+        )
     return devices.pop() if devices else torch.device("cpu")
 
 
@@ -146,12 +139,14 @@ def _move_module(module: nn.Module, device: torch.device) -> None:
     ``device``, keeping every parameter object (the optimiser holds them)."""
     params = [id(p) for p in module.parameters()]
     with torch.no_grad():
-        # FSDPModule overrides _apply (pitfall 1): it reshards and re-points its shards' storage
+        # not p.data = ...: FSDPModule's _apply reshards and re-points its own shard references
         module._apply(lambda t: _copy(t, device))
     if [id(p) for p in module.parameters()] != params:
-        raise RuntimeError("moving the module replaced its parameter objects (torch.__future__."
-                           "set_overwrite_module_params_on_conversion(True)?), so its optimiser would "
-                           "hold stale ones: leave that flag off to offload")
+        raise RuntimeError(
+            "moving the module replaced its parameter objects (torch.__future__."
+            "set_overwrite_module_params_on_conversion(True)?), so its optimiser would "
+            "hold stale ones: leave that flag off to offload"
+        )
 
 
 def _copy(t: Tensor, device: torch.device) -> Tensor:
@@ -161,8 +156,9 @@ def _copy(t: Tensor, device: torch.device) -> Tensor:
 
     if isinstance(t, DTensor):
         local = _copy(t.to_local(), device)
-        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape,
-                                  stride=t.stride())
+        return DTensor.from_local(
+            local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+        )
     if t.is_cuda and device.type == "cpu":
         return torch.empty_like(t, device=device, pin_memory=True).copy_(t, non_blocking=True)
     return t.to(device, copy=True, non_blocking=t.is_pinned())

@@ -1,10 +1,8 @@
 """Evaluation: benchmarks, avg@k / pass@k / maj@k, and the harness that samples and grades a model.
 
-``settings`` (how samples are drawn), ``model_ref`` (what ``--model`` names), ``benchmarks``
-(what is evaluated), ``loading`` (tokenizer, policy, sampler), ``scoring`` (grading and metrics),
-``files`` (the resumable output folder), ``tracking`` (MLflow), ``harness`` (``evaluate_model``)
-and ``responses`` (``grade_responses``). The answer grader itself is ``vapo_lab.grading``
-(shared with the training reward).
+``harness.evaluate_model`` samples and grades a model, ``responses.grade_responses`` grades
+responses made elsewhere; the grader itself is ``vapo_lab.grading``, shared with the training
+reward. How to run it and what the figures mean: docs/evaluation.md.
 """
 
 from __future__ import annotations

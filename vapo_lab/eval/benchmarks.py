@@ -1,9 +1,8 @@
 """Benchmarks: the packaged sets (``BENCHMARKS``), any JSONL file of problems, and arith.
 
-``BENCHMARKS`` is the one list of packaged sets; ``benchmark_names`` adds ``arith``, the embedded
-task's held-out split of the evaluated run, with the prompts the trainer gives and graded as the
-trainer's periodic eval grades it (the task's own verifier, a truncated response counting wrong).
-``load_eval_bench`` returns any of them as an ``EvalBench``: problems, their prompts, their grader.
+``arith`` is the embedded task's held-out split of the evaluated run, prompted and graded as the
+trainer's periodic eval does it (the task's verifier, a truncated response wrong).
+``load_eval_bench`` returns any of them as an ``EvalBench``.
 """
 
 from __future__ import annotations
@@ -72,8 +71,9 @@ def data_dir() -> Path:
     return Path(str(resources.files("vapo_lab.data")))
 
 
-def load_benchmark(name_or_path: str | Path, problem_key: str | None = None,
-                   answer_key: str | None = None) -> Benchmark:
+def load_benchmark(
+    name_or_path: str | Path, problem_key: str | None = None, answer_key: str | None = None
+) -> Benchmark:
     """Returns a packaged benchmark by name, or the problems of a JSONL file.
 
     Args:
@@ -92,7 +92,9 @@ def load_benchmark(name_or_path: str | Path, problem_key: str | None = None,
     check_benchmark_name(name)
     if name in BENCHMARKS:
         spec = BENCHMARKS[name]
-        problems = load_jsonl(data_dir() / spec.file, problem_key or spec.problem_key, answer_key or spec.answer_key)
+        problems = load_jsonl(
+            data_dir() / spec.file, problem_key or spec.problem_key, answer_key or spec.answer_key
+        )
         return Benchmark(name, problems, spec.integer_answers)
     path = Path(name)
     problems = load_jsonl(path, problem_key or "problem", answer_key or "answer")
@@ -101,20 +103,22 @@ def load_benchmark(name_or_path: str | Path, problem_key: str | None = None,
 
 
 def check_benchmark_name(name_or_path: str | Path) -> None:
-    """Raises ConfigError unless ``name_or_path`` is a packaged benchmark or an existing file (reads nothing:
-    a command checks it before it resolves or loads a model)."""
+    """Raises ConfigError unless ``name_or_path`` is a packaged benchmark or an existing file; reads
+    nothing, so a command checks it before it loads a model."""
     name = str(name_or_path)
     if name in BENCHMARKS or Path(name).is_file():
         return
     close = difflib.get_close_matches(name, list(BENCHMARKS), n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError(
-        f"benchmark {name!r} is neither a packaged benchmark{hint} nor an existing file. Use one of "
-        f"{', '.join(BENCHMARKS)}, or the path of a JSONL file with problem and answer fields.")
+        f"benchmark {name!r} is neither a packaged benchmark{hint} nor an existing file. "
+        f"Use one of {', '.join(BENCHMARKS)}, or the path of a JSONL file with problem and "
+        "answer fields."
+    )
 
 
 def benchmark_names() -> list[str]:
-    """Returns the names a benchmark argument takes besides a JSONL path: arith, then ``BENCHMARKS``."""
+    """Returns the names a benchmark argument takes besides a JSONL path: arith, ``BENCHMARKS``."""
     return [ARITH, *BENCHMARKS]
 
 
@@ -132,7 +136,8 @@ class EvalBench:
     source: str
     verify: Callable[[str, Problem], bool] | None = None
     chat_template: str | None = None  # arith: the run's model.chat_template
-    run_seed: int | None = None  # arith on a run: the run's seed (periodic-eval seeds derive from it)
+    # arith on a run: the run's seed (periodic-eval seeds derive from it)
+    run_seed: int | None = None
     default_max_tokens: int | None = None  # arith on a run: its rollout.max_new_tokens
 
     def fingerprint(self) -> str:
@@ -142,8 +147,13 @@ class EvalBench:
 
     def describe(self) -> dict[str, Any]:
         """Returns the JSON-able record of the benchmark for the summary."""
-        return {"name": self.name, "source": self.source, "problems": len(self.problems),
-                "integer_answers": self.integer_answers, "fingerprint": self.fingerprint()}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "problems": len(self.problems),
+            "integer_answers": self.integer_answers,
+            "fingerprint": self.fingerprint(),
+        }
 
 
 def arith_bench(ref: ModelRef | None) -> EvalBench:
@@ -151,40 +161,72 @@ def arith_bench(ref: ModelRef | None) -> EvalBench:
     from vapo_lab.tasks import build_task
 
     if ref is None or (ref.cfg is None and ref.base_config is None):
-        raise EvalError("benchmark arith is the held-out split of a run's embedded task: give --model a vapo-lab "
-                        "run (or the embedded base model's folder), not a model without one")
+        raise EvalError(
+            "benchmark arith is the held-out split of a run's embedded task: give --model a "
+            "vapo-lab run (or the embedded base model's folder), not a model without one"
+        )
     if ref.cfg is not None:
         c = ref.cfg.task
         if c.name != ARITH:
-            raise EvalError(f"run {ref.run_dir} trained on task={c.name}, not arith: evaluate its eval file "
-                            f"with --data {c.eval_path or c.train_path}")
-        task = build_task(ARITH, seed=int(c.seed), n_train=int(c.n_train), n_eval=int(c.n_eval), **dict(c.options))
-        return EvalBench(ARITH, list(task.eval), True, f"task=arith seed={c.seed} n_eval={c.n_eval} "
-                         f"options={dict(c.options)}", verify=task.verify, chat_template=str(ref.cfg.model.chat_template),
-                         run_seed=int(ref.cfg.seed), default_max_tokens=int(ref.cfg.rollout.max_new_tokens))
+            raise EvalError(
+                f"run {ref.run_dir} trained on task={c.name}, not arith: evaluate its eval file "
+                f"with --data {c.eval_path or c.train_path}"
+            )
+        task = build_task(ARITH, seed=c.seed, n_train=c.n_train, n_eval=c.n_eval, **c.options)
+        return EvalBench(
+            ARITH,
+            list(task.eval),
+            True,
+            f"task=arith seed={c.seed} n_eval={c.n_eval} options={c.options}",
+            verify=task.verify,
+            chat_template=ref.cfg.model.chat_template,
+            run_seed=ref.cfg.seed,
+            default_max_tokens=ref.cfg.rollout.max_new_tokens,
+        )
     b = ref.base_config
-    task = build_task(ARITH, seed=int(b["task_seed"]), n_train=int(b["n_train"]), n_eval=int(b["n_eval"]),
-                      min_digits=int(b["min_digits"]), max_digits=int(b["max_digits"]),
-                      length_exponent=float(b["length_exponent"]), readout=str(b.get("readout", "plain")))
-    return EvalBench(ARITH, list(task.eval), True, f"task=arith from {ref.path}/base.json", verify=task.verify,
-                     chat_template="none")
+    task = build_task(
+        ARITH,
+        seed=int(b["task_seed"]),
+        n_train=int(b["n_train"]),
+        n_eval=int(b["n_eval"]),
+        min_digits=int(b["min_digits"]),
+        max_digits=int(b["max_digits"]),
+        length_exponent=float(b["length_exponent"]),
+        readout=str(b.get("readout", "plain")),
+    )
+    return EvalBench(
+        ARITH,
+        list(task.eval),
+        True,
+        f"task=arith from {ref.path}/base.json",
+        verify=task.verify,
+        chat_template="none",
+    )
 
 
 def check_benchmark(bench: str | None, data: str | Path | None = None) -> None:
-    """Raises EvalError or ConfigError unless ``bench`` / ``data`` name one benchmark that exists; reads
-    nothing, so a command checks it before it resolves or loads a model."""
+    """Raises EvalError or ConfigError unless ``bench`` / ``data`` name one benchmark that exists;
+    reads nothing, so a command checks it before it loads a model."""
     if data is not None:
         if bench not in (None, str(data)):
             raise EvalError(f"give either a benchmark name ({bench}) or --data {data}, not both")
         check_benchmark_name(data)
     elif bench is None:
-        raise EvalError(f"no benchmark given: name one of {', '.join(benchmark_names())}, or give --data FILE.jsonl")
+        raise EvalError(
+            f"no benchmark given: name one of {', '.join(benchmark_names())}, "
+            "or give --data FILE.jsonl"
+        )
     elif bench != ARITH:
         check_benchmark_name(bench)
 
 
-def load_eval_bench(bench: str | None, ref: ModelRef | None, data: str | Path | None = None,
-                    problem_key: str | None = None, answer_key: str | None = None) -> EvalBench:
+def load_eval_bench(
+    bench: str | None,
+    ref: ModelRef | None,
+    data: str | Path | None = None,
+    problem_key: str | None = None,
+    answer_key: str | None = None,
+) -> EvalBench:
     """Returns the benchmark to evaluate: arith, a packaged set, or ``data`` (a JSONL file)."""
     check_benchmark(bench, data)
     if data is not None:
@@ -194,7 +236,11 @@ def load_eval_bench(bench: str | None, ref: ModelRef | None, data: str | Path | 
     if bench == ARITH:
         return arith_bench(ref)
     b = load_benchmark(bench, problem_key, answer_key)
-    source = f"vapo_lab/data/{BENCHMARKS[bench].file}" if bench in BENCHMARKS else str(Path(bench).resolve())
+    source = (
+        f"vapo_lab/data/{BENCHMARKS[bench].file}"
+        if bench in BENCHMARKS
+        else str(Path(bench).resolve())
+    )
     return EvalBench(b.name, b.problems, b.integer_answers, source)
 
 

@@ -1,14 +1,9 @@
 """An evaluation's output folder: its files, resuming its samples, writing them safely.
 
-Files, in the output folder:
-
-* ``samples.jsonl``: one line per sample, problems in benchmark order, samples in order;
-* ``settings.json``: what the samples depend on, written first (a resume must match it);
-* ``summary.json``: settings, engine versions, metrics, per-problem results, timings.
-
-Resuming. Problems are generated in fixed chunks; each chunk is appended to ``samples.jsonl``
-whole, after grading, in one flushed write. ``open_samples`` keeps the complete chunks it finds
-(a torn last chunk is cut off), so a rerun with the same settings generates only the rest.
+``samples.jsonl`` holds one line per sample in benchmark order, each chunk of problems appended
+whole after grading; ``settings.json``, written first, what the samples depend on (a resume must
+match it); ``summary.json`` the settings, engine, metrics, per-problem results and timings.
+``open_samples`` keeps the complete chunks it finds, so a rerun generates only the rest.
 """
 
 from __future__ import annotations
@@ -59,12 +54,17 @@ def default_out_dir(bench: str, ref: ModelRef | None, samples: int, seed: int) -
 
 
 def require_out(out: Path, given: bool) -> None:
-    """Raises EvalError when the output folder ``out`` cannot be made or written (before any compute)."""
+    """Raises EvalError when the output folder ``out`` cannot be made or written."""
     from vapo_lab.config.preflight import require_writable
 
-    require_writable(out, f"--out {out}" if given else f"the output folder {out}",
-                     "give --out a writable folder" if given else "run from a writable folder, or give --out one",
-                     EvalError)
+    require_writable(
+        out,
+        f"--out {out}" if given else f"the output folder {out}",
+        "give --out a writable folder"
+        if given
+        else "run from a writable folder, or give --out one",
+        EvalError,
+    )
 
 
 def chunks(n_problems: int, per_chunk: int) -> list[range]:
@@ -72,14 +72,21 @@ def chunks(n_problems: int, per_chunk: int) -> list[range]:
     return [range(i, min(i + per_chunk, n_problems)) for i in range(0, n_problems, per_chunk)]
 
 
-def open_samples(out: Path, key: dict[str, Any], problem_chunks: Sequence[range], n: int, problem_ids: Sequence[str],
-                 overwrite: bool, log: Callable[[str], None]) -> tuple[list[dict[str, Any]], int]:
+def open_samples(
+    out: Path,
+    key: dict[str, Any],
+    problem_chunks: Sequence[range],
+    n: int,
+    problem_ids: Sequence[str],
+    overwrite: bool,
+    log: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], int]:
     """Returns (the records of the complete chunks already in ``out``, how many chunks that is).
 
-    Makes ``out``. With ``overwrite``, earlier files are deleted first. A new samples file starts
-    with ``settings.json`` = ``key``; an existing one must have been written with ``key`` and hold
-    the samples of ``n`` per problem of ``problem_ids``, chunk by chunk, in order; what follows
-    its last complete chunk is cut off.
+    Makes ``out`` (``overwrite``: deletes earlier files first). A new samples file starts with
+    ``settings.json`` = ``key``; an existing one must have been written with ``key`` and hold
+    ``n`` samples per problem of ``problem_ids``, chunk by chunk, in order; what follows its last
+    complete chunk is cut off.
 
     Raises:
         EvalError: the samples file was written with other settings, or does not hold them in order.
@@ -103,12 +110,17 @@ def open_samples(out: Path, key: dict[str, Any], problem_chunks: Sequence[range]
         complete += 1
     expected = [(problem_ids[i], j) for c in problem_chunks[:complete] for i in c for j in range(n)]
     if [(r.get("problem_id"), r.get("sample_index")) for r in records[:done_rows]] != expected:
-        raise EvalError(f"{samples_path} does not hold the samples these settings give, in order: it was edited "
-                        "or written by another version; pass --overwrite, or another --out")
+        raise EvalError(
+            f"{samples_path} does not hold the samples these settings give, in order: it was "
+            "edited or written by another version; pass --overwrite, or another --out"
+        )
     with samples_path.open("r+b") as f:  # drop a torn or partial last chunk
         f.truncate(ends[done_rows - 1] if done_rows else 0)
     if complete:
-        log(f"resuming {samples_path}: {complete} of {len(problem_chunks)} chunks ({done_rows} samples) already done")
+        log(
+            f"resuming {samples_path}: {complete} of {len(problem_chunks)} chunks "
+            f"({done_rows} samples) already done"
+        )
     return records[:done_rows], complete
 
 
@@ -133,14 +145,20 @@ def _check_resume(out_dir: Path, settings: dict[str, Any]) -> None:
     """Raises EvalError when ``out_dir`` holds samples written with other settings."""
     saved_path = out_dir / SETTINGS_FILE
     if not saved_path.is_file():
-        raise EvalError(f"{out_dir / SAMPLES_FILE} exists without its {SETTINGS_FILE}: its settings are unknown, "
-                        "so it cannot be resumed; pass --overwrite, or another --out")
+        raise EvalError(
+            f"{out_dir / SAMPLES_FILE} exists without its {SETTINGS_FILE}: its settings are "
+            "unknown, so it cannot be resumed; pass --overwrite, or another --out"
+        )
     saved = json.loads(saved_path.read_text())
     diff = [k for k in sorted(set(saved) | set(settings)) if saved.get(k) != settings.get(k)]
     if diff:
-        shown = ", ".join(f"{k}={_short(saved.get(k))} (now {_short(settings.get(k))})" for k in diff)
-        raise EvalError(f"{out_dir / SAMPLES_FILE} was written with other settings: {shown}; rerun with the same "
-                        "settings to resume it, or pass --overwrite, or another --out")
+        shown = ", ".join(
+            f"{k}={_short(saved.get(k))} (now {_short(settings.get(k))})" for k in diff
+        )
+        raise EvalError(
+            f"{out_dir / SAMPLES_FILE} was written with other settings: {shown}; rerun with the "
+            "same settings to resume it, or pass --overwrite, or another --out"
+        )
 
 
 def _short(value: Any) -> str:
@@ -153,7 +171,8 @@ def _jsonl(records: Sequence[dict[str, Any]]) -> str:
 
 
 def append_records(path: Path, records: list[dict[str, Any]]) -> None:
-    """Appends ``records`` as JSON lines in one write, flushed to disk (a chunk lands whole or torn)."""
+    """Appends ``records`` as JSON lines in one write, flushed to disk: a chunk lands whole or
+    torn."""
     blob = _jsonl(records)
     with path.open("a", encoding="utf-8") as f:
         f.write(blob)

@@ -1,14 +1,12 @@
-"""Loading what generation needs: the tokenizer, the policy (or a vLLM engine), the sampler, the prompts.
+"""Loading what generation needs: the tokenizer, the policy or a vLLM engine, the sampler, prompts.
 
-Models load through :mod:`vapo_lab.models.load`, the trainer's own loader, and sample through
-``vapo_lab.rollout.make_generator``, the trainer's own sampler; a run's arith prompts are the
-trainer's (``encode_prompts``), so evaluation draws what the trainer's periodic eval draws.
+All through the trainer's own loader, sampler and prompt encoding, so that evaluation draws what
+the trainer's periodic eval draws.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,7 +17,8 @@ from vapo_lab.eval.settings import EvalError, EvalSettings
 
 @dataclass
 class Loaded:
-    """A loaded generation engine: ``generate(prompts, n, temperature, top_p, generator)`` and its record."""
+    """A loaded generation engine, ``generate(prompts, n, temperature, top_p, generator)``, and its
+    record."""
 
     policy: Any  # None for vLLM
     tokenizer: Any
@@ -53,7 +52,7 @@ def tokenizer_of(ref: ModelRef) -> Any:
     from vapo_lab.tasks import build_task
 
     c = ref.cfg.task
-    task = build_task(ARITH, seed=int(c.seed), n_train=0, n_eval=0, **dict(c.options))
+    task = build_task(ARITH, seed=c.seed, n_train=0, n_eval=0, **c.options)
     return build_tokenizer(task.vocabulary())
 
 
@@ -66,14 +65,21 @@ def _require_vllm() -> None:
     except BackendUnavailable as e:
         # no "[gpu]" in the message: the CLI prints errors as rich markup, which eats it
         if "not installed" in str(e):
-            raise EvalError("--backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu "
-                            "extra in a GPU environment of its own (vLLM pins its own torch; docs/distributed.md, "
-                            "GPU / vLLM), or use --backend builtin") from None
+            raise EvalError(
+                "--backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu "
+                "extra in a GPU environment of its own (vLLM pins its own torch; "
+                "docs/distributed.md, GPU / vLLM), or use --backend builtin"
+            ) from None
         raise EvalError(str(e).replace("rollout.backend=", "--backend ")) from None
 
 
-def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed: int,
-                   prompt_tokens: Callable[[Any], int] | None = None) -> Loaded:
+def load_generator(
+    ref: ModelRef,
+    settings: EvalSettings,
+    max_tokens: int,
+    seed: int,
+    prompt_tokens: Callable[[Any], int] | None = None,
+) -> Loaded:
     """Returns the policy, its tokenizer and the sampling function of ``settings.backend``;
     ``prompt_tokens(tokenizer)``: the longest prompt in tokens, for vLLM's context (its
     ``max_model_len``: that plus ``max_tokens``; None: the model's whole context)."""
@@ -86,8 +92,8 @@ def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed:
     from vapo_lab.rollout import make_generator
 
     device = device_name(settings.device)
-    dtype = settings.dtype or (str(ref.cfg.model.dtype) if ref.cfg is not None else
-                               ("float32" if device == "cpu" else "bfloat16"))
+    default = "float32" if device == "cpu" else "bfloat16"
+    dtype = settings.dtype or (ref.cfg.model.dtype if ref.cfg is not None else default)
     if dtype not in DTYPES:
         raise EvalError(f"dtype={dtype!r}: use one of {', '.join(DTYPES)}")
     if settings.backend == "vllm":  # fail before loading anything when vLLM or a GPU is missing
@@ -96,7 +102,11 @@ def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed:
     policy = engine = None
     if settings.backend == "builtin":
         policy = load_causal_lm(ref.path, dtype, ref.trust_remote_code).to(device)
-        name, version = "builtin", f"vapo-lab {__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+        name, version = (
+            "builtin",
+            f"vapo-lab {__version__}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}",
+        )
     else:
         from vapo_lab.rollout.vllm_backend import VllmEngine
 
@@ -109,7 +119,9 @@ def load_generator(ref: ModelRef, settings: EvalSettings, max_tokens: int, seed:
     return Loaded(policy, tokenizer, generate, name, version, dtype, eos_ids)
 
 
-def prompt_ids(bench: EvalBench, tokenizer: Any, settings: EvalSettings) -> tuple[list[list[int]], bool]:
+def prompt_ids(
+    bench: EvalBench, tokenizer: Any, settings: EvalSettings
+) -> tuple[list[list[int]], bool]:
     """Returns (prompt token ids per problem, whether a chat template was applied)."""
     from vapo_lab.rollout.prompts import encode_prompts
 
@@ -117,7 +129,10 @@ def prompt_ids(bench: EvalBench, tokenizer: Any, settings: EvalSettings) -> tupl
         mode, problems = bench.chat_template or "none", bench.problems
     else:
         mode = settings.chat_template
-        problems = [replace(p, prompt=settings.template.replace("{problem}", p.prompt)) for p in bench.problems]
+        problems = [
+            replace(p, prompt=settings.template.replace("{problem}", p.prompt))
+            for p in bench.problems
+        ]
     applied = mode == "auto" and bool(getattr(tokenizer, "chat_template", None))
     return encode_prompts(tokenizer, problems, mode), applied
 

@@ -44,7 +44,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_ks(n: int) -> list[int]:
-    """Returns the k reported for n samples: 1, 2, 4, ... up to n, and n itself (e.g. 1, 2, 4, 5 for 5)."""
+    """Returns the k reported for n samples: the powers of 2 up to n, and n (1, 2, 4, 5 for 5)."""
     ks = [1 << j for j in range(n.bit_length()) if 1 << j <= n]
     return ks if ks[-1] == n else ks + [n]
 
@@ -56,8 +56,10 @@ def pass_at_k_table(correct: Sequence[Sequence[bool]]) -> dict[int, float]:
     """
     _check(correct)
     n_min = min(len(row) for row in correct)
-    return {k: float(np.mean([pass_at_k(len(row), sum(map(bool, row)), k) for row in correct]))
-            for k in pass_at_k_ks(n_min)}
+    return {
+        k: float(np.mean([pass_at_k(len(row), sum(map(bool, row)), k) for row in correct]))
+        for k in pass_at_k_ks(n_min)
+    }
 
 
 def per_problem_accuracy(correct: Sequence[Sequence[bool]]) -> np.ndarray:
@@ -83,23 +85,29 @@ def avg_at_k_se(correct: Sequence[Sequence[bool]]) -> float:
     return float(a.std(ddof=1) / np.sqrt(len(a)))
 
 
-def bootstrap_ci(correct: Sequence[Sequence[bool]], level: float = 0.95, resamples: int = 10_000,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    correct: Sequence[Sequence[bool]], level: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
     """Returns the percentile bootstrap interval of avg@n, resampling problems with replacement.
 
     Draws B = ``resamples`` sets of P problem indices (seeded numpy PCG64, so the same inputs and
     seed give the same interval), takes each set's mean a_i, and returns the (1 − level)/2 and
-    (1 + level)/2 quantiles of the B means (numpy's linear interpolation). Vectorised in blocks
-    of about 4M indices to bound memory for large P.
+    (1 + level)/2 quantiles of the B means (numpy's linear interpolation), in blocks of about 4M
+    indices to bound memory.
     """
     if not 0 < level < 1 or resamples < 1:
-        raise ValueError(f"bootstrap_ci needs 0 < level < 1 and resamples >= 1, got {level}, {resamples}")
+        raise ValueError(
+            f"bootstrap_ci needs 0 < level < 1 and resamples >= 1, got {level}, {resamples}"
+        )
     a = per_problem_accuracy(correct)
     rng = np.random.Generator(np.random.PCG64(seed))
     block = max(1, (1 << 22) // len(a))
-    means = np.concatenate([
-        a[rng.integers(0, len(a), size=(min(block, resamples - start), len(a)))].mean(axis=1)
-        for start in range(0, resamples, block)])
+    means = np.concatenate(
+        [
+            a[rng.integers(0, len(a), size=(min(block, resamples - start), len(a)))].mean(axis=1)
+            for start in range(0, resamples, block)
+        ]
+    )
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
@@ -124,9 +132,13 @@ def majority_index(keys: Sequence[str | None]) -> int | None:
     return first[best]
 
 
-def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence[bool]], k: int | None = None,
-             integer: bool = False) -> float:
-    r"""Returns maj@k: the fraction of problems whose majority answer over the first k samples is correct.
+def maj_at_k(
+    answers: Sequence[Sequence[str | None]],
+    correct: Sequence[Sequence[bool]],
+    k: int | None = None,
+    integer: bool = False,
+) -> float:
+    r"""Returns maj@k: the fraction of problems whose majority answer over k samples is correct.
 
     Answers vote by ``normalize_answer(answer, integer)`` key, so "025" and "25" (integer sets),
     or "\dfrac12" and "\frac{1}{2}", vote together; answers equal only symbolically (0.5 vs

@@ -1,9 +1,8 @@
 r"""Extracting a response's final answer and normalising answers into comparison keys.
 
-``extract_answer`` reads the last ``\boxed{...}`` / ``\fbox{...}`` / ``\boxed 5`` of a response,
-else its last ``Answer:`` line (DAPO's format). ``normalize_answer`` is cheap, value-preserving
-text normalisation: equal keys mean equal answers (and group answers for majority voting).
-Every scan here is linear in the text (model output is untrusted and may be megabytes long).
+``extract_answer`` reads the last ``\boxed{...}`` / ``\fbox{...}`` / ``\boxed 5``, else the last
+``Answer:`` line (DAPO's format); ``normalize_answer`` gives keys that are equal only for equal
+answers. Every scan is linear in the text: model output is untrusted and may be megabytes long.
 """
 
 from __future__ import annotations
@@ -11,13 +10,25 @@ from __future__ import annotations
 import re
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
-# Greedy to the end of the line (`.` stops at a newline), stripped afterwards: a lazy `(.+?)\s*$`
-# backtracks quadratically on a long run of spaces. Markdown bold may close between "Answer" and
-# its colon (`**Answer**: 73`); the optional group is tried once per "Answer", so this stays linear.
-_ANSWER_LINE = re.compile(r"Answer(?:[ \t]*(?:\*{1,3}|_{1,3}))?[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE)
-_EMPHASIS = "*_ \t"  # Markdown bold/italic markers (and the spaces beside them) around an answer line's value
+# Greedy to the end of the line, stripped afterwards: a lazy `(.+?)\s*$` backtracks
+# quadratically on a long run of spaces. Markdown bold may close between "Answer" and its colon
+# (`**Answer**: 73`); the optional group is tried once per "Answer", so this stays linear.
+_ANSWER_LINE = re.compile(
+    r"Answer(?:[ \t]*(?:\*{1,3}|_{1,3}))?[ \t]*:(.*)$", re.IGNORECASE | re.MULTILINE
+)
+# Markdown bold/italic markers (and the spaces beside them) around an answer line's value
+_EMPHASIS = "*_ \t"
 # Whole-string wrappers whose content is the answer.
-_WRAPPERS = ("\\text", "\\textbf", "\\textrm", "\\mathrm", "\\mathbf", "\\mbox", "\\boxed", "\\fbox")
+_WRAPPERS = (
+    "\\text",
+    "\\textbf",
+    "\\textrm",
+    "\\mathrm",
+    "\\mathbf",
+    "\\mbox",
+    "\\boxed",
+    "\\fbox",
+)
 # Spacing and sizing commands that never change a value (`\!` and `\,` also separate thousands).
 _NOISE = re.compile(r"\\left(?![a-zA-Z])|\\right(?![a-zA-Z])|\\displaystyle|\\[!,;:]|\\ |\\\$")
 _DEGREES = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°")
@@ -53,12 +64,12 @@ def matching_brace(text: str, open_at: int) -> int:
 
 
 def last_boxed(text: str) -> str | None:
-    r"""Returns the content of the last ``\boxed{...}`` or ``\fbox{...}`` (braces balanced), else None.
+    r"""Returns the content of the last ``\boxed{...}`` or ``\fbox{...}`` (braces balanced), else
+    None.
 
-    The last one wins because a chain of thought may box intermediate results before the final
-    answer. The space form ``\boxed 5`` gives the token up to the next space or ``$``. An
-    unclosed last box, or a bare ``\boxed`` at the end, gives None: a truncated response has no
-    answer.
+    The last wins: a chain of thought may box intermediate results first. ``\boxed 5`` gives the
+    token up to the next space or ``$``. An unclosed last box, or a bare ``\boxed`` at the end,
+    gives None: a truncated response has no answer.
     """
     found = {c: text.rfind(c) for c in _BOX_COMMANDS}
     while True:  # skip look-alike commands such as \boxedx, from the right; each rfind resumes
@@ -74,7 +85,7 @@ def last_boxed(text: str) -> str | None:
         j += 1
     if j < len(text) and text[j] == "{":
         end = matching_brace(text, j)
-        return text[j + 1:end] if end >= 0 else None
+        return text[j + 1 : end] if end >= 0 else None
     if j == i:  # `\boxed` at the very end or followed by a symbol: truncated
         return None
     k = j
@@ -84,7 +95,7 @@ def last_boxed(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    r"""Returns the final answer of a response: the last box, else the last ``Answer:`` line, else None.
+    r"""Returns the final answer of a response: the last box, else the last ``Answer:`` line.
 
     A box that is present but unbalanced gives None (the response was cut off inside its
     answer) rather than falling back to an earlier ``Answer:`` line; so does an empty box.
@@ -98,33 +109,33 @@ def extract_answer(text: str) -> str | None:
 
 
 def _strip_emphasis(value: str) -> str:
-    """Returns an answer line's value without Markdown emphasis: ``** 73`` and ``**73**.`` → ``73`` / ``73.``.
+    """Returns an answer line's value without Markdown emphasis: ``**73**.`` → ``73.``.
 
-    Models bold the answer line in several ways (``**Answer:** 73``, ``**Answer: 73**``,
-    ``Answer: **73**``), leaving markers at either end of the value; no answer starts with ``*`` or
-    ``_`` or ends with ``_``. A trailing ``*`` after ``^`` is kept: ``z^*`` is a conjugate.
+    Models bold the line in several ways (``**Answer:** 73``, ``Answer: **73**``), leaving markers
+    at either end; no answer starts with ``*`` or ``_`` or ends with ``_``. A trailing ``*`` after
+    ``^`` is kept: ``z^*`` is a conjugate.
     """
     s = value.strip().lstrip(_EMPHASIS)
     period = "." if s.endswith(".") else ""
-    core = s[:len(s) - len(period)]
+    core = s[: len(s) - len(period)]
     kept = core.rstrip(_EMPHASIS)
-    if kept.endswith("^") and core[len(kept):].startswith("*"):
+    if kept.endswith("^") and core[len(kept) :].startswith("*"):
         kept += "*"
     return kept + period if kept else ""
 
 
 def _unwrap(s: str) -> str:
-    r"""Returns ``s`` without one layer of ``$...$``, ``\(...\)``, ``\[...\]`` or ``\text{...}``-like wrapper."""
+    r"""Returns ``s`` without one layer of ``$...$``, ``\(...\)``, ``\[...\]`` or ``\text{...}``."""
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            return s[len(left):len(s) - len(right)]
+            return s[len(left) : len(s) - len(right)]
     for name in _WRAPPERS:
-        if s.startswith(name) and not s[len(name):len(name) + 1].isalpha():
+        if s.startswith(name) and not s[len(name) : len(name) + 1].isalpha():
             j = len(name)
             while j < len(s) and s[j].isspace():
                 j += 1
             if j < len(s) and s[j] == "{" and matching_brace(s, j) == len(s) - 1:
-                return s[j + 1:-1]
+                return s[j + 1 : -1]
     return s
 
 
@@ -135,8 +146,8 @@ def normalize_answer(answer: str, integer: bool = False) -> str:
     ``\left``/``\right`` and spacing commands, degree signs, a trailing unit (``5\text{ cm}``),
     whitespace and thousands separators; ``\dfrac``/``\tfrac`` become ``\frac``; an integer
     literal is written canonically (``025`` → ``25``, ``3.0`` → ``3``). With ``integer``, the
-    part after the last ``=`` is kept and a percent sign dropped (``m+n=25``, ``25\%`` → ``25``). Equal keys mean equal answers, so
-    the keys also group answers for majority voting.
+    part after the last ``=`` is kept and a percent sign dropped (``m+n=25``, ``25\%`` → ``25``).
+    Equal keys mean equal answers, so the keys also group answers for majority voting.
     """
     s = answer.strip().replace("\u2212", "-")
     for _ in range(8):  # nested wrappers; bounded, as adversarial nesting would cost O(n²)
@@ -162,7 +173,8 @@ def normalize_answer(answer: str, integer: bool = False) -> str:
 def as_int(key: str) -> int | None:
     """Returns the integer a normalised key spells (``-12``, ``007``, ``3.00``), else None."""
     match = _INTEGER.fullmatch(key)
-    if not match or len(match.group(1)) > 4000:  # int() refuses > 4300 digits; no answer is that long
+    # int() refuses > 4300 digits; no answer is that long
+    if not match or len(match.group(1)) > 4000:
         return None
     return int(match.group(1))
 

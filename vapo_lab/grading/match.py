@@ -1,10 +1,7 @@
 """Comparing an answer with its reference, and grading responses: one in-process, many in workers.
 
-``match_answer`` compares an extracted answer with the reference: integer-answer sets (AIME,
-GSM8K) exactly as integers, other sets (MATH-500) by normalised key, else math-verify's symbolic
-equivalence unless a pre-check refuses the answer (``symbolic_refusal``). ``grade`` is the
-reward's path: in-process, bounded on any thread, never raising. ``grade_many`` grades a batch
-in worker processes with a per-sample time limit, reporting hangs and crashes per sample.
+``grade`` is the reward's path (in-process, bounded on any thread, never raising); ``grade_many``
+grades a batch in worker processes with a per-sample time limit, reporting hangs and crashes.
 """
 
 from __future__ import annotations
@@ -31,13 +28,12 @@ _log = logging.getLogger(__name__)
 
 
 def _symbolic_equal(answer: str, reference: str, timeout_s: float | None) -> bool:
-    """Returns math-verify's verdict on ``answer`` ≡ ``reference``; False if either fails to parse or times out.
+    """Returns math-verify's verdict on ``answer`` ≡ ``reference``; False when either fails to
+    parse or the comparison passes ``timeout_s`` (logged).
 
-    The limit holds on every thread. ``timeout_s`` None: no limit here, the caller bounds the
-    process (``grade_many`` kills its worker). Main thread: math-verify's own SIGALRM limit. Any
-    other thread (or no SIGALRM, as on Windows): the comparison runs in a worker process that is
-    killed at the limit, because no in-process bound can stop sympy there (it may hold the GIL
-    for minutes expanding a power tower). A comparison over the limit counts False and is logged.
+    In the main thread math-verify's own SIGALRM limit holds; elsewhere (or without SIGALRM) the
+    comparison runs in a worker process killed at the limit, since nothing in-process can stop
+    sympy holding the GIL. None: no limit here (``grade_many`` kills its worker instead).
     """
     if timeout_s is None:
         return math_verify_equal(answer, reference, None)
@@ -45,21 +41,23 @@ def _symbolic_equal(answer: str, reference: str, timeout_s: float | None) -> boo
         return math_verify_equal(answer, reference, timeout_s)
     verdict = OFF_MAIN_THREAD.equal(answer, reference, timeout_s)
     if verdict is None:
-        _log.warning("grading took over %s s (off the main thread): counted wrong: %.200s", timeout_s, answer)
+        _log.warning(
+            "grading took over %s s (off the main thread): counted wrong: %.200s", timeout_s, answer
+        )
         return False
     return verdict
 
 
-def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: float | None = 5) -> bool:
+def match_answer(
+    answer: str, reference: str, integer: bool = False, timeout_s: float | None = 5
+) -> bool:
     """Returns True iff the extracted ``answer`` equals ``reference``.
 
     Equal normalised keys → True. Both integers → exact integer comparison. Otherwise, with
     ``integer`` → False (an AIME answer that is not an integer literal is wrong, whatever it
-    evaluates to); without → math-verify symbolic equivalence. An ``integer`` set whose
-    reference is not an integer falls back to math-verify too. An answer that fails a pre-check
-    (``symbolic_refusal``: over 400 characters, nested over 8 deep, or an integer power over
-    10,000 digits) never reaches math-verify: its key did not equal the reference's, so False.
-    ``timeout_s`` bounds math-verify on any thread (see ``_symbolic_equal``); None: unbounded.
+    evaluates to), unless the reference is not an integer either; else math-verify's symbolic
+    equivalence, bounded by ``timeout_s`` (None: unbounded). An answer that fails a pre-check
+    (``symbolic_refusal``) never reaches math-verify: False.
     """
     key, ref_key = normalize_answer(answer, integer), normalize_answer(reference, integer)
     if key and key == ref_key:
@@ -75,13 +73,13 @@ def match_answer(answer: str, reference: str, integer: bool = False, timeout_s: 
     return _symbolic_equal(compact, reference, timeout_s)
 
 
-def grade(response: str, reference: str, integer: bool = False, timeout_s: float | None = 5) -> bool:
-    """Returns True iff the final answer of ``response`` equals ``reference`` (see ``match_answer``).
+def grade(
+    response: str, reference: str, integer: bool = False, timeout_s: float | None = 5
+) -> bool:
+    """Returns True iff the final answer of ``response`` equals ``reference`` (``match_answer``).
 
-    In-process (the reward's path), bounded by ``timeout_s`` on any thread (math-verify's alarm
-    in the main thread, a killed worker process elsewhere) and never raising: an error or a
-    timeout grades the response wrong (a timeout is logged). ``grade_many`` also survives hangs
-    and crashes, and reports them per sample.
+    The reward's path: in-process, bounded by ``timeout_s`` on any thread, never raising; an
+    error or a timeout grades the response wrong.
     """
     try:
         answer = extract_answer(response)
@@ -113,8 +111,9 @@ class GradeResult:
 _match_in_worker = functools.partial(match_answer, timeout_s=None)
 
 
-def _grade_one(response: str, reference: str, integer: bool,
-               match_fn: Callable[[str, str, bool], bool]) -> tuple[str | None, bool, str, str]:
+def _grade_one(
+    response: str, reference: str, integer: bool, match_fn: Callable[[str, str, bool], bool]
+) -> tuple[str | None, bool, str, str]:
     """Returns the fields of a GradeResult for one sample; exceptions become status "error"."""
     answer = None
     try:
@@ -126,26 +125,26 @@ def _grade_one(response: str, reference: str, integer: bool,
         return answer, False, "error", f"{type(e).__name__}: {e}"[:500]
 
 
-def grade_many(responses: Sequence[str], references: Sequence[str], integer: bool,
-               timeout_s: float = 5.0, workers: int | None = None,
-               match_fn: Callable[[str, str, bool], bool] | None = None,
-               start_timeout_s: float = 120.0) -> list[GradeResult]:
-    """Returns one GradeResult per response, graded in worker processes with a per-sample time limit.
+def grade_many(
+    responses: Sequence[str],
+    references: Sequence[str],
+    integer: bool,
+    timeout_s: float = 5.0,
+    workers: int | None = None,
+    match_fn: Callable[[str, str, bool], bool] | None = None,
+    start_timeout_s: float = 120.0,
+) -> list[GradeResult]:
+    """Returns one GradeResult per response, graded in worker processes with a per-sample limit.
 
-    Samples go to the workers in chunks (few round trips for the common, fast case); each sample
-    has ``timeout_s`` seconds from the end of the previous one. A worker over the limit is
-    killed and replaced, its sample is marked "timeout" and the rest of its chunk is requeued; a
-    worker that dies marks its sample "error" the same way. Either way the sample counts wrong.
+    Samples go to the workers in chunks; each has ``timeout_s`` seconds from the end of the
+    previous one. A worker over the limit is killed and replaced, its sample marked "timeout"
+    (a worker that dies: "error") and counted wrong, and the rest of its chunk requeued.
 
     Args:
-        responses: model outputs, untrusted.
-        references: reference answers, one per response.
         integer: grade as an integer-answer set (see ``match_answer``).
-        timeout_s: per-sample limit in seconds.
         workers: worker processes; default min(4, CPU count).
         match_fn: test hook: a picklable module-level ``(answer, reference, integer) -> bool`` run
-            in the workers in place of ``match_answer``. Only the caller can set it, never the
-            model output.
+            in the workers in place of ``match_answer``.
         start_timeout_s: limit for a worker to start and warm up.
 
     Raises:
@@ -165,20 +164,23 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
     queue = deque(list(range(i, min(i + size, n))) for i in range(0, n, size))
     job = functools.partial(_grade_one, match_fn=match_fn or _match_in_worker)
     ctx = mp_context()
-    start = lambda: Slot(ctx, job, warm_up=not integer)
+
+    def start() -> Slot:
+        return Slot(ctx, job, warm_up=not integer)
+
     slots = [start() for _ in range(min(workers, len(queue)))]
     results: list[GradeResult | None] = [None] * n
     remaining = n
 
     def retire(k: int, status: str, detail: str) -> None:
-        """Marks the sample in progress on slot k, requeues the rest of its chunk, replaces the worker."""
+        """Fails slot k's current sample, requeues the rest of its chunk, replaces the worker."""
         nonlocal remaining
         slot = slots[k]
         slot.stop(kill=True)
         results[slot.chunk[slot.pos]] = GradeResult(None, False, status, detail)
         remaining -= 1
         if slot.pos + 1 < len(slot.chunk):
-            queue.appendleft(slot.chunk[slot.pos + 1:])
+            queue.appendleft(slot.chunk[slot.pos + 1 :])
         slots[k] = start()
 
     def limit(slot: Slot) -> float:
@@ -197,10 +199,17 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
                         slot.stop(kill=True)
                         slots[k] = start()
                         continue
-                    slot.chunk, slot.pos, slot.state, slot.since = chunk, 0, "busy", time.monotonic()
+                    slot.chunk, slot.pos, slot.state, slot.since = (
+                        chunk,
+                        0,
+                        "busy",
+                        time.monotonic(),
+                    )
             active = [k for k, s in enumerate(slots) if s.state != "idle"]
             deadline = min(limit(slots[k]) for k in active)
-            ready = wait([slots[k].conn for k in active], timeout=max(0.0, deadline - time.monotonic()))
+            ready = wait(
+                [slots[k].conn for k in active], timeout=max(0.0, deadline - time.monotonic())
+            )
             for k in active:
                 slot = slots[k]
                 if slot.conn not in ready:
@@ -222,7 +231,9 @@ def grade_many(responses: Sequence[str], references: Sequence[str], integer: boo
                     slot.proc.join()
                     if slot.state == "starting":
                         raise RuntimeError(
-                            f"a grading worker exited with code {slot.proc.exitcode} before it was ready") from None
+                            f"a grading worker exited with code {slot.proc.exitcode} before it "
+                            "was ready"
+                        ) from None
                     retire(k, "error", f"grading process died (exit code {slot.proc.exitcode})")
             now = time.monotonic()
             for k, slot in enumerate(slots):

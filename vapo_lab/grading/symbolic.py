@@ -1,10 +1,7 @@
 """Symbolic comparison through math-verify (sympy), and the pre-checks that refuse it an answer.
 
-math-verify's time grows with an answer's length and steeply with its nesting, and sympy
-evaluates integer powers eagerly, so ``symbolic_refusal`` measures an answer first (length,
-nesting depth, digits of its largest integer power) without parsing it; an answer past a limit
-is compared as text only. ``math_verify_equal`` is the comparison itself (imported on first
-use: math-verify pulls sympy).
+``symbolic_refusal`` measures an answer without parsing it (length, nesting depth, digits of its
+largest integer power); ``math_verify_equal`` is the comparison itself.
 """
 
 from __future__ import annotations
@@ -18,18 +15,17 @@ _GROUPING = re.compile(r"\\.|[{(\[]|[})\]]", re.DOTALL)
 _POWER = re.compile(r"(?<![0-9.])([0-9]+)\s*\^\s*")  # an integer base and its ^
 _DIGITS = re.compile(r"[0-9]+")  # ASCII only: \d also matches other scripts' digits
 
-# Pre-checks before math-verify (sympy), whose time grows with an answer's length and steeply with
-# its nesting (docs/benchmarks.md#grading), and which evaluates integer powers eagerly (9^{9^9}
-# has 369,693,100 digits).
-# MATH-500's references are at most 53 characters long and nested at most 2 deep; an answer past
-# a limit is compared as text only (its normalised key), so it can still equal the reference.
+# Limits of the pre-checks: math-verify's time grows with an answer's length and steeply with its
+# nesting (docs/benchmarks.md#grading), and sympy evaluates integer powers eagerly (9^{9^9} has
+# 369,693,100 digits). MATH-500's references are at most 53 characters long and nested at most 2
+# deep; an answer past a limit is compared as text only, so it can still equal the reference.
 SYMBOLIC_MAX_CHARS = 400  # after runs of whitespace collapse; or 4x the reference's length, if more
 SYMBOLIC_MAX_DEPTH = 8  # ( [ { nested (unescaped); a 3-deep continued fraction is 3
 SYMBOLIC_MAX_DIGITS = 10_000  # digits of an integer power such as 2^{33219}; int() stops at 4,300
 
 
 def _nesting_depth(text: str) -> int:
-    """Returns how deep unescaped ``(``, ``[`` and ``{`` nest in ``text`` (a stray closer counts nothing)."""
+    """Returns how deep unescaped ``(``, ``[`` and ``{`` nest in ``text``, stray closers ignored."""
     depth = deepest = 0
     for m in _GROUPING.finditer(text):
         ch = m.group()
@@ -42,7 +38,7 @@ def _nesting_depth(text: str) -> int:
 
 
 def _int_log10(digits: str) -> float:
-    """Returns log10 of the integer a digit string spells (-inf for 0), without building a huge int."""
+    """Returns log10 of the integer a digit string spells (-inf for 0), without a huge int."""
     digits = digits.lstrip("0")
     if not digits:
         return -math.inf
@@ -52,7 +48,7 @@ def _int_log10(digits: str) -> float:
 
 
 def _tower_log10(text: str, at: int) -> tuple[float, int] | None:
-    """Returns (log10 of the value, end index) of the integer power at ``at`` (``9^{9^{9}}``), else None.
+    """Returns (log10 of the value, end index) of the integer power at ``at`` (``9^{9^{9}}``).
 
     ``text[at:]`` must start with an integer base and ``^``; the exponent is ``{...}`` holding an
     integer or another such power, or a bare digit run (math-verify reads ``2^10`` as 2^10).
@@ -67,7 +63,7 @@ def _tower_log10(text: str, at: int) -> tuple[float, int] | None:
         end = matching_brace(text, j)
         if end < 0:
             return None
-        exponent, stop = text[j + 1:end].strip(), end + 1
+        exponent, stop = text[j + 1 : end].strip(), end + 1
     else:
         run = _DIGITS.match(text, j)
         if run is None:
@@ -84,11 +80,11 @@ def _tower_log10(text: str, at: int) -> tuple[float, int] | None:
     if base_log10 <= 0 or exp_log10 == -math.inf:  # 0^E, 1^E or b^0: 0 or 1
         return 0.0, stop
     # log10(b^E) = E·log10(b), with E = 10^log10(E)
-    return (math.inf if exp_log10 > 300 else 10.0 ** exp_log10 * base_log10), stop
+    return (math.inf if exp_log10 > 300 else 10.0**exp_log10 * base_log10), stop
 
 
 def _power_digits(text: str) -> float:
-    """Returns the digit count of the largest integer power written in ``text`` (0 if none; may be inf).
+    """Returns the digit count of the largest integer power in ``text`` (0 if none; may be inf).
 
     ``2^{10}`` = 1024: 4; ``9^{9^{9}}`` = 9^387420489: ⌊387420489·log10 9⌋ + 1 = 369,693,100.
     """
@@ -121,7 +117,9 @@ def math_verify_equal(answer: str, reference: str, timeout_s: float | None) -> b
     """Returns math-verify's verdict, with its own SIGALRM limit (main thread only) or none."""
     from math_verify import parse, verify
 
-    wrap = lambda s: s if "$" in s else f"${s}$"
+    def wrap(s: str) -> str:
+        return s if "$" in s else f"${s}$"
+
     gold = parse(wrap(reference), parsing_timeout=timeout_s)
     pred = parse(wrap(answer), parsing_timeout=timeout_s)
     if not gold or not pred:

@@ -1,8 +1,7 @@
-"""Grading worker processes: started warm, fed chunks of samples over a pipe, killed at a time limit.
+"""Grading worker processes: started warm, fed chunks of samples over a pipe, killed at a limit.
 
 ``Slot`` is one worker and the chunk it is grading (``grade_many`` keeps a pool of them);
-``OFF_MAIN_THREAD`` compares with math-verify off the main thread, where math-verify's own
-SIGALRM limit cannot fire and only a process that can be killed bounds sympy.
+``OFF_MAIN_THREAD`` runs math-verify for other threads, where its SIGALRM limit cannot fire.
 """
 
 from __future__ import annotations
@@ -22,10 +21,8 @@ Job = Callable[[str, str, bool], tuple[Any, ...]]
 
 
 def _compare_one(answer: str, reference: str, integer: bool) -> tuple[str, bool, str, str]:
-    """Returns the fields of a GradeResult for math-verify on an extracted ``answer``, unbounded here.
-
-    The job of ``_OffMainThread``'s workers (``integer`` is unused: only the symbolic step comes here).
-    """
+    """Returns the fields of a GradeResult for math-verify on an extracted ``answer``, unbounded:
+    the job of ``_OffMainThread``'s workers (``integer`` is unused)."""
     try:
         return answer, bool(math_verify_equal(answer, reference, None)), "ok", ""
     except Exception as e:  # noqa: BLE001 - reported to the caller as "error"
@@ -33,15 +30,17 @@ def _compare_one(answer: str, reference: str, integer: bool) -> tuple[str, bool,
 
 
 def _worker(conn: Connection, job: Job, warm_up: bool) -> None:
-    """Runs ``job`` on chunks ``[(response, reference, integer), ...]`` from ``conn``, one reply per sample.
+    """Runs ``job`` on chunks ``[(response, reference, integer), ...]`` from ``conn``, one reply a
+    sample, so the parent knows when each starts; None or a closed pipe ends it.
 
-    Says "ready" once warm (math-verify imported and its parser built: docs/benchmarks.md#grading), so
-    that start-up is not charged to the first sample's time limit. A reply per sample tells the
-    parent when each sample starts; None or a closed pipe ends the worker.
+    Says "ready" once warm (math-verify imported, its parser built), so that start-up is not
+    charged to the first sample's time limit.
     """
     # math-verify warns once per process that its own alarm is off: here that is by design
     for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).addFilter(lambda record: "Timeout is disabled" not in record.getMessage())
+        logging.getLogger(name).addFilter(
+            lambda record: "Timeout is disabled" not in record.getMessage()
+        )
     if warm_up:
         job("\\boxed{\\frac{1}{2}}", "0.5", False)
     conn.send("ready")
@@ -57,11 +56,9 @@ def _worker(conn: Connection, job: Job, warm_up: bool) -> None:
 
 
 def mp_context() -> Any:
-    """Returns the multiprocessing context: forkserver where available (safe under torch), else spawn.
-
-    The fork server imports math-verify once, so a replacement for a killed worker starts in
-    milliseconds rather than re-importing sympy.
-    """
+    """Returns the multiprocessing context: forkserver where available (safe under torch), else
+    spawn; the fork server imports math-verify once, so a killed worker's replacement starts in
+    milliseconds."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["vapo_lab.grading", "math_verify"])
@@ -70,7 +67,7 @@ def mp_context() -> Any:
 
 
 class Slot:
-    """One worker process and the chunk it is grading: ``chunk[pos]`` is in progress since ``since``."""
+    """One worker process and the chunk it is grading, ``chunk[pos]`` since ``since``."""
 
     def __init__(self, ctx: Any, job: Job, warm_up: bool) -> None:
         self.conn, child = ctx.Pipe()
@@ -97,11 +94,11 @@ class Slot:
 
 
 class _OffMainThread:
-    """Worker processes for math-verify comparisons made off the main thread (``match._symbolic_equal``).
+    """Worker processes for math-verify comparisons made off the main thread.
 
-    A worker is started on first need (its start-up is not charged to the limit) and kept for the
-    next call, one per thread grading at once, so a reward computed on another thread pays one
-    pipe round trip per symbolic comparison. Over the limit, the worker is killed.
+    A worker starts on first need (not charged to the limit) and is kept for the next call, one
+    per thread grading at once, so a comparison costs one pipe round trip; over the limit it is
+    killed.
     """
 
     def __init__(self, start_timeout_s: float = 120.0) -> None:
@@ -110,7 +107,7 @@ class _OffMainThread:
         self._idle: list[Slot] = []
 
     def equal(self, answer: str, reference: str, timeout_s: float) -> bool | None:
-        """Returns math-verify's verdict, or None when it took longer than ``timeout_s`` (worker killed).
+        """Returns math-verify's verdict, or None when it took longer than ``timeout_s``.
 
         Raises:
             RuntimeError: a worker could not start, died, or the comparison raised.
@@ -126,7 +123,9 @@ class _OffMainThread:
             _, verdict, status, detail = slot.conn.recv()
         except (EOFError, OSError):
             slot.stop(kill=True)
-            raise RuntimeError(f"the grading process died (exit code {slot.proc.exitcode})") from None
+            raise RuntimeError(
+                f"the grading process died (exit code {slot.proc.exitcode})"
+            ) from None
         with self._lock:
             self._idle.append(slot)
         if status != "ok":
@@ -138,16 +137,20 @@ class _OffMainThread:
         try:
             slot = Slot(mp_context(), _compare_one, warm_up=True)
         except Exception as e:  # e.g. a daemonic process may not have children
-            raise RuntimeError(f"could not start a grading process for a thread other than the main one "
-                               f"({type(e).__name__}: {e}); grade from the main thread, or use grade_many") from e
+            raise RuntimeError(
+                f"could not start a grading process for a thread other than the main one "
+                f"({type(e).__name__}: {e}); grade from the main thread, or use grade_many"
+            ) from e
         try:
             ready = slot.conn.poll(self.start_timeout_s) and slot.conn.recv() == "ready"
         except (EOFError, OSError):
             ready = False
         if not ready:
             slot.stop(kill=True)
-            raise RuntimeError(f"a grading process did not start within {self.start_timeout_s} s "
-                               f"(exit code {slot.proc.exitcode})")
+            raise RuntimeError(
+                f"a grading process did not start within {self.start_timeout_s} s "
+                f"(exit code {slot.proc.exitcode})"
+            )
         slot.state = "idle"
         return slot
 

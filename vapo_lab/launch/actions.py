@@ -10,8 +10,15 @@ from vapo_lab.launch.base import LaunchError, Submission
 from vapo_lab.launch.grid import Grid
 
 
-def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run: bool, wait: bool,
-             log: Callable[[str], None], out: Callable[[str], None]) -> Submission:
+def run_grid(
+    grid: Grid,
+    overrides: Sequence[str],
+    launcher: str | None,
+    dry_run: bool,
+    wait: bool,
+    log: Callable[[str], None],
+    out: Callable[[str], None],
+) -> Submission:
     """Expands ``grid`` with the command line's overrides and submits it; returns the Submission.
 
     ``--launcher X`` is the ``launcher=X`` override; ``launcher.*`` and ``tracking.*`` overrides set
@@ -25,7 +32,9 @@ def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run
     backend = resolve_launcher(launcher, [*grid.overrides, *overrides])
     overrides = list(overrides)
     if launcher is not None:
-        overrides = [o for o in overrides if not o.startswith("launcher=")] + [f"launcher={launcher}"]
+        overrides = [o for o in overrides if not o.startswith("launcher=")] + [
+            f"launcher={launcher}"
+        ]
     specs = grid.expand(overrides)
     cfg = OmegaConf.create(specs[0].config)
     if not dry_run:  # the grid's folder, the caches and the tracking store, before any cell starts
@@ -39,11 +48,18 @@ def run_grid(grid: Grid, overrides: Sequence[str], launcher: str | None, dry_run
         return sub
     failed = {k: v for k, v in sub.results.items() if v != "finished"}
     if sub.results:
-        out(f"grid {sub.grid_id}: {len(sub.results) - len(failed)} finished, {len(failed)} failed this time; "
-            f"{len(sub.skipped_finished)} were already finished. `vapo-lab jobs {sub.grid_id}` for details")
+        out(
+            f"grid {sub.grid_id}: {len(sub.results) - len(failed)} finished, "
+            f"{len(failed)} failed this time; "
+            f"{len(sub.skipped_finished)} were already finished. "
+            f"`vapo-lab jobs {sub.grid_id}` for details"
+        )
     if failed:
-        raise LaunchError(f"{len(failed)} cell(s) failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items())
-                          + ". Fix and resubmit the same command: finished cells are skipped")
+        raise LaunchError(
+            f"{len(failed)} cell(s) failed: "
+            + "; ".join(f"{k}: {v}" for k, v in failed.items())
+            + ". Fix and resubmit the same command: finished cells are skipped"
+        )
     return sub
 
 

@@ -64,24 +64,28 @@ class Launcher(Protocol):
     """
 
     name: str  # the registry key and the config option: launcher=<name>, --launcher <name>
-    # True when the jobs outlive the submitting process (Slurm): their ids are recorded in the grid's
-    # record as soon as they exist, and without --wait the submission returns once they are queued
+    # True when the jobs outlive the submitting process (Slurm): their ids are recorded in the
+    # grid's record as soon as they exist, and without --wait the submission returns once queued
     detached: bool
 
     def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
-        """Raises LaunchError when the launcher cannot take the grid's cells ``specs`` that would run
-        (commands missing, cluster unreachable, bad settings, a cell it cannot run: a many-rank cell
-        on Ray); called before anything is written or submitted."""
+        """Raises LaunchError when the launcher cannot take the cells ``specs`` that would run
+        (commands missing, cluster unreachable, bad settings, a cell it cannot run: a many-rank
+        cell on Ray); called before anything is written or submitted."""
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
-        """Runs (or queues) the prepare job, then ``run_cell`` of every job; records job ids, and the
-        result of each cell that ended, in ``sub``."""
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
+        """Runs (or queues) the prepare job, then ``run_cell`` of every job; records job ids, and
+        the result of each cell that ended, in ``sub``."""
 
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Waits until every cell that ``submit`` queued has ended, recording each result in ``sub``
         (nothing to do for a launcher whose ``submit`` runs the cells to their end)."""
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         """Returns what ``--dry-run`` shows beyond the cells of a submission of the cells ``specs``
         (Slurm: its sbatch scripts), or an empty string."""
 
@@ -104,6 +108,10 @@ def log_folder(grid_dir: Path) -> Path:
 
 
 def cell_failed(sub: Submission, grid_dir: Path, key: str, log: Log) -> None:
-    """Records in ``sub`` a cell whose worker raised: the error its status file holds, and its log."""
-    sub.failed(key, str(read_status(grid_dir, key).get("error")), log,
-               where=f" (log {grid_dir / 'logs' / (key + '.log')})")
+    """Records in ``sub`` a cell whose worker raised, with its status file's error and its log."""
+    sub.failed(
+        key,
+        str(read_status(grid_dir, key).get("error")),
+        log,
+        where=f" (log {grid_dir / 'logs' / (key + '.log')})",
+    )

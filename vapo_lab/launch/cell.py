@@ -1,27 +1,17 @@
 """The body of every launched job: prepare the shared caches once, then run (or resume) one cell.
 
 Whatever the launcher (a local worker process, a Ray task, a Slurm array task), a cell runs
-``run_cell(job)``, which is idempotent:
+``run_cell(job)``, which is idempotent: a finished cell returns at once, a cell with a run folder
+resumes from its latest checkpoint into the same tracking run, any other starts its run as a child
+of the grid's parent MLflow run. The cell's config was composed once, when the grid was expanded
+(``CellSpec.config``); a job only sets where its run is written and logged, and records how it
+goes in the cell's status file (``vapo_lab.launch.status``). ``CellJobRunner`` wraps ``run_cell``
+as a ``submitit`` checkpointable, so that a preempted Slurm job is requeued and resumes.
 
-* a cell whose status file says ``finished`` returns at once (resubmitting a grid redoes nothing);
-* a cell with a run folder (``run.json``) resumes from its latest checkpoint into the same
-  tracking run (``vapo_lab.trainer.trainer.Trainer`` with ``resume=``): a requeued Slurm job or a
-  resubmitted failed cell continues and ends with the metrics of an uninterrupted run;
-* otherwise it starts the run, tagged with the grid id, cell name and config hash, as a child
-  of the grid's parent MLflow run.
-
-Every cell's config was composed once, when the grid was expanded (``CellSpec.config``); a job
-only sets where its run is written and logged. Its status file (``vapo_lab.launch.status``)
-records how it goes: ``vapo-lab jobs`` reads it. ``CellJobRunner`` wraps ``run_cell`` as a
-``submitit`` checkpointable: on preemption or time limit Slurm signals the job, submitit requeues
-it, and the new attempt resumes from the last checkpoint.
-
-A cell with ``trainer.strategy=fsdp`` over ``trainer.nodes x trainer.nproc_per_node`` > 1 ranks is
-one SPMD run: every rank runs ``run_cell`` (torchrun starts them on this node, Slurm's tasks
-elsewhere), so every rank builds its ``Trainer``; global rank 0 alone writes the status file (and the
-run's folder and tracking, as ``Trainer`` does). A rank that fails leaves its error line beside the
-status file (``<key>.rank<r>.error``) and rank 0 records the first one, so the cell fails with
-the failing rank's message.
+A many-rank cell (``trainer.strategy=fsdp`` over more than one rank) is one SPMD run: every rank
+runs ``run_cell``; global rank 0 alone writes the status file, and a rank that fails leaves its
+error line beside it (``<key>.rank<r>.error``), so that the cell fails with that rank's message.
+docs/grids.md has the user's view: resubmission, preemption, many-rank cells.
 """
 
 from __future__ import annotations
@@ -31,7 +21,6 @@ import os
 import shutil
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -101,8 +90,8 @@ def cell_rank() -> int:
 
 
 def writes_status() -> bool:
-    """True in the process that writes its cell's status file: the only one of a one-process cell,
-    global rank 0 of a many-rank one (every rank runs the cell; one writer keeps the record whole)."""
+    """True in the process that writes its cell's status file: the only process of a one-process
+    cell, global rank 0 of a many-rank one (one writer keeps the record whole)."""
     return cell_rank() == 0
 
 
@@ -112,9 +101,12 @@ def rank_error_path(grid_dir: Path, key: str, rank: int) -> Path:
 
 
 def first_rank_error(grid_dir: Path, key: str) -> str | None:
-    """Returns the error line of the rank of cell ``key`` that failed first (its file written first),
-    None when no other rank failed; removes the files it read."""
-    files = sorted(status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"), key=lambda p: p.stat().st_mtime)
+    """Returns the error line of the rank of cell ``key`` that failed first (its file written
+    first), None when no other rank failed; removes the files it read."""
+    files = sorted(
+        status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"),
+        key=lambda p: p.stat().st_mtime,
+    )
     first = files[0].read_text().strip() if files else None
     for f in files:
         f.unlink(missing_ok=True)
@@ -122,15 +114,17 @@ def first_rank_error(grid_dir: Path, key: str) -> str | None:
 
 
 def join_slurm_ranks() -> None:
-    """Sets this Slurm task's torch.distributed variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-    MASTER_PORT) from its job's environment, as torchrun does for its ranks: each task of a
-    multi-task job is one rank. ``CUDA_VISIBLE_DEVICES`` is left alone: every task sees its node's
-    GPUs and ``init_world`` picks ``cuda:{LOCAL_RANK}``."""
+    """Sets this Slurm task's torch.distributed variables (``TORCH_ENV``) from its job's
+    environment, as torchrun does: each task of a multi-task job is one rank.
+
+    ``CUDA_VISIBLE_DEVICES`` is left alone: every task sees its node's GPUs and ``init_world``
+    picks ``cuda:{LOCAL_RANK}``.
+    """
     import submitit
 
-    # sbatch exports the submitting shell's environment: a RANK or MASTER_PORT found there belongs to
-    # some other launch (a MASTER_PORT shared by every cell of a node would collide), not this job.
-    # Without one, submitit derives the port from the job id: the same on every task of the job.
+    # sbatch exports the submitting shell's environment: a RANK or MASTER_PORT found there belongs
+    # to some other launch (a MASTER_PORT shared by every cell of a node would collide). Without
+    # one, submitit derives the port from the job id: the same on every task of the job.
     for name in TORCH_ENV:
         os.environ.pop(name, None)
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
@@ -148,13 +142,21 @@ def cell_config(job: CellJob) -> tuple[DictConfig, dict[str, str]]:
 
 def cell_tags(job: CellJob) -> dict[str, str]:
     s = job.spec
-    return {"grid_id": s.grid_id, "cell": s.name, "config_hash": s.config_hash, "cell_key": s.key,
-            "dropped": ",".join(s.drop) or "none",
-            **{f"sweep.{k}": v for k, v in s.sweep.items()}}
+    return {
+        "grid_id": s.grid_id,
+        "cell": s.name,
+        "config_hash": s.config_hash,
+        "cell_key": s.key,
+        "dropped": ",".join(s.drop) or "none",
+        **{f"sweep.{k}": v for k, v in s.sweep.items()},
+    }
 
 
-def run_cell(job: CellJob) -> dict[str, Any]:
+def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one cell; returns its final status record.
+
+    ``save_within`` (seconds, a Slurm job's): SIGUSR2 saves a checkpoint at the next safe point
+    after a step and stops the run (``vapo_lab.stop``), its status left running for the requeue.
 
     In a many-rank cell every rank calls this (see the module docstring); rank 0 writes the status
     file, the other ranks return ``{"state": "finished", "rank": r}`` when they are done.
@@ -162,10 +164,9 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     Raises whatever the run raised, after recording it as ``failed`` with the last error line (of
     the rank that failed first).
     """
-    from vapo_lab.distributed.world import close_world
-    from vapo_lab.stop import sigterm_interrupts
     from vapo_lab.runs.folder import is_run_dir, resume_config
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.stop import SAVE_SIGNAL, StopRequested, sigterm_interrupts
+    from vapo_lab.trainer.trainer import running
 
     os.chdir(job.cwd)
     grid_dir, key = Path(job.grid_dir), job.spec.key
@@ -174,72 +175,105 @@ def run_cell(job: CellJob) -> dict[str, Any]:
     if status.get("state") == FINISHED:
         return status
     if writer:
-        for stale in status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"):  # an earlier attempt's
+        # an earlier attempt's
+        for stale in status_path(grid_dir, key).parent.glob(f"{key}.rank*.error"):
             stale.unlink(missing_ok=True)
         attempts = int(status.get("attempts", 0)) + 1
-        write_status(grid_dir, key, state=RUNNING, step=status.get("step", 0), attempts=attempts,
-                     host=socket.gethostname(), pid=os.getpid(), job_id=slurm_job_id() or status.get("job_id"),
-                     error=None, traceback=None)
-    sigterm_interrupts()  # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
+        write_status(
+            grid_dir,
+            key,
+            state=RUNNING,
+            step=status.get("step", 0),
+            attempts=attempts,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            job_id=slurm_job_id() or status.get("job_id"),
+            error=None,
+            traceback=None,
+        )
+    # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
+    sigterm_interrupts(save_within)
 
     def log(text: str) -> None:
         if writer:  # the ranks of a cell share its log: one copy of each line
             print(f"[{key}] {text}", file=sys.stderr, flush=True)
 
-    trainer = None
     try:
         if is_run_dir(job.run_dir):
             cfg, choices = resume_config(job.run_dir)
         else:
             if writer and job.run_dir.is_dir():
-                # a start that died before its run existed: nothing to keep. No other rank can have
-                # made the folder yet: rank 0 makes it in Trainer, after every rank has joined the run
+                # a start that died before its run existed: nothing to keep. No other rank can
+                # have made the folder yet: rank 0 makes it in Trainer, after every rank joined
                 shutil.rmtree(job.run_dir, ignore_errors=True)
             cfg, choices = cell_config(job)
         total = int(cfg.trainer.total_steps)
-        trainer = Trainer(cfg, choices, progress=None, log=log, tags=cell_tags(job), parent_run_id=job.parent_run_id,
-                          command=f"vapo-lab grid cell {key} (grid {job.spec.grid_id})")
-        if writer:
-            write_status(grid_dir, key, run_id=trainer.run_id, run_dir=str(trainer.run_dir), step=trainer.step, total=total)
-
-        def on_step(step: int, metrics: dict[str, float]) -> None:
+        command = f"vapo-lab grid cell {key} (grid {job.spec.grid_id})"
+        tags = cell_tags(job)
+        with running(
+            cfg, choices, log=log, tags=tags, parent_run_id=job.parent_run_id, command=command
+        ) as trainer:
             if writer:
-                write_status(grid_dir, key, step=step)
+                where = {"run_id": trainer.run_id, "run_dir": str(trainer.run_dir)}
+                write_status(grid_dir, key, **where, step=trainer.step, total=total)
 
-        result = trainer.train(on_step)
-    except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for the launcher
-        line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
-        if job.world_size > 1:
-            line = f"rank {rank}: {line}"
-        if writer:
-            # a rank that failed first (its error file was written before this rank saw the run break)
-            write_status(grid_dir, key, state=FAILED, error=(first_rank_error(grid_dir, key) or line)[:500],
-                         traceback=traceback.format_exc()[-4000:])
-        else:
-            path = rank_error_path(grid_dir, key, rank)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(line[:500] + "\n")
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                if writer:
+                    write_status(grid_dir, key, step=step)
+
+            result = trainer.train(on_step)
+    except StopRequested as e:
+        if e.signum != SAVE_SIGNAL:
+            _record_failure(job, e, rank, writer)
+            raise
+        if writer:  # the job is about to be requeued: the cell goes on from where it stopped
+            write_status(grid_dir, key, state=RUNNING, error=None, requeued=str(e))
         raise
-    finally:
-        if trainer is not None:
-            close_world(trainer.world)
+    except BaseException as e:  # noqa: BLE001 - recorded, then re-raised for the launcher
+        _record_failure(job, e, rank, writer)
+        raise
     if not writer:
         return {"state": FINISHED, "rank": rank, "step": result.steps}
-    return write_status(grid_dir, key, state=FINISHED, step=result.steps, final_eval=result.final_eval,
-                        best_eval=result.best_eval, base_eval=result.base_eval,
-                        checkpoint=str(result.checkpoint) if result.checkpoint else None)
+    return write_status(
+        grid_dir,
+        key,
+        state=FINISHED,
+        step=result.steps,
+        final_eval=result.final_eval,
+        best_eval=result.best_eval,
+        base_eval=result.base_eval,
+        checkpoint=str(result.checkpoint) if result.checkpoint else None,
+    )
+
+
+def _record_failure(job: CellJob, e: BaseException, rank: int, writer: bool) -> None:
+    """Records the cell's failure: its status (rank 0) or this rank's error file."""
+    grid_dir, key = Path(job.grid_dir), job.spec.key
+    line = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+    if job.world_size > 1:
+        line = f"rank {rank}: {line}"
+    if writer:
+        # a rank that failed first (its error file written before this rank saw the run break)
+        write_status(
+            grid_dir,
+            key,
+            state=FAILED,
+            error=(first_rank_error(grid_dir, key) or line)[:500],
+            traceback=traceback.format_exc()[-4000:],
+        )
+    else:
+        path = rank_error_path(grid_dir, key, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(line[:500] + "\n")
 
 
 def prepare(jobs: list[CellJob]) -> list[str]:
-    """Builds the caches every cell of a grid shares — base model, reward model, pretrained critic —
+    """Builds the caches every cell of a grid shares (base model, reward model, pretrained critic)
     once, before the cells start; returns one line per distinct cache set prepared.
 
-    The caches are keyed by config (``vapo_lab.basemodel``, ``vapo_lab.trainer.critic_init``), not by
-    seed: a grid's seeds share them, so only one seed of each cell is prepared. Each preparation
-    constructs the cell's ``Trainer`` with tracking off in a throwaway folder, which builds (or
-    finds) exactly what the real run will load. A many-rank cell's reward model and pretrained
-    critic are built by its own ranks together when it runs (keyed by the rank count); its
-    preparation builds the base model only.
+    The caches are keyed by config, not by seed, so one seed of each cell is prepared, on one
+    process (``trainer.caches.prepare_caches``). A many-rank cell's critic caches are keyed by its
+    rank count and built by its own ranks when it runs; its preparation builds the base model only.
     """
     if not jobs:
         return []
@@ -257,64 +291,100 @@ def prepare(jobs: list[CellJob]) -> list[str]:
 
 
 def _prepare_one(job: CellJob, done: set[str]) -> str:
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.config.schema import typed
 
     sections = {k: job.spec.config[k] for k in CACHE_SECTIONS}
     sig = json.dumps(sections, sort_keys=True)
     if sig in done:
         return ""
     done.add(sig)
-    cfg, choices = cell_config(job)
+    cfg, _ = cell_config(job)
     nodes, per_node = cell_ranks(job.spec.config)
+    log = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    t0 = time.perf_counter()
     if nodes * per_node > 1:
-        # its ranks build the reward model and pretrain the critic together, on their own devices
-        # (those caches are keyed by the rank count); this one process builds the shared base model
+        ranks = nodes * per_node
         if cfg.model.name != "tiny":
-            return f"prepared {job.spec.name}: nothing (a checkpoint; its {nodes * per_node} ranks build the rest)"
+            return (
+                f"prepared {job.spec.name}: nothing "
+                f"(a checkpoint; its {ranks} ranks build the rest)"
+            )
         from vapo_lab.basemodel.build import build_base_for
 
-        t0 = time.perf_counter()
-        build_base_for(cfg, None, log=lambda text: print(text, file=sys.stderr))
-        return (f"prepared {job.spec.name}: base model, {time.perf_counter() - t0:.0f}s (its {nodes * per_node} "
-                "ranks build the critic caches together)")
-    one = {"strategy": "single", "nodes": 1, "nproc_per_node": 1}
-    with tempfile.TemporaryDirectory(prefix="vapo-prepare-") as tmp:
-        with open_dict(cfg):
-            cfg.trainer.update(one)
-            cfg.seed = 0
-            cfg.tracking.backend = "none"
-            cfg.output_dir = tmp
-            cfg.run_name = "prepare"
-        t0 = time.perf_counter()
-        Trainer(cfg, choices, progress=None, log=lambda text: print(text, file=sys.stderr))
+        config = typed(cfg)
+        build_base_for(config.model, config.task, None, log=log, threads=config.trainer.threads)
+        seconds = time.perf_counter() - t0
+        return (
+            f"prepared {job.spec.name}: base model, {seconds:.0f}s (its {ranks} ranks build the "
+            "critic caches together)"
+        )
+    from vapo_lab.trainer.caches import prepare_caches
+
+    with open_dict(cfg):
+        cfg.trainer.update({"strategy": "single", "nodes": 1, "nproc_per_node": 1})
+        cfg.seed = 0
+    prepare_caches(typed(cfg), log)
     return f"prepared {job.spec.name}: {time.perf_counter() - t0:.0f}s"
+
+
+# a save at Slurm's time-limit signal may take this share of the warning (signal_delay_s); past it
+# the job requeues from its last checkpoint, as without the save, leaving the rest for the requeue
+SAVE_SHARE = 0.75
+# how long a rank waits, after the save, for the requeue to end the job
+REQUEUE_WAIT_S = 120.0
 
 
 class CellJobRunner:
     """``run_cell`` as a submitit checkpointable: requeued on preemption / time limit, then resumed.
 
-    A class (not a function) so that ``submitit`` can call ``checkpoint`` when Slurm signals the
-    job; the requeued job calls ``__call__`` again with the same ``CellJob``, and ``run_cell``
-    picks the run up from its latest checkpoint. In a multi-task job (a many-rank cell) each task
-    is one rank: ``__call__`` first sets its torch.distributed variables from the job.
+    A class, so that ``submitit`` can call ``checkpoint`` when Slurm signals the job; the requeued
+    job calls ``__call__`` again and ``run_cell`` resumes from the latest checkpoint. In a
+    multi-task job each task is one rank, which ``__call__`` first joins to the others.
+
+    With ``signal_delay_s`` (Slurm's warning before the time limit), the warning (SIGUSR2) stops
+    the run at its next safe point after a step, every rank saving a checkpoint there, then rank 0
+    asks submitit to requeue: a requeued job always resumes past where the last one started.
     """
 
+    def __init__(self, signal_delay_s: float | None = None) -> None:
+        self.signal_delay_s = signal_delay_s
+
     def __call__(self, job: CellJob) -> dict[str, Any]:
+        from vapo_lab.stop import SAVE_SIGNAL, StopRequested
+
         if job.world_size > 1:
             join_slurm_ranks()
-        return run_cell(job)
+        within = None if self.signal_delay_s is None else SAVE_SHARE * self.signal_delay_s
+        try:
+            return run_cell(job, within)
+        except StopRequested as stop:
+            if stop.signum != SAVE_SIGNAL:
+                raise
+            _requeue()
+            raise
 
     def checkpoint(self, job: CellJob) -> Any:
-        """Returns the same job for submitit to requeue; saves nothing.
+        """Returns the same job for submitit to requeue; saves nothing itself.
 
-        On USR2 (preemption, the time limit) submitit calls this on global rank 0 only, the other
-        ranks log the signal and go on, then it requeues the job, and Slurm stops every task (our
-        SIGTERM handler records a stop request, and the ranks stop together at their next safe point). A save here would be a collective of the sharded model (DCP) that the other
-        ranks never join: it would hang until Slurm kills the job. So nothing is saved: the requeued
-        job resumes from the run's last periodic checkpoint (``trainer.save_every``) and redoes the
-        steps since, as any resumed run does (checked on the local Slurm: a 2-task cell sent USR2 at
-        step 5 resumed there and logged every step once).
+        submitit calls this on global rank 0 only, so a save here (a collective over the sharded
+        model) would hang: the save happens at the run's next safe point (``__call__``), or, where
+        this is called without one, the requeued job resumes from the last checkpoint.
+        docs/grids.md, "Preemption of a many-rank cell", has the detail.
         """
         import submitit
 
-        return submitit.helpers.DelayedSubmission(CellJobRunner(), job)
+        return submitit.helpers.DelayedSubmission(CellJobRunner(self.signal_delay_s), job)
+
+
+def _requeue() -> None:
+    """Calls submitit's SIGUSR2 handler, which the run's replaced: on global rank 0 it pickles
+    ``checkpoint``'s resubmission, requeues the job (``scontrol requeue``, which ends every task)
+    and exits; other ranks wait for that end (exiting first would end the job step early under
+    ``--kill-on-bad-exit``)."""
+    from vapo_lab import stop as stop_module
+
+    handler = stop_module.installed()
+    previous = handler.previous_save_handler if handler is not None else None
+    if callable(previous):
+        previous(stop_module.SAVE_SIGNAL, None)
+    time.sleep(REQUEUE_WAIT_S)

@@ -92,30 +92,58 @@ class Grid:
         for cell in self.cells:
             for point in points:
                 for seed in self.seeds:
-                    ov = [*self.overrides, *cell.get("overrides", []), *extra_overrides,
-                          *(f"{k}={v}" for k, v in point.items()), f"seed={seed}"]
+                    ov = [
+                        *self.overrides,
+                        *cell.get("overrides", []),
+                        *extra_overrides,
+                        *(f"{k}={v}" for k, v in point.items()),
+                        f"seed={seed}",
+                    ]
                     try:
-                        composed = compose_config(algo=cell["algo"], drop=cell.get("drop", []), overrides=ov)
+                        composed = compose_config(
+                            algo=cell["algo"], drop=cell.get("drop", []), overrides=ov
+                        )
                     except ConfigError as e:
-                        raise ConfigError(f"grid {self.name}, cell {cell['name']} (seed {seed}): {e}") from e
+                        raise ConfigError(
+                            f"grid {self.name}, cell {cell['name']} (seed {seed}): {e}"
+                        ) from e
                     resolved: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
-                        composed.cfg, resolve=True)
+                        composed.cfg, resolve=True
+                    )
                     h = config_hash(resolved)
                     cell_hashes.add(config_hash({k: v for k, v in resolved.items() if k != "seed"}))
-                    label = "".join(f"-{_slug(k.split('.')[-1])}{_slug(v)}" for k, v in point.items())
-                    specs.append(CellSpec(grid_id="", name=cell["name"], algo=cell["algo"],
-                                          drop=list(cell.get("drop", [])), overrides=ov, seed=seed,
-                                          config_hash=h, key=f"{cell['name']}{label}-s{seed}-{h[:8]}",
-                                          sweep=dict(point), config=resolved, choices=dict(composed.choices)))
+                    label = "".join(
+                        f"-{_slug(k.split('.')[-1])}{_slug(v)}" for k, v in point.items()
+                    )
+                    specs.append(
+                        CellSpec(
+                            grid_id="",
+                            name=cell["name"],
+                            algo=cell["algo"],
+                            drop=list(cell.get("drop", [])),
+                            overrides=ov,
+                            seed=seed,
+                            config_hash=h,
+                            key=f"{cell['name']}{label}-s{seed}-{h[:8]}",
+                            sweep=dict(point),
+                            config=resolved,
+                            choices=dict(composed.choices),
+                        )
+                    )
         seen: dict[str, str] = {}
         for s in specs:
             if s.config_hash in seen:
-                raise ConfigError(f"grid {self.name}: cells {seen[s.config_hash]} and {s.key} compose the same "
-                                  "config: remove one of them (or give them different overrides)")
+                raise ConfigError(
+                    f"grid {self.name}: cells {seen[s.config_hash]} and {s.key} compose the same "
+                    "config: remove one of them (or give them different overrides)"
+                )
             seen[s.config_hash] = s.key
         # the grid id names the cells (config without seed): `--seeds 3` after `--seeds 1` reopens
         # the same grid folder, skips seed 0's finished runs and adds seeds 1 and 2
-        gid = f"{_slug(self.name)}-{hashlib.sha256(''.join(sorted(cell_hashes)).encode()).hexdigest()[:8]}"
+        gid = (
+            f"{_slug(self.name)}-"
+            f"{hashlib.sha256(''.join(sorted(cell_hashes)).encode()).hexdigest()[:8]}"
+        )
         for s in specs:
             s.grid_id = gid
         return specs
@@ -128,10 +156,11 @@ def config_hash(cfg: dict[str, Any]) -> str:
 
 
 def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
-    """Returns the cartesian product of Hydra sweep values, e.g. {"a": "1,2"} -> [{"a": "1"}, {"a": "2"}].
+    """Returns the cartesian product of Hydra sweep values.
 
-    Each value is Hydra override syntax: ``1,2,3``, ``range(0,3)``, ``choice(a,b)``,
-    ``glob(*)`` is not supported (no choices to glob over here).
+    E.g. {"a": "1,2"} -> [{"a": "1"}, {"a": "2"}]. Each value is Hydra override syntax
+    (``1,2,3``, ``range(0,3)``, ``choice(a,b)``); ``glob(*)`` is not supported (no choices to glob
+    over here).
     """
     if not sweep:
         return [{}]
@@ -145,9 +174,15 @@ def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
         try:
             (ov,) = parser.parse_overrides([text])
         except HydraException as e:
-            raise ConfigError(f"sweep {text!r} is not Hydra sweep syntax ({str(e).splitlines()[0]}): "
-                              "write e.g. trainer.actor_lr: 1e-5,3e-5 or range(0,3)") from e
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+            raise ConfigError(
+                f"sweep {text!r} is not Hydra sweep syntax ({str(e).splitlines()[0]}): "
+                "write e.g. trainer.actor_lr: 1e-5,3e-5 or range(0,3)"
+            ) from e
+        values = (
+            list(ov.sweep_string_iterator())
+            if ov.is_sweep_override()
+            else [ov.get_value_element_as_str()]
+        )
         axes.append([(key, v) for v in values])
     return [dict(combo) for combo in itertools.product(*axes)]
 
@@ -163,11 +198,8 @@ def builtin_grids() -> dict[str, Path]:
 
 
 def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
-    """Returns the grid in a YAML file (or a shipped one by name, e.g. ``table1``).
-
-    Args:
-        path_or_name: a grid file, or the name of one under experiments/.
-        seeds: replace the file's seeds with 0..seeds-1.
+    """Returns the grid in a YAML file, or a shipped one by name (e.g. ``table1``), with seeds
+    0..``seeds``-1 instead of the file's when ``seeds`` is given.
 
     Raises:
         ConfigError: missing file, bad YAML, or a malformed grid (named, with the fix).
@@ -178,42 +210,72 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
         if str(path_or_name) in shipped:
             path = shipped[str(path_or_name)]
         else:
-            raise ConfigError(f"grid file {path_or_name} not found: give a YAML file or one of "
-                              f"{', '.join(shipped) or '(none shipped)'}")
+            raise ConfigError(
+                f"grid file {path_or_name} not found: give a YAML file or one of "
+                f"{', '.join(shipped) or '(none shipped)'}"
+            )
     raw = yaml_file(path, "grid file")
     if isinstance(raw, dict) and raw.get("cells") == TABLE1_CELLS:
         raw = {**raw, "cells": table1_cells()}
     if not isinstance(raw, dict) or not isinstance(raw.get("cells"), list) or not raw["cells"]:
-        raise ConfigError(f"grid file {path}: needs a non-empty list `cells:` of {{name, algo, drop, overrides}}, "
-                          f"or `cells: {TABLE1_CELLS}` for the paper's Table 1")
-    unknown = set(raw) - {"name", "experiment", "description", "seeds", "overrides", "sweep", "cells"}
+        raise ConfigError(
+            f"grid file {path}: needs a non-empty list `cells:` of "
+            "{name, algo, drop, overrides}, "
+            f"or `cells: {TABLE1_CELLS}` for the paper's Table 1"
+        )
+    unknown = set(raw) - {
+        "name",
+        "experiment",
+        "description",
+        "seeds",
+        "overrides",
+        "sweep",
+        "cells",
+    }
     if unknown:
-        raise ConfigError(f"grid file {path}: unknown keys {sorted(unknown)} (allowed: name, experiment, "
-                          "description, seeds, overrides, sweep, cells)")
+        raise ConfigError(
+            f"grid file {path}: unknown keys {sorted(unknown)} (allowed: name, experiment, "
+            "description, seeds, overrides, sweep, cells)"
+        )
     name = str(raw.get("name") or path.stem)
     cells = []
     names: set[str] = set()
     for i, cell in enumerate(raw["cells"]):
         if not isinstance(cell, dict) or "name" not in cell:
-            raise ConfigError(f"grid file {path}: cell {i + 1} needs a `name:` (and `algo:`, optional "
-                              "`drop:` and `overrides:` lists)")
+            raise ConfigError(
+                f"grid file {path}: cell {i + 1} needs a `name:` (and `algo:`, optional "
+                "`drop:` and `overrides:` lists)"
+            )
         extra = set(cell) - {"name", "algo", "drop", "overrides"}
         if extra:
-            raise ConfigError(f"grid file {path}: cell {cell['name']} has unknown keys {sorted(extra)}")
+            raise ConfigError(
+                f"grid file {path}: cell {cell['name']} has unknown keys {sorted(extra)}"
+            )
         if cell["name"] in names:
-            raise ConfigError(f"grid file {path}: two cells are named {cell['name']}: names must be unique")
+            raise ConfigError(
+                f"grid file {path}: two cells are named {cell['name']}: names must be unique"
+            )
         names.add(cell["name"])
         for key in ("drop", "overrides"):
             if not isinstance(cell.get(key, []), list):
                 raise ConfigError(f"grid file {path}: cell {cell['name']}: `{key}` must be a list")
-        cells.append({"name": str(cell["name"]), "algo": str(cell.get("algo", "vapo")),
-                      "drop": [str(d) for d in cell.get("drop", [])],
-                      "overrides": [str(o) for o in cell.get("overrides", [])]})
+        cells.append(
+            {
+                "name": str(cell["name"]),
+                "algo": str(cell.get("algo", "vapo")),
+                "drop": [str(d) for d in cell.get("drop", [])],
+                "overrides": [str(o) for o in cell.get("overrides", [])],
+            }
+        )
     file_seeds = raw.get("seeds", [0])
     if seeds is not None:
         check_seeds(seeds)
         file_seeds = list(range(seeds))
-    if not isinstance(file_seeds, list) or not all(isinstance(s, int) for s in file_seeds) or not file_seeds:
+    if (
+        not isinstance(file_seeds, list)
+        or not all(isinstance(s, int) for s in file_seeds)
+        or not file_seeds
+    ):
         raise ConfigError(f"grid file {path}: `seeds` must be a non-empty list of integers")
     sweep = raw.get("sweep") or {}
     if not isinstance(sweep, dict):
@@ -221,21 +283,32 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
     overrides = raw.get("overrides") or []
     if not isinstance(overrides, list):
         raise ConfigError(f"grid file {path}: `overrides` must be a list")
-    return Grid(name=name, experiment=str(raw.get("experiment") or name), seeds=list(file_seeds),
-                overrides=[str(o) for o in overrides], sweep={str(k): str(v) for k, v in sweep.items()},
-                cells=cells, source=str(path))
+    return Grid(
+        name=name,
+        experiment=str(raw.get("experiment") or name),
+        seeds=list(file_seeds),
+        overrides=[str(o) for o in overrides],
+        sweep={str(k): str(v) for k, v in sweep.items()},
+        cells=cells,
+        source=str(path),
+    )
 
 
 def table1_cells() -> list[dict[str, Any]]:
     """Returns the cells of the paper's Table 1 grid, one per row of the registries' Table 1."""
-    return [{"name": r.cell, "algo": r.algo, **({"drop": list(r.drop)} if r.drop else {})} for r in table1.cells()]
+    return [
+        {"name": r.cell, "algo": r.algo, **({"drop": list(r.drop)} if r.drop else {})}
+        for r in table1.cells()
+    ]
 
 
 def check_seeds(seeds: int) -> None:
-    """Raises ConfigError unless ``--seeds N`` asks for at least one seed (a grid runs seeds 0..N-1)."""
+    """Raises ConfigError unless ``--seeds N`` asks for at least one seed (seeds 0..N-1)."""
     if seeds < 1:
-        raise ConfigError(f"--seeds {seeds}: a grid runs seeds 0..N-1, so N must be >= 1; give --seeds 1 or "
-                          "more, or leave --seeds out")
+        raise ConfigError(
+            f"--seeds {seeds}: a grid runs seeds 0..N-1, so N must be >= 1; give --seeds 1 or "
+            "more, or leave --seeds out"
+        )
 
 
 def yaml_file(path: Path, what: str) -> Any:
@@ -247,26 +320,41 @@ def yaml_file(path: Path, what: str) -> Any:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{what} {path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
-                          "save it as UTF-8") from None
+        raise ConfigError(
+            f"{what} {path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
+            "save it as UTF-8"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         if mark is None:
-            raise ConfigError(f"{what} {path}: not valid YAML ({str(e).splitlines()[0]}); fix it") from None
+            raise ConfigError(
+                f"{what} {path}: not valid YAML ({str(e).splitlines()[0]}); fix it"
+            ) from None
         problem = getattr(e, "problem", None) or "a syntax error"
         context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
-        where = f", {context} that starts on line {start.line + 1}" if context and start and start.line != mark.line \
+        where = (
+            f", {context} that starts on line {start.line + 1}"
+            if context and start and start.line != mark.line
             else (f", {context}" if context else "")
-        raise ConfigError(f"{what} {path}:{mark.line + 1}: not valid YAML ({problem} at column {mark.column + 1}"
-                          f"{where}); fix that line") from None
+        )
+        raise ConfigError(
+            f"{what} {path}:{mark.line + 1}: not valid YAML ({problem} at column {mark.column + 1}"
+            f"{where}); fix that line"
+        ) from None
 
 
 def drop_grid(drops: Sequence[str], seeds: int = 1) -> Grid:
-    """Returns the one-variant grid of ``vapo-lab ablate --drop A [--drop B]``: VAPO without them."""
+    """Returns the one-variant grid of ``ablate --drop A [--drop B]``: VAPO without them."""
     check_seeds(seeds)
     name = "vapo-no-" + "-".join(drops)
-    return Grid(name="ablate", experiment="ablate", seeds=list(range(seeds)), overrides=[], sweep={},
-                cells=[{"name": name, "algo": "vapo", "drop": list(drops), "overrides": []}],
-                source="--drop " + " --drop ".join(drops))
+    return Grid(
+        name="ablate",
+        experiment="ablate",
+        seeds=list(range(seeds)),
+        overrides=[],
+        sweep={},
+        cells=[{"name": name, "algo": "vapo", "drop": list(drops), "overrides": []}],
+        source="--drop " + " --drop ".join(drops),
+    )

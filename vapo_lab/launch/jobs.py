@@ -31,14 +31,18 @@ def grid_table(grid_dir: Path) -> list[dict[str, Any]]:
         if state == RUNNING:
             state = f"running step {st.get('step', 0)}/{st.get('total', '?')}"
             if not cell_alive(st, job, slurm):
-                state = f"stopped at step {st.get('step', 0)} (its process is gone: resubmit to resume)"
+                state = (
+                    f"stopped at step {st.get('step', 0)} (its process is gone: resubmit to resume)"
+                )
         elif state == FAILED:
             state = f"failed: {st.get('error')}"
         elif state == PENDING and job and job in slurm:
             state = f"pending ({slurm[job].lower()} in Slurm)"
         elif state == FINISHED and st.get("final_eval") is not None:
             state = f"finished (eval {pct(st.get('final_eval'))})"
-        rows.append({"cell": key, "state": state, "job_id": job or "", "run_id": st.get("run_id", "")})
+        rows.append(
+            {"cell": key, "state": state, "job_id": job or "", "run_id": st.get("run_id", "")}
+        )
     return rows
 
 
@@ -47,7 +51,13 @@ def cancel_grid(grid_dir: Path) -> list[str]:
     record = read_record(grid_dir)
     done = []
     # every submission's jobs, not only the latest per cell: an earlier array may still be queued
-    job_ids = sorted({v.split("_")[0] for s in record.get("submissions", []) for v in s.get("job_ids", {}).values()})
+    job_ids = sorted(
+        {
+            v.split("_")[0]
+            for s in record.get("submissions", [])
+            for v in s.get("job_ids", {}).values()
+        }
+    )
     live = squeue_states(job_ids)
     live_arrays = sorted({j.split("_")[0] for j in live})
     if live_arrays:

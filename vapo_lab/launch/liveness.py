@@ -1,4 +1,4 @@
-"""Is a cell that says "running" still running somewhere: in a live Slurm job, or a live process here?
+"""Whether a cell that says "running" still runs: in a live Slurm job, or a live process here.
 
 A status file only says what its job last wrote; a job killed without a word (``kill -9``, a lost
 node, a cancelled array) leaves "running" behind. The submission (skip cells still running,
@@ -18,7 +18,15 @@ from typing import Any
 from vapo_lab.launch.status import RUNNING
 
 # squeue states of a job that is queued or still holds its cell
-LIVE_SLURM_STATES = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+LIVE_SLURM_STATES = (
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUED",
+    "RESIZING",
+    "SUSPENDED",
+)
 
 
 def slurm_job_id() -> str | None:
@@ -30,12 +38,16 @@ def slurm_job_id() -> str | None:
 
 
 def squeue_states(job_ids: Sequence[str]) -> dict[str, str]:
-    """Returns {job id: Slurm state} for the jobs of ``job_ids`` still known to squeue (arrays expanded)."""
+    """Returns {job id: Slurm state} of the jobs ``job_ids`` squeue still knows, arrays expanded."""
     ids = sorted({j.split("_")[0] for j in job_ids if j})
     if not ids or shutil.which("squeue") is None:
         return {}
-    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%i %T", "-j", ",".join(ids)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     states = {}
     for line in out.stdout.splitlines():
         parts = line.split()
@@ -58,8 +70,11 @@ def pid_alive(pid: int) -> bool:
 
 def local_process(status: dict[str, Any]) -> bool:
     """True when a status record says its cell runs in a process of this host, outside Slurm."""
-    return status.get("state") == RUNNING and status.get("host") == socket.gethostname() \
+    return (
+        status.get("state") == RUNNING
+        and status.get("host") == socket.gethostname()
         and not status.get("job_id")
+    )
 
 
 def cell_alive(status: dict[str, Any], job_id: str | None, slurm: dict[str, str]) -> bool:

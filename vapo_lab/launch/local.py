@@ -4,11 +4,9 @@ The prepare job runs first in one process; then the cells, ``launcher.local.work
 each in a fresh process of its own, its output in ``<grid>/logs/<cell key>.log``. The submission
 returns when every cell has ended; one failed cell does not stop the others.
 
-A many-rank cell (``trainer.strategy=fsdp``, ``trainer.nproc_per_node`` = N > 1) takes one worker,
-which runs its N ranks on this machine with torchrun (``vapo_lab.launch.ranks --cell``), as
-``vapo-lab train`` does: each rank runs ``run_cell``, rank 0 writes the status file, and a failing
-rank fails the cell with its message. Cells on more than one node (``trainer.nodes`` > 1) are
-refused before anything starts: they need ``--launcher slurm``.
+A many-rank cell takes one worker, which runs its ranks on this machine with torchrun
+(``vapo_lab.launch.ranks --cell``), as ``vapo-lab train`` does. Cells on more than one node
+(``trainer.nodes`` > 1) are refused before anything starts: they need ``--launcher slurm``.
 """
 
 from __future__ import annotations
@@ -40,11 +38,16 @@ class LocalLauncher:
         for s in specs:
             nodes, per_node = cell_ranks(s.config)
             if nodes > 1:
-                raise LaunchError(f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
-                                  f"the ranks of this machine only; use --launcher slurm (it submits {nodes} nodes "
-                                  f"x {per_node} tasks), or set trainer.nodes=1; nothing was submitted")
+                raise LaunchError(
+                    f"cell {s.key} runs on trainer.nodes={nodes} nodes: the local launcher starts "
+                    "the ranks of this machine only; "
+                    f"use --launcher slurm (it submits {nodes} nodes x {per_node} tasks), "
+                    "or set trainer.nodes=1; nothing was submitted"
+                )
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
         from concurrent.futures.process import BrokenProcessPool
@@ -54,10 +57,18 @@ class LocalLauncher:
         logs = log_folder(grid_dir)
         with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
             pool.submit(logged, prepare, jobs, logs / "prepare.log").result()
-        with ProcessPoolExecutor(max_workers=int(settings.get("workers", 1)), mp_context=ctx,
-                                 max_tasks_per_child=1) as pool:
-            futures = {pool.submit(logged, run_cell if j.world_size == 1 else run_cell_ranks, j,
-                                   logs / f"{j.spec.key}.log"): j for j in jobs}
+        with ProcessPoolExecutor(
+            max_workers=int(settings.get("workers", 1)), mp_context=ctx, max_tasks_per_child=1
+        ) as pool:
+            futures = {
+                pool.submit(
+                    logged,
+                    run_cell if j.world_size == 1 else run_cell_ranks,
+                    j,
+                    logs / f"{j.spec.key}.log",
+                ): j
+                for j in jobs
+            }
             for f in as_completed(futures):
                 key = futures[f].spec.key
                 try:
@@ -71,7 +82,9 @@ class LocalLauncher:
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         return ""
 
 
@@ -95,7 +108,12 @@ def run_cell_ranks(job: CellJob) -> dict[str, Any]:
     status = read_status(grid_dir, key)
     if done.returncode == 0 and status.get("state") == FINISHED:
         return status
-    if status.get("state") != FAILED:  # a rank killed before it could say so (kill -9, out of memory)
-        status = write_status(grid_dir, key, state=FAILED,
-                              error=f"torchrun exited with status {done.returncode} (see the cell's log)")
+    # a rank killed before it could say so (kill -9, out of memory)
+    if status.get("state") != FAILED:
+        status = write_status(
+            grid_dir,
+            key,
+            state=FAILED,
+            error=f"torchrun exited with status {done.returncode} (see the cell's log)",
+        )
     raise RankFailed(str(status.get("error")))

@@ -26,8 +26,14 @@ def tracking_uri(cfg: DictConfig) -> str:
     return resolve_tracking_uri(cfg.tracking.uri)
 
 
-def start_parent(grid: Grid, specs: list[CellSpec], cfg: DictConfig, record: dict[str, Any], launcher: str,
-                 grid_dir: Path) -> str | None:
+def start_parent(
+    grid: Grid,
+    specs: list[CellSpec],
+    cfg: DictConfig,
+    record: dict[str, Any],
+    launcher: str,
+    grid_dir: Path,
+) -> str | None:
     """Returns the grid's parent MLflow run id, RUNNING until the submission ends (created on first
     submission; raises when the tracking server is down, before anything is submitted)."""
     if cfg.tracking.backend == "none":
@@ -35,7 +41,9 @@ def start_parent(grid: Grid, specs: list[CellSpec], cfg: DictConfig, record: dic
     from vapo_lab.track import make_tracker
     from vapo_lab.track.mlflow_tracker import set_run_status
 
-    tracker = make_tracker(cfg.tracking.backend, cfg.tracking.uri, grid.experiment, cfg.tracking.spool_dir)
+    tracker = make_tracker(
+        cfg.tracking.backend, cfg.tracking.uri, grid.experiment, cfg.tracking.spool_dir
+    )
     if record.get("parent_run_id") and record.get("tracking_uri") == tracking_uri(cfg):
         from vapo_lab.track.mlflow_tracker import check_server
 
@@ -44,9 +52,14 @@ def start_parent(grid: Grid, specs: list[CellSpec], cfg: DictConfig, record: dic
         set_run_status(tracker.uri, record["parent_run_id"], "RUNNING")
         return record["parent_run_id"]
     tags = {"grid_id": specs[0].grid_id, "grid": grid.name, "kind": "grid", "launcher": launcher}
-    params = {"source": grid.source, "cells": len(specs), "seeds": ",".join(map(str, grid.seeds)),
-              "grid_dir": str(grid_dir), "cell_names": ",".join(sorted({s.name for s in specs})),
-              "command": " ".join(["vapo-lab", *sys.argv[1:]])}
+    params = {
+        "source": grid.source,
+        "cells": len(specs),
+        "seeds": ",".join(map(str, grid.seeds)),
+        "grid_dir": str(grid_dir),
+        "cell_names": ",".join(sorted({s.name for s in specs})),
+        "command": " ".join(["vapo-lab", *sys.argv[1:]]),
+    }
     run_id = tracker.start(specs[0].grid_id, tags, params)
     tracker.close()
     return run_id

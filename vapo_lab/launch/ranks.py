@@ -1,15 +1,13 @@
 """One training run on many ranks of this node: torchrun starts them, each runs :func:`main`.
 
-``vapo-lab train trainer.strategy=fsdp trainer.nproc_per_node=N`` calls :func:`run_ranks`, which runs
-``python -m torch.distributed.run --standalone --nproc-per-node N -m vapo_lab.launch.ranks <the
-same arguments>`` and waits. torchrun sets each rank's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_*
-(and OMP_NUM_THREADS=1), and stops every rank when one fails. Each rank composes the same config
-from the same arguments; rank 0 alone opens the run folder and tracking run (a time-stamped run
-name is decided once, there) and writes the result. A rank that fails writes its error line
+``vapo-lab train trainer.strategy=fsdp trainer.nproc_per_node=N`` calls :func:`run_ranks`, which
+runs this module under torchrun (:func:`torchrun_command`) and waits; torchrun stops every rank
+when one fails. Each rank composes the same config from the same arguments; rank 0 alone opens
+the run folder and tracking run and writes the result. A rank that fails writes its error line
 where the parent finds it, so the run fails with that rank's message.
 
-On many nodes, run the module under torchrun on each node yourself (docs/distributed.md has the command),
-or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
+On many nodes, run the module under torchrun on each node yourself (docs/distributed.md has the
+command), or submit the run to Slurm (``--launcher slurm``), whose tasks need no torchrun.
 
 ``python -m vapo_lab.launch.ranks --cell <file>`` is one rank of a grid cell instead: the file
 holds the cell's ``CellJob`` as JSON (``CellJob.to_json``), and each rank runs ``run_cell`` on it
@@ -38,9 +36,20 @@ class RankFailed(VapoLabError):
 
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
-    """Returns the torchrun command that starts ``nproc`` ranks of ``vapo-lab train <args>`` here."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(nproc), "-m", "vapo_lab.launch.ranks", *args]
+    """Returns the torchrun command starting ``nproc`` ranks of ``vapo-lab train <args>`` here."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "vapo_lab.launch.ranks",
+        *args,
+    ]
 
 
 def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str, Any]:
@@ -53,17 +62,26 @@ def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str,
     nodes = int(cfg.trainer.nodes)
     if nodes > 1:
         raise ConfigError(
-            f"trainer.nodes={nodes}: `vapo-lab train` starts the ranks of this node only. Submit the run to "
-            "Slurm (`vapo-lab sweep ... --launcher slurm`), or run on each node `torchrun --nnodes "
-            f"{nodes} --nproc-per-node {cfg.trainer.nproc_per_node} --rdzv-backend c10d --rdzv-endpoint "
-            "<first node>:29500 -m vapo_lab.launch.ranks <the same arguments>`")
+            f"trainer.nodes={nodes}: `vapo-lab train` starts the ranks of this node only. "
+            "Submit the run to Slurm (`vapo-lab sweep ... --launcher slurm`), "
+            f"or run on each node `torchrun --nnodes {nodes} "
+            f"--nproc-per-node {cfg.trainer.nproc_per_node} --rdzv-backend c10d --rdzv-endpoint "
+            "<first node>:29500 -m vapo_lab.launch.ranks <the same arguments>`"
+        )
     with tempfile.TemporaryDirectory(prefix="vapo-ranks-") as folder:
-        env = {**os.environ, LAUNCH_DIR: folder, "VAPO_COMMAND": command, "VAPO_QUIET": "1" if quiet else ""}
+        env = {
+            **os.environ,
+            LAUNCH_DIR: folder,
+            "VAPO_COMMAND": command,
+            "VAPO_QUIET": "1" if quiet else "",
+        }
         done = subprocess.run(torchrun_command(int(cfg.trainer.nproc_per_node), args), env=env)
         result = Path(folder) / RESULT_FILE
         if done.returncode == 0 and result.is_file():
             return json.loads(result.read_text())
-        raise RankFailed(first_failure(Path(folder)) or f"torchrun exited with status {done.returncode}")
+        raise RankFailed(
+            first_failure(Path(folder)) or f"torchrun exited with status {done.returncode}"
+        )
 
 
 def first_failure(folder: Path) -> str | None:
@@ -85,15 +103,14 @@ def _split_args(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and trains;
-    with ``argv`` = ``--cell <file>``, runs the grid cell in that file."""
+    """One rank: composes the config from ``argv`` ([--algo=X] [--drop=C ...] overrides) and
+    trains; with ``argv`` = ``--cell <file>``, runs the grid cell in that file."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--cell"]:
         return cell_main(argv[1:])
     from vapo_lab.config.train import train_config
-    from vapo_lab.distributed.world import close_world
     from vapo_lab.stop import sigterm_interrupts
-    from vapo_lab.trainer.trainer import Trainer
+    from vapo_lab.trainer.trainer import running
 
     rank = int(os.environ.get("RANK", "0"))
     folder = Path(os.environ[LAUNCH_DIR]) if os.environ.get(LAUNCH_DIR) else None
@@ -103,39 +120,47 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(text, file=sys.stderr, flush=True)
 
-    trainer = None
     try:
         sigterm_interrupts()
         cfg, choices = train_config(*_split_args(argv))
-        trainer = Trainer(cfg, choices, progress=None, log=log, command=os.environ.get("VAPO_COMMAND", ""))
-        log(f"run {trainer.run_dir} (tracking run {trainer.run_id}, {getattr(trainer.tracker, 'uri', 'none')}) on "
-            f"{trainer.world.size} ranks")
-        total = int(cfg.trainer.total_steps)
+        command = os.environ.get("VAPO_COMMAND", "")
+        with running(cfg, choices, log=log, command=command) as trainer:
+            uri = getattr(trainer.tracker, "uri", "none")
+            log(
+                f"run {trainer.run_dir} (tracking run {trainer.run_id}, {uri}) on "
+                f"{trainer.world.size} ranks"
+            )
+            total = int(cfg.trainer.total_steps)
 
-        def on_step(step: int, m: dict[str, float]) -> None:
-            if not quiet:
-                log(f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
-                    f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
-                    f"len {m.get('rollout/response_length', float('nan')):.0f}  {m.get('time/step_s', 0):.1f}s")
+            def on_step(step: int, m: dict[str, float]) -> None:
+                if not quiet:
+                    log(
+                        f"step {step}/{total}  reward {m.get('rollout/reward', float('nan')):.3f}  "
+                        f"acc {m.get('rollout/accuracy', float('nan')):.3f}  "
+                        f"len {m.get('rollout/response_length', float('nan')):.0f}  "
+                        f"{m.get('time/step_s', 0):.1f}s"
+                    )
 
-        result = trainer.train(on_step)
+            result = trainer.train(on_step)
         if rank == 0 and folder is not None:
             import resource
 
-            summary = {**result.summary(), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            summary = {
+                **result.summary(),
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
             (folder / RESULT_FILE).write_text(json.dumps(summary))
         return 0
     except BaseException as e:
         if folder is not None:
             last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-            (folder / f"rank{rank}.error").write_text(f"rank {rank}: {type(e).__name__}: {last}\n\n"
-                                                     + traceback.format_exc())
-        if isinstance(e, KeyboardInterrupt):  # a stop: rank 0 said where and how to resume, no traceback
+            (folder / f"rank{rank}.error").write_text(
+                f"rank {rank}: {type(e).__name__}: {last}\n\n" + traceback.format_exc()
+            )
+        # a stop: rank 0 said where and how to resume, no traceback
+        if isinstance(e, KeyboardInterrupt):
             return 130
         raise
-    finally:
-        if trainer is not None:
-            close_world(trainer.world)
 
 
 def cell_main(argv: list[str]) -> int:

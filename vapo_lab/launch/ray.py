@@ -6,9 +6,8 @@ unless ``launcher.ray.expose=true``), ``auto`` joins the running cluster, ``host
 worker process whose output goes to ``<grid>/logs/<cell key>.log``. The submission returns when
 every cell has ended; one failed cell does not stop the others.
 
-A cell is one Ray task, one process: a many-rank cell (``trainer.strategy=fsdp`` over
-``trainer.nodes x trainer.nproc_per_node`` > 1 ranks) is refused before anything is submitted,
-naming the launchers that run it (local: torchrun on this machine; Slurm: a multi-task job).
+A cell is one Ray task, one process: a many-rank cell is refused before anything is submitted,
+naming the launchers that run it.
 """
 
 from __future__ import annotations
@@ -41,7 +40,9 @@ class RayLauncher:
         if address and address != "auto":
             check_reachable(str(address))
 
-    def submit(self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
+    def submit(
+        self, jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log
+    ) -> None:
         started_ray = ray_init(settings)
         try:
             _run(jobs, settings, sub, log)
@@ -54,22 +55,27 @@ class RayLauncher:
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""
 
-    def dry_run_text(self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str) -> str:
+    def dry_run_text(
+        self, specs: list[CellSpec], settings: dict[str, Any], grid_dir: Path, grid_id: str
+    ) -> str:
         refusal = many_rank_refusal(specs)
         return f"refused on ray: {refusal}" if refusal else ""
 
 
 def many_rank_refusal(specs: list[CellSpec]) -> str | None:
-    """Returns the one line that refuses a grid with a many-rank cell (None when every cell is one
-    process): a Ray task is one process, and vapo-lab does not start a cell's ranks as Ray actors."""
+    """Returns the one line that refuses a grid with a many-rank cell, None when every cell is one
+    process (a Ray task is one process; vapo-lab does not start a cell's ranks as Ray actors)."""
     many = [(s, cell_ranks(s.config)) for s in specs if cell_ranks(s.config) != (1, 1)]
     if not many:
         return None
     s, (nodes, per_node) = many[0]
     more = f" (and {len(many) - 1} more)" if len(many) > 1 else ""
-    return (f"cell {s.key}{more} runs on {nodes * per_node} ranks (trainer.nodes={nodes} x "
-            f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; use --launcher "
-            "local (torchrun on this machine) or --launcher slurm (a multi-task job); nothing was submitted")
+    return (
+        f"cell {s.key}{more} runs on {nodes * per_node} ranks (trainer.nodes={nodes} x "
+        f"trainer.nproc_per_node={per_node}): the Ray launcher runs one process per cell; "
+        "use --launcher local (torchrun on this machine) "
+        "or --launcher slurm (a multi-task job); nothing was submitted"
+    )
 
 
 def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Log) -> None:
@@ -78,8 +84,12 @@ def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Lo
     grid_dir = Path(jobs[0].grid_dir)
     logs = log_folder(grid_dir)
     # max_calls=1: a fresh worker process per cell (its output is redirected to the cell's log)
-    resources = {"num_cpus": float(settings.get("num_cpus", 1)), "num_gpus": float(settings.get("num_gpus", 0)),
-                 "max_retries": 0, "max_calls": 1}
+    resources = {
+        "num_cpus": float(settings.get("num_cpus", 1)),
+        "num_gpus": float(settings.get("num_gpus", 0)),
+        "max_retries": 0,
+        "max_calls": 1,
+    }
     ray.get(ray.remote(**resources)(logged).remote(prepare, jobs, logs / "prepare.log"))
     remote = ray.remote(**resources)(logged)
     refs = {remote.remote(run_cell, j, logs / f"{j.spec.key}.log"): j for j in jobs}
@@ -94,33 +104,41 @@ def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Lo
 
 
 def ray_init(settings: dict[str, Any]) -> bool:
-    """Connects to the configured Ray cluster (or starts a local one); returns True when this call
-    connected (so the caller shuts it down); raises LaunchError if unreachable.
+    """Connects to the configured Ray cluster, or starts a local one; returns True when this call
+    connected (the caller then shuts Ray down). Raises LaunchError if it is unreachable.
 
     A local Ray started here listens on 127.0.0.1 only, unless ``launcher.ray.expose=true``: anyone
-    who can reach a Ray port can run code on it (Ray's security notes). Ray has no bind option of
-    its own for this; its switch for a loopback-only node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
-    meant for laptops) makes every Ray process of the node use and listen on 127.0.0.1.
+    who can reach a Ray port can run code on it. Ray has no bind option; its switch for a
+    loopback-only node (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, meant for laptops) does it.
     """
     address = settings.get("address")
     loopback = not address and not settings.get("expose", False)
     previous = os.environ.get(_RAY_LOOPBACK_ENV)
     if loopback:
-        os.environ[_RAY_LOOPBACK_ENV] = "0"  # read when ray is imported, and by the processes it starts
+        # read when ray is imported, and by the processes it starts
+        os.environ[_RAY_LOOPBACK_ENV] = "0"
     try:
         import ray
     except ImportError as e:
-        raise LaunchError("the Ray launcher needs `ray` (pip install 'ray>=2.9'), or use --launcher local") from e
+        raise LaunchError(
+            "the Ray launcher needs `ray` (pip install 'ray>=2.9'), or use --launcher local"
+        ) from e
     if ray.is_initialized():
         return False
     from ray._private import ray_constants
 
     cluster_mode = ray_constants.ENABLE_RAY_CLUSTER
     if loopback:
-        ray_constants.ENABLE_RAY_CLUSTER = False  # the env var is read at import: ray may be imported already
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # never let Ray re-resolve this env with uv
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
-                              "configure_logging": False}
+        # the env var is read at import: ray may be imported already
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    # never let Ray re-resolve this env with uv
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": "ERROR",
+        "configure_logging": False,
+    }
     if address and address != "auto":
         check_reachable(address)
     try:
@@ -129,11 +147,14 @@ def ray_init(settings: dict[str, Any]) -> bool:
         else:
             ray.init(num_cpus=settings.get("cluster_cpus") or os.cpu_count(), **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure to connect is reported in one line
-        raise LaunchError(f"cannot connect to Ray at launcher.ray.address={address!r}: "
-                          f"{str(e).strip().splitlines()[0][:200]}; start it with `ray start --head`, "
-                          "or leave launcher.ray.address unset for a local Ray") from e
+        raise LaunchError(
+            f"cannot connect to Ray at launcher.ray.address={address!r}: "
+            f"{str(e).strip().splitlines()[0][:200]}; start it with `ray start --head`, "
+            "or leave launcher.ray.address unset for a local Ray"
+        ) from e
     finally:
-        if loopback:  # the node is started: later connections in this process decide for themselves
+        # the node is started: later connections in this process decide for themselves
+        if loopback:
             ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
             if previous is None:
                 os.environ.pop(_RAY_LOOPBACK_ENV, None)
@@ -148,11 +169,15 @@ def check_reachable(address: str) -> None:
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise LaunchError(f"launcher.ray.address={address!r} is not host:port (or ray://host:port, or auto)")
+        raise LaunchError(
+            f"launcher.ray.address={address!r} is not host:port (or ray://host:port, or auto)"
+        )
     try:
         with socket.create_connection((host, int(port)), timeout=5):
             pass
     except OSError as e:
-        raise LaunchError(f"cannot connect to Ray at launcher.ray.address={address!r}: {e.strerror or e}; "
-                          "start it with `ray start --head`, or leave launcher.ray.address unset for a "
-                          "local Ray; nothing was submitted") from e
+        raise LaunchError(
+            f"cannot connect to Ray at launcher.ray.address={address!r}: {e.strerror or e}; "
+            "start it with `ray start --head`, or leave launcher.ray.address unset for a "
+            "local Ray; nothing was submitted"
+        ) from e

@@ -33,16 +33,22 @@ def write_record(grid_dir: Path, record: dict[str, Any]) -> None:
 
 
 def known_job_ids(record: dict[str, Any]) -> dict[str, str]:
-    """Returns {cell key (or "prepare"): job id} over every submission of the record, the latest last."""
+    """Returns {cell key (or "prepare"): job id} over every submission, the latest last."""
     return {k: v for s in record.get("submissions", []) for k, v in s.get("job_ids", {}).items()}
 
 
 def find_grid(output_dir: str | Path, grid: str | None) -> Path:
-    """Returns the folder of grid id ``grid`` (or a unique prefix of it), the latest one when None."""
+    """Returns the folder of grid id ``grid`` (or a unique prefix), the latest grid when None."""
     root = Path(output_dir) / "grids"
-    found = sorted((p for p in root.glob("*") if (p / "grid.json").is_file()), key=lambda p: (p / "grid.json").stat().st_mtime)
+    found = sorted(
+        (p for p in root.glob("*") if (p / "grid.json").is_file()),
+        key=lambda p: (p / "grid.json").stat().st_mtime,
+    )
     if not found:
-        raise LaunchError(f"no grid under {root}: submit one with `vapo-lab ablate --table1` or `vapo-lab sweep FILE`")
+        raise LaunchError(
+            f"no grid under {root}: "
+            "submit one with `vapo-lab ablate --table1` or `vapo-lab sweep FILE`"
+        )
     if grid is None:
         return found[-1].resolve()
     if Path(grid).is_dir() and (Path(grid) / "grid.json").is_file():
@@ -50,5 +56,8 @@ def find_grid(output_dir: str | Path, grid: str | None) -> Path:
     match = [p for p in found if p.name == grid] or [p for p in found if p.name.startswith(grid)]
     if len(match) != 1:
         names = ", ".join(p.name for p in found[-5:])
-        raise LaunchError(f"grid {grid!r} {'is ambiguous' if match else 'not found'} under {root} (recent: {names})")
+        raise LaunchError(
+            f"grid {grid!r} {'is ambiguous' if match else 'not found'} under {root} "
+            f"(recent: {names})"
+        )
     return match[0].resolve()

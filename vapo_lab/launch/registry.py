@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vapo_lab.conf import default_choice
-from vapo_lab.launch.base import LaunchError, Launcher
+from vapo_lab.launch.base import Launcher, LaunchError
 from vapo_lab.launch.local import LocalLauncher
 from vapo_lab.launch.ray import RayLauncher
 from vapo_lab.launch.slurm import SlurmLauncher
@@ -29,5 +29,7 @@ def resolve_launcher(launcher: str | None, overrides: Sequence[str]) -> Launcher
         LaunchError: an unknown name, with the valid ones and the closest.
     """
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("launcher=")]
-    name = launcher if launcher is not None else chosen[-1] if chosen else default_choice("launcher")
+    name = (
+        launcher if launcher is not None else chosen[-1] if chosen else default_choice("launcher")
+    )
     return LAUNCHERS.get(name)

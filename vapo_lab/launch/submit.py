@@ -1,19 +1,10 @@
-"""Submitting a grid, the same way whatever the launcher (``vapo-lab sweep`` / ``ablate --table1``).
+"""Submitting a grid the same way whatever the launcher (``vapo-lab sweep``, ``ablate --table1``).
 
-``submit_grid``:
-
-1. the launcher's preflight checks (Slurm commands and partition, Ray address, cells it cannot run:
-   a many-rank cell on Ray, on many nodes locally) and the tracking store are checked before
-   anything is submitted (every cell's config was composed and checked when the grid was
-   expanded);
-2. the grid's folder ``<output_dir>/grids/<grid id>/`` is created or reopened (``grid.json``: the
-   cells, the parent MLflow run, every submission and its job ids);
-3. cells already finished are skipped, cells still running in a live job are left alone, the
-   rest go to the launcher: first one job that prepares the shared caches (base model, reward
-   model, pretrained critic), then the cells.
-
-The grid id is a hash of the cells' config hashes, so the same grid submitted again reopens the
-same folder and the same MLflow runs.
+``submit_grid`` runs the launcher's preflight checks and checks the tracking store before
+anything is submitted; creates or reopens the grid's folder (``vapo_lab.launch.record``); skips
+the cells already finished and those still running in a live job; and hands the rest to the
+launcher: first one job that prepares the shared caches, then the cells. The grid id hashes the
+cells' configs, so the same grid submitted again reopens the same folder and the same MLflow runs.
 """
 
 from __future__ import annotations
@@ -34,22 +25,28 @@ from vapo_lab.launch.record import grid_dir_for, known_job_ids, read_record, wri
 from vapo_lab.launch.status import FAILED, FINISHED, PENDING, RUNNING, read_status, write_status
 
 
-def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: Launcher, dry_run: bool = False,
-                wait: bool = True, log: Log = print) -> Submission:
+def submit_grid(
+    grid: Grid,
+    specs: list[CellSpec],
+    cfg: DictConfig,
+    launcher: Launcher,
+    dry_run: bool = False,
+    wait: bool = True,
+    log: Log = print,
+) -> Submission:
     """Submits the cells of ``grid`` that still need to run; see the module docstring.
 
     Args:
-        grid: the loaded grid (name, experiment).
-        specs: its expanded cells (``Grid.expand``), all sharing one grid id.
+        specs: the grid's expanded cells (``Grid.expand``), all sharing one grid id.
         cfg: a composed config holding the submission's ``launcher`` and ``tracking`` settings and
             ``output_dir`` (the first cell's config does).
-        launcher: where the cells run (``vapo_lab.launch.registry.resolve_launcher``).
         dry_run: print what would run (and the launcher's scripts) and submit nothing.
         wait: for a launcher whose jobs outlive this process (Slurm): wait for them to end (the
             others always wait).
-        log: where progress lines go.
     """
-    launchers: dict[str, Any] = OmegaConf.to_container(cfg.launcher, resolve=True)  # type: ignore[assignment]
+    launchers: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
+        cfg.launcher, resolve=True
+    )
     settings: dict[str, Any] = launchers.get(launcher.name, {})
     grid_id = specs[0].grid_id
     grid_dir = grid_dir_for(cfg.output_dir, grid_id)
@@ -75,29 +72,58 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: La
         return sub
 
     launcher.preflight(settings, todo)
-    parent = start_parent(grid, specs, cfg, record, launcher.name, grid_dir)  # also checks the tracking server
+    # also checks the tracking server
+    parent = start_parent(grid, specs, cfg, record, launcher.name, grid_dir)
 
-    record = {**record, "grid_id": grid_id, "name": grid.name, "experiment": grid.experiment,
-              "source": grid.source, "created": record.get("created", time.time()), "parent_run_id": parent,
-              "tracking_uri": tracking_uri(cfg), "output_dir": str(Path(cfg.output_dir).resolve()),
-              "cells": [s.to_record() for s in specs], "submissions": record.get("submissions", [])}
+    record = {
+        **record,
+        "grid_id": grid_id,
+        "name": grid.name,
+        "experiment": grid.experiment,
+        "source": grid.source,
+        "created": record.get("created", time.time()),
+        "parent_run_id": parent,
+        "tracking_uri": tracking_uri(cfg),
+        "output_dir": str(Path(cfg.output_dir).resolve()),
+        "cells": [s.to_record() for s in specs],
+        "submissions": record.get("submissions", []),
+    }
     write_record(grid_dir, record)
     if not todo:
-        log(f"grid {grid_id}: nothing to submit ({len(sub.skipped_finished)} finished, "
-            f"{len(sub.skipped_running)} still running)")
+        log(
+            f"grid {grid_id}: nothing to submit ({len(sub.skipped_finished)} finished, "
+            f"{len(sub.skipped_running)} still running)"
+        )
         if not sub.skipped_running:
             end_parent(cfg, parent, "FINISHED")
         return sub
-    jobs = [CellJob(spec=s, grid_dir=str(grid_dir), cwd=cwd, experiment=grid.experiment, parent_run_id=parent)
-            for s in todo]
+    jobs = [
+        CellJob(
+            spec=s,
+            grid_dir=str(grid_dir),
+            cwd=cwd,
+            experiment=grid.experiment,
+            parent_run_id=parent,
+        )
+        for s in todo
+    ]
     for j in jobs:  # failed or stopped cells start over as pending (their run resumes)
-        write_status(grid_dir, j.spec.key, state=PENDING, launcher=launcher.name, error=None, job_id=None)
-    entry: dict[str, Any] = {"time": time.time(), "launcher": launcher.name, "cells": [j.spec.key for j in jobs],
-                             "job_ids": {}}
+        write_status(
+            grid_dir, j.spec.key, state=PENDING, launcher=launcher.name, error=None, job_id=None
+        )
+    entry: dict[str, Any] = {
+        "time": time.time(),
+        "launcher": launcher.name,
+        "cells": [j.spec.key for j in jobs],
+        "job_ids": {},
+    }
     record["submissions"].append(entry)
     write_record(grid_dir, record)
-    log(f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, {len(sub.skipped_finished)} finished, "
-        f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}")
+    log(
+        f"grid {grid_id}: {len(jobs)} cell(s) to run on {launcher.name}, "
+        f"{len(sub.skipped_finished)} finished, "
+        f"{len(sub.skipped_running)} running elsewhere; folder {grid_dir}"
+    )
     try:
         try:
             launcher.submit(jobs, settings, sub, log)
@@ -110,29 +136,53 @@ def submit_grid(grid: Grid, specs: list[CellSpec], cfg: DictConfig, launcher: La
             launcher.wait(jobs, sub, log)
     except BaseException as e:
         # the launch itself failed (or was interrupted): no cell may stay "pending" for ever
-        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"launch failed: {str(e).splitlines()[0][:300]}"
+        reason = (
+            "interrupted"
+            if isinstance(e, KeyboardInterrupt)
+            else f"launch failed: {str(e).splitlines()[0][:300]}"
+        )
         for j in jobs:
-            if read_status(grid_dir, j.spec.key).get("state") in (PENDING, RUNNING) and not sub.job_ids.get(j.spec.key):
+            if read_status(grid_dir, j.spec.key).get("state") in (
+                PENDING,
+                RUNNING,
+            ) and not sub.job_ids.get(j.spec.key):
                 write_status(grid_dir, j.spec.key, state=FAILED, error=reason)
         end_parent(cfg, parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
         raise
     sub.submitted = [j.spec.key for j in jobs]
     if wait or not launcher.detached:  # a detached grid left running keeps its parent RUNNING
-        end_parent(cfg, parent, "FINISHED" if all(sub.results.get(j.spec.key) == FINISHED for j in jobs)
-                   else "FAILED")
+        end_parent(
+            cfg,
+            parent,
+            "FINISHED" if all(sub.results.get(j.spec.key) == FINISHED for j in jobs) else "FAILED",
+        )
     return sub
 
 
-def dry_run_text(grid: Grid, specs: list[CellSpec], sub: Submission, launcher: Launcher, settings: dict[str, Any],
-                 todo: list[CellSpec]) -> str:
-    """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then what
-    the launcher adds for the cells ``todo`` that would run."""
-    lines = [f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), experiment {grid.experiment!r}, "
-             f"folder {sub.grid_dir}",
-             f"{'cell':<44} {'seed':>4}  {'config':<16}  state"]
+def dry_run_text(
+    grid: Grid,
+    specs: list[CellSpec],
+    sub: Submission,
+    launcher: Launcher,
+    settings: dict[str, Any],
+    todo: list[CellSpec],
+) -> str:
+    """Returns what ``--dry-run`` prints: every cell with its state and how it is composed, then
+    what the launcher adds for the cells ``todo`` that would run."""
+    lines = [
+        f"grid {specs[0].grid_id} ({grid.source}): {len(specs)} run(s), "
+        f"experiment {grid.experiment!r}, "
+        f"folder {sub.grid_dir}",
+        f"{'cell':<44} {'seed':>4}  {'config':<16}  state",
+    ]
     for s in specs:
-        state = ("finished: skip" if s.key in sub.skipped_finished else
-                 "running: skip" if s.key in sub.skipped_running else "would run")
+        state = (
+            "finished: skip"
+            if s.key in sub.skipped_finished
+            else "running: skip"
+            if s.key in sub.skipped_running
+            else "would run"
+        )
         label = s.name + "".join(f" {k}={v}" for k, v in s.sweep.items())
         lines.append(f"{label:<44} {s.seed:>4}  {s.config_hash:<16}  {state}")
         extra = [o for o in s.overrides if not o.startswith("seed=")]

@@ -1,1 +1,1 @@
-"""Models: the embedded tiny Qwen2 model and its locally built tokenizer, the value model, loading."""
+"""Models: the embedded tiny Qwen2 and its tokenizer, the value model, loading, the plan's sizes."""

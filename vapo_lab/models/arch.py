@@ -1,5 +1,5 @@
-"""The embedded tiny model's shape: the one set of defaults the model builder, the base-model
-recipe and the config schema (``model.arch.*``) share. Imports nothing, so the config can read it."""
+"""The embedded tiny model's shape, shared by the model builder, the base-model recipe and the
+config schema (``model.arch.*``); it imports nothing, so the config can read it."""
 
 TINY_ARCH: dict[str, int] = {
     "hidden_size": 128,

@@ -1,29 +1,10 @@
-"""What a run needs before it runs: parameter counts, memory per GPU, KV cache, tokens per step.
+"""What a run needs before it runs: parameter counts, memory per GPU, KV cache, time per step.
 
 Pure functions of a model's ``Shape`` (:mod:`vapo_lab.models.shapes`) and the run's sizes
-(``Setup``); nothing here reads a config, touches a device or imports torch. ``vapo-lab plan``
-prints ``estimate``'s numbers and ``train`` refuses a run that does not fit its devices
-(``Footprint.fits``, called by ``vapo_lab.config.preflight.check_fits``). Bytes throughout; GB = 10^9 bytes (as the
-ZeRO paper counts).
-
-Sources:
-
-* parameters: transformers' ``modeling_qwen2`` (q/k/v projections with biases, o_proj and the
-  SwiGLU MLP without, two RMSNorms a layer, a final norm, lm_head unless tied) and
-  ``vapo_lab.models.value.ValueModel`` (the critic: the backbone without lm_head + Linear(h, 1)).
-* training state: ZeRO (Rajbhandari et al. 2020, §3.1): mixed-precision Adam holds 16 bytes per
-  parameter (2 + 2 + 12), sharded over N data-parallel ranks by ZeRO-3 / FSDP. vapo-lab
-  keeps float32 master weights on every strategy (``vapo_lab.models.precision``): 4 (weights) + 4
-  (gradients) + 8 (Adam m, v), the same 16, sharded under ``trainer.strategy=fsdp``.
-* activations and log-probs: :mod:`vapo_lab.models.activations`, what autograd keeps in a Qwen2
-  pass tensor by tensor and the chunked LM head's peak (both checked against CPU peaks,
-  docs/benchmarks.md).
-* KV cache: 2 (K and V) x L x kv heads x d x bytes per token, as vLLM and the built-in sampler
-  allocate it (``vapo_lab.rollout.decoder.FastDecoder``).
-* time: a roofline. Decoding is bound by memory bandwidth (each step reads the engine's weights and
-  its sequences' KV cache once); the update by arithmetic (6 FLOPs per parameter and token forward
-  and backward, 2 per forward-only pass or recomputation, plus causal attention's 2·L·s·h per token
-  and pass). ``Hardware`` holds the rates and the shares of them reached, stated assumptions.
+(``Setup``), without torch or a config: ``vapo-lab plan`` prints ``estimate``'s numbers, and
+``train`` refuses a run that does not fit its devices (``Footprint.fits``, through
+``vapo_lab.config.preflight.check_fits``). Bytes throughout; GB = 10^9 bytes, as ZeRO counts.
+The sources of each formula: docs/distributed.md, Resource plan.
 """
 
 from __future__ import annotations
@@ -31,11 +12,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from vapo_lab.models.activations import chunked_logprob_bytes, qwen2_pass_activation_bytes
+from vapo_lab.models.activations import (
+    chunked_logprob_bytes,
+    qwen2_forward_bytes,
+    qwen2_pass_activation_bytes,
+)
 from vapo_lab.models.shapes import Shape
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# what torch's caching allocator reserves over what it allocates: 1.25-1.29x measured on the H200
+# (docs/gpu-runs), rounded up; applied on CUDA to every phase's torch tensors, not to vLLM's share
+ALLOCATOR_HEADROOM = 1.3
+# bytes a checkpoint keeps a trained parameter: float32 weights and AdamW's m and v (no gradients)
+CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 # -- parameters ----------------------------------------------------------------------------------
@@ -80,15 +70,14 @@ def non_embedding_params(s: Shape) -> int:
 
 # -- training state ------------------------------------------------------------------------------
 def state_bytes_per_param(strategy: str, dtype: str) -> tuple[int, int, int]:
-    """Returns (weights, gradients, optimizer) bytes per parameter, before sharding: (4, 4, 8) on
-    every strategy and compute dtype. Parameters, gradients and Adam's m and v stay in float32, the
-    master weights (``vapo_lab.models.precision``; FSDP2 keeps fp32 shards): 16 in all, ZeRO's
-    figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ)."""
+    """Returns (weights, gradients, optimizer) bytes per parameter before sharding: (4, 4, 8) on
+    every strategy and compute dtype, float32 masters and Adam's m and v (``models.precision``):
+    16 in all, ZeRO's figure for mixed-precision Adam (§3.1: 2Ψ + 2Ψ + 12Ψ)."""
     return 4, 4, 8
 
 
 def sharded(total: float, world: int) -> float:
-    """Returns a rank's share of ``total`` bytes sharded over ``world`` ranks: total / N (ZeRO-3)."""
+    """Returns a rank's share of ``total`` bytes sharded over N = ``world`` ranks: total / N."""
     return total / world
 
 
@@ -116,7 +105,8 @@ class Setup:
     prompt_tokens: int  # an estimate of the longest prompt
     max_new_tokens: int
     gradient_checkpointing: bool
-    mini_batch_size: int | None = None  # responses per optimiser step, over all ranks (None: no limit)
+    # responses per optimiser step, over all ranks (None: no limit)
+    mini_batch_size: int | None = None
     critic: bool = True  # a value model is trained (GAE advantages)
     reference: bool = False  # a frozen reference policy (a KL term)
     engine: str = "builtin"  # builtin | vllm
@@ -124,9 +114,20 @@ class Setup:
     tensor_parallel_size: int = 1  # vLLM: its weights and KV cache split over t GPUs
     engine_memory: float = 0.0  # vLLM: bytes it takes of each GPU (gpu_memory_utilization x memory)
     engine_sleeps: bool = True  # vLLM: frees its memory during the update (sleep mode)
-    offload: bool = False  # trainer.offload_during_rollout: the training state in host memory while vLLM samples
-    logprob_chunk: int | None = None  # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
+    # trainer.offload_during_rollout: the training state in host memory while vLLM samples
+    offload: bool = False
+    # head_logprobs_and_entropy's tokens a chunk (None: the whole pass)
+    logprob_chunk: int | None = None
     ppo_epochs: int = 1
+    # the critic's start, on first use (trainer.caches): a reward model trained, value pretraining
+    reward_model: bool = False
+    value_pretraining: bool = False
+    eval_responses: int = 0  # held-out problems x eval samples, over all ranks
+    ranks_per_node: int = 1  # trainer.nproc_per_node: host memory is a node's
+    sleep_level: int = 2  # vLLM: 1 keeps its weights in host memory while asleep, 2 drops them
+    total_steps: int = 1  # rollout steps (trainer.total_steps)
+    save_every: int = 0  # trainer.save_every (0: never)
+    headroom: float = 1.0  # ALLOCATOR_HEADROOM for CUDA devices
 
 
 @dataclass(frozen=True)
@@ -142,23 +143,42 @@ class Hardware:
     flops: float = 989e12  # FLOP/s
     bandwidth_share: float = 0.6
     flops_share: float = 0.4
+    # a node's write rate to the shared file system a checkpoint goes to: an assumption
+    write_bandwidth: float = 1e9  # bytes/s
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a run on one rank: the bytes of torch's tensors (the allocator's headroom
+    applies to them) and of vLLM's share while it is awake (its own pool)."""
+
+    name: str
+    tensors: float
+    engine: float
+    how: str
+
+    def need(self, headroom: float = 1.0) -> float:
+        """Returns the device bytes the phase needs: tensors x headroom + the engine's share."""
+        return self.tensors * headroom + self.engine
 
 
 @dataclass(frozen=True)
 class Footprint:
-    """What one rank of a run holds, in bytes, and how long its step takes, in seconds (``estimate``)."""
+    """What one rank of a run holds, in bytes, and how long its step takes, in seconds."""
 
     actor_params: int
     critic_params: int  # 0 without a critic
     reference_params: int  # 0 without a reference policy
     sequence: int  # s: tokens per sequence, prompt + response (capped by the context)
-    pass_tokens: int  # tokens through one forward/backward pass on a rank (the token budget's worst case)
+    # tokens through one forward/backward pass on a rank (the token budget's worst case)
+    pass_tokens: int
     weights: float  # the actor's and critic's (sharded) weights
     gradients: float
     optimizer: float
     reference: float  # the reference policy's (sharded) weights
     gathered: float  # fsdp: the unsharded units in flight (root + 2 layers), transient
-    replica: float  # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
+    # builtin under fsdp: an unsharded copy of the actor for sampling, always resident
+    replica: float
     actor_activations: float  # with checkpointing as configured, the log-prob pass included
     critic_activations: float
     actor_activations_full: float  # without checkpointing, the log-prob pass included
@@ -180,6 +200,18 @@ class Footprint:
     decode_step_seconds: float  # one decoding step of one sampler at its full concurrency
     rollout_seconds: float  # a step's rollout, every response at max_new_tokens (an upper bound)
     update_seconds: float  # a step's passes: log-probs, values, reference, updates
+    phases: tuple[Phase, ...] = ()  # every phase a rank goes through (``estimate``)
+    headroom: float = 1.0  # ALLOCATOR_HEADROOM on CUDA, 1 elsewhere
+    updates_per_step: int = 1  # optimiser steps a rollout step (each model's)
+    total_steps: int = 1
+    host_per_node: float = 0.0  # host memory a node holds for the run beyond its processes
+    checkpoint_bytes: float = 0.0  # one save, all ranks together
+    save_every: int = 0
+
+    @property
+    def total_updates(self) -> int:
+        """Returns the gradient updates of the run (the paper's unit): steps x updates a step."""
+        return self.total_steps * self.updates_per_step
 
     @property
     def micro_batch(self) -> int:
@@ -200,9 +232,14 @@ class Footprint:
     @property
     def train_peak(self) -> float:
         """Returns the update phase: state + gathered units + the larger of the actor's and the
-        critic's activations (they are updated one after the other) + vLLM's share if it stays awake."""
+        critic's activations (updated one after the other) + vLLM's share if it stays awake."""
         awake = self.engine_memory if self.vllm and not self.engine_sleeps else 0.0
-        return self.state + self.gathered + max(self.actor_activations, self.critic_activations) + awake
+        return (
+            self.state
+            + self.gathered
+            + max(self.actor_activations, self.critic_activations)
+            + awake
+        )
 
     @property
     def rollout_peak(self) -> float:
@@ -214,8 +251,16 @@ class Footprint:
 
     @property
     def need(self) -> float:
-        """Returns the memory a rank needs: the larger of the update and rollout phases."""
-        return max(self.train_peak, self.rollout_peak)
+        """Returns the memory a rank needs: its largest phase, torch's tensors x ``headroom`` +
+        vLLM's share where it is awake (the update and rollout phases alone without ``phases``)."""
+        if not self.phases:
+            return max(self.train_peak, self.rollout_peak)
+        return max(phase.need(self.headroom) for phase in self.phases)
+
+    @property
+    def largest_phase(self) -> Phase | None:
+        """Returns the phase that sets ``need``."""
+        return max(self.phases, key=lambda ph: ph.need(self.headroom), default=None)
 
     @property
     def step_seconds(self) -> float:
@@ -246,13 +291,12 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
       (FSDP2 does not reshard the root after forward) and one layer is prefetched: root + 2 layers.
     * A pass holds at most ``micro_tokens`` tokens (``trainer.max_tokens_per_micro_batch``, counted
       in the padded layout a pass runs), and at least one longest sequence: pass_tokens =
-      max(s, min(micro_tokens, rows x s)), rows = min(mini_batch_size, ceil(B / N)) (a mini-batch is a
-      random draw from the whole batch, so a rank's share of one can reach all its responses).
-      Activations: ``qwen2_pass_activation_bytes`` for pass_tokens // s rows of s tokens (the tensors
-      autograd keeps, derived one by one and within 5% of CPU measurements, docs/benchmarks.md; no
-      stored attention scores, as flash attention), the actor's with the chunked log-prob pass over
-      its response tokens. FSDP2 computes in bf16 copies ("cast"); one process under autocast,
-      whose float32 residual stream and cast-weight cache it counts.
+      max(s, min(micro_tokens, rows x s)), rows = min(mini_batch_size, ceil(B / N)) (a mini-batch
+      is a random draw from the whole batch, so a rank's share of one can reach all its
+      responses). Activations: ``qwen2_pass_activation_bytes`` for pass_tokens // s rows of s
+      tokens (no stored attention scores, as flash attention), the actor's with the chunked
+      log-prob pass over its response tokens. FSDP2 computes in bf16 copies ("cast"); one process
+      under autocast, whose float32 residual stream and cast-weight cache it counts.
     * Sampling, builtin: under single the sampler runs the policy itself; under fsdp each rank
       keeps an unsharded replica of the actor in the compute dtype. Its static KV cache holds up to
       ``builtin_rows`` of the rank's ceil(B / N) responses at once.
@@ -290,17 +334,24 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     precision = "cast" if setup.strategy == "fsdp" else "autocast"
 
     def acts(head: str, ckpt: bool) -> float:
-        return qwen2_pass_activation_bytes(shape, rows_a_pass, s - t, t, ckpt, head, p, False, "packed", chunk,
-                                           precision)
+        return qwen2_pass_activation_bytes(
+            shape, rows_a_pass, s - t, t, ckpt, head, p, False, "packed", chunk, precision
+        )
 
-    logprob = chunked_logprob_bytes(rows_a_pass * t, shape.vocab_size, shape.hidden_size, chunk, min(p, 4))
+    logprob = chunked_logprob_bytes(
+        rows_a_pass * t, shape.vocab_size, shape.hidden_size, chunk, min(p, 4)
+    )
     gathered = 0.0
     if setup.strategy == "fsdp":
-        root = actor - shape.num_layers * layer_params(shape)  # embeddings, final norm, lm_head (> the critic's)
+        # embeddings, final norm, lm_head (> the critic's)
+        root = actor - shape.num_layers * layer_params(shape)
         gathered = (root + 2 * layer_params(shape)) * p
     vllm = setup.engine == "vllm"
     tp = setup.tensor_parallel_size if vllm else 1
-    kv_seq = kv_bytes_per_sequence(shape, s, p) / tp
+    # the built-in sampler decodes with the float32 masters (or their float32 replica): its weights
+    # and cache are float32 whatever the compute dtype
+    sampled = p if vllm else 4
+    kv_seq = kv_bytes_per_sequence(shape, s, sampled) / tp
     engine_weights = actor * p / tp if vllm else 0.0
     requests = responses * tp
     if vllm:
@@ -309,7 +360,9 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         at_once = min(responses, setup.builtin_rows)
     # decoding: a step reads the sampler's weights (a GPU's share) and its sequences' KV cache once
     context = setup.prompt_tokens + t / 2
-    step_bytes = (engine_weights if vllm else actor * p) + at_once * kv_bytes_per_token(shape, p) / tp * context
+    step_bytes = (engine_weights if vllm else actor * sampled) + at_once * kv_bytes_per_token(
+        shape, sampled
+    ) / tp * context
     decode_step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
     rollout = math.ceil(requests / at_once) * t * decode_step if at_once else math.inf
     # FLOPs a token: causal attention's QK and AV over s/2 keys on average, 4·(s/2)·h a layer
@@ -323,29 +376,163 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         return 2 * params + attention
 
     flops = setup.ppo_epochs * (trained_pass(actor) + (trained_pass(critic) if critic else 0.0))
-    # before the update: the old log-probs (recomputed where vLLM sampled), the reference's, the values
+    # before the update: the old log-probs (recomputed where vLLM sampled), the reference's, values
     flops += forward_pass(actor) * ((1 if vllm else 0) + (1 if setup.reference else 0))
     flops += forward_pass(critic) if critic else 0.0
     update = responses * s * flops / (hw.flops * hw.flops_share)
     ckpt = setup.gradient_checkpointing
-    return Footprint(
-        actor_params=actor, critic_params=critic, reference_params=ref, sequence=s, pass_tokens=pass_tokens,
-        weights=sharded(w * trained, world), gradients=sharded(g * trained, world),
-        optimizer=sharded(o * trained, world), reference=sharded(w * ref, world), gathered=gathered,
-        replica=actor * p if not vllm and setup.strategy == "fsdp" else 0.0,
-        actor_activations=acts("lm", ckpt), critic_activations=acts("value", ckpt) if critic else 0.0,
-        actor_activations_full=acts("lm", False), actor_activations_ckpt=acts("lm", True),
+    fp = Footprint(
+        actor_params=actor,
+        critic_params=critic,
+        reference_params=ref,
+        sequence=s,
+        pass_tokens=pass_tokens,
+        weights=sharded(w * trained, world),
+        gradients=sharded(g * trained, world),
+        optimizer=sharded(o * trained, world),
+        reference=sharded(w * ref, world),
+        gathered=gathered,
+        replica=actor * 4 if not vllm and setup.strategy == "fsdp" else 0.0,  # float32
+        actor_activations=acts("lm", ckpt),
+        critic_activations=acts("value", ckpt) if critic else 0.0,
+        actor_activations_full=acts("lm", False),
+        actor_activations_ckpt=acts("lm", True),
         critic_activations_full=acts("value", False) if critic else 0.0,
         critic_activations_ckpt=acts("value", True) if critic else 0.0,
-        logprob=logprob, kv_per_sequence=kv_seq, responses_per_rank=responses, requests_per_engine=requests,
-        sequences_at_once=at_once, vllm=vllm, offload=setup.offload and vllm, engine_weights=engine_weights,
-        engine_memory=setup.engine_memory if vllm else 0.0, engine_sleeps=setup.engine_sleeps,
-        generated_tokens=setup.responses_per_step * t, step_tokens=setup.responses_per_step * s,
-        decode_step_seconds=decode_step, rollout_seconds=rollout, update_seconds=update)
+        logprob=logprob,
+        kv_per_sequence=kv_seq,
+        responses_per_rank=responses,
+        requests_per_engine=requests,
+        sequences_at_once=at_once,
+        vllm=vllm,
+        offload=setup.offload and vllm,
+        engine_weights=engine_weights,
+        engine_memory=setup.engine_memory if vllm else 0.0,
+        engine_sleeps=setup.engine_sleeps,
+        generated_tokens=setup.responses_per_step * t,
+        step_tokens=setup.responses_per_step * s,
+        decode_step_seconds=decode_step,
+        rollout_seconds=rollout,
+        update_seconds=update,
+        updates_per_step=setup.ppo_epochs
+        * (
+            math.ceil(setup.responses_per_step / setup.mini_batch_size)
+            if setup.mini_batch_size
+            else 1
+        ),
+        total_steps=setup.total_steps,
+        save_every=setup.save_every,
+        checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * trained,
+        headroom=setup.headroom,
+    )
+    return replace(
+        fp,
+        phases=_phases(shape, setup, fp, acts_args=(rows_a_pass, s - t, t, chunk)),
+        host_per_node=_host_per_node(shape, setup, fp),
+    )
 
 
-def smallest_world(shape: Shape, setup: Setup, memory: float, divides: int | None = None,
-                   engine_at_minimum: bool = False, limit: int = 1 << 20) -> int | None:
+def _host_per_node(shape: Shape, setup: Setup, fp: Footprint) -> float:
+    """Returns the host bytes a node holds for the run beyond its processes' own: each rank's
+    state pinned while vLLM samples (offload), vLLM's weights asleep at level 1, and rank 0's
+    critic-cache write (a parameter at a time under fsdp: the largest, the (V, h) embedding, in
+    float32; the whole float32 critic in one process)."""
+    ranks = setup.ranks_per_node if setup.strategy == "fsdp" else 1
+    host = ranks * fp.state if fp.offload else 0.0
+    if fp.vllm and setup.sleep_level == 1:
+        host += ranks * fp.engine_weights
+    if fp.critic_params and (setup.reward_model or setup.value_pretraining):
+        host += 4 * (embedding_params(shape) if setup.strategy == "fsdp" else fp.critic_params)
+    return host
+
+
+def _phases(
+    shape: Shape, setup: Setup, fp: Footprint, acts_args: tuple[int, int, int, int]
+) -> tuple[Phase, ...]:
+    """Returns every phase of a step and of the critic's start on one rank (``estimate``)."""
+    world = setup.world if setup.strategy == "fsdp" else 1
+    p = DTYPE_BYTES[setup.dtype]
+    precision = "cast" if setup.strategy == "fsdp" else "autocast"
+    rows, prompt, t, chunk = acts_args
+
+    def forward(head: str) -> float:
+        return qwen2_forward_bytes(shape, rows, prompt, t, head, p, "packed", chunk, precision)
+
+    engine = fp.engine_memory
+    # vLLM's share in the passes and updates: none once it sleeps after sampling
+    awake_in_update = engine if fp.vllm and not fp.engine_sleeps else 0.0
+    sampler_kv = 0.0 if fp.vllm else fp.sequences_at_once * fp.kv_per_sequence
+    rollout = Phase(
+        "rollout",
+        (0.0 if fp.offload else fp.state) + sampler_kv,
+        engine,
+        ("vLLM's share" + (" (state in host memory)" if fp.offload else " + state"))
+        if fp.vllm
+        else "state + the sampler's float32 KV cache",
+    )
+    # old log-probs where vLLM sampled (or a replica: no), the reference's, the critic's values
+    actor_forward = forward("lm") if fp.vllm or fp.reference_params else 0.0
+    critic_forward = forward("value") if fp.critic_params else 0.0
+    outputs = Phase(
+        "model outputs",
+        fp.state + fp.gathered + max(actor_forward, critic_forward),
+        awake_in_update,
+        "state + gathered + a no-grad pass" + (" + vLLM awake" if awake_in_update else ""),
+    )
+    update = Phase(
+        "update",
+        fp.state + fp.gathered + max(fp.actor_activations, fp.critic_activations),
+        awake_in_update,
+        "state + gathered + max(actor, critic) activations"
+        + (" + vLLM awake" if awake_in_update else ""),
+    )
+    phases = [rollout, outputs, update]
+    if fp.critic_params and (setup.reward_model or setup.value_pretraining):
+        # before the actor's optimiser exists: its float32 weights (sharded where vLLM samples,
+        # whole where the built-in sampler does: trainer.start shards after), the reference's,
+        # and a critic-shaped model trained (16 B/param / N); sampling then is as a step's, less
+        layer = layer_params(shape)
+        policy = 4 * (fp.actor_params + fp.reference_params) / (world if fp.vllm else 1)
+        critic_state = 16 * fp.critic_params / world
+        gathered = (fp.critic_params - shape.num_layers * layer + 2 * layer) * p if world > 1 else 0
+        held = policy + critic_state + gathered
+        how = "policy weights + a critic's state + gathered + its activations"
+        if setup.reward_model:
+            phases.append(
+                Phase("reward-model build", held + fp.critic_activations, awake_in_update, how)
+            )
+        if setup.value_pretraining:
+            phases.append(
+                Phase(
+                    "value pretraining",
+                    held + max(fp.critic_activations, critic_forward),
+                    awake_in_update,
+                    how,
+                )
+            )
+    responses = math.ceil(setup.eval_responses / world) if setup.eval_responses else 0
+    eval_kv = 0.0 if fp.vllm else min(responses, setup.builtin_rows) * fp.kv_per_sequence
+    phases.append(
+        Phase(
+            "evaluation",
+            fp.state + eval_kv,
+            engine,
+            "state + vLLM's share (awake after the push)"
+            if fp.vllm
+            else "state + the sampler's KV cache",
+        )
+    )
+    return tuple(phases)
+
+
+def smallest_world(
+    shape: Shape,
+    setup: Setup,
+    memory: float,
+    divides: int | None = None,
+    engine_at_minimum: bool = False,
+    limit: int = 1 << 20,
+) -> int | None:
     """Returns the fewest fsdp ranks N at which ``estimate(...)`` fits in ``memory`` bytes a GPU.
 
     ``need`` never grows with N (state / N, ceil(B / N) responses and micro-batches no larger),
@@ -383,6 +570,25 @@ def _with_world(setup: Setup, world: int) -> Setup:
     return replace(setup, world=world, strategy="fsdp")
 
 
-__all__ = ["DTYPE_BYTES", "GB", "Footprint", "Hardware", "Setup", "actor_params", "backbone_params",
-           "critic_params", "embedding_params", "estimate", "kv_bytes_per_sequence", "kv_bytes_per_token",
-           "layer_params", "non_embedding_params", "sharded", "smallest_world", "state_bytes_per_param"]
+__all__ = [
+    "ALLOCATOR_HEADROOM",
+    "CHECKPOINT_BYTES_PER_PARAM",
+    "DTYPE_BYTES",
+    "GB",
+    "Footprint",
+    "Phase",
+    "Hardware",
+    "Setup",
+    "actor_params",
+    "backbone_params",
+    "critic_params",
+    "embedding_params",
+    "estimate",
+    "kv_bytes_per_sequence",
+    "kv_bytes_per_token",
+    "layer_params",
+    "non_embedding_params",
+    "sharded",
+    "smallest_world",
+    "state_bytes_per_param",
+]

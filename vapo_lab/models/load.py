@@ -1,11 +1,7 @@
-"""Loading a policy and its tokenizer from a local directory: the embedded model or a real one.
+"""Loading a policy and its tokenizer from a local directory, for the trainer and evaluation.
 
-The embedded base model is saved with ``save_pretrained`` (see :mod:`vapo_lab.basemodel`), so
-``load_model_and_tokenizer`` loads it and a real Hugging Face checkpoint alike
-(``model.path=/models/Qwen2.5-0.5B``). The trainer and evaluation share it and its two halves,
-``load_tokenizer`` and ``load_causal_lm`` (evaluation loads a tokenizer alone for vLLM, and a
-checkpoint's policy beside a tokenizer rebuilt from the task), and ``pick_device``. Nothing is
-ever downloaded: ``local_files_only=True``.
+The embedded base model is saved with ``save_pretrained``, so it loads as a real Hugging Face
+checkpoint does. Nothing is ever downloaded (``local_files_only=True``).
 """
 
 from __future__ import annotations
@@ -13,7 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.models.dtypes import DTYPES
@@ -40,23 +41,17 @@ def load_model_and_tokenizer(
     tokenizer_path: str | Path | None = None,
     trust_remote_code: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Returns (causal LM, tokenizer) loaded with ``from_pretrained`` from local directories.
-
-    Args:
-        path: a directory with ``config.json`` and weights (``model.path``).
-        dtype: ``float32``, ``bfloat16`` or ``float16`` (``model.dtype``).
-        tokenizer_path: the tokenizer's directory when it is not ``path`` (``model.tokenizer_path``).
-        trust_remote_code: passed to ``from_pretrained`` (``model.trust_remote_code``).
-
-    Returns:
-        the model in eval mode and its tokenizer; a tokenizer without a pad token gets its eos
-        token as pad (base checkpoints often have none, and batching needs one).
+    """Returns (causal LM in eval mode, tokenizer) from the local directories ``path`` and
+    ``tokenizer_path`` (default ``path``), the model in ``dtype`` (``model.dtype``).
 
     Raises:
         ConfigError: a directory or its config.json is missing, or the dtype is unknown.
     """
     if dtype not in DTYPES:
-        raise ConfigError(f"model.dtype={dtype!r} is not supported. Set model.dtype to one of {', '.join(DTYPES)}.")
+        raise ConfigError(
+            f"model.dtype={dtype!r} is not supported. "
+            f"Set model.dtype to one of {', '.join(DTYPES)}."
+        )
     path = Path(path)
     tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else path
     if not (path / "config.json").is_file():
@@ -65,24 +60,30 @@ def load_model_and_tokenizer(
             "Set model.path to a local checkpoint directory saved with save_pretrained."
         )
     if not tokenizer_path.is_dir():
-        raise ConfigError(f"model.tokenizer_path={str(tokenizer_path)!r} does not exist. Set it to a local directory.")
+        raise ConfigError(
+            f"model.tokenizer_path={str(tokenizer_path)!r} does not exist. "
+            "Set it to a local directory."
+        )
     tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
     return load_causal_lm(path, dtype, trust_remote_code), tokenizer
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """Returns the tokenizer saved in directory ``path``; one without a pad token gets its eos token
-    as pad (base checkpoints often have none, and batching needs one). Checks nothing first:
-    ``load_model_and_tokenizer`` names a missing directory with the config key to fix."""
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    """Returns the tokenizer saved in directory ``path``, its eos token as pad when it has none
+    (base checkpoints often lack one, and batching needs one); checks nothing first."""
+    tokenizer = AutoTokenizer.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> PreTrainedModel:
-    """Returns the causal LM saved in directory ``path`` (``dtype`` a key of ``DTYPES``), in eval mode.
-    Checks nothing first, as ``load_tokenizer``."""
+def load_causal_lm(
+    path: str | Path, dtype: str = "float32", trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """Returns the causal LM saved in directory ``path`` (``dtype`` a key of ``DTYPES``), in eval
+    mode; checks nothing first."""
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=DTYPES[dtype], local_files_only=True, trust_remote_code=trust_remote_code
     )

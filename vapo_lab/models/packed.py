@@ -1,15 +1,10 @@
-"""The packed training forward of Qwen2/Llama transformers: every token-wise op on the valid tokens
-only, attention alone in the padded layout, each distinct prompt computed once.
+"""The packed training forward of Qwen2/Llama transformers: token-wise ops on valid tokens only,
+attention alone in the padded layout, each distinct prompt computed once.
 
-Rows are (prompt, response) pairs: prompts left-padded, responses right-padded. Where prompts repeat
-(group sampling puts G responses of one prompt in a batch) each distinct prompt runs through the
-transformer once and every response attends to its prompt's keys and values: the same maths as a
-forward pass over each prompt ++ response, so the same gradients (a shared prompt's gradient is the
-sum of its responses'). ``vapo_lab.trainer.forward`` chooses this path or Hugging Face's padded one.
-
-Gradient checkpointing: ``enable_checkpointing`` turns on Hugging Face's, which recomputes each
-decoder layer in the backward pass; ``packed_states`` calls the layers' submodules itself, past HF's
-wrapper, so it reads the same switch (``checkpointing``) and checkpoints its own per-layer step.
+Rows are (prompt, response) pairs, prompts left-padded and responses right-padded. Where prompts
+repeat (group sampling), each distinct prompt runs once and its responses attend to its keys and
+values: the same maths, and gradients, as a pass over each prompt ++ response.
+``vapo_lab.trainer.forward`` chooses this path or Hugging Face's padded one.
 """
 
 from __future__ import annotations
@@ -26,10 +21,14 @@ def shares_prompts(decoder: nn.Module) -> bool:
     """Returns True when ``packed_states`` can run the transformer ``decoder`` (a Qwen2/Llama
     ``*Model`` with default RoPE, no sliding window and no attention dropout)."""
     cfg = getattr(decoder, "config", None)
-    return (cfg is not None and getattr(cfg, "model_type", "") in ("qwen2", "llama")
-            and rope_theta(cfg) is not None and not getattr(cfg, "use_sliding_window", False)
-            and not getattr(cfg, "attention_dropout", 0.0)
-            and all(hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm")))
+    return (
+        cfg is not None
+        and getattr(cfg, "model_type", "") in ("qwen2", "llama")
+        and rope_theta(cfg) is not None
+        and not getattr(cfg, "use_sliding_window", False)
+        and not getattr(cfg, "attention_dropout", 0.0)
+        and all(hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm"))
+    )
 
 
 def enable_checkpointing(model: nn.Module) -> None:
@@ -37,14 +36,21 @@ def enable_checkpointing(model: nn.Module) -> None:
     transformer): active while the model is in training mode, i.e. during updates, not sampling.
     Non-reentrant, as ``packed_states`` checkpoints, so inputs need not require grad."""
     # transformers 5 renames it activation_checkpointing_enable (the old name warns)
-    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable = (
+        getattr(model, "activation_checkpointing_enable", None)
+        or model.gradient_checkpointing_enable
+    )
     enable({"use_reentrant": False})
 
 
 def checkpointing(decoder: nn.Module) -> bool:
-    """Returns True when ``decoder``'s forward pass should recompute its layers in the backward pass:
+    """Returns True when ``decoder``'s forward should recompute its layers in the backward pass:
     HF's checkpointing is on, the model is training and gradients are being recorded."""
-    return bool(getattr(decoder, "gradient_checkpointing", False)) and decoder.training and torch.is_grad_enabled()
+    return (
+        bool(getattr(decoder, "gradient_checkpointing", False))
+        and decoder.training
+        and torch.is_grad_enabled()
+    )
 
 
 # share prompts only when each is repeated >= this many times on average; below that each row keeps
@@ -56,8 +62,9 @@ MIN_ROWS_PER_PROMPT = 2
 PACK_BELOW_SHARE = 0.9
 
 
-def prompt_groups(decoder: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, response_mask: Tensor
-                  ) -> tuple[Tensor, Tensor] | None:
+def prompt_groups(
+    decoder: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, response_mask: Tensor
+) -> tuple[Tensor, Tensor] | None:
     """Returns the prompt grouping ``packed_states`` runs ``decoder`` with: (distinct prompts as
     [ids ++ mask] rows, each row's index into them), or None for HF's padded forward.
 
@@ -78,8 +85,9 @@ def prompt_groups(decoder: nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, r
     return key, torch.arange(len(key), device=key.device)
 
 
-def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tensor, groups: tuple[Tensor, Tensor]
-                  ) -> Tensor:
+def packed_states(
+    decoder: nn.Module, response_ids: Tensor, response_mask: Tensor, groups: tuple[Tensor, Tensor]
+) -> Tensor:
     """Returns the final hidden states that predict the response tokens, packed: (N, H) for the N
     valid response tokens in row-major order (those of ``response_mask``).
 
@@ -99,7 +107,7 @@ def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tenso
     n_heads = cfg.num_attention_heads
     n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     b, t = response_ids.shape
     uniq, inverse = groups
     p = uniq.shape[1] // 2  # [ids ++ mask]
@@ -111,7 +119,10 @@ def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tenso
     p_flat = p_mask.reshape(-1)
     p_sel = p_flat.nonzero().squeeze(1)  # valid prompt tokens in the (U·P) layout
     r_sel = response_mask.reshape(-1).nonzero().squeeze(1)  # valid response tokens in (B·T)
-    inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    inv_freq = 1.0 / (
+        rope_theta(cfg)
+        ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    )
     dtype = decoder.embed_tokens.weight.dtype
 
     def rope(pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -126,7 +137,9 @@ def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tenso
     # prompt queries: causal and not padding; a padding query sees itself (no NaN; output unused)
     p_allow = ((causal_p[None] & p_mask[:, None, :]) | eye_p[None])[:, None]  # (U, 1, P, P)
     causal_r = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    r_allow = torch.cat([p_mask[inverse][:, None, :].expand(b, t, p), causal_r[None].expand(b, t, t)], -1)
+    r_allow = torch.cat(
+        [p_mask[inverse][:, None, :].expand(b, t, p), causal_r[None].expand(b, t, t)], -1
+    )
     r_allow = r_allow[:, None]  # (B, 1, T, P+T)
 
     def spread(x: Tensor, sel: Tensor, n: int, s: int) -> Tensor:
@@ -136,11 +149,14 @@ def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tenso
 
     def attend(q: Tensor, k: Tensor, v: Tensor, allow: Tensor, sel: Tensor) -> Tensor:
         """SDPA in the padded layout, then the valid queries' outputs packed: (N, heads·hd)."""
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allow, scale=scale, enable_gqa=True)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=allow, scale=scale, enable_gqa=True
+        )
         return o.transpose(1, 2).reshape(-1, n_heads * head_dim)[sel]
 
-    def qkv(attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, sel: Tensor, n: int, s: int
-            ) -> tuple[Tensor, Tensor, Tensor]:
+    def qkv(
+        attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, sel: Tensor, n: int, s: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
         q = attn.q_proj(x).view(-1, n_heads, head_dim)
         k = attn.k_proj(x).view(-1, n_kv, head_dim)
         v = attn.v_proj(x).view(-1, n_kv, head_dim)
@@ -165,12 +181,16 @@ def packed_states(decoder: nn.Module, response_ids: Tensor, response_mask: Tenso
     h = decoder.embed_tokens(p_ids.reshape(-1)[p_sel])  # (Np, H)
     g = decoder.embed_tokens(response_ids.reshape(-1)[r_sel])  # (Nr, H)
     for layer in decoder.layers:
-        # as_forward: a sharded layer's parameters are gathered (and its gradients reduced) around it
-        h, g = (checkpoint(as_forward, layer, block, layer, h, g, use_reentrant=False) if recompute
-                else as_forward(layer, block, layer, h, g))
+        # as_forward: a sharded layer's parameters are gathered (gradients reduced) around it
+        h, g = (
+            checkpoint(as_forward, layer, block, layer, h, g, use_reentrant=False)
+            if recompute
+            else as_forward(layer, block, layer, h, g)
+        )
     # the state before response token (b, 0) is its prompt's last token's; before (b, t > 0), the
     # response's token t − 1, the previous packed row (row-major order, valid tokens are a prefix)
-    last_prompt = (p_flat.long().cumsum(0) - 1).view(u, p)[:, -1]  # packed index of each prompt's last token
+    # packed index of each prompt's last token
+    last_prompt = (p_flat.long().cumsum(0) - 1).view(u, p)[:, -1]
     n_r = len(r_sel)
     first = r_sel % t == 0 if t else r_sel.bool()
     source = torch.where(first, n_r + r_sel // max(t, 1), torch.arange(n_r, device=device) - 1)

@@ -1,12 +1,10 @@
-"""Mixed precision: one policy for one process and many.
+"""Mixed precision, one policy for one process and many: float32 master weights, compute in
+``model.dtype``.
 
-Parameters, gradients, optimiser state and gradient reductions stay in float32 (the master
-weights): ``model.dtype`` (bf16 or fp16) is the dtype forward and backward passes compute in. A
-model is loaded for training in float32 and tagged with its compute dtype (``set_compute``); on one
-process ``autocast`` runs its passes under ``torch.autocast``, and FSDP2 applies the same policy to
-a sharded model through ``fsdp_policy`` (as torchtitan does: autocast without FSDP, FSDP's own
-casts with it). Pure bf16 training, with no float32 copy, barely trains at RL learning rates: an
-AdamW step of 1e-6 is below half a bf16 ulp of most weights, so it rounds away.
+A model is loaded in float32 and tagged with its compute dtype (``set_compute``); one process runs
+its passes under ``torch.autocast`` (``autocast``), a sharded one under FSDP2's policy
+(``fsdp_policy``). Why not pure bf16: an AdamW step of 1e-6 rounds away in most bf16 weights
+(docs/distributed.md, Many ranks).
 """
 
 from __future__ import annotations
@@ -37,17 +35,19 @@ def set_compute(model: nn.Module, name: str) -> nn.Module:
 
 
 def fsdp_policy(model: nn.Module) -> object:
-    """Returns FSDP2's MixedPrecisionPolicy for ``model``'s compute dtype (reductions in float32)."""
+    """Returns FSDP2's MixedPrecisionPolicy for ``model``'s compute dtype, reducing in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     dtype = getattr(model, _ATTR, None)
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=MASTER if dtype is not None else None)
+    return MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=MASTER if dtype is not None else None
+    )
 
 
 @contextlib.contextmanager
 def autocast(model: nn.Module) -> Iterator[None]:
-    """Runs the block's passes of ``model`` in its compute dtype (nothing for float32, and nothing for
-    a sharded model, whose FSDP2 policy casts)."""
+    """Runs the block's passes of ``model`` in its compute dtype (nothing for float32, nor for a
+    sharded model, whose FSDP2 policy casts)."""
     dtype = getattr(model, _ATTR, None)
     if dtype is None or _sharded(model):
         yield

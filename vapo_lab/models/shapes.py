@@ -48,53 +48,77 @@ class Shape:
         Raises:
             ConfigError: a key the shape needs is missing.
         """
-        need = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        need = (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+        )
         missing = [k for k in need if k not in config]
         if missing:
-            raise ConfigError(f"the model's config.json lacks {', '.join(missing)}: the plan needs "
-                              f"{', '.join(need)}")
+            raise ConfigError(
+                f"the model's config.json lacks {', '.join(missing)}: the plan needs "
+                f"{', '.join(need)}"
+            )
         h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        return cls(hidden_size=h, num_layers=int(config["num_hidden_layers"]), num_heads=heads,
-                   num_kv_heads=int(config.get("num_key_value_heads") or heads),
-                   head_dim=int(config.get("head_dim") or h // heads),
-                   intermediate_size=int(config["intermediate_size"]), vocab_size=int(config["vocab_size"]),
-                   tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                   max_position_embeddings=int(config.get("max_position_embeddings") or 0),
-                   qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)))
+        return cls(
+            hidden_size=h,
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or h // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
+            qkv_bias=config.get("model_type") == "qwen2"
+            or bool(config.get("attention_bias", False)),
+        )
 
 
 def read_shape(path: str | Path) -> Shape:
-    """Returns the shape in ``path``/config.json (a local checkpoint directory; nothing is downloaded).
+    """Returns the shape in ``path``/config.json, a local checkpoint directory.
 
     Raises:
         ConfigError: no config.json there, or it is not JSON or lacks a key.
     """
     file = Path(path) / "config.json"
     if not file.is_file():
-        raise ConfigError(f"model.path={str(path)!r} is not a model directory (no config.json there): set "
-                          "model.path to a local checkpoint, or model.arch_name to a known architecture "
-                          f"({', '.join(KNOWN_ARCHS)}) for a plan without the weights")
+        raise ConfigError(
+            f"model.path={str(path)!r} is not a model directory (no config.json there): set "
+            "model.path to a local checkpoint, or model.arch_name to a known architecture "
+            f"({', '.join(KNOWN_ARCHS)}) for a plan without the weights"
+        )
     try:
         config = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{file} cannot be read as JSON ({e}): point model.path at a checkpoint "
-                          "saved with save_pretrained") from e
+        raise ConfigError(
+            f"{file} cannot be read as JSON ({e}): point model.path at a checkpoint "
+            "saved with save_pretrained"
+        ) from e
     return Shape.from_hf_config(config.get("text_config", config))
 
 
-def _qwen25(h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool, context: int) -> Shape:
-    return Shape(hidden_size=h, num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=h // heads,
-                 intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
-                 max_position_embeddings=context)
+def _qwen25(
+    h: int, layers: int, heads: int, kv: int, inter: int, vocab: int, tied: bool, context: int
+) -> Shape:
+    return Shape(
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=h // heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        tie_word_embeddings=tied,
+        max_position_embeddings=context,
+    )
 
 
-# The config.json numbers of the public base checkpoints (huggingface.co/Qwen/<name>/blob/main/config.json:
-# hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
-# vocab_size, tie_word_embeddings, max_position_embeddings). Checks: the counts they give match the
-# model cards' totals and non-embedding counts for 0.5B (0.49B, 0.36B), 1.5B (1.54B, 1.31B) and 7B
-# (7.61B, 6.53B); for 32B they give 32,763,876,352 parameters, which is the bf16 checkpoint's
-# model.safetensors.index.json total_size (65,527,752,704 bytes) / 2, while its card rounds to 32.5B
-# (non-embedding 31.0B; the layers alone hold 31.2B). tests/models/test_footprint.py asserts these.
+# The public base checkpoints' config.json numbers (huggingface.co/Qwen/<name>): h, L, a, kv, i, V,
+# tied, context. tests/models/test_footprint.py checks the counts they give against the model cards
+# and the 32B checkpoint's size (docs/distributed.md, Resource plan).
 KNOWN_ARCHS: dict[str, Shape] = {
     "Qwen2.5-0.5B": _qwen25(896, 24, 14, 2, 4864, 151936, True, 32768),
     "Qwen2.5-1.5B": _qwen25(1536, 28, 12, 2, 8960, 151936, True, 131072),
@@ -106,8 +130,10 @@ KNOWN_ARCHS: dict[str, Shape] = {
 def known_arch(name: str) -> Shape:
     """Returns ``KNOWN_ARCHS[name]``; an unknown name raises ConfigError with the valid ones."""
     if name not in KNOWN_ARCHS:
-        raise ConfigError(unknown_name_message("model.arch_name", name, list(KNOWN_ARCHS))
-                          + "; or set model.path to a local checkpoint with a config.json")
+        raise ConfigError(
+            unknown_name_message("model.arch_name", name, list(KNOWN_ARCHS))
+            + "; or set model.path to a local checkpoint with a config.json"
+        )
     return KNOWN_ARCHS[name]
 
 

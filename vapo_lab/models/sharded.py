@@ -1,33 +1,12 @@
-"""Building a causal LM already sharded: on the meta device, sharded, then filled from its safetensors.
+"""Building a causal LM or a value model already sharded, so that no rank ever holds it whole.
 
-``from_pretrained`` puts the whole model in every rank's memory before FSDP2 shards it: for a 32B
-model, 131 GB of float32 on each rank. ``load_sharded_causal_lm`` does what torchtitan does, with
-torch's own engines, so that no rank ever holds more than its shards (plus the pages of the
-safetensors it has read, mmap'd: file-backed memory the kernel can reclaim):
-
-1. the model is built from its ``config.json`` on the meta device (shapes, no storage), tagged with
-   its compute dtype (``set_compute``: a dtype change on meta allocates nothing);
-2. FSDP2 shards it (:func:`vapo_lab.distributed.fsdp.shard`) and ``to_empty`` allocates each
-   rank's float32 shards, uninitialised, on ``device``;
-3. non-persistent buffers (Qwen2's rotary ``inv_freq``), which no checkpoint holds, are computed
-   by the model's own ``initialize_weights``, the very call ``from_pretrained`` makes for them,
-   with every parameter marked as loaded so that nothing else is drawn;
-4. ``torch.distributed.checkpoint.load`` with ``HuggingFaceStorageReader`` reads the safetensors
-   file(s) into the sharded state dict: each rank reads only the rows of its shards, converted
-   from the file's dtype (bf16 or fp32) to the float32 shards as they are copied.
-
-Tied weights (``lm_head.weight`` is ``model.embed_tokens.weight`` under ``tie_word_embeddings``)
-are one parameter, read once under the first of its names that the checkpoint holds. The
-checkpoint's keys must be the model's own names (no transformers key conversion, as for some MoE
-checkpoints): a missing or misshapen key is refused in one line, all of them at once. Reading
-safetensors runs no code from the files (JSON headers and raw tensor bytes only).
-
-The critic is built the same way (``load_sharded_value_model``): the value model on meta, its backbone
-read from a ``ValueModel.save`` directory (keys without the ``model.`` prefix) or from the policy's
-causal LM directory (``model.*`` keys: DCP matches a state dict to the files by key, so the shards are
-handed to it under the file's names), its head from ``value_head.pt`` or zero. ``save_sharded_value_model``
-writes ``ValueModel.save``'s layout from the shards, gathered one parameter at a time into rank 0's CPU
-memory: no rank builds a whole model to save one.
+As torchtitan does: the model is built from its ``config.json`` on the meta device, sharded with
+FSDP2, allocated with ``to_empty``, its non-persistent buffers computed by its own
+``initialize_weights``, then each rank's slices of the safetensors are read into its float32
+shards (``torch.distributed.checkpoint`` with ``HuggingFaceStorageReader``). Tied weights are read
+once; a missing, misshapen or duplicated key is refused in one line. ``save_sharded_value_model``
+writes ``ValueModel.save``'s layout a parameter at a time. Memory measured: docs/distributed.md,
+Sharded construction from a checkpoint.
 """
 
 from __future__ import annotations
@@ -47,6 +26,7 @@ from vapo_lab.errors import CheckpointError, ConfigError
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.models.load import load_causal_lm
 from vapo_lab.models.precision import MASTER, fsdp_policy, set_compute
+from vapo_lab.models.streaming import SafetensorsWriter
 from vapo_lab.models.value import HEAD_FILE, ValueModel
 
 INDEX = "model.safetensors.index.json"
@@ -61,21 +41,12 @@ def load_sharded_causal_lm(
     compute_dtype_name: str = "float32",
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """Returns the causal LM saved in directory ``path``, sharded over ``world`` with FSDP2, in eval mode.
+    """Returns the causal LM saved in directory ``path`` (config.json and safetensors, one file or
+    several, bf16, fp16 or fp32), sharded over ``world`` with FSDP2, in eval mode.
 
-    Args:
-        path: a directory with ``config.json`` and safetensors weights, one file or several
-            (``model.safetensors.index.json``), in bf16, fp16 or fp32.
-        world: the ranks to shard over; with one process and no process group the model is
-            loaded whole with ``from_pretrained`` (as :func:`vapo_lab.models.load.load_causal_lm`)
-            and moved to ``device``, not sharded.
-        device: where each rank's shards live (``cpu`` under gloo, this rank's GPU under nccl).
-        compute_dtype_name: ``model.dtype``, the dtype passes compute in (``set_compute``).
-        trust_remote_code: ``model.trust_remote_code``.
-
-    Returns:
-        the model with float32 parameters (each rank's shards only), non-persistent buffers as
-        ``from_pretrained`` computes them, FSDP2's mixed-precision policy for its compute dtype.
+    Each rank holds float32 shards on ``device``, computing in ``compute_dtype_name``
+    (``model.dtype``). With one process and no process group the model is loaded whole with
+    ``from_pretrained`` and moved to ``device``, not sharded.
 
     Raises:
         ConfigError: ``path`` has no config.json or no .safetensors file, or the dtype is unknown.
@@ -85,10 +56,18 @@ def load_sharded_causal_lm(
     path = Path(path)
     files = _check(path, compute_dtype_name)
     if not world.initialized:
-        return set_compute(load_causal_lm(path, "float32", trust_remote_code), compute_dtype_name).to(device).eval()
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        return (
+            set_compute(load_causal_lm(path, "float32", trust_remote_code), compute_dtype_name)
+            .to(device)
+            .eval()
+        )
+    config = AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=MASTER, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=MASTER, trust_remote_code=trust_remote_code
+        )
     set_compute(model, compute_dtype_name)  # a dtype change on meta: nothing allocated
     if (path / "generation_config.json").is_file():  # from_pretrained reads it too (eos, pad ids)
         model.generation_config = GenerationConfig.from_pretrained(path, local_files_only=True)
@@ -109,27 +88,12 @@ def load_sharded_value_model(
     trust_remote_code: bool = False,
 ) -> ValueModel:
     """Returns the value model (critic) saved in, or started from, directory ``path``, sharded over
-    ``world`` with FSDP2 (the value model the root, its backbone's layers the units), in eval mode.
+    ``world`` with FSDP2 as ``load_sharded_causal_lm`` shards a causal LM, in eval mode.
 
-    Args:
-        path: ``source="value_model"``: a directory ``ValueModel.save`` wrote (the backbone's
-            config.json and safetensors, keys without the ``model.`` prefix, ``value_head.pt``,
-            ``value_model.json``); ``source="causal_lm"``: a causal LM's directory (the policy's),
-            whose transformer (``model.*`` keys) becomes the backbone, under a zero head: what
-            ``ValueModel.from_causal_lm`` makes of it.
-        world: the ranks to shard over; with one process and no process group the value model is
-            loaded whole (``ValueModel.load``, or ``from_causal_lm`` of ``from_pretrained``) and
-            moved to ``device``, not sharded.
-        device: where each rank's shards live (``cpu`` under gloo, this rank's GPU under nccl).
-        compute_dtype_name: ``model.dtype``, the dtype passes compute in (``set_compute``).
-        source: ``value_model`` or ``causal_lm``.
-        trust_remote_code: ``model.trust_remote_code`` (``causal_lm`` only, as ``ValueModel.load``
-            takes none).
-
-    Returns:
-        the value model with float32 parameters (each rank's shards only), the head's beside the
-        backbone's, non-persistent buffers as ``from_pretrained`` computes them, FSDP2's
-        mixed-precision policy for its compute dtype.
+    ``source="value_model"``: a directory ``ValueModel.save`` wrote. ``source="causal_lm"``: a
+    causal LM's directory (the policy's), whose transformer (``model.*`` keys) becomes the backbone
+    under a zero head, as ``ValueModel.from_causal_lm`` makes it. ``trust_remote_code`` applies to
+    ``causal_lm`` only. Without a process group it loads whole, not sharded.
 
     Raises:
         ConfigError: ``source`` is unknown, or as ``load_sharded_causal_lm``.
@@ -140,8 +104,11 @@ def load_sharded_value_model(
     files = _check(path, compute_dtype_name)
     head = _head_state(path, source)
     if not world.initialized:
-        whole = (ValueModel.load(path) if source == "value_model"
-                 else ValueModel.from_causal_lm(load_causal_lm(path, "float32", trust_remote_code)))
+        whole = (
+            ValueModel.load(path)
+            if source == "value_model"
+            else ValueModel.from_causal_lm(load_causal_lm(path, "float32", trust_remote_code))
+        )
         return set_compute(whole, compute_dtype_name).to(device).eval()
     critic, prefix = _meta_value_model(path, source, trust_remote_code)
     set_compute(critic, compute_dtype_name)  # a dtype change on meta: nothing allocated
@@ -158,26 +125,36 @@ def _head_state(path: Path, source: str) -> dict[str, Tensor] | None:
     """Returns the head's state dict a value model directory holds (None for ``causal_lm``: a zero
     head); raises ConfigError for an unknown ``source``, CheckpointError for a missing head file."""
     if source not in SOURCES:
-        raise ConfigError(f"source={source!r} is not a value model source: use one of {', '.join(SOURCES)}")
+        raise ConfigError(
+            f"source={source!r} is not a value model source: use one of {', '.join(SOURCES)}"
+        )
     if source == "causal_lm":
         return None
     missing = [f for f in (HEAD_FILE, VALUE_JSON) if not (path / f).is_file()]
     if missing:
-        raise CheckpointError(f"{path} has no {' or '.join(missing)}, so it is not a value model directory "
-                              "(ValueModel.save writes them): give a directory ValueModel.save wrote, or load "
-                              "a causal LM's directory with source='causal_lm'")
+        raise CheckpointError(
+            f"{path} has no {' or '.join(missing)}, so it is not a value model directory "
+            "(ValueModel.save writes them): give a directory ValueModel.save wrote, or load "
+            "a causal LM's directory with source='causal_lm'"
+        )
     return torch.load(path / HEAD_FILE, weights_only=True)  # tensors only: runs no code
 
 
-def _meta_value_model(path: Path, source: str, trust_remote_code: bool) -> tuple[ValueModel, str | None]:
+def _meta_value_model(
+    path: Path, source: str, trust_remote_code: bool
+) -> tuple[ValueModel, str | None]:
     """Returns (the value model built on the meta device, the prefix of the backbone's keys in the
     files: the causal LM's name for its transformer, ``model``; None for a value model's files)."""
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
     with torch.device("meta"):
         if source == "value_model":  # as ValueModel.load: AutoModel, the json's hidden size
             hidden = json.loads((path / VALUE_JSON).read_text())["hidden_size"]
             return ValueModel(AutoModel.from_config(config, dtype=MASTER), hidden), None
-        lm = AutoModelForCausalLM.from_config(config, dtype=MASTER, trust_remote_code=trust_remote_code)
+        lm = AutoModelForCausalLM.from_config(
+            config, dtype=MASTER, trust_remote_code=trust_remote_code
+        )
         critic = ValueModel.from_causal_lm(lm)  # its very code: a deep copy on meta copies no data
     decoder = lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model
     return critic, next(n for n, m in lm.named_modules() if m is decoder)
@@ -194,53 +171,52 @@ def _backbone_key(name: str, prefix: str | None) -> str | None:
 
 @torch.no_grad()
 def _set_head(critic: ValueModel, head: dict[str, Tensor] | None) -> None:
-    """Sets the sharded head from its whole state dict, ``head`` (None: zeros, as
-    ``ValueModel.__init__``); each rank keeps its slice, with no collective (every rank has it whole)."""
+    """Sets the sharded head from its whole state dict ``head`` (None: zeros, as
+    ``ValueModel.__init__``); each rank keeps its slice, with no collective."""
     from torch.distributed.tensor import distribute_tensor
 
     problems = []
     for name, p in critic.head.named_parameters():
         whole = torch.zeros(p.shape) if head is None else head.get(name)
         if whole is None or whole.shape != p.shape:
-            problems.append(f"{name} is {'missing' if whole is None else tuple(whole.shape)}, "
-                            f"the head's is {tuple(p.shape)}")
+            problems.append(
+                f"{name} is {'missing' if whole is None else tuple(whole.shape)}, "
+                f"the head's is {tuple(p.shape)}"
+            )
             continue
-        p.copy_(distribute_tensor(whole.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None))
+        p.copy_(
+            distribute_tensor(
+                whole.to(p.device, p.dtype), p.device_mesh, p.placements, src_data_rank=None
+            )
+        )
     if problems:
-        raise CheckpointError(f"{HEAD_FILE} does not fit the value model: {'; '.join(problems)}. Re-save it "
-                              "with ValueModel.save")
+        raise CheckpointError(
+            f"{HEAD_FILE} does not fit the value model: {'; '.join(problems)}. Re-save it "
+            "with ValueModel.save"
+        )
 
 
 def save_sharded_value_model(critic: ValueModel, path: str | Path, world: World) -> None:
-    """Writes ``critic`` to directory ``path`` in ``ValueModel.save``'s layout, gathering a sharded
-    critic parameter by parameter into a CPU state dict on rank 0 only, which writes it: no rank
-    builds a whole model (every rank calls this; it ends with a barrier).
-
-    The backbone goes to one ``model.safetensors`` in float32 (the shards' dtype) with its
-    config.json, as ``save_pretrained`` writes them for a model without key conversions or tied
-    weights in its transformer (Qwen2, Llama); the head to ``value_head.pt``. A critic not sharded
-    is saved with ``ValueModel.save`` on rank 0.
-
-    torch's ``HuggingFaceStorageWriter`` is not used: every rank would write its slices to
-    ``path/sharded`` and rank 0 would then consolidate them into ``model-00001-of-00001.safetensors``,
-    a name ``from_pretrained`` does not read without an index, leaving the slices behind: the bytes
-    written twice, then files to rename and delete, for a file the gather writes directly.
-    """
+    """Writes ``critic`` to directory ``path`` in ``ValueModel.save``'s layout; every rank calls
+    this (a barrier ends it). A sharded critic is gathered parameter by parameter and rank 0
+    streams each to disk as it comes (``models.streaming``), never holding the whole model: the
+    backbone to one float32 ``model.safetensors`` with its config.json, as ``save_pretrained``
+    writes them for a transformer without key conversions or tied weights (Qwen2, Llama); the head
+    to ``value_head.pt``. A critic not sharded is saved with ``ValueModel.save`` on rank 0."""
     path = Path(path)
     if not is_sharded(critic):
         if world.main:
             critic.save(path)
         world.barrier()
         return
-    state = _gather(critic, world.main)
-    if world.main:
-        _write(critic, state, path)
+    _stream(critic, path, world.main)
     world.barrier()
 
 
-def _gather(critic: ValueModel, keep: bool) -> dict[str, Tensor]:
-    """Returns {state dict name: whole tensor on the CPU} of ``critic``'s parameters and persistent
-    buffers where ``keep`` (rank 0), {} elsewhere; a collective per parameter, on every rank alike."""
+def _stream(critic: ValueModel, path: Path, main: bool) -> None:
+    """Gathers ``critic``'s parameters one at a time (a collective each, on every rank) and, on
+    rank 0 (``main``), writes each as it comes, then the persistent buffers, the config and the
+    head, replacing a sharded save's files left at ``path``."""
     from torch.distributed.fsdp import FSDPModule
 
     for m in critic.modules():
@@ -248,33 +224,38 @@ def _gather(critic: ValueModel, keep: bool) -> dict[str, Tensor]:
         # copies: back to the float32 shards (local, no collective), which are the weights
         if isinstance(m, FSDPModule):
             m.reshard()
-    state = {}
-    for name, t in full_parameters(critic):
-        if keep:
-            state[name] = t.to("cpu", copy=True)
-        del t  # only one whole parameter at a time
     persistent = critic.state_dict(keep_vars=True).keys()  # names only: no gather
-    for name, b in critic.named_buffers():
-        if keep and name in persistent:
-            state[name] = b.detach().to("cpu", copy=True)
-    return state
-
-
-def _write(critic: ValueModel, state: dict[str, Tensor], path: Path) -> None:
-    """Writes the whole ``state`` of ``critic`` as ``ValueModel.save`` does (backbone safetensors and
-    config.json, head file, value_model.json), replacing a sharded save's files left at ``path``."""
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in [path / INDEX, *path.glob("model-*-of-*.safetensors")]:  # an index would win over our file
-        stale.unlink(missing_ok=True)
-    backbone = {n.removeprefix("backbone."): t for n, t in state.items() if n.startswith("backbone.")}
-    save_file(backbone, path / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained
-    config = copy.deepcopy(critic.backbone.config)  # save_pretrained's two changes, not on the live model
-    config.dtype = str(next(iter(backbone.values())).dtype).removeprefix("torch.")
+    buffers = [(n, b) for n, b in critic.named_buffers() if n in persistent]
+    entries = [
+        (n.removeprefix("backbone."), t.dtype, tuple(t.shape))
+        for n, t in [*critic.named_parameters(), *buffers]
+        if n.startswith("backbone.")
+    ]
+    writer = None
+    if main:
+        path.mkdir(parents=True, exist_ok=True)
+        # an index would win over our file
+        for stale in [path / INDEX, *path.glob("model-*-of-*.safetensors")]:
+            stale.unlink(missing_ok=True)
+        # as save_pretrained marks it
+        writer = SafetensorsWriter(path / "model.safetensors", entries, {"format": "pt"})
+    head: dict[str, Tensor] = {}
+    for name, t in [*full_parameters(critic), *((n, b.detach()) for n, b in buffers)]:
+        if writer is not None:
+            if name.startswith("backbone."):
+                writer.write(name.removeprefix("backbone."), t)
+            elif name.startswith("head."):
+                head[name.removeprefix("head.")] = t.to("cpu", copy=True)
+        del t  # only one whole parameter at a time
+    if writer is None:
+        return
+    writer.close()
+    # save_pretrained's two changes, not on the live model
+    config = copy.deepcopy(critic.backbone.config)
+    config.dtype = str(entries[0][1]).removeprefix("torch.")
     config.architectures = [type(critic.backbone).__name__.removeprefix("FSDP")]
     config.save_pretrained(path)
-    torch.save({n.removeprefix("head."): t for n, t in state.items() if n.startswith("head.")}, path / HEAD_FILE)
+    torch.save(head, path / HEAD_FILE)
     (path / VALUE_JSON).write_text(json.dumps({"hidden_size": critic.head.in_features}))
 
 
@@ -282,33 +263,47 @@ def _check(path: Path, compute_dtype_name: str) -> list[Path]:
     """Returns the safetensors files of ``path`` (raising ConfigError / CheckpointError as
     ``load_sharded_causal_lm`` documents)."""
     if compute_dtype_name not in DTYPES:
-        raise ConfigError(f"model.dtype={compute_dtype_name!r} is not supported. Set model.dtype to one of "
-                          f"{', '.join(DTYPES)}.")
+        raise ConfigError(
+            f"model.dtype={compute_dtype_name!r} is not supported. Set model.dtype to one of "
+            f"{', '.join(DTYPES)}."
+        )
     if not (path / "config.json").is_file():
-        raise ConfigError(f"model.path={str(path)!r} is not a model directory (no config.json there). "
-                          "Set model.path to a local checkpoint directory saved with save_pretrained.")
+        raise ConfigError(
+            f"model.path={str(path)!r} is not a model directory (no config.json there). "
+            "Set model.path to a local checkpoint directory saved with save_pretrained."
+        )
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        raise ConfigError(f"model.path={str(path)!r} has no .safetensors weights"
-                          + (f" (only {', '.join(others)})" if others else "")
-                          + ": the sharded load reads safetensors only. Re-save the model there with "
-                          "save_pretrained (transformers writes safetensors), or set model.path to one that has them.")
+        others = sorted(
+            p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt")
+        )
+        raise ConfigError(
+            f"model.path={str(path)!r} has no .safetensors weights"
+            + (f" (only {', '.join(others)})" if others else "")
+            + ": the sharded load reads safetensors only. Re-save the model there with "
+            "save_pretrained (transformers writes safetensors), or set model.path to one that "
+            "has them."
+        )
     if (path / INDEX).is_file():
         named = set(json.loads((path / INDEX).read_text())["weight_map"].values())
         missing = sorted(n for n in named if not (path / n).is_file())
         if missing:
-            raise CheckpointError(f"{path / INDEX} names {', '.join(missing)}, missing from {path}: "
-                                  "copy the whole checkpoint directory")
+            raise CheckpointError(
+                f"{path / INDEX} names {', '.join(missing)}, missing from {path}: "
+                "copy the whole checkpoint directory"
+            )
     return files
 
 
 @torch.no_grad()
 def _init_buffers(model: nn.Module, arch: str) -> None:
-    """Computes ``model``'s non-persistent buffers (which no checkpoint holds and ``to_empty`` left
-    garbage) as ``from_pretrained`` does: the model's ``initialize_weights``, with every parameter
-    and persistent buffer marked as loaded (transformers' own flag), so that only the rest is set.
-    Raises CheckpointError for a buffer it left unset (a model whose ``_init_weights`` misses it)."""
+    """Computes ``model``'s non-persistent buffers (no checkpoint holds them; ``to_empty`` left
+    garbage) as ``from_pretrained`` does: ``initialize_weights``, with every parameter and
+    persistent buffer marked as loaded (transformers' flag), so that only the rest is set.
+
+    Raises:
+        CheckpointError: a buffer left unset (a model whose ``_init_weights`` misses it).
+    """
     non_persistent = {}
     for owner_name, owner in model.named_modules():
         for name in owner._non_persistent_buffers_set:
@@ -327,9 +322,11 @@ def _init_buffers(model: nn.Module, arch: str) -> None:
     model.initialize_weights()
     left = [n for n, b in non_persistent.items() if _still_sentinel(b)]
     if left:
-        raise CheckpointError(f"{arch}'s initialize_weights left the non-persistent buffers "
-                              f"{', '.join(left)} unset, so the sharded load cannot compute them: "
-                              "load this model on one process (trainer.strategy=single)")
+        raise CheckpointError(
+            f"{arch}'s initialize_weights left the non-persistent buffers "
+            f"{', '.join(left)} unset, so the sharded load cannot compute them: "
+            "load this model on one process (trainer.strategy=single)"
+        )
 
 
 def _sentinel(dtype: torch.dtype) -> float | int | bool:
@@ -346,8 +343,13 @@ def _still_sentinel(buf: torch.Tensor) -> bool:
 
 
 @torch.no_grad()
-def _fill(model: nn.Module, path: Path, files: list[Path], arch: str,
-          in_file: Callable[[str], str | None] = lambda name: name) -> None:
+def _fill(
+    model: nn.Module,
+    path: Path,
+    files: list[Path],
+    arch: str,
+    in_file: Callable[[str], str | None] = lambda name: name,
+) -> None:
     """Reads the checkpoint's safetensors into ``model``'s sharded state dict, each rank its own
     slices (``torch.distributed.checkpoint.load``, ``HuggingFaceStorageReader``). ``in_file`` gives
     the file's key of a state dict name (None: the files do not hold it, and it is left as it is):
@@ -357,11 +359,13 @@ def _fill(model: nn.Module, path: Path, files: list[Path], arch: str,
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     reader = dcp.HuggingFaceStorageReader(str(path))
-    saved = reader.read_metadata().state_dict_metadata  # the files' JSON headers: names, shapes, dtypes
+    # the files' JSON headers: names, shapes, dtypes
+    saved = reader.read_metadata().state_dict_metadata
     state = get_model_state_dict(model)  # DTensors: each rank's shards, aliasing the parameters
     wanted, problems = {}, []
     for names in _aliases(model, state):
-        keys = {k: n for n in names if (k := in_file(n)) is not None}  # the file's key: the model's name
+        # the file's key: the model's name
+        keys = {k: n for n in names if (k := in_file(n)) is not None}
         if not keys:
             continue
         found = [k for k in keys if k in saved]
@@ -371,16 +375,22 @@ def _fill(model: nn.Module, path: Path, files: list[Path], arch: str,
         key = found[0]  # tied weights: one parameter, read once
         shard_of = state[keys[key]]
         if tuple(saved[key].size) != tuple(shard_of.shape):
-            problems.append(f"{key} is {tuple(saved[key].size)}, the model's is {tuple(shard_of.shape)}")
+            problems.append(
+                f"{key} is {tuple(saved[key].size)}, the model's is {tuple(shard_of.shape)}"
+            )
         elif len({tuple(c.offsets) for c in saved[key].chunks}) < len(saved[key].chunks):
-            # one key twice at the same place (a stale file beside the checkpoint's), not DCP's slices
+            # one key twice at one place (a stale file beside the checkpoint's), not DCP's slices
             problems.append(f"{key} is in more than one of {', '.join(f.name for f in files)}")
         wanted[key] = shard_of
     if problems:
-        listed = "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-        raise CheckpointError(f"{path} does not fit {arch} built from its config.json: {listed}. "
-                              "The sharded load reads checkpoints whose keys are the model's own names (as "
-                              "save_pretrained writes them): load this one on one process (trainer.strategy=single)")
+        listed = "; ".join(problems[:5]) + (
+            f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        )
+        raise CheckpointError(
+            f"{path} does not fit {arch} built from its config.json: {listed}. "
+            "The sharded load reads checkpoints whose keys are the model's own names (as "
+            "save_pretrained writes them): load this one on one process (trainer.strategy=single)"
+        )
     # in place into the shards; each file's slice is converted to float32 as it is copied
     dcp.load(wanted, storage_reader=reader)
     # the documented way back into the module (a copy onto itself where the state dict aliases it)
@@ -391,7 +401,10 @@ def _aliases(model: nn.Module, state: dict) -> list[list[str]]:
     """Returns the state dict's names grouped by the tensor they name: tied weights are one group
     (``[model.embed_tokens.weight, lm_head.weight]``, in module order), every other name its own."""
     by_tensor: dict[int, list[str]] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+    for name, t in [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]:
         if name in state:
             by_tensor.setdefault(id(t), []).append(name)
     grouped = {n for names in by_tensor.values() for n in names}

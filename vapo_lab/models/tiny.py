@@ -1,25 +1,10 @@
 """The embedded default policy: a ~1M-parameter Qwen2 causal LM with a structured init.
 
-The architecture is ``transformers``' own Qwen2 built from a config (random init, nothing
-downloaded), so everything downstream — saving, loading, generation, the trainer — treats it as
-it treats a real Qwen2.5 checkpoint. Only the *initial values* of some weights are chosen here;
-every weight is then trained as usual.
-
-Why a structured init: a throwaway prototype on these 2-core machines found that a model of
-this size did not learn a character-level addition scratchpad in 3 minutes of pre-training, but
-did with position-labelled digit words whose embeddings share parts. Measured here, on the
-arith task (:mod:`vapo_lab.tasks.arith`, up to 40 digits):
-
-1. Embeddings: embedding(``x3_7``) = type(x) + position(3) + digit(7) (likewise ``yK_D``,
-   ``zK_D``, the carries ``cK_B``, and the plain answer digits ``0``..``9`` as type + digit), so
-   what the model learns about a digit or a column in one word carries over to every word with
-   it; tied output embeddings give the output layer the same structure.
-2. One attention head of layer 0 starts out attending to the words of the same column
-   (:func:`_position_matching_head`). Without it the model learnt the column sum for the first
-   8 columns but, after 3 minutes, still wrote the sum digit of later columns at ~20% (chance
-   10%); with it, 90% in every column after 400 steps.
-3. init_std 0.1 instead of Qwen2's 0.02 (for d = 128): per-token accuracy of the sum digit
-   after 300 steps on <= 8 digits rose from 39% to 84% (0.05: 64%; 0.2: 40%).
+It is ``transformers``' own Qwen2 built from a config (nothing downloaded), so everything
+downstream treats it as a real Qwen2.5 checkpoint. Only some weights' initial values are chosen
+here: word embeddings built from shared type, position and digit parts, a layer-0 head that
+matches positions, and a wider init; why, as measured: docs/default-task.md, The task and the
+model.
 """
 
 from __future__ import annotations
@@ -53,23 +38,17 @@ def build_tiny_model(
     """Returns a randomly initialised Qwen2ForCausalLM sized for ``tokenizer`` (~1.1M parameters).
 
     With the defaults and the arith tokenizer (2827 tokens): embeddings 2827 x 128 = 362k (tied
-    with the output layer), 4 layers x 185k = 739k, 1.10M in all.
+    with the output layer), 4 layers x 185k = 739k, 1.10M in all. ``seed`` seeds the init and
+    leaves the caller's torch RNG state as it was.
 
     Args:
         tokenizer: gives the vocabulary size, the bos/eos/pad ids and the task words.
-        hidden_size: width d of the residual stream.
-        num_layers: transformer blocks.
-        num_heads: query heads (head size d / num_heads).
-        num_kv_heads: key/value heads (grouped-query attention, as in Qwen2).
-        intermediate_size: SwiGLU MLP width.
-        max_position_embeddings: the longest sequence RoPE is set up for.
-        seed: the init seed; the caller's global torch RNG state is left as it was.
-        tie_word_embeddings: share the input embedding with the output layer.
-        structured_init: apply items 1 and 2 of the module docstring when the vocabulary has
-            position-labelled words (``x3_7``); other tokens keep the standard N(0, init_std²).
-        rope_theta: RoPE base; 1e6 as in Qwen2.5, so that the slowest RoPE dimensions (used by
-            the position-matching head) turn by < 0.25 rad over the longest task sequences.
-        init_std: std of the normal init of every weight matrix and embedding (item 3).
+        structured_init: when the vocabulary has position-labelled words (``x3_7``), build their
+            embeddings from parts and set the position-matching head; other tokens keep
+            N(0, init_std²).
+        rope_theta: 1e6 as in Qwen2.5, so that the slowest RoPE dimensions (the position-matching
+            head's) turn by < 0.25 rad over the longest task sequences.
+        init_std: std of the normal init of every weight matrix and embedding.
     """
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -115,8 +94,7 @@ def _structured_embeddings(
       of their own P-dimensional subspace (P = 10 + number of tens): what the network learns
       about the units of short problems' positions carries over to long problems' positions.
     * type and digit parts lie outside the position subspace, so position matching
-      (:func:`_position_matching_head`) sees positions only. (A "number line" digit part, with
-      directions linear and quadratic in D, was tried and measured worse: it led to ±1 errors.)
+      (:func:`_position_matching_head`) sees positions only.
 
     Each part has the norm of a N(0, (std/√3)²) vector, so a word's embedding has the scale of
     every other token's (std per coordinate) and the three parts weigh the same.
@@ -147,7 +125,9 @@ def _structured_embeddings(
     types = sorted({t for t, _, _ in words.values()})
     type_part = random_parts(len(types))
     k = torch.arange(n_positions)
-    position_part = (position_basis[:, k % 10] + position_basis[:, 10 + k // 10]).T * part_norm / math.sqrt(2)
+    position_part = (
+        (position_basis[:, k % 10] + position_basis[:, 10 + k // 10]).T * part_norm / math.sqrt(2)
+    )
     digit_part = random_parts(10)
     for token_id, (t, k, d) in words.items():
         vector = type_part[types.index(t)] + digit_part[d]
@@ -156,14 +136,13 @@ def _structured_embeddings(
 
 
 @torch.no_grad()
-def _position_matching_head(model: Qwen2ForCausalLM, position_basis: torch.Tensor, sharpness: float = 8.0) -> None:
+def _position_matching_head(
+    model: Qwen2ForCausalLM, position_basis: torch.Tensor, sharpness: float = 8.0
+) -> None:
     """Sets layer 0's first query head and its key head to attend to tokens with the same position.
 
-    Why: with embeddings alone, the network learned the column sum for the positions of short
-    problems within a minute but had not learnt to find column k of a 40-digit problem (among
-    80 prompt digits) within three. Initialised this way, the head at the word for column k
-    (``c3_1`` while writing ``z3_*``; ``z3_*`` while writing ``c2_*``) attends to x3, y3 and the
-    column's scratchpad words from the start, for every position at once; training adapts it.
+    The head at the word for column k (``c3_1`` while writing ``z3_*``) then attends to x3, y3 and
+    the column's scratchpad words from the start, for every position at once.
 
     q = k = α·(position coordinates of the normalised input), placed in the head's lowest-RoPE-
     frequency dimensions (rotation ≤ 0.25 rad over 250 tokens with rope_theta = 1e6, so the match

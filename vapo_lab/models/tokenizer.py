@@ -1,18 +1,11 @@
 """The embedded tokenizer: byte-level BPE for any UTF-8 text, plus one token per task word.
 
-Built locally with the ``tokenizers`` library (nothing is downloaded) and wrapped as a
-``transformers`` fast tokenizer, so it is saved and loaded with ``save_pretrained`` /
-``AutoTokenizer.from_pretrained`` exactly like a real checkpoint's tokenizer.
-
-* Any text encodes: the base vocabulary is the 256 byte symbols of GPT-2's byte-level scheme (as
-  in Qwen2), with no merges, so an AIME problem, emoji or Chinese become one token per UTF-8 byte
-  and decode back exactly.
-* Every task word (``x3_7``, ``\\boxed{``, ...) is an added token, twice: bare and with a leading
-  space. Added tokens are matched before byte-level splitting, longest first, so ``" x3_7"`` is
-  one token and a space-separated scratchpad costs one token per word, not two; decoding an added
-  token gives back its text verbatim, so ``decode(encode(s)) == s`` still holds for every ``s``.
-* Special tokens ``<|bos|>``, ``<|endoftext|>`` (end of sequence) and ``<|pad|>`` take ids 0..2.
-  Encoding adds none of them (like Qwen2's tokenizer); the rollout appends eos to a response.
+Built locally with ``tokenizers`` and wrapped as a ``transformers`` fast tokenizer, so it saves and
+loads like a real checkpoint's. The base vocabulary is GPT-2's 256 byte symbols with no merges, so
+any text encodes (a token a byte) and decodes back exactly. Each task word is an added token, bare
+and with a leading space, matched before byte-level splitting: a space-separated scratchpad costs
+one token a word, and ``decode(encode(s)) == s`` still holds. ``<|bos|>``, ``<|endoftext|>`` (eos)
+and ``<|pad|>`` take ids 0..2; encoding adds none of them, as Qwen2's tokenizer.
 """
 
 from __future__ import annotations
@@ -26,14 +19,9 @@ BOS, EOS, PAD = "<|bos|>", "<|endoftext|>", "<|pad|>"
 def build_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     """Returns a byte-level tokenizer in which each of ``words`` (and " " + word) is one token.
 
-    Args:
-        words: task words, e.g. :meth:`vapo_lab.tasks.arith.ArithTask.vocabulary`; order fixes
-            their ids, so the same list always gives the same tokenizer. Words must not contain
-            whitespace (the space-prefixed variant is added here).
-
-    Returns:
-        a fast tokenizer with bos/eos/pad set, padding on the right (set ``padding_side="left"``
-        for batched generation), and no clean-up of spaces on decode (it would break round trips).
+    The order of ``words`` (e.g. :meth:`vapo_lab.tasks.arith.ArithTask.vocabulary`) fixes their
+    ids. The tokenizer pads on the right (set ``padding_side="left"`` for batched generation) and
+    does not clean up spaces on decode, which would break round trips.
 
     Raises:
         ValueError: a word is empty, has whitespace, or repeats.

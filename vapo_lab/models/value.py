@@ -1,9 +1,8 @@
 """The value model (critic) and the outcome reward model: a causal-LM backbone with a scalar head.
 
-Both share one class. The reward model is trained to predict the verifier's outcome at the last
-response token; the critic predicts V(s_t) at every token. Initialising the critic from the reward
-model (the paper's choice) therefore starts it with values that are right only at the end of a
-response: the value bias that value pretraining removes (VAPO §3.1, §4.1).
+The reward model predicts the verifier's outcome at the last response token, the critic V(s_t) at
+every token; a critic started from the reward model (the paper's choice) is right only at the end
+of a response, the value bias that value pretraining removes (VAPO §3.1, §4.1).
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ HEAD_FILE = "value_head.pt"
 
 
 def wide(x: Tensor) -> Tensor:
-    """Returns ``x`` in float32 when it is in a narrower float (bf16, fp16); float32 and float64 as
-    they are: log-probs and values are computed at least in float32, and a float64 model keeps its
-    precision (the rank-equality tests run in float64)."""
+    """Returns ``x`` in float32 when it is a narrower float (bf16, fp16), else as it is: log-probs
+    and values are at least float32, and float64 stays (the rank-equality tests run in it)."""
     return x.float() if x.element_size() < 4 else x
 
 
@@ -36,7 +34,7 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_causal_lm(cls, lm: nn.Module) -> ValueModel:
-        """Returns a value model whose backbone is a deep copy of ``lm``'s transformer (head zero)."""
+        """Returns a value model on a deep copy of ``lm``'s transformer, with a zero head."""
         import copy
 
         backbone = copy.deepcopy(lm.get_decoder() if hasattr(lm, "get_decoder") else lm.model)
@@ -51,11 +49,13 @@ class ValueModel(nn.Module):
             torch.manual_seed(seed)
             backbone = AutoModel.from_config(lm.config)
         first = next(lm.parameters())
-        return cls(backbone.to(first.device, first.dtype), lm.config.hidden_size)._head_like_backbone()
+        return cls(
+            backbone.to(first.device, first.dtype), lm.config.hidden_size
+        )._head_like_backbone()
 
     def _head_like_backbone(self) -> ValueModel:
-        """Returns the model with its head on the backbone's device and in its dtype (a new head is
-        made on the CPU in float32: beside a bf16 or CUDA backbone its first forward would fail)."""
+        """Returns the model with its head moved to the backbone's device and dtype (a new head is
+        float32 on the CPU, which would fail beside a bf16 or CUDA backbone)."""
         first = next(self.backbone.parameters())
         self.head.to(first.device, first.dtype)
         return self
@@ -63,8 +63,9 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Returns one scalar per position, (B, L), for the padded batch ``input_ids`` (B, L)."""
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=positions).last_hidden_state
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions
+        ).last_hidden_state
         # a new tensor, not a view of the head's output: FSDP2 hooks its backward on the output
         return wide(self.head(hidden).squeeze(-1)).clone()
 

@@ -1,11 +1,9 @@
 """The registries: the one list of each kind of thing vapo-lab knows by name.
 
-``components`` holds the seven VAPO components (with the paper's Table 1 score without each),
-``presets`` the algorithm presets (VAPO, vanilla PPO, DAPO, GRPO: which components each turns on,
-and the paper's score), ``table1`` derives the rows of the paper's Table 1 and the cells of its
-grid from those two. Composition, validation, the grid and the report read these lists; nothing
-restates them. Tasks, benchmarks and launchers keep their registries beside their code
-(``vapo_lab.tasks``, ``vapo_lab.eval.benchmarks``, ``vapo_lab.launch``).
+``components`` holds the seven VAPO components, ``presets`` the algorithm presets, and ``table1``
+derives the paper's Table 1 rows and grid cells from those two; everything else reads these lists
+rather than restating them. Tasks, benchmarks and launchers keep their registries beside their
+code.
 """
 
 from __future__ import annotations
@@ -24,7 +22,11 @@ T = TypeVar("T", bound=Named)
 
 def unknown_name_message(kind: str, name: str, valid: list[str]) -> str:
     """Returns a one-line message for an unknown name, listing the valid ones and the closest."""
-    def norm(x: str) -> str:  # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
+
+    # CLIP_HIGHER and clip-higher are typos of clip_higher, not other names
+    def norm(
+        x: str,
+    ) -> str:
         return x.lower().replace("-", "_")
 
     by_norm = {norm(v): v for v in valid}
@@ -37,13 +39,17 @@ class Registry(Generic[T]):
     """Entries by name, in registration order; a taken name raises, an unknown one is named with
     the valid ones and the closest (raised as ``error``)."""
 
-    def __init__(self, kind: str, error: Callable[[str], Exception] = KeyError,
-                 check: Callable[[T], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        error: Callable[[str], Exception] = KeyError,
+        check: Callable[[T], None] | None = None,
+    ) -> None:
         self.kind, self._error, self._check = kind, error, check
         self._items: dict[str, T] = {}
 
     def register(self, item: T) -> T:
-        """Returns ``item`` after adding it; raises ValueError if its name is taken or it is malformed."""
+        """Returns ``item`` after adding it; a taken name or a malformed item raises ValueError."""
         if item.name in self._items:
             raise ValueError(f"{self.kind} {item.name!r} is already registered")
         if self._check is not None:

@@ -49,7 +49,13 @@ def _check_components(preset: Preset) -> None:
 PRESETS: Registry[Preset] = Registry("algorithm preset", ConfigError, _check_components)
 
 PRESETS.register(Preset(name="ppo", label="PPO", components=(), table1=5, row="Vanilla PPO"))
-PRESETS.register(Preset(name="dapo", label="DAPO", components=("clip_higher", "token_level_loss", "group_sampling"),
-                        table1=50))
+PRESETS.register(
+    Preset(
+        name="dapo",
+        label="DAPO",
+        components=("clip_higher", "token_level_loss", "group_sampling"),
+        table1=50,
+    )
+)
 PRESETS.register(Preset(name="vapo", label="VAPO", components=None, table1=60))
 PRESETS.register(Preset(name="grpo", label="GRPO", components=("group_sampling",)))

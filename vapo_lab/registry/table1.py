@@ -27,12 +27,22 @@ class Row:
 
 
 def _preset_rows() -> list[Row]:
-    return [Row(p.table1_row, float(p.table1), p.name, p.name) for p in PRESETS if p.table1 is not None]
+    return [
+        Row(p.table1_row, float(p.table1), p.name, p.name) for p in PRESETS if p.table1 is not None
+    ]
 
 
 def _ablation_rows() -> list[Row]:
-    return [Row(c.row, None if c.table1_without is None else float(c.table1_without), f"{ABLATED}-no-{c.name}",
-                ABLATED, (c.name,)) for c in COMPONENTS]
+    return [
+        Row(
+            c.row,
+            None if c.table1_without is None else float(c.table1_without),
+            f"{ABLATED}-no-{c.name}",
+            ABLATED,
+            (c.name,),
+        )
+        for c in COMPONENTS
+    ]
 
 
 def rows() -> list[Row]:

@@ -1,4 +1,4 @@
-"""Read a grid's runs from MLflow and group them into the paper's variants (rows of Table 1).
+"""Reads a grid's runs from MLflow and groups them into the paper's variants (rows of Table 1).
 
 Only MLflow is read (the local store or a server): a report can be made on any machine that sees
 the tracking store, with no access to run folders. A run's variant comes from its tags — ``algo``
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from vapo_lab.errors import VapoLabError
 from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.registry.presets import PRESETS
 from vapo_lab.registry.table1 import ABLATED
-from vapo_lab.errors import VapoLabError
 from vapo_lab.track.export import SOURCE_TAG
 
 
@@ -31,8 +31,10 @@ class RunData:
     seed: int
     status: str  # MLflow: RUNNING, FINISHED, FAILED, KILLED
     tags: dict[str, str]
-    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
-    params: dict[str, str] = field(default_factory=dict)  # the few config values the report draws with
+    # metric -> [(step, value)]
+    history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    # the few config values the report draws with
+    params: dict[str, str] = field(default_factory=dict)
 
     def last_step(self) -> int:
         return max((s for h in self.history.values() for s, _ in h), default=0)
@@ -46,14 +48,15 @@ PARAMS = ("gae.alpha", "gae.lam_policy", "gae.lam_policy_mode", "rollout.max_new
 
 
 def variant_of(tags: dict[str, str]) -> str:
-    """Returns the Table 1 row of a run from its tags, e.g. "w/o clip_higher"; other
-    combinations read like "VAPO w/o a, b" or "DAPO w/o x"."""
+    """Returns the Table 1 row of a run from its tags, e.g. "w/o clip_higher", "VAPO w/o a, b"."""
     algo = tags.get("algo", "?")
     off = sorted(x for x in tags.get("components_off", "none").split(",") if x and x != "none")
     preset = PRESETS.get(algo) if algo in PRESETS else None
     # the components the run had (the trainer tags each one's state): a component registered
     # after the run was logged is not one it lacks
-    known = {k.split(".", 1)[1] for k in tags if k.startswith("component.")} or set(COMPONENTS.names())
+    known = {k.split(".", 1)[1] for k in tags if k.startswith("component.")} or set(
+        COMPONENTS.names()
+    )
     preset_off = set(preset.off()) & known if preset else set()
     extra = sorted(set(off) - preset_off)
     back_on = sorted(preset_off - set(off))
@@ -65,13 +68,20 @@ def variant_of(tags: dict[str, str]) -> str:
         name = preset.label
     if algo == ABLATED and len(extra) == 1 and not back_on:
         return COMPONENTS.get(extra[0]).row
-    parts = [name] + ([f"w/o {', '.join(extra)}"] if extra else []) + ([f"with {', '.join(back_on)}"] if back_on else [])
+    parts = (
+        [name]
+        + ([f"w/o {', '.join(extra)}"] if extra else [])
+        + ([f"with {', '.join(back_on)}"] if back_on else [])
+    )
     return " ".join(parts)
 
 
-def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()) -> list[RunData]:
-    """Returns the cell runs of ``experiment`` (grid parent runs left out), with the histories of
-    ``metrics`` (every metric under ``PREFIXES`` is always read).
+def load_runs(
+    tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()
+) -> list[RunData]:
+    """Returns the cell runs of ``experiment`` (no grid parent runs) with their metric histories.
+
+    The histories are those of ``metrics`` and of every metric under ``PREFIXES``.
 
     Raises:
         ReportError: no such store (a local one is never created), no such experiment, or no runs
@@ -87,15 +97,24 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
     try:
         exp = client.get_experiment_by_name(experiment)
     except Exception as e:  # noqa: BLE001 - one line, whatever the store says
-        raise ReportError(f"cannot read the tracking store {uri}: {str(e).splitlines()[0][:200]}") from e
+        raise ReportError(
+            f"cannot read the tracking store {uri}: {str(e).splitlines()[0][:200]}"
+        ) from e
     if exp is None:
         names = [e.name for e in client.search_experiments()]
-        raise ReportError(f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
-                          "run the grid first: vapo-lab ablate --table1 --seeds 3")
+        raise ReportError(
+            f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
+            "run the grid first: vapo-lab ablate --table1 --seeds 3"
+        )
     runs = []
     found = client.search_runs([exp.experiment_id], max_results=10000)
-    commands = sorted({r.data.params["command"] for r in found
-                       if r.data.tags.get("kind") == "grid" and r.data.params.get("command")})
+    commands = sorted(
+        {
+            r.data.params["command"]
+            for r in found
+            if r.data.tags.get("kind") == "grid" and r.data.params.get("command")
+        }
+    )
     for r in _one_per_config(found):
         tags = dict(r.data.tags)
         wanted = set(metrics) | {k for k in r.data.metrics if k.startswith(PREFIXES)}
@@ -105,18 +124,27 @@ def load_runs(tracking_uri: str | None, experiment: str, metrics: tuple[str, ...
             history[key] = last_per_step((m.step, m.timestamp, m.value) for m in points)
         tags["grid_commands"] = " ; ".join(commands)  # the submissions that made the grid
         run_id = tags.get(SOURCE_TAG, r.info.run_id)  # an imported run keeps its original id
-        runs.append(RunData(run_id=run_id, variant=variant_of(tags), seed=int(tags.get("seed", 0)),
-                            status=r.info.status, tags=tags, history=history,
-                            params={k: r.data.params[k] for k in PARAMS if k in r.data.params}))
+        runs.append(
+            RunData(
+                run_id=run_id,
+                variant=variant_of(tags),
+                seed=int(tags.get("seed", 0)),
+                status=r.info.status,
+                tags=tags,
+                history=history,
+                params={k: r.data.params[k] for k in PARAMS if k in r.data.params},
+            )
+        )
     if not runs:
-        raise ReportError(f"experiment {experiment!r} in {uri} has no training runs yet: "
-                          "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3")
+        raise ReportError(
+            f"experiment {experiment!r} in {uri} has no training runs yet: "
+            "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3"
+        )
     return runs
 
 
 def last_per_step(points: Iterable[tuple[int, int, float]]) -> list[tuple[int, float]]:
-    """Returns a metric's [(step, value)] by step from its [(step, timestamp, value)]: a resumed run
-    may log a step twice, and the later value counts."""
+    """Returns [(step, value)] of [(step, timestamp, value)]; a step logged twice keeps its last."""
     by_step: dict[int, float] = {}
     for step, _, value in sorted(points, key=lambda p: (p[0], p[1])):
         by_step[int(step)] = float(value)
@@ -124,8 +152,7 @@ def last_per_step(points: Iterable[tuple[int, int, float]]) -> list[tuple[int, f
 
 
 def _one_per_config(found: list[Any]) -> list[Any]:
-    """Returns the training runs, one per config hash: a cell run twice (two grids with the same
-    cell, a rerun) counts once — its latest finished run, else its latest run."""
+    """Returns the training runs, one per config hash: its latest finished run, else its latest."""
     best: dict[str, Any] = {}
     for r in found:
         tags = r.data.tags
@@ -133,7 +160,10 @@ def _one_per_config(found: list[Any]) -> list[Any]:
             continue
         key = tags.get("config_hash") or r.info.run_id
         rank = (r.info.status == "FINISHED", r.info.start_time or 0)
-        if key not in best or rank > (best[key].info.status == "FINISHED", best[key].info.start_time or 0):
+        if key not in best or rank > (
+            best[key].info.status == "FINISHED",
+            best[key].info.start_time or 0,
+        ):
             best[key] = r
     return list(best.values())
 
@@ -142,8 +172,10 @@ def score_key(runs: list[RunData]) -> str:
     """Returns the held-out score metric the runs share, ``eval/avg_at_<k>`` (the largest k)."""
     keys = {k for r in runs for k in r.history if k.startswith("eval/avg_at_")}
     if not keys:
-        raise ReportError("no run has a held-out score (eval/avg_at_k) yet: runs log it every "
-                          "trainer.eval_every steps")
+        raise ReportError(
+            "no run has a held-out score (eval/avg_at_k) yet: runs log it every "
+            "trainer.eval_every steps"
+        )
     return max(keys, key=lambda k: int(k.rsplit("_", 1)[-1]))
 
 
@@ -152,4 +184,3 @@ def group(runs: list[RunData]) -> dict[str, list[RunData]]:
     for r in sorted(runs, key=lambda r: (r.variant, r.seed)):
         out.setdefault(r.variant, []).append(r)
     return out
-

@@ -1,22 +1,12 @@
-"""Scores a pre-registered confirmatory plan: t-tests per prediction, Holm per family, equivalence
-margins for "same", the goal's tally of components and the rank agreement with the paper.
+"""Scores a pre-registered confirmatory plan: a t-test per prediction, Holm per family.
 
 A plan is a predictions YAML with ``families`` (``reports/table1-plateau/predictions.yaml``); the
-older format without them (one bootstrap rule, no correction) is ``predictions``'. Each prediction
-compares, over a grid's seeds, a variant with a reference (VAPO unless ``against`` names one), or
-tests a per-seed ``contrast`` (a sum of variants with coefficients: the 2x2's interaction), on a
-measure: ``plateau_score`` and ``learning_speed`` (``table.SCORES``) or one of ``predictions.MEASURES``.
-
-- The test (``stats.compare``): paired t over the seeds both sides have when they have the same
-  seeds (one grid's cells share a seed's base model, data order and held-out samples), else Welch.
-- A directional prediction's p is the two-sided test's; a "same" prediction's is its TOST p against
-  its ``margin`` (``stats.tost_p``). Holm adjusts them over the family; at ``alpha``: directional
-  confirmed when significant in the predicted direction, refuted when significant the other way;
-  "same" confirmed when equivalence is significant, refuted when the 95% interval lies wholly outside
-  ±margin; else inconclusive.
-- The goal counts a component when a prediction that counts for it (its row, or ``counts_for``) is
-  significant in the paper's direction: the two-sided p, Holm-adjusted over the family's two-sided
-  p-values (a "same" prediction's TOST p says nothing about direction).
+older format without them is ``predictions``'. Each prediction compares a variant with a reference
+(VAPO unless ``against`` names one), or tests a per-seed ``contrast`` of variants, on
+``plateau_score``, ``learning_speed`` or one of ``predictions.MEASURES``; a "same" prediction is
+tested for equivalence within its ``margin``. Beside the verdicts come the goal's tally of
+components, the claims, the plateau rule and the rank agreement with the paper. The rules:
+docs/report.md#predictions.
 """
 
 from __future__ import annotations
@@ -33,9 +23,19 @@ from vapo_lab.report.collect import ReportError, RunData
 from vapo_lab.report.predictions import DIRECTIONS, MEASURES, WINDOWS
 from vapo_lab.report.table import PLATEAU_FRACTION, run_score
 
-SCORE_MEASURES = {"plateau_score": ("plateau", "plateau score: mean held-out score over the last 20% of the steps (x100)"),
-                  "learning_speed": ("speed", "learning speed: area under the held-out curve over the steps (x100)")}
-PLATEAU_TOLERANCE = 1.0  # points: VAPO's seed-mean curve over the last 20% of the steps moves at most this
+SCORE_MEASURES = {
+    "plateau_score": (
+        "plateau",
+        "plateau score: mean held-out score over the last 20% of the steps (x100)",
+    ),
+    "learning_speed": (
+        "speed",
+        "learning speed: area under the held-out curve over the steps (x100)",
+    ),
+}
+# points: VAPO's seed-mean curve over the last 20% of the steps moves at most this
+PLATEAU_TOLERANCE = 1.0
+FOUND = "found after the grid"  # the words before a finding, wherever a verdict carries one
 
 Groups = dict[str, list[RunData]]
 
@@ -48,7 +48,8 @@ class Planned:
     window: str
     expect: str
     paper: str
-    terms: tuple[tuple[str, float], ...]  # (variant label, coefficient): row +1 and reference −1, or a contrast
+    # (variant label, coefficient): row +1 and reference −1, or a contrast
+    terms: tuple[tuple[str, float], ...]
     margin: float | None = None
     counts_for: str | None = None  # a component, or None
 
@@ -64,12 +65,12 @@ class Plan:
 
     @property
     def main(self) -> str:
-        """The experiment of the first family: the Table 1 grid."""
+        """Returns the experiment of the first family: the Table 1 grid."""
         return next(iter(self.families.values()))["experiment"]
 
 
 def is_plan(path: str | Path) -> bool:
-    """Whether a predictions YAML is a confirmatory plan (it has ``families``)."""
+    """Returns whether a predictions YAML is a confirmatory plan (it has ``families``)."""
     import yaml
 
     try:
@@ -80,7 +81,7 @@ def is_plan(path: str | Path) -> bool:
 
 
 def _variant(name: str) -> str:
-    """A preset or component name as its Table 1 row ("ppo" -> "Vanilla PPO"); a full label as is."""
+    """Returns a preset or component name as its Table 1 row ("ppo" -> "Vanilla PPO")."""
     return row_name(name) if name in PRESETS or name in COMPONENTS.names() else name
 
 
@@ -94,9 +95,14 @@ def load(path: str | Path) -> Plan:
 
     doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     families = doc.get("families")
-    if not isinstance(families, dict) or not families or not all(
-            isinstance(f, dict) and "experiment" in f for f in families.values()):
-        raise ReportError(f"--predictions {path}: 'families' must map each family id to {{experiment, text}}")
+    if (
+        not isinstance(families, dict)
+        or not families
+        or not all(isinstance(f, dict) and "experiment" in f for f in families.values())
+    ):
+        raise ReportError(
+            f"--predictions {path}: 'families' must map each family id to {{experiment, text}}"
+        )
     out = []
     for i, e in enumerate(doc.get("predictions") or []):
         where = f"--predictions {path}: entry {e.get('id', i) if isinstance(e, dict) else i}"
@@ -104,26 +110,52 @@ def load(path: str | Path) -> Plan:
             raise ReportError(f"{where} is not a mapping")
         missing = [k for k in ("id", "family", "measure", "expect", "paper") if k not in e]
         if missing or ("row" in e) == ("contrast" in e):
-            raise ReportError(f"{where}: needs id, family, measure, expect, paper and either row or contrast "
-                              f"(lacks {', '.join(missing) or 'row/contrast'})")
+            raise ReportError(
+                f"{where}: needs id, family, measure, expect, paper and either row or contrast "
+                f"(lacks {', '.join(missing) or 'row/contrast'})"
+            )
         window = e.get("window", "all")
-        for name, value, choices in (("family", e["family"], list(families)),
-                                     ("measure", e["measure"], [*SCORE_MEASURES, *MEASURES]),
-                                     ("window", window, list(WINDOWS)), ("expect", e["expect"], list(DIRECTIONS)),
-                                     ("paper", e["paper"], list(DIRECTIONS))):
+        for name, value, choices in (
+            ("family", e["family"], list(families)),
+            ("measure", e["measure"], [*SCORE_MEASURES, *MEASURES]),
+            ("window", window, list(WINDOWS)),
+            ("expect", e["expect"], list(DIRECTIONS)),
+            ("paper", e["paper"], list(DIRECTIONS)),
+        ):
             if value not in choices:
-                raise ReportError(f"{where}: {name} {value!r} is not one of {', '.join(map(str, choices))}")
+                raise ReportError(
+                    f"{where}: {name} {value!r} is not one of {', '.join(map(str, choices))}"
+                )
         if e["expect"] == "same" and not isinstance(e.get("margin"), (int, float)):
-            raise ReportError(f"{where}: a 'same' prediction needs its equivalence margin (margin: 2)")
+            raise ReportError(
+                f"{where}: a 'same' prediction needs its equivalence margin (margin: 2)"
+            )
         if "row" in e:
             terms = ((_variant(e["row"]), 1.0), (_variant(e.get("against", ABLATED)), -1.0))
         else:
             terms = tuple((_variant(k), float(v)) for k, v in e["contrast"].items())
         counts = e.get("counts_for", e.get("row") if e.get("row") in COMPONENTS.names() else None)
-        out.append(Planned(str(e["id"]), e["family"], e["measure"], window, e["expect"], e["paper"], terms,
-                           float(e["margin"]) if "margin" in e else None, None if counts == "none" else counts))
-    return Plan(str(doc.get("source", "")), float(doc.get("alpha", stats.ALPHA)), families, out,
-                list(doc.get("claims") or []), doc.get("rank_goal"))
+        out.append(
+            Planned(
+                str(e["id"]),
+                e["family"],
+                e["measure"],
+                window,
+                e["expect"],
+                e["paper"],
+                terms,
+                float(e["margin"]) if "margin" in e else None,
+                None if counts == "none" else counts,
+            )
+        )
+    return Plan(
+        str(doc.get("source", "")),
+        float(doc.get("alpha", stats.ALPHA)),
+        families,
+        out,
+        list(doc.get("claims") or []),
+        doc.get("rank_goal"),
+    )
 
 
 def _value(run: RunData, measure: str, window: str, key: str) -> float | None:
@@ -134,17 +166,26 @@ def _value(run: RunData, measure: str, window: str, key: str) -> float | None:
 
 def per_seed(runs: list[RunData], measure: str, window: str, key: str) -> dict[int, float]:
     """Returns {seed: value} over the finished runs that have the measure."""
-    return {r.seed: v for r in runs if r.status == "FINISHED" and (v := _value(r, measure, window, key)) is not None}
+    return {
+        r.seed: v
+        for r in runs
+        if r.status == "FINISHED" and (v := _value(r, measure, window, key)) is not None
+    }
 
 
 def _test(p: Planned, groups: Groups, key: str) -> tuple[stats.Test | None, dict[str, int]]:
-    values = {label: per_seed(groups.get(label, []), p.measure, p.window, key) for label, _ in p.terms}
+    values = {
+        label: per_seed(groups.get(label, []), p.measure, p.window, key) for label, _ in p.terms
+    }
     seeds = {label: len(v) for label, v in values.items()}
     if len(p.terms) == 2:
         (a, _), (b, _) = p.terms
         return stats.compare(values[a], values[b]), seeds
-    common = set.intersection(*(set(v) for v in values.values()))  # a contrast needs every term's seed
-    return stats.paired([sum(c * values[label][s] for label, c in p.terms) for s in sorted(common)]), seeds
+    # a contrast needs every term's seed
+    common = set.intersection(*(set(v) for v in values.values()))
+    return stats.paired(
+        [sum(c * values[label][s] for label, c in p.terms) for s in sorted(common)]
+    ), seeds
 
 
 def _verdict(p: Planned, t: stats.Test | None, adjusted: float | None, alpha: float) -> str:
@@ -161,7 +202,9 @@ def _verdict(p: Planned, t: stats.Test | None, adjusted: float | None, alpha: fl
     return "confirmed" if (t.difference < 0) == (p.expect == "lower") else "refuted"
 
 
-def score(plan: Plan, groups_of: Callable[[str], Groups], key_of: Callable[[str], str]) -> dict[str, Any]:
+def score(
+    plan: Plan, groups_of: Callable[[str], Groups], key_of: Callable[[str], str]
+) -> dict[str, Any]:
     """Returns every prediction tested and judged, the goal's tally, the claims, the plateau check
     and the rank agreement; ``groups_of(experiment)`` gives an experiment's runs by variant and
     ``key_of(experiment)`` its held-out score metric."""
@@ -171,64 +214,183 @@ def score(plan: Plan, groups_of: Callable[[str], Groups], key_of: Callable[[str]
         try:
             groups, key = groups_of(info["experiment"]), key_of(info["experiment"])
         except ReportError as e:
-            results += [_row(p, None, {}, None, None, "not determinable", False, f"no runs: {e}") for p in members]
+            results += [
+                _row(p, None, {}, None, None, "not determinable", False, f"no runs: {e}")
+                for p in members
+            ]
             continue
         tested = [(p, *_test(p, groups, key)) for p in members]
-        own = [None if t is None else stats.tost_p(t, p.margin) if p.expect == "same" else t.p for p, t, _ in tested]
+        own = [
+            None if t is None else stats.tost_p(t, p.margin) if p.expect == "same" else t.p
+            for p, t, _ in tested
+        ]
         adj = _holm_some(own)
         two_sided = _holm_some([None if t is None else t.p for _, t, _ in tested])
         for (p, t, seeds), o, a, d in zip(tested, own, adj, two_sided):
-            moved = (t is not None and d is not None and d < plan.alpha and p.paper != "same" and t.difference != 0
-                     and (t.difference < 0) == (p.paper == "lower"))
+            moved = (
+                t is not None
+                and d is not None
+                and d < plan.alpha
+                and p.paper != "same"
+                and t.difference != 0
+                and (t.difference < 0) == (p.paper == "lower")
+            )
             results.append(_row(p, t, seeds, o, a, _verdict(p, t, a, plan.alpha), moved, None, d))
-    components = sorted({p.counts_for for p in plan.predictions if p.counts_for}, key=COMPONENTS.names().index)
-    moved = [c for c in components if any(r["paper_direction"] and r["counts_for"] == c for r in results)]
+    components = sorted(
+        {p.counts_for for p in plan.predictions if p.counts_for}, key=COMPONENTS.names().index
+    )
+    moved = [
+        c for c in components if any(r["paper_direction"] and r["counts_for"] == c for r in results)
+    ]
     main_groups, main_key = groups_of(plan.main), key_of(plan.main)
-    return {"alpha": plan.alpha, "families": plan.families, "predictions": results,
-            "goal": {"components": components, "moved": moved},
-            "claims": [_claim(c, results) for c in plan.claims],
-            "plateau": plateau_check(main_groups.get(row_name(ABLATED), []), main_key),
-            "rank": _rank(main_groups, main_key), "rank_goal": plan.rank_goal}
+    return {
+        "alpha": plan.alpha,
+        "families": plan.families,
+        "predictions": results,
+        "goal": {"components": components, "moved": moved},
+        "claims": [_claim(c, results) for c in plan.claims],
+        "plateau": plateau_check(main_groups.get(row_name(ABLATED), []), main_key),
+        "rank": _rank(main_groups, main_key),
+        "rank_goal": plan.rank_goal,
+    }
+
+
+def load_findings(path: str | Path) -> dict[str, str]:
+    """Returns a findings YAML's ``findings``: {prediction id or claim: what was found after the
+    grid that qualifies its verdict}, e.g. a learning-rate check. Not pre-registered, and printed
+    as such beside the verdicts it qualifies.
+
+    Raises:
+        ReportError: not a mapping of ids to texts (one line naming the fix).
+    """
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ReportError(f"--findings {path}: cannot be read ({e}); give a findings YAML") from e
+    found = doc.get("findings") if isinstance(doc, dict) else None
+    if not isinstance(found, dict) or not all(
+        isinstance(t, str) and t.strip() for t in found.values()
+    ):
+        raise ReportError(
+            f"--findings {path}: needs 'findings:' mapping each prediction id or claim to a text"
+        )
+    return {str(k): t.strip() for k, t in found.items()}
+
+
+def qualify(result: dict[str, Any], findings: dict[str, str]) -> None:
+    """Attaches each finding to its prediction (by id) and claim (by name, or by the prediction
+    the claim is read from), so that every verdict it qualifies is printed with it.
+
+    Raises:
+        ReportError: a finding whose id names no prediction or claim of the plan.
+    """
+    ids = {r["id"] for r in result["predictions"]} | {c["claim"] for c in result["claims"]}
+    unknown = sorted(set(findings) - ids)
+    if unknown:
+        raise ReportError(
+            f"--findings: {', '.join(unknown)} name no prediction or claim of the plan "
+            f"(it has: {', '.join(sorted(ids))})"
+        )
+    for r in result["predictions"]:
+        if r["id"] in findings:
+            r["finding"] = findings[r["id"]]
+    for c in result["claims"]:
+        source = c["detail"].removeprefix("prediction ")
+        text = findings.get(c["claim"]) or findings.get(source)
+        if text:
+            c["finding"] = text
+
+
+def _verdict_text(r: dict[str, Any]) -> str:
+    """Returns a verdict in bold with the finding that qualifies it, if any."""
+    return f"**{r['verdict']}**" + (f" ({FOUND}: {r['finding']})" if r.get("finding") else "")
 
 
 def _holm_some(ps: list[float | None]) -> list[float | None]:
-    """Holm over the p-values that exist; None stays None."""
+    """Returns the Holm-adjusted p-values of those that exist; None stays None."""
     real = [p for p in ps if p is not None]
     adjusted = iter(stats.holm(real))
     return [None if p is None else next(adjusted) for p in ps]
 
 
-def _row(p: Planned, t: stats.Test | None, seeds: dict[str, int], own: float | None, adjusted: float | None,
-         verdict: str, moved: bool, note: str | None, two_sided_holm: float | None = None) -> dict[str, Any]:
-    return {"id": p.id, "family": p.family, "comparison": _comparison(p), "measure": p.measure, "window": p.window,
-            "expect": p.expect, "margin": p.margin, "paper": p.paper, "counts_for": p.counts_for, "seeds": seeds,
-            "test": None if t is None else t.name, "n": None if t is None else t.n,
-            "difference": None if t is None else t.difference, "ci95": None if t is None else t.ci95,
-            "ci90": None if t is None else t.ci90, "p": None if t is None else t.p,
-            "sign_flip_p": None if t is None else t.sign_flip_p, "p_tested": own, "holm_p": adjusted,
-            "holm_p_two_sided": two_sided_holm, "verdict": verdict, "paper_direction": moved, "note": note}
+def _row(
+    p: Planned,
+    t: stats.Test | None,
+    seeds: dict[str, int],
+    own: float | None,
+    adjusted: float | None,
+    verdict: str,
+    moved: bool,
+    note: str | None,
+    two_sided_holm: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "family": p.family,
+        "comparison": _comparison(p),
+        "measure": p.measure,
+        "window": p.window,
+        "expect": p.expect,
+        "margin": p.margin,
+        "paper": p.paper,
+        "counts_for": p.counts_for,
+        "seeds": seeds,
+        "test": None if t is None else t.name,
+        "n": None if t is None else t.n,
+        "difference": None if t is None else t.difference,
+        "ci95": None if t is None else t.ci95,
+        "ci90": None if t is None else t.ci90,
+        "p": None if t is None else t.p,
+        "sign_flip_p": None if t is None else t.sign_flip_p,
+        "p_tested": own,
+        "holm_p": adjusted,
+        "holm_p_two_sided": two_sided_holm,
+        "verdict": verdict,
+        "paper_direction": moved,
+        "note": note,
+    }
 
 
 def _comparison(p: Planned) -> str:
     if len(p.terms) == 2 and p.terms[0][1] == 1 and p.terms[1][1] == -1:
         return f"{p.terms[0][0]} − {p.terms[1][0]}"
-    return " ".join(f"{'+' if c > 0 else '−'}{'' if abs(c) == 1 else f'{abs(c):g}·'}({label})" for label, c in p.terms)
+    return " ".join(
+        f"{'+' if c > 0 else '−'}{'' if abs(c) == 1 else f'{abs(c):g}·'}({label})"
+        for label, c in p.terms
+    )
 
 
 def _claim(name: str, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """VAPO above DAPO / vanilla PPO: the first plateau-score prediction of that preset's row, read the other way."""
+    """Returns a claim "VAPO above <preset>", read from its row's first plateau-score prediction."""
     preset = {"vapo_above_dapo": "dapo", "vapo_above_ppo": "ppo"}.get(name)
     label = row_name(preset) if preset else name
-    r = next((r for r in results if r["measure"] == "plateau_score" and r["comparison"].startswith(f"{label} − ")), None)
+    r = next(
+        (
+            r
+            for r in results
+            if r["measure"] == "plateau_score" and r["comparison"].startswith(f"{label} − ")
+        ),
+        None,
+    )
     if r is None:
-        return {"claim": name, "verdict": "not determinable", "detail": "no plateau-score prediction of that row"}
-    return {"claim": name, "text": f"VAPO scores above {label}", "verdict": r["verdict"] if r["expect"] == "lower"
-            else "not pre-registered as lower", "detail": f"prediction {r['id']}"}
+        return {
+            "claim": name,
+            "verdict": "not determinable",
+            "detail": "no plateau-score prediction of that row",
+        }
+    return {
+        "claim": name,
+        "text": f"VAPO scores above {label}",
+        "verdict": r["verdict"] if r["expect"] == "lower" else "not pre-registered as lower",
+        "detail": f"prediction {r['id']}",
+    }
 
 
 def plateau_check(vapo: list[RunData], key: str) -> dict[str, Any]:
     """Returns VAPO's seed-mean held-out curve over the last ``PLATEAU_FRACTION`` of the steps and
-    whether it stays within ``PLATEAU_TOLERANCE`` points (the pre-registered plateau rule)."""
+    whether it stays within ``PLATEAU_TOLERANCE`` points: the pre-registered plateau rule."""
     runs = [r for r in vapo if r.status == "FINISHED" and r.history.get(key)]
     if not runs:
         return {"flat": None, "points": {}}
@@ -237,21 +399,34 @@ def plateau_check(vapo: list[RunData], key: str) -> dict[str, Any]:
     tail = sorted(s for s in common if s >= last - PLATEAU_FRACTION * last)
     means = {s: 100 * sum(dict(r.history[key])[s] for r in runs) / len(runs) for s in tail}
     spread = max(means.values()) - min(means.values())
-    return {"flat": spread <= PLATEAU_TOLERANCE, "points": means, "spread": spread, "seeds": len(runs)}
+    return {
+        "flat": spread <= PLATEAU_TOLERANCE,
+        "points": means,
+        "spread": spread,
+        "seeds": len(runs),
+    }
 
 
 def _rank(groups: Groups, key: str) -> dict[str, Any]:
-    """Spearman ρ and Kendall τ-b of the Table 1 rows' mean plateau scores against the paper's, with
-    their bootstrap intervals over seeds (``stats.rank_interval``)."""
+    """Returns Spearman ρ and Kendall τ-b of the plateau means against the paper's, with CIs."""
     paper = paper_scores()
-    rows = {v: list(per_seed(groups.get(v, []), "plateau_score", "all", key).values()) for v in paper}
+    rows = {
+        v: list(per_seed(groups.get(v, []), "plateau_score", "all", key).values()) for v in paper
+    }
     rows = {v: s for v, s in rows.items() if s}
     if len(rows) < 2:
         return {"n": len(rows)}
-    rho, tau = stats.rank_correlations([sum(s) / len(s) for s in rows.values()], [paper[v] for v in rows])
+    rho, tau = stats.rank_correlations(
+        [sum(s) / len(s) for s in rows.values()], [paper[v] for v in rows]
+    )
     ci = stats.rank_interval(list(rows.values()), [paper[v] for v in rows]) or {}
-    return {"n": len(rows), "spearman": rho, "kendall": tau, "spearman_ci": ci.get("spearman"),
-            "kendall_ci": ci.get("kendall")}
+    return {
+        "n": len(rows),
+        "spearman": rho,
+        "kendall": tau,
+        "spearman_ci": ci.get("spearman"),
+        "kendall_ci": ci.get("kendall"),
+    }
 
 
 def _num(v: float | None, digits: int, signed: bool = False) -> str:
@@ -272,55 +447,108 @@ def _measure_text(r: dict[str, Any]) -> str:
 
 
 def to_markdown(result: dict[str, Any], source: str = "") -> str:
-    """Returns the scored plan as Markdown: a table per family, the plateau check, the claims, the goal."""
+    """Returns the scored plan as Markdown: a table a family, the plateau check, claims, goal."""
     pv = precision.p_value
     alpha = result["alpha"]
     lines = []
     pc = result["plateau"]
     if pc["flat"] is not None:
-        pts = ", ".join(f"{precision.fixed(v, precision.SCORE)} at step {s}" for s, v in pc["points"].items())
-        lines += [f"**Plateau rule** (VAPO's seed-mean held-out curve over the last 20% of the steps moves at most "
-                  f"{PLATEAU_TOLERANCE:g} point): {'held' if pc['flat'] else 'NOT held'}: {pts} "
-                  f"({pc['seeds']} seeds; spread {precision.fixed(pc['spread'], precision.SCORE)}).", ""]
+        pts = ", ".join(
+            f"{precision.fixed(v, precision.SCORE)} at step {s}" for s, v in pc["points"].items()
+        )
+        lines += [
+            f"**Plateau rule** (VAPO's seed-mean held-out curve over the last 20% of the steps "
+            f"moves at most {PLATEAU_TOLERANCE:g} point): {'held' if pc['flat'] else 'NOT held'}: "
+            f"{pts} ({pc['seeds']} seeds; spread "
+            f"{precision.fixed(pc['spread'], precision.SCORE)}).",
+            "",
+        ]
     for fam, info in result["families"].items():
         rows = [r for r in result["predictions"] if r["family"] == fam]
-        lines += [f"**{fam}: {info.get('text', '')}** (experiment `{info['experiment']}`)", "",
-                  "| # | comparison | measure | expected | test (n) | difference [95% interval] | p | p tested "
-                  "| Holm p | verdict | paper's direction |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{fam}: {info.get('text', '')}** (experiment `{info['experiment']}`)",
+            "",
+            "| # | comparison | measure | expected | test (n) | difference [95% interval] | p "
+            "| p tested | Holm p | verdict | paper's direction |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             d = _digits(r["measure"])
             expect = r["expect"] + (f" (±{r['margin']:g})" if r["margin"] is not None else "")
-            diff = "" if r["difference"] is None else (
-                f"{_num(r['difference'], d, True)} [{_num(r['ci95'][0], d, True)}, {_num(r['ci95'][1], d, True)}]")
+            diff = (
+                ""
+                if r["difference"] is None
+                else (
+                    f"{_num(r['difference'], d, True)} "
+                    f"[{_num(r['ci95'][0], d, True)}, {_num(r['ci95'][1], d, True)}]"
+                )
+            )
             test = r["note"] or ("" if r["test"] is None else f"{r['test']} ({r['n']})")
-            tested = "" if r["p_tested"] is None else ("TOST " if r["expect"] == "same" else "") + pv(r["p_tested"])
-            lines.append(f"| {r['id']} | {r['comparison']} | {_measure_text(r)} | {expect} | {test} | {diff} | "
-                         f"{'' if r['p'] is None else pv(r['p'])} | {tested} | "
-                         f"{'' if r['holm_p'] is None else pv(r['holm_p'])} | **{r['verdict']}** | "
-                         f"{'yes' if r['paper_direction'] else 'no'} |")
+            tested = (
+                ""
+                if r["p_tested"] is None
+                else ("TOST " if r["expect"] == "same" else "") + pv(r["p_tested"])
+            )
+            lines.append(
+                f"| {r['id']} | {r['comparison']} | {_measure_text(r)} | {expect} | {test} "
+                f"| {diff} | "
+                f"{'' if r['p'] is None else pv(r['p'])} | {tested} | "
+                f"{'' if r['holm_p'] is None else pv(r['holm_p'])} | {_verdict_text(r)} | "
+                f"{'yes' if r['paper_direction'] else 'no'} |"
+            )
         lines.append("")
-    counts = {v: sum(r["verdict"] == v for r in result["predictions"])
-              for v in ("confirmed", "refuted", "inconclusive", "not determinable")}
+    counts = {
+        v: sum(r["verdict"] == v for r in result["predictions"])
+        for v in ("confirmed", "refuted", "inconclusive", "not determinable")
+    }
     g = result["goal"]
     lines += ["Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".", ""]
-    lines += [f"- {c['text'] if 'text' in c else c['claim']}: **{c['verdict']}** ({c['detail']})." for c in result["claims"]]
-    lines.append(f"- Components separable in the paper's direction (a prediction counting for them significant "
-                 f"after Holm, two-sided, the paper's sign): {len(g['moved'])} of {len(g['components'])}"
-                 + (f" ({', '.join(g['moved'])})." if g["moved"] else "."))
+    lines += [
+        f"- {c['text'] if 'text' in c else c['claim']}: **{c['verdict']}** ({c['detail']}"
+        + (f"; {FOUND}: {c['finding']}" if c.get("finding") else "")
+        + ")."
+        for c in result["claims"]
+    ]
+    lines.append(
+        f"- Components separable in the paper's direction (a prediction counting for them "
+        f"significant after Holm, two-sided, the paper's sign): {len(g['moved'])} of "
+        f"{len(g['components'])}" + (f" ({', '.join(g['moved'])})." if g["moved"] else ".")
+    )
     rk = result["rank"]
     if rk.get("spearman") is not None:
         ci = rk.get("spearman_ci")
         goal = result.get("rank_goal")
-        lines.append(f"- Spearman ρ of the {rk['n']} rows' mean plateau scores against the paper's: "
-                     f"{precision.fixed(rk['spearman'], precision.CORRELATION)}"
-                     + (f" [{stats.LEVEL} bootstrap interval {precision.fixed(ci[0], precision.CORRELATION)}, "
-                        f"{precision.fixed(ci[1], precision.CORRELATION)}]" if ci else "")
-                     + (f"; the goal ρ ≥ {goal:g}: {'met' if rk['spearman'] >= goal else 'not met'}." if goal else "."))
-    lines += ["", f"Rules (pre-registered{f' in {source}' if source else ''}): paired t-test by seed where both sides "
-              f"have the same seeds, else Welch's; sign-flip p beside it, deciding nothing. p tested: the two-sided "
-              f"p of a directional prediction, the TOST p of a 'same' one (equivalence within ±margin); Holm over "
-              f"the family; α = {alpha:g}. Directional: confirmed when Holm p < α with the predicted sign, refuted "
-              f"with the other; same: confirmed when Holm p < α, refuted when the 95% interval lies wholly outside "
-              f"±margin; else inconclusive. Paper's direction: the two-sided p, Holm-adjusted over the family's "
-              f"two-sided p-values, < α with the paper's sign."]
+        lines.append(
+            f"- Spearman ρ of the {rk['n']} rows' mean plateau scores against the paper's: "
+            f"{precision.fixed(rk['spearman'], precision.CORRELATION)}"
+            + (
+                f" [{stats.LEVEL} bootstrap interval "
+                f"{precision.fixed(ci[0], precision.CORRELATION)}, "
+                f"{precision.fixed(ci[1], precision.CORRELATION)}]"
+                if ci
+                else ""
+            )
+            + (
+                f"; the goal ρ ≥ {goal:g}: {'met' if rk['spearman'] >= goal else 'not met'}."
+                if goal
+                else "."
+            )
+        )
+    if any(r.get("finding") for r in result["predictions"]):
+        lines += [
+            "",
+            f"{FOUND.capitalize()}: not pre-registered; the report's findings file "
+            "(`vapo-lab report --findings`), each text beside the verdict it qualifies.",
+        ]
+    lines += [
+        "",
+        f"Rules (pre-registered{f' in {source}' if source else ''}): paired t-test by seed where "
+        f"both sides have the same seeds, else Welch's; sign-flip p beside it, deciding nothing. "
+        f"p tested: the two-sided p of a directional prediction, the TOST p of a 'same' one "
+        f"(equivalence within ±margin); Holm over the family; α = {alpha:g}. Directional: "
+        f"confirmed when Holm p < α with the predicted sign, refuted with the other; same: "
+        f"confirmed when Holm p < α, refuted when the 95% interval lies wholly outside ±margin; "
+        f"else inconclusive. Paper's direction: the two-sided p, Holm-adjusted over the family's "
+        f"two-sided p-values, < α with the paper's sign.",
+    ]
     return "\n".join(lines) + "\n"

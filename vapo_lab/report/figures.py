@@ -1,11 +1,11 @@
-"""Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score against step).
+"""Draws Figure 2 (length, reward, entropy against step) and Figure 1 (held-out score by step).
 
 Curves are the mean over a variant's seeds at each step, smoothed by an EMA named in the caption
-(Figure 2's default ``FIG2_EMA``; the held-out curves of Figure 1 are not smoothed), drawn over a
-band of the seeds' raw values at each step (``BANDS``: min-max over seeds, the default, or the
-mean ± 1 sample std), as the paper's Figure 2 draws its curves. With 2 or 3 seeds the min-max band is also the percentile-bootstrap
-interval of the mean at each step (``stats``); a variant with one seed has no band. Written as
-PNG and PDF with matplotlib's Agg backend (no display needed).
+(Figure 1's held-out curves are not smoothed), drawn over a band of the seeds' raw values at each
+step (``BANDS``: min-max, the default, or mean ± 1 sample std), as the paper's Figure 2 draws its
+curves. With 2 or 3 seeds the min-max band is also the percentile-bootstrap interval of the mean
+(``stats``); a variant with one seed has no band. Written as PNG and PDF with matplotlib's Agg
+backend (no display needed).
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vapo_lab.registry.table1 import row_name
 from vapo_lab.report.collect import RunData
 from vapo_lab.report.stats import LEVEL
-from vapo_lab.registry.table1 import row_name
 
-# Figure 2's per-step curves zig-zag by ±0.2 reward between steps: an EMA of α 0.2 (a ~9-step memory)
+# Figure 2's per-step curves zig-zag by ±0.2 reward between steps: an EMA of α 0.2 (~9-step memory)
 FIG2_EMA = 0.2
-FIG2_PANELS = [("rollout/response_length", "(a) mean response length (tokens)"),
-               ("rollout/reward", "(b) reward score"),
-               ("actor/entropy", "(c) generation entropy")]
+FIG2_PANELS = [
+    ("rollout/response_length", "(a) mean response length (tokens)"),
+    ("rollout/reward", "(b) reward score"),
+    ("actor/entropy", "(c) generation entropy"),
+]
 
 
 def ema(values: list[float], alpha: float) -> list[float]:
@@ -39,8 +41,11 @@ BANDS = {"minmax": "min–max over seeds", "std": "mean ± 1 sample std over see
 
 def band_text(band: str) -> str:
     """Returns a sentence on what a figure's shaded band is, for index.md."""
-    extra = (f", which with 2 or 3 seeds is also the {LEVEL} percentile-bootstrap interval of the mean"
-             if band == "minmax" else "")
+    extra = (
+        f", which with 2 or 3 seeds is also the {LEVEL} percentile-bootstrap interval of the mean"
+        if band == "minmax"
+        else ""
+    )
     return f"Shaded: {BANDS[band]} at each point{extra}; a variant with one seed has no band."
 
 
@@ -58,11 +63,14 @@ def seeds_with(runs: list[RunData], key: str) -> int:
     return sum(1 for r in runs if r.history.get(key))
 
 
-def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
-              band: str = "minmax") -> tuple[list[int], list[float], list[float], list[float]]:
-    """Returns (steps, line, low, high) of ``key`` over ``runs`` at the steps every run logged: the
-    line is the mean over seeds, smoothed by ``ema`` (``smooth`` 1: none); low and high are ``spread``
-    over the seeds' raw values at each step, so the band shows the step-to-step noise the line smooths."""
+def mean_band(
+    runs: list[RunData], key: str, smooth: float = 1.0, band: str = "minmax"
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Returns (steps, line, low, high) of ``key`` over ``runs`` at the steps every run logged.
+
+    The line is the mean over seeds, smoothed by ``ema`` (``smooth`` 1: none); low and high are
+    ``spread`` over the seeds' raw values: the band shows the step-to-step noise the line smooths.
+    """
     series = [dict(h) for r in runs if (h := r.history.get(key, []))]
     if not series:
         return [], [], [], []
@@ -78,10 +86,13 @@ def mean_band(runs: list[RunData], key: str, smooth: float = 1.0,
 
 
 def smoothing_text(smooth: float) -> str:
-    """The caption's words for a line's smoothing."""
+    """Returns the caption's words for a line's smoothing."""
     if smooth >= 1:
         return "no smoothing"
-    return f"EMA with α = {smooth:g} (each point {smooth:g} of its step's value plus {1 - smooth:g} of the line's last)"
+    return (
+        f"EMA with α = {smooth:g} (each point {smooth:g} of its step's value "
+        f"plus {1 - smooth:g} of the line's last)"
+    )
 
 
 def _save(fig: Any, out: Path, stem: str) -> list[Path]:
@@ -91,8 +102,13 @@ def _save(fig: Any, out: Path, stem: str) -> list[Path]:
     return [out / f"{stem}.png", out / f"{stem}.pdf"]
 
 
-def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, smooth: float = 1.0,
-            band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
+def figure2(
+    groups: dict[str, list[RunData]],
+    variants: list[str],
+    out: Path,
+    smooth: float = 1.0,
+    band: str = "minmax",
+) -> tuple[list[Path], dict[str, Any]]:
     """Writes Figure 2 (three panels, one line per variant); returns (paths, what was plotted)."""
     import matplotlib
 
@@ -106,7 +122,7 @@ def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, sm
             steps, mean, low, high = mean_band(groups.get(name, []), key, smooth, band)
             if not steps:
                 continue
-            line, = ax.plot(steps, mean, label=f"{name} (n={seeds_with(groups[name], key)})")
+            (line,) = ax.plot(steps, mean, label=f"{name} (n={seeds_with(groups[name], key)})")
             ax.fill_between(steps, low, high, alpha=0.2, color=line.get_color())
             plotted.setdefault(key, {})[name] = len(steps)
         ax.set_title(title)
@@ -114,8 +130,13 @@ def figure2(groups: dict[str, list[RunData]], variants: list[str], out: Path, sm
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.suptitle("Figure 2: " + " vs ".join(variants) + f" (line: mean over seeds, {smoothing_text(smooth)}; "
-                 f"band: raw {BANDS[band]})", fontsize=9)
+    fig.suptitle(
+        "Figure 2: "
+        + " vs ".join(variants)
+        + f" (line: mean over seeds, {smoothing_text(smooth)}; "
+        f"band: raw {BANDS[band]})",
+        fontsize=9,
+    )
     paths = _save(fig, out, "figure2")
     plt.close(fig)
     return paths, plotted
@@ -126,10 +147,10 @@ def first_reach(steps: list[int], values: list[float], target: float) -> int | N
     return next((s for s, v in zip(steps, values) if v >= target), None)
 
 
-def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out: Path,
-            band: str = "minmax") -> tuple[list[Path], dict[str, Any]]:
-    """Writes Figure 1: held-out score against step, with the step at which each variant first
-    reaches 90% of VAPO's final score marked; returns (paths, {variant: {"final", "reach_90"}})."""
+def figure1(
+    groups: dict[str, list[RunData]], variants: list[str], key: str, out: Path, band: str = "minmax"
+) -> tuple[list[Path], dict[str, Any]]:
+    """Writes Figure 1 (held-out score, 90% of VAPO's final marked); returns (paths, info)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,8 +165,16 @@ def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out
         if not steps:
             continue
         y = [100 * v for v in mean]
-        line, = ax.plot(steps, y, marker="o", ms=3, label=f"{name} (n={seeds_with(groups[name], key)})")
-        ax.fill_between(steps, [100 * v for v in low], [100 * v for v in high], alpha=0.15, color=line.get_color())
+        (line,) = ax.plot(
+            steps, y, marker="o", ms=3, label=f"{name} (n={seeds_with(groups[name], key)})"
+        )
+        ax.fill_between(
+            steps,
+            [100 * v for v in low],
+            [100 * v for v in high],
+            alpha=0.15,
+            color=line.get_color(),
+        )
         reach = first_reach(steps, mean, target) if target is not None else None
         info[name] = {"final": 100 * mean[-1], "reach_90": reach}
         if reach is not None:
@@ -154,8 +183,11 @@ def figure1(groups: dict[str, list[RunData]], variants: list[str], key: str, out
         ax.axhline(100 * target, color="grey", ls="--", lw=0.8, label="90% of VAPO's final")
     ax.set_xlabel("training step")
     ax.set_ylabel(f"held-out {key.split('/')[-1].replace('_at_', '@')} (x100)")
-    ax.set_title("Figure 1: held-out score against step (dotted: first step at 90% of VAPO's final)\n"
-                 f"mean over seeds; band: {BANDS[band]}", fontsize=10)
+    ax.set_title(
+        "Figure 1: held-out score against step (dotted: first step at 90% of VAPO's final)\n"
+        f"mean over seeds; band: {BANDS[band]}",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)

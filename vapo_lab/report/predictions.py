@@ -1,19 +1,11 @@
 """Scores pre-registered predictions against a grid's runs: confirmed, refuted or not separable.
 
-A predictions file (YAML, kept in the report folder beside the prose it transcribes; see
-``reports/table1-cpu-long/predictions.yaml``) lists, for a Table 1 row, a ``measure`` of each run
-(``MEASURES``), the training ``window`` it is read over, the direction we ``expect`` for the row
-against VAPO (``lower``, ``higher`` or ``same``) and the direction the ``paper`` argues. Each
-prediction is scored by ``stats``' rule for Table 1: the row's per-seed values against VAPO's, a
-percentile-bootstrap interval of the difference of means, separable when it excludes 0.
-
-- ``lower``/``higher``: confirmed when separable in that direction, refuted when separable the
-  other way, else not separable.
-- ``same``: confirmed when not separable, refuted when separable (either way).
-
-Beside each verdict, whether the row moved separably in the paper's direction: the issue's goal
-counts the components for which it did on the score or on a mechanism diagnostic. Two claims
-about the presets are scored too: vanilla PPO lowest, VAPO above DAPO.
+A predictions file (YAML beside the prose it transcribes, e.g.
+``reports/table1-cpu-long/predictions.yaml``) names, for a Table 1 row, a ``measure``
+(``MEASURES``), the training ``window`` it is read over, the direction we ``expect`` against VAPO
+(``lower``, ``higher`` or ``same``) and the one the ``paper`` argues. Each is scored by Table 1's
+separability rule on the per-seed values, and so are two claims about the presets (the rule:
+docs/report.md#predictions). Plans with ``families`` are scored by ``confirm``.
 """
 
 from __future__ import annotations
@@ -27,27 +19,42 @@ from vapo_lab.registry.presets import PRESETS
 from vapo_lab.registry.table1 import ABLATED, row_name
 from vapo_lab.report import precision, stats
 from vapo_lab.report.collect import ReportError, RunData
-from vapo_lab.report.diagnostics import BIAS, GAP, LENGTH, bucket_start, buckets, in_window, windowed
+from vapo_lab.report.diagnostics import (
+    BIAS,
+    GAP,
+    LENGTH,
+    bucket_start,
+    buckets,
+    in_window,
+    windowed,
+)
 from vapo_lab.report.table import run_score
 
 EARLY_TOKENS = 32  # "early tokens": the position buckets that start below 32 (0-7, 8-15, 16-31)
 LONG_RESPONSE = 64  # "long responses": the length buckets that start at 64 tokens or more
 WINDOWS = ("early", "late", "all")
 DIRECTIONS = ("lower", "higher", "same")
-CLAIMS = {"ppo_lowest": "Vanilla PPO has the lowest score of all rows",
-          "vapo_above_dapo": "VAPO scores above DAPO"}
+CLAIMS = {
+    "ppo_lowest": "Vanilla PPO has the lowest score of all rows",
+    "vapo_above_dapo": "VAPO scores above DAPO",
+}
 
 
 def _window_mean(run: RunData, key: str, window: str) -> float | None:
-    """Mean of ``key`` over the steps of ``window`` at which it was logged; None when never."""
+    """Returns the mean of ``key`` over the steps of ``window`` at which it was logged, or None."""
     vals = windowed(run, key, window)
     return sum(vals) / len(vals) if vals else None
 
 
 def _bucket_mean(run: RunData, prefix: str, window: str) -> float | None:
-    """Mean over the early-token buckets of each bucket's window mean (buckets never logged are skipped)."""
-    vals = [m for b in buckets([run], prefix) if b[0].isdigit() and bucket_start(b) < EARLY_TOKENS
-            and (m := _window_mean(run, prefix + b, window)) is not None]
+    """Returns the mean over the early-token buckets of each one's window mean (None if none)."""
+    vals = [
+        m
+        for b in buckets([run], prefix)
+        if b[0].isdigit()
+        and bucket_start(b) < EARLY_TOKENS
+        and (m := _window_mean(run, prefix + b, window)) is not None
+    ]
     return sum(vals) / len(vals) if vals else None
 
 
@@ -61,7 +68,7 @@ def _gap(run: RunData, window: str, score_key: str) -> float | None:
 
 
 def _long_accuracy(run: RunData, window: str, score_key: str) -> float | None:
-    """Accuracy of the window's 64+-token training responses, each step weighted by its count (x100)."""
+    """Returns the accuracy (x100) of the window's 64+-token training responses, count-weighted."""
     keep = in_window(run, window)
     count = correct = 0.0
     for b in (b for b in buckets([run], LENGTH + "count_") if bucket_start(b) >= LONG_RESPONSE):
@@ -85,12 +92,21 @@ class Measure:
 
 
 MEASURES: dict[str, Measure] = {
-    "score": Measure("held-out score, final evaluation (x100)",
-                     lambda run, window, key: run_score(run, key, "final"), windowed=False),
-    "value_bias_early_tokens_abs": Measure("absolute value bias, mean V(s_t) − G_t over token positions 0-31", _abs_bias),
-    "adv_gap_early_tokens": Measure("advantage of correct minus wrong 64+-token responses, positions 0-31", _gap),
+    "score": Measure(
+        "held-out score, final evaluation (x100)",
+        lambda run, window, key: run_score(run, key, "final"),
+        windowed=False,
+    ),
+    "value_bias_early_tokens_abs": Measure(
+        "absolute value bias, mean V(s_t) − G_t over token positions 0-31", _abs_bias
+    ),
+    "adv_gap_early_tokens": Measure(
+        "advantage of correct minus wrong 64+-token responses, positions 0-31", _gap
+    ),
     "long_accuracy": Measure("accuracy of 64+-token training responses (x100)", _long_accuracy),
-    "clipfrac_high": Measure("fraction of tokens clipped high (ratio > 1+ε_high, A > 0)", _metric("actor/clipfrac_high")),
+    "clipfrac_high": Measure(
+        "fraction of tokens clipped high (ratio > 1+ε_high, A > 0)", _metric("actor/clipfrac_high")
+    ),
     "entropy": Measure("actor entropy (nats a token)", _metric("actor/entropy")),
 }
 
@@ -121,48 +137,75 @@ def load(path: str | Path) -> tuple[list[Prediction], list[str], str]:
 
     path = Path(path)
     if not path.is_file():
-        raise ReportError(f"--predictions {path}: no such file; give the YAML that lists the predictions "
-                          "(e.g. reports/table1-cpu-long/predictions.yaml)")
+        raise ReportError(
+            f"--predictions {path}: no such file; give the YAML that lists the predictions "
+            "(e.g. reports/table1-cpu-long/predictions.yaml)"
+        )
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
-        raise ReportError(f"--predictions {path}: not valid YAML ({str(e).splitlines()[0]}); fix the file") from e
+        raise ReportError(
+            f"--predictions {path}: not valid YAML ({str(e).splitlines()[0]}); fix the file"
+        ) from e
     if not isinstance(doc, dict) or not isinstance(doc.get("predictions"), list):
-        raise ReportError(f"--predictions {path}: needs a 'predictions:' list of entries (id, row, measure, "
-                          "window, expect, paper)")
+        raise ReportError(
+            f"--predictions {path}: needs a 'predictions:' list of entries (id, row, measure, "
+            "window, expect, paper)"
+        )
     rows = set(COMPONENTS.names()) | set(PRESETS.names())
     out = []
     for i, e in enumerate(doc["predictions"]):
         where = f"--predictions {path}: entry {e.get('id', i) if isinstance(e, dict) else i}"
         if not isinstance(e, dict):
-            raise ReportError(f"{where} is not a mapping; give id, row, measure, window, expect, paper")
+            raise ReportError(
+                f"{where} is not a mapping; give id, row, measure, window, expect, paper"
+            )
         missing = [k for k in ("id", "row", "measure", "expect", "paper") if k not in e]
         if missing:
             raise ReportError(f"{where} lacks {', '.join(missing)}")
         window = e.get("window", "all")
-        for field, value, choices in (("row", e["row"], sorted(rows)), ("measure", e["measure"], list(MEASURES)),
-                                      ("window", window, list(WINDOWS)), ("expect", e["expect"], list(DIRECTIONS)),
-                                      ("paper", e["paper"], list(DIRECTIONS))):
+        for field, value, choices in (
+            ("row", e["row"], sorted(rows)),
+            ("measure", e["measure"], list(MEASURES)),
+            ("window", window, list(WINDOWS)),
+            ("expect", e["expect"], list(DIRECTIONS)),
+            ("paper", e["paper"], list(DIRECTIONS)),
+        ):
             if value not in choices:
-                raise ReportError(f"{where}: {field} {value!r} is not one of {', '.join(map(str, choices))}")
-        out.append(Prediction(str(e["id"]), e["row"], e["measure"], window, e["expect"], e["paper"],
-                              " ".join(str(e.get("why", "")).split())))
+                raise ReportError(
+                    f"{where}: {field} {value!r} is not one of {', '.join(map(str, choices))}"
+                )
+        out.append(
+            Prediction(
+                str(e["id"]),
+                e["row"],
+                e["measure"],
+                window,
+                e["expect"],
+                e["paper"],
+                " ".join(str(e.get("why", "")).split()),
+            )
+        )
     claims = doc.get("claims", []) or []
     unknown = [c for c in claims if c not in CLAIMS]
     if unknown:
-        raise ReportError(f"--predictions {path}: unknown claim(s) {', '.join(map(str, unknown))}; "
-                          f"choose from {', '.join(CLAIMS)}")
+        raise ReportError(
+            f"--predictions {path}: unknown claim(s) {', '.join(map(str, unknown))}; "
+            f"choose from {', '.join(CLAIMS)}"
+        )
     return out, list(claims), str(doc.get("source", ""))
 
 
 def per_seed(runs: list[RunData], measure: str, window: str, score_key: str) -> list[float]:
     """Returns the measure of each finished run that has it."""
     read = MEASURES[measure].read
-    return [v for r in runs if r.status == "FINISHED" and (v := read(r, window, score_key)) is not None]
+    return [
+        v for r in runs if r.status == "FINISHED" and (v := read(r, window, score_key)) is not None
+    ]
 
 
 def verdict(expect: str, interval: tuple[float, float] | None) -> str:
-    """Returns "confirmed", "refuted", "not separable" or "not determinable" (under 2 seeds a side)."""
+    """Returns "confirmed", "refuted", "not separable" or "not determinable" (< 2 seeds a side)."""
     if interval is None:
         return "not determinable"
     sep = stats.separable(interval)
@@ -175,17 +218,21 @@ def verdict(expect: str, interval: tuple[float, float] | None) -> str:
 
 
 def _moved(paper: str, interval: tuple[float, float] | None) -> bool:
-    """Whether the row moved separably in the paper's direction."""
+    """Returns whether the row moved separably in the paper's direction."""
     if interval is None or paper == "same" or not stats.separable(interval):
         return False
     return (interval[1] < 0) == (paper == "lower")
 
 
-def score(predictions: list[Prediction], claims: list[str], groups: dict[str, list[RunData]],
-          score_key: str) -> dict[str, Any]:
-    """Returns {"predictions": [...], "claims": [...], "goal": {...}}: each prediction with the row's
-    and VAPO's per-seed values, the difference and its interval, the verdict and whether the row
-    moved in the paper's direction; the goal's count of components that moved."""
+def score(
+    predictions: list[Prediction],
+    claims: list[str],
+    groups: dict[str, list[RunData]],
+    score_key: str,
+) -> dict[str, Any]:
+    """Returns {"predictions": [...], "claims": [...], "goal": {...}}: each prediction with both
+    sides' per-seed values, the difference and its interval, the verdict and whether the row moved
+    the paper's way; the goal's count of components that moved."""
     reference = row_name(ABLATED)
     ref_runs = groups.get(reference, [])
     scored = []
@@ -194,15 +241,31 @@ def score(predictions: list[Prediction], claims: list[str], groups: dict[str, li
         ref = per_seed(ref_runs, p.measure, p.window, score_key)
         ci = stats.difference_interval(ours, ref)
         diff = sum(ours) / len(ours) - sum(ref) / len(ref) if ours and ref else None
-        scored.append({"id": p.id, "variant": p.variant, "row": p.row, "measure": p.measure,
-                       "window": p.window if MEASURES[p.measure].windowed else "final", "expect": p.expect,
-                       "paper": p.paper, "row_values": ours, "vapo_values": ref, "difference": diff,
-                       "interval": ci, "verdict": verdict(p.expect, ci), "paper_direction": _moved(p.paper, ci),
-                       "why": p.why})
+        scored.append(
+            {
+                "id": p.id,
+                "variant": p.variant,
+                "row": p.row,
+                "measure": p.measure,
+                "window": p.window if MEASURES[p.measure].windowed else "final",
+                "expect": p.expect,
+                "paper": p.paper,
+                "row_values": ours,
+                "vapo_values": ref,
+                "difference": diff,
+                "interval": ci,
+                "verdict": verdict(p.expect, ci),
+                "paper_direction": _moved(p.paper, ci),
+                "why": p.why,
+            }
+        )
     components = [c for c in COMPONENTS.names() if any(p.row == c for p in predictions)]
     moved = [c for c in components if any(s["paper_direction"] for s in scored if s["row"] == c)]
-    return {"predictions": scored, "claims": [_claim(c, groups, score_key) for c in claims],
-            "goal": {"components": components, "moved": moved}}
+    return {
+        "predictions": scored,
+        "claims": [_claim(c, groups, score_key) for c in claims],
+        "goal": {"components": components, "moved": moved},
+    }
 
 
 def _claim(name: str, groups: dict[str, list[RunData]], score_key: str) -> dict[str, Any]:
@@ -212,22 +275,39 @@ def _claim(name: str, groups: dict[str, list[RunData]], score_key: str) -> dict[
         vapo, dapo = scores.get(row_name(ABLATED), []), scores.get(row_name("dapo"), [])
         ci = stats.difference_interval(vapo, dapo)
         diff = sum(vapo) / len(vapo) - sum(dapo) / len(dapo) if vapo and dapo else None
-        return {"claim": name, "text": CLAIMS[name], "verdict": verdict("higher", ci),
-                "detail": f"VAPO − DAPO {_signed(diff)} {_ci(ci)}"}
+        return {
+            "claim": name,
+            "text": CLAIMS[name],
+            "verdict": verdict("higher", ci),
+            "detail": f"VAPO − DAPO {_signed(diff)} {_ci(ci)}",
+        }
     ppo = scores.get(row_name("ppo"), [])
     others = {v: s for v, s in scores.items() if v != row_name("ppo")}
     if not ppo or not others:
-        return {"claim": name, "text": CLAIMS[name], "verdict": "not determinable", "detail": "no PPO or no other row"}
+        return {
+            "claim": name,
+            "text": CLAIMS[name],
+            "verdict": "not determinable",
+            "detail": "no PPO or no other row",
+        }
     mean = sum(ppo) / len(ppo)
     below = sorted(v for v, s in others.items() if sum(s) / len(s) <= mean)
     cis = {v: stats.difference_interval(ppo, s) for v, s in others.items()}
     sep_below = sorted(v for v, ci in cis.items() if ci is not None and ci[1] < 0)
     sep_above = sorted(v for v, ci in cis.items() if ci is not None and ci[0] > 0)
     # refuted when a row is separably below PPO; confirmed when PPO is separably below every row
-    result = "refuted" if sep_above else "confirmed" if len(sep_below) == len(others) else "not separable"
+    result = (
+        "refuted"
+        if sep_above
+        else "confirmed"
+        if len(sep_below) == len(others)
+        else "not separable"
+    )
     lowest = "yes" if not below else f"no ({', '.join(below)} at or below)"
-    detail = (f"PPO mean {precision.fixed(mean, precision.SCORE)}; lowest mean: {lowest}; "
-              f"separably below {len(sep_below)} of {len(others)} other rows")
+    detail = (
+        f"PPO mean {precision.fixed(mean, precision.SCORE)}; lowest mean: {lowest}; "
+        f"separably below {len(sep_below)} of {len(others)} other rows"
+    )
     if sep_above:
         detail += f"; separably above {', '.join(sep_above)}"
     return {"claim": name, "text": CLAIMS[name], "verdict": result, "detail": detail}
@@ -238,12 +318,14 @@ def _signed(v: float | None, digits: int = precision.SCORE) -> str:
 
 
 def _ci(ci: tuple[float, float] | None, digits: int = precision.SCORE) -> str:
-    return "(no interval)" if ci is None else f"[{_signed(ci[0], digits)}, {_signed(ci[1], digits)}]"
+    return (
+        "(no interval)" if ci is None else f"[{_signed(ci[0], digits)}, {_signed(ci[1], digits)}]"
+    )
 
 
 def _digits(measure: str) -> int:
-    """The places a measure is written to: points for scores and accuracies, ``precision.FRACTION``
-    for clip fractions, ``precision.DIAGNOSTIC`` for the others."""
+    """Returns the places a measure is written to: points for scores and accuracies,
+    ``precision.FRACTION`` for clip fractions, ``precision.DIAGNOSTIC`` for the others."""
     if measure in ("score", "long_accuracy"):
         return precision.SCORE
     return precision.FRACTION if measure == "clipfrac_high" else precision.DIAGNOSTIC
@@ -251,28 +333,42 @@ def _digits(measure: str) -> int:
 
 def to_markdown(result: dict[str, Any], source: str = "") -> str:
     """Returns the scored predictions as Markdown: a table, the preset claims and the goal line."""
-    lines = ["| # | row | measure (window) | expected vs VAPO | row − VAPO [95% interval] | verdict | "
-             "moved the paper's way |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| # | row | measure (window) | expected vs VAPO | row − VAPO [95% interval] | verdict | "
+        "moved the paper's way |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s in result["predictions"]:
         d = _digits(s["measure"])
         window = f" ({s['window']} window)" if MEASURES[s["measure"]].windowed else ""
-        lines.append(f"| {s['id']} | {s['variant']} | {MEASURES[s['measure']].text}{window} | {s['expect']} | "
-                     f"{_signed(s['difference'], d)} {_ci(s['interval'], d)} | **{s['verdict']}** | "
-                     f"{'yes' if s['paper_direction'] else 'no'} |")
+        lines.append(
+            f"| {s['id']} | {s['variant']} | {MEASURES[s['measure']].text}{window} "
+            f"| {s['expect']} | "
+            f"{_signed(s['difference'], d)} {_ci(s['interval'], d)} | **{s['verdict']}** | "
+            f"{'yes' if s['paper_direction'] else 'no'} |"
+        )
     if result["claims"]:
         lines += ["", "| claim | verdict | detail |", "|---|---|---|"]
         lines += [f"| {c['text']} | **{c['verdict']}** | {c['detail']} |" for c in result["claims"]]
     g = result["goal"]
-    counts = {v: sum(s["verdict"] == v for s in result["predictions"])
-              for v in ("confirmed", "refuted", "not separable", "not determinable")}
-    lines += ["", "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
-              f"Components whose row moved separably in the paper's direction on the score or a mechanism "
-              f"diagnostic: {len(g['moved'])} of {len(g['components'])}"
-              + (f" ({', '.join(g['moved'])})." if g["moved"] else ".")]
-    rule = ("Rule: per-seed values of the row against VAPO's; the 95% percentile-bootstrap interval of the difference "
-            "of means (each side's seeds resampled on their own, as Table 1's separability); lower/higher: confirmed "
-            "when the interval excludes 0 on the predicted side, refuted when on the other, else not separable; same: "
-            "confirmed when it holds 0, refuted when not. Windows: early = first fifth of training steps, late = last "
-            "fifth, all = every step.")
+    counts = {
+        v: sum(s["verdict"] == v for s in result["predictions"])
+        for v in ("confirmed", "refuted", "not separable", "not determinable")
+    }
+    lines += [
+        "",
+        "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + ".",
+        f"Components whose row moved separably in the paper's direction on the score or a "
+        f"mechanism diagnostic: {len(g['moved'])} of {len(g['components'])}"
+        + (f" ({', '.join(g['moved'])})." if g["moved"] else "."),
+    ]
+    rule = (
+        "Rule: per-seed values of the row against VAPO's; the 95% percentile-bootstrap interval "
+        "of the difference of means (each side's seeds resampled on their own, as Table 1's "
+        "separability); lower/higher: confirmed when the interval excludes 0 on the predicted "
+        "side, refuted when on the other, else not separable; same: confirmed when it holds 0, "
+        "refuted when not. Windows: early = first fifth of training steps, late = last fifth, all "
+        "= every step."
+    )
     lines += ["", rule + (f" Predictions from {source}." if source else "")]
     return "\n".join(lines) + "\n"

@@ -1,20 +1,10 @@
-"""Seed statistics for Table 1: bootstrap intervals of a row's mean, of its difference from VAPO,
-and of the rank agreement with the paper (Spearman ρ, Kendall τ-b).
+"""Seed statistics for Table 1: bootstrap intervals, t-tests with Holm, and rank agreement.
 
 Every interval is a percentile bootstrap over seeds (``scipy.stats.bootstrap``) at ``CONFIDENCE``
 with ``N_RESAMPLES`` resamples drawn from a generator seeded with ``RNG_SEED``: the same scores
-give the same interval. Why percentile and not BCa: with 3 seeds the bootstrap distribution of
-a mean has 10 distinct values, and BCa corrects it with the share of resamples below the
-observed mean and a jackknife over 3 leave-one-out means. Seeds that all tie (possible for avg@k
-on a small eval set) make it degenerate: scipy returns NaN for seeds [50, 50, 50]; on skewed seeds
-[50, 51, 56] it moves the lower end to 50.33 on the strength of those 3 points. The percentile
-interval needs neither: with 2 or 3 seeds it is the seeds' range (each extreme resample has
-probability 1/4 or 1/27, both above 2.5%, so thousands of resamples put both percentiles on
-the extremes), an interval that covers the mean of a symmetric
-seed-to-seed distribution only with probability 1 − 2·2^-n (50% for 2 seeds, 75% for 3): the
-report says so (``NOTE``).
-
-A row needs 2 seeds for an interval: scipy refuses one observation, and one seed has no spread.
+give the same interval. With 2 or 3 seeds it is the seeds' range (why percentile, not BCa:
+docs/report.md#statistics). A row needs 2 seeds for an interval: scipy refuses one observation,
+and one seed has no spread.
 """
 
 from __future__ import annotations
@@ -29,10 +19,9 @@ from scipy import stats
 CONFIDENCE = 0.95
 N_RESAMPLES = 9999
 RNG_SEED = 0
-METHOD = "percentile"  # the module docstring says why not BCa
-# row means within this relative distance rank as one (a tie): the same scores averaged in another
-# order, or scores that differ in their last bits, give means ~1e-15 apart; means that truly differ
-# do so by one sample of one held-out problem or more, far above 1e-9 of the mean
+METHOD = "percentile"  # why not BCa: docs/report.md#statistics
+# row means within this relative distance rank as one (a tie): float noise between equal means is
+# ~1e-15, a true difference one held-out sample or more
 TIE_RTOL = 1e-9
 _TIE_TEXT = f"{TIE_RTOL:.0e}".replace("e-0", "e-")  # as the note prints it: "1e-9"
 LEVEL = f"{100 * CONFIDENCE:g}%"  # as printed: "95%"
@@ -43,10 +32,20 @@ def _bootstrap(samples: Sequence[Sequence[float]], statistic: Any) -> np.ndarray
     each sample resampled independently (``paired=False``); None when any end is NaN."""
     with warnings.catch_warnings():  # NaN ends are reported as None, not as a warning
         warnings.simplefilter("ignore")
-        res = stats.bootstrap([np.asarray(s, dtype=float) for s in samples], statistic, n_resamples=N_RESAMPLES,
-                              vectorized=True, paired=False, axis=-1, confidence_level=CONFIDENCE,
-                              method=METHOD, rng=np.random.default_rng(RNG_SEED))
-    ci = np.stack([np.asarray(res.confidence_interval.low), np.asarray(res.confidence_interval.high)], axis=-1)
+        res = stats.bootstrap(
+            [np.asarray(s, dtype=float) for s in samples],
+            statistic,
+            n_resamples=N_RESAMPLES,
+            vectorized=True,
+            paired=False,
+            axis=-1,
+            confidence_level=CONFIDENCE,
+            method=METHOD,
+            rng=np.random.default_rng(RNG_SEED),
+        )
+    ci = np.stack(
+        [np.asarray(res.confidence_interval.low), np.asarray(res.confidence_interval.high)], axis=-1
+    )
     return None if np.isnan(ci).any() else ci
 
 
@@ -59,16 +58,18 @@ def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray
 
 
 def mean_interval(scores: Sequence[float]) -> tuple[float, float] | None:
-    """Returns the ``CONFIDENCE`` percentile-bootstrap interval of the mean over seeds; None under 2 seeds."""
+    """Returns the percentile-bootstrap interval of the mean over seeds; None under 2 seeds."""
     if len(scores) < 2:
         return None
     ci = _bootstrap([scores], _mean)
     return None if ci is None else (float(ci[0]), float(ci[1]))
 
 
-def difference_interval(scores: Sequence[float], reference: Sequence[float]) -> tuple[float, float] | None:
-    """Returns the ``CONFIDENCE`` interval of mean(scores) − mean(reference), each group's seeds resampled
-    on their own (the rows' seeds are different runs, not pairs); None when either has under 2."""
+def difference_interval(
+    scores: Sequence[float], reference: Sequence[float]
+) -> tuple[float, float] | None:
+    """Returns the bootstrap interval of mean(scores) − mean(reference), each side's seeds resampled
+    on their own (different runs, not pairs); None under 2 seeds a side."""
     if len(scores) < 2 or len(reference) < 2:
         return None
     ci = _bootstrap([scores, reference], _mean_difference)
@@ -86,9 +87,10 @@ def separable(interval: tuple[float, float] | None) -> bool | None:
     return interval[0] > 0 or interval[1] < 0
 
 
-def rank_correlations(ours: Sequence[float], paper: Sequence[float]) -> tuple[float | None, float | None]:
-    """Returns (Spearman ρ, Kendall τ-b) of ``ours`` against ``paper`` (``spearman_rows``,
-    ``kendall_rows``); None where one is undefined (a constant side)."""
+def rank_correlations(
+    ours: Sequence[float], paper: Sequence[float]
+) -> tuple[float | None, float | None]:
+    """Returns (Spearman ρ, Kendall τ-b) of ``ours`` against ``paper``; None for a constant side."""
     x, y = np.asarray(ours, dtype=float), np.asarray(paper, dtype=float)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a constant side: scipy warns and returns NaN
@@ -114,32 +116,24 @@ def tied_ranks(x: np.ndarray) -> np.ndarray:
 
 
 def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Returns Spearman's ρ along the last axis: Pearson's r of the average-tie ranks
-    (``tied_ranks``), ``scipy.stats.spearmanr``'s definition, for a batch of vectors at once
-    (shape (..., k))."""
+    """Returns Spearman's ρ along the last axis, batched: Pearson's r of the average-tie ranks."""
     rx, ry = np.broadcast_arrays(tied_ranks(x), tied_ranks(y))
     return stats.pearsonr(rx, ry, axis=-1).statistic
 
 
 def kendall_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Returns Kendall's τ-b along the last axis (shape (..., k)), as ``scipy.stats.kendalltau``,
-    with ties as ``pair_signs`` finds them.
-
-    τ-b = Σ_{i<j} sgn(x_i − x_j)·sgn(y_i − y_j) / √(Σ_{i<j} sgn(x_i − x_j)² · Σ_{i<j} sgn(y_i − y_j)²);
-    over the ordered pairs i ≠ j both sign vectors are antisymmetric, so they have mean 0 and τ-b
-    is their Pearson correlation. scipy's spearmanr and kendalltau take one pair of vectors at a
-    time, too slow for N_RESAMPLES resamples (tests check these batched forms against scipy).
-    """
+    """Returns Kendall's τ-b along the last axis, batched, with ties as ``pair_signs`` finds them:
+    the Pearson correlation of the pair-sign vectors (docs/report.md#statistics)."""
     sx, sy = np.broadcast_arrays(pair_signs(x), pair_signs(y))
     return stats.pearsonr(sx, sy, axis=-1).statistic
 
 
-def rank_interval(rows: Sequence[Sequence[float]], paper: Sequence[float]) -> dict[str, tuple[float, float] | None] | None:
-    """Returns the ``CONFIDENCE`` intervals of Spearman ρ and Kendall τ-b between the row means and
-    ``paper``, bootstrapping over seeds: each row's seeds are resampled on their own, the row
-    means recomputed, then the correlations (a row with one seed keeps its one score; the paper's
-    scores are fixed). None when no row has 2 seeds (nothing to resample) or under 2 rows.
-    """
+def rank_interval(
+    rows: Sequence[Sequence[float]], paper: Sequence[float]
+) -> dict[str, tuple[float, float] | None] | None:
+    """Returns the bootstrap intervals of Spearman ρ and Kendall τ-b of the row means and ``paper``,
+    each row's seeds resampled on their own (one-seed rows and the paper's scores held fixed); None
+    under 2 rows or without a row of 2 seeds."""
     if len(rows) < 2 or all(len(r) < 2 for r in rows):
         return None
     varied = [k for k, r in enumerate(rows) if len(r) >= 2]
@@ -149,14 +143,24 @@ def rank_interval(rows: Sequence[Sequence[float]], paper: Sequence[float]) -> di
     def both(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
         means = dict(zip(varied, (np.mean(s, axis=axis) for s in samples)))
         batch = np.broadcast_shapes(*(m.shape for m in means.values()))
-        x = np.stack([np.broadcast_to(means[k], batch) if k in means else np.full(batch, fixed[k])
-                      for k in range(len(rows))], axis=-1)  # (batch, rows)
+        # (batch, rows)
+        x = np.stack(
+            [
+                np.broadcast_to(means[k], batch) if k in means else np.full(batch, fixed[k])
+                for k in range(len(rows))
+            ],
+            axis=-1,
+        )
         return np.stack([spearman_rows(x, paper_arr), kendall_rows(x, paper_arr)])
 
-    ci = _bootstrap([rows[k] for k in varied], both)  # a resample with all means equal gives NaN: None
+    # a resample with all means equal gives NaN: None
+    ci = _bootstrap([rows[k] for k in varied], both)
     if ci is None:
         return {"spearman": None, "kendall": None}
-    return {"spearman": (float(ci[0, 0]), float(ci[0, 1])), "kendall": (float(ci[1, 0]), float(ci[1, 1]))}
+    return {
+        "spearman": (float(ci[0, 0]), float(ci[0, 1])),
+        "kendall": (float(ci[1, 0]), float(ci[1, 1])),
+    }
 
 
 ALPHA = 0.05  # the tests' level, Holm-corrected over a family
@@ -164,7 +168,7 @@ ALPHA = 0.05  # the tests' level, Holm-corrected over a family
 
 @dataclass(frozen=True)
 class Test:
-    """A two-sided test of mean(x) − mean(y) = 0 over seeds (or of a per-seed contrast's mean = 0)."""
+    """A two-sided test of mean(x) − mean(y) = 0 over seeds, or of a per-seed contrast's mean."""
 
     name: str  # "paired t" (seeds matched) or "Welch t" (the sides' own seeds)
     n: int  # pairs, or the smaller side's seeds
@@ -178,8 +182,7 @@ class Test:
 
 
 def paired(diffs: Sequence[float]) -> Test | None:
-    """Returns the paired t-test of per-seed differences (``scipy.stats.ttest_1samp`` on them, which is
-    ``ttest_rel``), with the exact sign-flip permutation p beside it; None under 2 pairs."""
+    """Returns the paired t-test of per-seed differences, with the exact sign-flip p, or None."""
     d = np.asarray(diffs, dtype=float)
     if d.size < 2:
         return None
@@ -187,19 +190,21 @@ def paired(diffs: Sequence[float]) -> Test | None:
         warnings.simplefilter("ignore")  # identical differences: scipy warns, se = 0
         res = stats.ttest_1samp(d, 0.0)
     se = float(np.std(d, ddof=1) / np.sqrt(d.size))
-    return _test("paired t", int(d.size), float(d.mean()), float(res.pvalue), se, d.size - 1.0, sign_flip_p(d))
+    return _test(
+        "paired t",
+        int(d.size),
+        float(d.mean()),
+        float(res.pvalue),
+        se,
+        d.size - 1.0,
+        sign_flip_p(d),
+    )
 
 
 def sign_flip_p(diffs: Sequence[float]) -> float:
-    """Returns the exact two-sided sign-flip permutation p of mean(diffs) = 0: the share of the 2^n
-    sign patterns whose |sum| reaches the observed |sum|, counting sums within ``TIE_RTOL`` of Σ|d|
-    below it as reaching it.
-
-    Why not ``scipy.stats.permutation_test``: its tie tolerance is ~2e-14 of the statistic, and
-    per-seed differences of two close scores lose more than that to cancellation (scores of 94.1
-    and 94.0 moved 1 ulp each shift their difference 1e-14 absolute, 1e-13 relative), while scores
-    built from counts tie exactly in truth: a p of 12/64 read 14/64 after such a shift.
-    """
+    """Returns the exact two-sided sign-flip p of mean(diffs) = 0: the share of the 2^n sign
+    patterns whose |sum| reaches the observed one, sums within ``TIE_RTOL`` of Σ|d| below it
+    included (why not scipy's permutation_test: docs/report.md#statistics)."""
     d = np.asarray(diffs, dtype=float)
     reach = abs(d.sum()) - TIE_RTOL * np.abs(d).sum()
     hits, patterns, chunk = 0, 1 << d.size, 1 << 16
@@ -211,8 +216,7 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
 
 
 def welch(x: Sequence[float], y: Sequence[float]) -> Test | None:
-    """Returns Welch's t-test of mean(x) − mean(y) (unequal variances, the sides' own seeds); None
-    when a side has under 2 values."""
+    """Returns Welch's t-test of mean(x) − mean(y); None when a side has under 2 values."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if a.size < 2 or b.size < 2:
         return None
@@ -221,31 +225,49 @@ def welch(x: Sequence[float], y: Sequence[float]) -> Test | None:
         res = stats.ttest_ind(a, b, equal_var=False)
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = float(np.sqrt(va + vb))
-    df = float((va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))) if se > 0 else a.size + b.size - 2.0
-    return _test("Welch t", int(min(a.size, b.size)), float(a.mean() - b.mean()), float(res.pvalue), se, df)
+    df = (
+        float((va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1)))
+        if se > 0
+        else a.size + b.size - 2.0
+    )
+    return _test(
+        "Welch t", int(min(a.size, b.size)), float(a.mean() - b.mean()), float(res.pvalue), se, df
+    )
 
 
-def _test(name: str, n: int, diff: float, p: float, se: float, df: float, flip: float | None = None) -> Test:
+def _test(
+    name: str, n: int, diff: float, p: float, se: float, df: float, flip: float | None = None
+) -> Test:
     def interval(level: float) -> tuple[float, float]:
         h = float(stats.t.ppf(0.5 + level / 2, df)) * se
         return diff - h, diff + h
 
     if se == 0:  # every seed moved by the same amount: p is 0 unless that amount is 0
         p = 1.0 if diff == 0 else 0.0
-    return Test(name, n, diff, 1.0 if np.isnan(p) else p, interval(1 - ALPHA), interval(1 - 2 * ALPHA), df, se, flip)
+    return Test(
+        name,
+        n,
+        diff,
+        1.0 if np.isnan(p) else p,
+        interval(1 - ALPHA),
+        interval(1 - 2 * ALPHA),
+        df,
+        se,
+        flip,
+    )
 
 
 def compare(x: dict[int, float], y: dict[int, float]) -> Test | None:
-    """Returns the test of x − y for per-seed values {seed: value}: paired when both sides have the
-    same seeds (cells of one grid share a seed's base, data order and held-out samples), else Welch."""
+    """Returns the test of x − y over {seed: value}: paired when both have the same seeds (one
+    grid's cells share a seed's base, data order and held-out samples), else Welch's."""
     if set(x) == set(y):
         return paired([x[s] - y[s] for s in sorted(x)])
     return welch(list(x.values()), list(y.values()))
 
 
 def tost_p(test: Test, margin: float) -> float:
-    """Returns the equivalence p of two one-sided t-tests that |difference| < ``margin``: the larger of
-    P(T ≥ (d + m)/se) and P(T ≤ (d − m)/se); below ALPHA exactly when ``ci90`` lies inside ±margin."""
+    """Returns the TOST equivalence p that |difference| < ``margin``: the larger of P(T ≥ (d +
+    m)/se) and P(T ≤ (d − m)/se); below ALPHA exactly when ``ci90`` lies inside ±margin."""
     if test.se == 0:
         return 0.0 if abs(test.difference) < margin else 1.0
     lower = stats.t.sf((test.difference + margin) / test.se, test.df)
@@ -254,8 +276,8 @@ def tost_p(test: Test, margin: float) -> float:
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
-    """Returns Holm's step-down adjusted p-values, in the input's order: the k-th smallest (k from 0)
-    times (m − k), made non-decreasing along that order, capped at 1. Reject where adjusted < ALPHA."""
+    """Returns Holm's step-down adjusted p-values in the input's order: the k-th smallest (from 0)
+    times (m − k), made non-decreasing along that order, capped at 1."""
     m = len(pvalues)
     order = sorted(range(m), key=lambda i: pvalues[i])
     out, running = [0.0] * m, 0.0
@@ -267,26 +289,34 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 def settings() -> dict[str, Any]:
     """Returns the bootstrap's settings, for report.json."""
-    return {"confidence": CONFIDENCE, "n_resamples": N_RESAMPLES, "method": METHOD, "rng_seed": RNG_SEED,
-            "over": "seeds", "rank_tie_rtol": TIE_RTOL}
+    return {
+        "confidence": CONFIDENCE,
+        "n_resamples": N_RESAMPLES,
+        "method": METHOD,
+        "rng_seed": RNG_SEED,
+        "over": "seeds",
+        "rank_tie_rtol": TIE_RTOL,
+    }
 
 
 NOTE = (
     f"How to read it. Mean ± std: over a row's finished seeds, sample standard deviation (n−1). "
-    f"{LEVEL} interval: {METHOD} bootstrap of the mean over seeds (scipy.stats.bootstrap, {N_RESAMPLES} "
-    f"resamples, generator seed {RNG_SEED}); with 2 or 3 seeds it is exactly the seeds' range, which covers the "
-    f"mean of a symmetric seed-to-seed spread only 50% (2 seeds) or 75% (3 seeds) of the time: read it as the "
-    f"spread seen, not as a guarantee. A row with one seed has no spread and no interval. "
-    f"Δ vs our VAPO: the {LEVEL} {METHOD}-bootstrap interval of (row mean − VAPO mean), each side's seeds "
-    f"resampled on their own: a description of the spread, which decides nothing (with 3 seeds it covered the true "
-    f"difference about 79% of the time in simulation, not 95%). Separable from VAPO: a two-sided t-test of the "
-    f"row against VAPO, paired by seed when both have the same seeds (cells of one grid share a seed's base "
-    f"model, data order and held-out samples), else Welch's; its p Holm-adjusted over every row tested against "
-    f"VAPO; yes when the adjusted p < {ALPHA:g}; — when the row or VAPO has fewer than 2 seeds. Beside a paired "
-    f"test, the exact sign-flip permutation p of the same differences, which decides nothing: with n seeds it "
-    f"cannot go below 2/2^n (0.25 for 3), so a paired t p far below it rests on the t distribution's tails. Rank agreement: Spearman ρ and Kendall τ-b (as scipy defines them, counting row "
-    f"means within a relative {_TIE_TEXT} of each other as tied) between our row means and "
-    f"the paper's scores, over the rows that have both; its interval resamples each row's seeds, recomputes "
-    f"the row means and the correlation ({N_RESAMPLES} times; rows with one seed and the paper's scores held "
-    f"fixed)."
+    f"{LEVEL} interval: {METHOD} bootstrap of the mean over seeds (scipy.stats.bootstrap, "
+    f"{N_RESAMPLES} resamples, generator seed {RNG_SEED}); with 2 or 3 seeds it is exactly the "
+    f"seeds' range, which covers the mean of a symmetric seed-to-seed spread only 50% (2 seeds) "
+    f"or 75% (3 seeds) of the time: read it as the spread seen, not as a guarantee. A row with "
+    f"one seed has no spread and no interval. Δ vs our VAPO: the {LEVEL} {METHOD}-bootstrap "
+    f"interval of (row mean − VAPO mean), each side's seeds resampled on their own: a description "
+    f"of the spread, which decides nothing (with 3 seeds it covered the true difference about 79% "
+    f"of the time in simulation, not 95%). Separable from VAPO: a two-sided t-test of the row "
+    f"against VAPO, paired by seed when both have the same seeds (cells of one grid share a "
+    f"seed's base model, data order and held-out samples), else Welch's; its p Holm-adjusted over "
+    f"every row tested against VAPO; yes when the adjusted p < {ALPHA:g}; — when the row or VAPO "
+    f"has fewer than 2 seeds. Beside a paired test, the exact sign-flip permutation p of the same "
+    f"differences, which decides nothing: with n seeds it cannot go below 2/2^n (0.25 for 3), so "
+    f"a paired t p far below it rests on the t distribution's tails. Rank agreement: Spearman ρ "
+    f"and Kendall τ-b (as scipy defines them, counting row means within a relative {_TIE_TEXT} of "
+    f"each other as tied) between our row means and the paper's scores, over the rows that have "
+    f"both; its interval resamples each row's seeds, recomputes the row means and the correlation "
+    f"({N_RESAMPLES} times; rows with one seed and the paper's scores held fixed)."
 )

@@ -1,17 +1,10 @@
-"""Incremental decoders with a KV cache: a fast path for Qwen2/Llama-family models, and HF's.
+"""Incremental decoders with a KV cache for the built-in sampler: ``prefill``, ``step``, ``select``
+and ``repeat``.
 
-The built-in sampler only needs two calls: ``prefill`` (the left-padded prompts) and ``step`` (one
-new token per row), each returning the last position's logits, plus ``select`` to drop finished
-rows and ``repeat`` to fan prompts out into n samples after one prefill.
-
-``FastDecoder`` runs the Qwen2 / Llama forward pass itself over the HF module weights, with a
-preallocated static KV cache; it skips the generic mask-building and cache bookkeeping of
-``transformers`` that dominate a step for small models on CPU, and runs few, larger ops per
-token: the q/k/v projections as one matmul and the MLP's gate and up projections as another (over
-weights concatenated once per decoder, i.e. once per rollout), RoPE over q and k together, and the
-attention mask built once per step for all layers. ``HFDecoder`` calls the model's own forward
-with a ``DynamicCache`` and works for any causal
-LM. ``tests/rollout/test_decoder.py`` checks that both give the logits of a full forward pass.
+``FastDecoder`` runs the Qwen2/Llama forward itself over the HF weights with a static cache and
+few, larger ops per token (transformers' generic mask and cache bookkeeping dominate a small
+model's step on CPU); ``HFDecoder`` uses any causal LM's own forward. Both give a full pass's
+logits (tests/rollout/test_decoder.py).
 """
 
 from __future__ import annotations
@@ -26,34 +19,43 @@ from vapo_lab.models.rope import rope_theta, rotate_half
 
 def supports_fast_path(model: nn.Module) -> bool:
     """Returns True for Qwen2/Llama-style models with default RoPE and no sliding window."""
-    cfg = model.config
+    hf = model.config
     return (
-        getattr(cfg, "model_type", "") in ("qwen2", "llama")
-        and rope_theta(cfg) is not None
-        and not getattr(cfg, "use_sliding_window", False)
-        and hasattr(model, "model") and hasattr(model.model, "layers")
+        getattr(hf, "model_type", "") in ("qwen2", "llama")
+        and rope_theta(hf) is not None
+        and not getattr(hf, "use_sliding_window", False)
+        and hasattr(model, "model")
+        and hasattr(model.model, "layers")
     )
 
 
 class FastDecoder:
-    """Qwen2/Llama forward with a static KV cache of shape (layers, B, kv_heads, max_len, head_dim)."""
+    """Qwen2/Llama forward with a static KV cache of shape (layers, B, kv_heads, max_len,
+    head_dim)."""
 
     def __init__(self, model: nn.Module, batch: int, max_len: int) -> None:
-        cfg = model.config
+        hf = model.config
         self.model = model
         self.layers = model.model.layers
-        self.n_heads = cfg.num_attention_heads
-        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.n_heads = hf.num_attention_heads
+        self.n_kv = getattr(hf, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // self.n_heads
         param = next(model.parameters())
         dtype, device = param.dtype, param.device
-        inv_freq = 1.0 / (rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, device=device,
-                                                            dtype=torch.float32) / self.head_dim))
+        inv_freq = 1.0 / (
+            rope_theta(hf)
+            ** (
+                torch.arange(0, self.head_dim, 2, device=device, dtype=torch.float32)
+                / self.head_dim
+            )
+        )
         freqs = torch.outer(torch.arange(max_len, device=device, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
-        # per layer: the q/k/v projections as one matmul, the MLP's gate and up projections as another
-        # (copies of the weights, made once per decoder, i.e. per rollout: they are the policy's current ones)
+        # per layer: the q/k/v projections as one matmul, the MLP's gate and up projections as
+        # another (copies of the weights, made once per decoder, i.e. per rollout: they are the
+        # policy's
+        # current ones)
         self.fused = [self._fuse(layer) for layer in self.layers]
         shape = (len(self.layers), batch, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -63,15 +65,23 @@ class FastDecoder:
         self.max_len = max_len
 
     @staticmethod
-    def _fuse(layer: nn.Module) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
-        """Returns ((q/k/v weight, bias), (gate/up weight, bias)), each concatenated on the output dim;
-        a bias is None when none of its projections has one (Llama's ``mlp_bias`` gives gate/up theirs)."""
+    def _fuse(
+        layer: nn.Module,
+    ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
+        """Returns ((q/k/v weight, bias), (gate/up weight, bias)), each concatenated on the output
+        dim; a bias is None when none of its projections has one (Llama's ``mlp_bias`` gives gate/up
+        theirs)."""
+
         def cat(*linears: nn.Module) -> tuple[Tensor, Tensor | None]:
             weight = torch.cat([m.weight for m in linears])
             if all(m.bias is None for m in linears):
                 return weight, None
-            return weight, torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
-                                      for m in linears])
+            return weight, torch.cat(
+                [
+                    m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
+                    for m in linears
+                ]
+            )
 
         attn, mlp = layer.self_attn, layer.mlp
         return cat(attn.q_proj, attn.k_proj, attn.v_proj), cat(mlp.gate_proj, mlp.up_proj)
@@ -118,7 +128,7 @@ class FastDecoder:
             mask = keys_ok[:, None, None, :] & causal[None, None]
             # a fully padded query row would give NaN; let it see itself (its output is unused)
             mask = mask | torch.eye(s, t1, dtype=torch.bool, device=ids.device)[None, None]
-        group, scale = self.n_heads // self.n_kv, self.head_dim ** -0.5
+        group, scale = self.n_heads // self.n_kv, self.head_dim**-0.5
         # (B, 1, 1, S, t1): broadcast over KV heads and the group; built once for every layer
         masked = ~mask[:, :, None]
         nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
@@ -129,10 +139,14 @@ class FastDecoder:
             x = layer.input_layernorm(h)
             qkv = torch.nn.functional.linear(x, qkv_w, qkv_b)  # (B, S, (heads + 2 kv) · hd)
             # RoPE over q and k in one pass: (B, heads + kv, S, hd)
-            qk = qkv[..., :nq + nk].view(bsz, s, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2)
+            qk = (
+                qkv[..., : nq + nk]
+                .view(bsz, s, self.n_heads + self.n_kv, self.head_dim)
+                .transpose(1, 2)
+            )
             qk = qk * cos + rotate_half(qk) * sin
-            q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
-            v = qkv[..., nq + nk:].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+            v = qkv[..., nq + nk :].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
             self.k[i, :, :, t0:t1] = k
             self.v[i, :, :, t0:t1] = v
             # grouped-query attention as two batched matmuls: the query heads of one KV head
@@ -156,7 +170,11 @@ def cache_keyword(model: nn.Module) -> str:
     """Returns the keyword by which ``model``'s forward takes its KV cache: ``cache`` in recent
     transformers (5.24 has it and deprecates ``past_key_values``, to be removed in 5.40),
     ``past_key_values`` in older ones."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    return (
+        "cache"
+        if "cache" in inspect.signature(type(model).forward).parameters
+        else "past_key_values"
+    )
 
 
 class HFDecoder:
@@ -176,16 +194,26 @@ class HFDecoder:
         self.mask = attention_mask.long()
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self._next_pos = positions[:, -1] + 1
-        out = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
-                         use_cache=True, **{self.cache_kw: self.cache})
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+        )
         return out.logits[:, -1]
 
     def step(self, tokens: Tensor) -> Tensor:
         """Returns the logits (B, V) after appending one token (B,) per row."""
         assert self.mask is not None
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
-                         position_ids=self._next_pos[:, None], use_cache=True, **{self.cache_kw: self.cache})
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask,
+            position_ids=self._next_pos[:, None],
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+        )
         self._next_pos = self._next_pos + 1
         return out.logits[:, -1]
 
@@ -204,7 +232,9 @@ class HFDecoder:
         self._next_pos = self._next_pos.repeat_interleave(n, dim=0)
 
 
-def make_decoder(model: nn.Module, batch: int, max_len: int, fast: bool = True) -> FastDecoder | HFDecoder:
+def make_decoder(
+    model: nn.Module, batch: int, max_len: int, fast: bool = True
+) -> FastDecoder | HFDecoder:
     """Returns the fast decoder when the model supports it (and ``fast``), else HF's."""
     if fast and supports_fast_path(model):
         return FastDecoder(model, batch, max_len)

@@ -1,18 +1,13 @@
-"""The built-in batched sampler: prompts in, n samples each, token ids + log-probs + masks out.
+"""The built-in batched sampler: prompts in, n samples each, token ids, log-probs and masks out.
 
-One prefill per prompt, then the KV cache is fanned out to the n samples; rows that emit
-end-of-sequence are dropped from the batch as they finish, so long and short responses share a
-batch without paying for each other's padding. Deterministic for a seed on CPU: every random draw
-comes from one ``torch.Generator``.
-
-Log-probs are those of the sampled token under the temperature-scaled distribution (before top-p
-truncation), the quantity PPO's importance ratio needs when the trainer samples at temperature T.
+One prefill per prompt fanned out to its n samples; finished rows leave the batch. Every random
+draw comes from one ``torch.Generator`` (deterministic for a seed on CPU). Log-probs are of the
+sampled token under the temperature-scaled distribution, before top-p: PPO's ratio needs those.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,16 +30,26 @@ class Samples:
     finished: Tensor  # (B,) bool: ended with eos (False: truncated at max_new_tokens)
     prompt_index: Tensor  # (B,) long: which prompt each row answers (rows of one prompt adjacent)
 
+    @staticmethod
+    def empty() -> Samples:
+        """Returns no samples (a rank with no prompts: it still takes part in the call)."""
+        ids, flags = torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.bool)
+        none = torch.zeros(0, dtype=torch.long)
+        return Samples(ids, flags, ids, flags, torch.zeros(0, 0), none, none.bool(), none)
+
     @property
     def truncated(self) -> Tensor:
         """Returns (B,) bool: responses cut at max_new_tokens without an eos."""
         return ~self.finished
 
     def cpu(self) -> Samples:
-        """Returns the samples in host memory, where they are scored and batched (themselves there)."""
+        """Returns the samples in host memory, where they are scored and batched (themselves
+        there)."""
         if self.response_ids.device.type == "cpu":
             return self
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name).cpu() for f in dataclasses.fields(self)})
+        return dataclasses.replace(
+            self, **{f.name: getattr(self, f.name).cpu() for f in dataclasses.fields(self)}
+        )
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
@@ -92,19 +97,42 @@ def sample(
         raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy decoding)")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    if not prompts:
+        return Samples.empty()
     eos = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id))
     per_chunk = max(1, max_batch // n)
     parts = [
-        _sample_chunk(model, prompts[i:i + per_chunk], n, max_new_tokens, temperature, top_p, eos,
-                      pad_id, generator, fast, offset=i)
+        _sample_chunk(
+            model,
+            prompts[i : i + per_chunk],
+            n,
+            max_new_tokens,
+            temperature,
+            top_p,
+            eos,
+            pad_id,
+            generator,
+            fast,
+            offset=i,
+        )
         for i in range(0, len(prompts), per_chunk)
     ]
     return _concat(parts, pad_id)
 
 
-def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, max_new: int,
-                  temperature: float, top_p: float, eos: Tensor, pad_id: int,
-                  generator: torch.Generator | None, fast: bool, offset: int) -> Samples:
+def _sample_chunk(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    max_new: int,
+    temperature: float,
+    top_p: float,
+    eos: Tensor,
+    pad_id: int,
+    generator: torch.Generator | None,
+    fast: bool,
+    offset: int,
+) -> Samples:
     device = next(model.parameters()).device
     eos = eos.to(device)
     n_prompts = len(prompts)
@@ -113,8 +141,8 @@ def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, ma
     prompt_mask = torch.zeros(n_prompts, width, dtype=torch.bool)
     for i, p in enumerate(prompts):
         if len(p):
-            prompt_ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            prompt_mask[i, width - len(p):] = True
+            prompt_ids[i, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            prompt_mask[i, width - len(p) :] = True
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
 
     rows = n_prompts * n
@@ -159,15 +187,22 @@ def _sample_chunk(model: nn.Module, prompts: Sequence[Sequence[int]], n: int, ma
     used = int(lengths.max().item()) if rows else 0
     index = torch.arange(n_prompts, device=device).repeat_interleave(n) + offset
     return Samples(
-        prompt_ids=prompt_ids.repeat_interleave(n, dim=0), prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
-        response_ids=out_ids[:, :used], response_mask=response_mask[:, :used], logprobs=out_logp[:, :used],
-        lengths=lengths, finished=finished, prompt_index=index,
+        prompt_ids=prompt_ids.repeat_interleave(n, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(n, dim=0),
+        response_ids=out_ids[:, :used],
+        response_mask=response_mask[:, :used],
+        logprobs=out_logp[:, :used],
+        lengths=lengths,
+        finished=finished,
+        prompt_index=index,
     )
 
 
-def _draw(logits: Tensor, temperature: float, top_p: float,
-          generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """Returns (tokens, their log-probs under the temperature-scaled distribution); T = 0 is greedy."""
+def _draw(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Returns (tokens, their log-probs under the temperature-scaled distribution); T = 0 is
+    greedy."""
     if temperature == 0:
         logp_all = logits.float().log_softmax(-1)
         token = logp_all.argmax(-1)

@@ -1,68 +1,10 @@
-"""vLLM rollouts on GPUs (``rollout=vllm``), colocated with the trainer: one engine per trainer rank.
+"""vLLM rollouts on GPUs (``rollout=vllm``): one in-process engine per trainer rank, colocated.
 
-Written against vLLM 0.33.0's public API (the ``gpu`` extra pins it; it brings torch 2.14, so it
-lives in its own environment: docs/distributed.md, "GPU / vLLM"). The GPU test is
-``pytest -m gpu tests/rollout/test_vllm_gpu.py``; the default suite runs the whole loop (build,
-sample, sleep, push, tensor-parallel groups) against a CPU stand-in for vLLM 0.33's API that samples
-with the real model (tests/rollout/fake_vllm.py). The choices, and why:
-
-1. **One in-process engine per trainer process.** Every rank builds ``vllm.LLM`` on its own GPU
-   and samples its own share of the prompts. With more than one rank it passes
-   ``distributed_executor_backend="external_launcher"``: vLLM then reuses the trainer's
-   torch.distributed world (RANK and LOCAL_RANK from torchrun or the Slurm launcher), makes
-   tensor-parallel groups of consecutive ranks, and runs in the calling process. The other
-   colocated design, a vLLM server fed weights over CUDA IPC (verl), adds a server process per
-   GPU, a control channel and a weight-transfer handshake; it pays off for asynchronous or
-   multi-turn rollouts. vapo-lab's loop is synchronous (sample, then update), so the engine
-   stays a library call, with the fewest parts a GPU user must get right and nothing to set up.
-2. **Weights pushed by name through ``LLM.collective_rpc`` to a worker extension**
-   (``worker_extension_cls``, :class:`WeightLoader`), which hands each bucket of (HF name,
-   tensor) pairs to the model's own ``load_weights``. vLLM maps HF names and fuses q/k/v and
-   gate/up itself, and slices each tensor for its tensor-parallel rank. A method named by a
-   string works whether V1 multiprocessing is on or off. ``LLM.apply_model`` with a closure
-   would need ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` once the engine core is a separate
-   process. The tensors themselves pass by reference only in-process: across processes,
-   ``collective_rpc`` carries control messages, and its generic decoder does not rebuild
-   tensors. So the engine is always in-process. ``external_launcher`` forces
-   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and this module sets it for one rank too. The old
-   backend's attribute chain into the engine (``llm_engine.model_executor.driver_worker...``)
-   is gone. ``load_weights`` copies into the existing storage, which is exact for bf16/fp16
-   rollouts on CUDA (unquantized layers have no post-load processing there). A quantized
-   rollout model would need vLLM's ``reload_weights``, which wants every weight in one call.
-3. **Pushed from the shards, one bucket at a time.** :func:`weight_buckets` walks
-   ``named_parameters()`` in the same order on every rank, casts each parameter to the engine's
-   dtype and gathers it with ``DTensor.full_tensor()`` (a collective) when FSDP2 sharded it.
-   It flushes a bucket before it would exceed ``rollout.vllm.weight_bucket_mb``, so a rank
-   never holds the full model, only one bucket or one parameter larger than a bucket. Tied
-   embeddings come out once, as ``model.embed_tokens.weight`` (``named_parameters`` drops the
-   alias; vLLM refuses a lone ``lm_head.weight`` of a tied model). After the push, every vLLM
-   parameter must have been written, or :class:`WeightPushError` is raised instead of sampling
-   from stale or discarded weights.
-4. **Sleep mode around the update** (``rollout.vllm.enable_sleep_mode``). Level 2 by default:
-   it drops the weights and the KV cache and keeps no CPU copy. Level 1 would copy the weights
-   to CPU RAM (the model's size per GPU, 8x that per 8-GPU node) and back, only for the next
-   push to overwrite them: vapo-lab pushes every weight after every update. The price of
-   level 2: wake the weights, push every weight, only then wake the KV cache (vLLM #29341: a
-   level-2 wake without a push samples garbage). This engine enforces that order whichever way
-   the trainer calls it: :meth:`VllmEngine.push_weights` wakes the weights first, the KV cache
-   wakes in :meth:`VllmEngine.wake` or :meth:`VllmEngine.sample` only once the weights are
-   current, and sampling after a level-2 sleep without a push raises. It never calls
-   ``reload_weights()``, which would reload the base model from disk (TRL #5312).
-5. **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob after
-   temperature (and, for top_p < 1, top-p renormalisation), the built-in sampler's quantity at
-   top_p = 1. The trainer still recomputes the PPO ratio's log-probs with its own forward pass
-   (``recompute_logprobs``), since the two engines' numerics differ.
-
-Contracts for the caller (the trainer): build the engine on every rank at the same point (vLLM
-all-reduces its memory budget over the world), and call ``push_weights`` on every rank (the
-gathers are collectives). With ``tensor_parallel_size`` > 1, every rank of a tensor-parallel
-group must also call ``sample`` equally often, with or without prompts (the group samples in
-lockstep): work that one rank samples alone, such as an evaluation on rank 0 only, raises
-:class:`EngineGroupError` on that rank after ``lockstep_timeout_s`` instead of hanging. vLLM
-re-seeds the process's global RNGs when it starts (Python, NumPy, torch), so the trainer draws
-only from its own generators afterwards. Every sample is seeded from the call's seed
-(:meth:`VllmEngine.sample`). The engine's own seed is ``seed`` plus the tensor-parallel group's
-index, so that the ranks of a group share it. Samples come back as CPU tensors.
+Written against vLLM 0.33.0's public API. Weights are pushed by name through ``collective_rpc``
+to a worker extension, one bucket of gathered shards at a time; the engine sleeps (level 2) for
+the updates and raises rather than sample stale weights. Callers build the engine and push on
+every rank, and every rank of a tensor-parallel group calls ``sample`` equally often. The design
+and its reasons: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -88,8 +30,11 @@ LOCKSTEP_TIMEOUT_S = 600.0
 # Wrappers that insert a part into parameter names: torch's activation-checkpoint wrapper and
 # torch.compile. FSDP2's fully_shard and HF gradient checkpointing keep the HF names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
-_INSTALL = ("pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; docs/distributed.md: "
-            "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin")
+_INSTALL = (
+    "pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; "
+    "docs/distributed.md: "
+    "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin"
+)
 
 
 class BackendUnavailable(VapoLabError):
@@ -97,27 +42,35 @@ class BackendUnavailable(VapoLabError):
 
 
 class WeightPushError(VapoLabError):
-    """The engine's weights do not match the policy (a push missed a weight, or none followed a sleep)."""
+    """The engine's weights do not match the policy (a push missed a weight, or none followed a
+    sleep)."""
 
 
 class EngineGroupError(VapoLabError):
-    """A rank of a tensor-parallel engine group sampled while another did not (the group runs in lockstep)."""
+    """A rank of a tensor-parallel engine group sampled while another did not (the group runs in
+    lockstep)."""
 
 
 def require_vllm() -> Any:
-    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is missing."""
+    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is
+    missing."""
     try:
         import vllm
     except ImportError:
-        raise BackendUnavailable(f"rollout.backend=vllm needs vLLM, which is not installed: {_INSTALL}") from None
+        raise BackendUnavailable(
+            f"rollout.backend=vllm needs vLLM, which is not installed: {_INSTALL}"
+        ) from None
     version = str(getattr(vllm, "__version__", "0"))
     if _release(version) < _release(SUPPORTED_VLLM):
         raise BackendUnavailable(
             f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
-            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use rollout.backend=builtin")
+            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use "
+            "rollout.backend=builtin"
+        )
     if not _cuda_visible():
-        raise BackendUnavailable("rollout.backend=vllm needs a CUDA GPU and none is visible: "
-                                 "use rollout.backend=builtin")
+        raise BackendUnavailable(
+            "rollout.backend=vllm needs a CUDA GPU and none is visible: use rollout.backend=builtin"
+        )
     return vllm
 
 
@@ -129,21 +82,25 @@ def _cuda_visible() -> bool:
 
 
 def _release(version: str) -> tuple[int, ...]:
-    """Returns the numeric release of a version string: (0, 33, 0) for '0.33.0', '0.33.0rc1' or '0.33.0+cu130'."""
+    """Returns the numeric release of a version string: (0, 33, 0) for '0.33.0', '0.33.0rc1' or
+    '0.33.0+cu130'."""
     found = re.match(r"\d+(\.\d+)*", version)
     return tuple(int(part) for part in found.group().split(".")) if found else (0,)
 
 
 def hf_name(name: str) -> str:
-    """Returns a parameter's HF name: ``name`` without the parts wrappers insert (``_WRAPPER_PARTS``)."""
+    """Returns a parameter's HF name: ``name`` without the parts wrappers insert
+    (``_WRAPPER_PARTS``)."""
     for part in _WRAPPER_PARTS:
         name = name.replace(part, "")
     return name
 
 
-def weight_buckets(policy: nn.Module, bucket_bytes: int,
-                   dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, Tensor]]]:
-    """Yields the policy's weights as buckets of (HF name, full tensor), in ``named_parameters()`` order.
+def weight_buckets(
+    policy: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None
+) -> Iterator[list[tuple[str, Tensor]]]:
+    """Yields the policy's weights as buckets of (HF name, full tensor), in ``named_parameters()``
+    order.
 
     A parameter sharded by FSDP2 (a DTensor) is cast to ``dtype`` on its shard, then gathered
     with ``full_tensor()``: a collective, so every rank must iterate to the end, in the same
@@ -159,7 +116,8 @@ def weight_buckets(policy: nn.Module, bucket_bytes: int,
     bucket: list[tuple[str, Tensor]] = []
     size = 0
     for name, param in policy.named_parameters():
-        full_bytes = param.numel() * (dtype or param.dtype).itemsize  # a DTensor's numel is the full one
+        # a DTensor's numel is the full one
+        full_bytes = param.numel() * (dtype or param.dtype).itemsize
         if bucket and size + full_bytes > bucket_bytes:
             yield bucket
             bucket, size = [], 0
@@ -181,84 +139,133 @@ class WeightLoader:
         """Returns the vLLM names of the parameters written from ``weights`` (HF names)."""
         return set(self.get_model().load_weights(weights))  # type: ignore[attr-defined]
 
+    def vapo_seed(self, seed: int) -> None:
+        """Seeds the generators an unseeded request draws from (the engine is in-process, so
+        they are this process's torch generators)."""
+        torch.manual_seed(seed)
+
     def vapo_unloaded(self, loaded: set[str]) -> list[str]:
         """Returns the model's parameter names missing from ``loaded``."""
         return sorted({name for name, _ in self.get_model().named_parameters()} - loaded)  # type: ignore[attr-defined]
 
 
 class VllmEngine:
-    """A vLLM engine holding a copy of the policy, refreshed by ``push_weights``; see the module docstring."""
+    """A vLLM engine holding a copy of the policy, refreshed by ``push_weights``; see the module
+    docstring."""
 
     recompute_logprobs = True  # the trainer recomputes the PPO ratio's log-probs (item 5)
 
-    def __init__(self, model_path: str | Path, dtype: str, seed: int, max_model_len: int | None,
-                 gpu_memory_utilization: float = 0.5, tensor_parallel_size: int = 1, enforce_eager: bool = False,
-                 enable_sleep_mode: bool = False, sleep_level: int = 2, weight_bucket_mb: int = 512,
-                 rank: int = 0, world_size: int = 1, trust_remote_code: bool = False,
-                 tokenizer_path: str | Path | None = None, lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: str,
+        seed: int,
+        max_model_len: int | None,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 2,
+        weight_bucket_mb: int = 512,
+        rank: int = 0,
+        world_size: int = 1,
+        trust_remote_code: bool = False,
+        tokenizer_path: str | Path | None = None,
+        lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S,
+        dummy_weights: bool = False,
+        seed_per_request: bool = False,
+    ) -> None:
         """Builds the engine on this rank's GPU (every rank at once when ``world_size`` > 1).
 
         ``max_model_len`` bounds prompt + response tokens: vLLM sizes its KV cache for at least one
         sequence that long (None: the model's whole context). ``tokenizer_path``: where the
         tokenizer is when it is not beside the weights (vLLM loads one to find eos and detokenize).
         ``lockstep_timeout_s``: how long a rank of a tensor-parallel group waits in ``sample``
-        for the rest of its group before it raises EngineGroupError.
+        for the rest of its group before it raises EngineGroupError. ``dummy_weights``: built with
+        random weights (nothing read from disk), which the first ``push_weights`` replaces.
+        ``seed_per_request``: seed every request (vLLM then samples row by row) instead of the
+        whole call once.
 
         Raises:
             ConfigError: bad sleep level, bucket size or tensor-parallel size.
-            BackendUnavailable: no vLLM, too old a vLLM, no GPU, or LOCAL_RANK unset with several ranks.
+            BackendUnavailable: no vLLM, too old a vLLM, no GPU, or LOCAL_RANK unset with
+                several ranks.
         """
         tp = int(tensor_parallel_size)
         if enable_sleep_mode and sleep_level not in (1, 2):
-            raise ConfigError(f"rollout.vllm.sleep_level={sleep_level}: use 2 (drop the weights, vapo-lab "
-                              "pushes them after each update) or 1 (keep a CPU copy)")
+            raise ConfigError(
+                f"rollout.vllm.sleep_level={sleep_level}: use 2 (drop the weights, vapo-lab "
+                "pushes them after each update) or 1 (keep a CPU copy)"
+            )
         if weight_bucket_mb < 1:
             raise ConfigError(f"rollout.vllm.weight_bucket_mb={weight_bucket_mb} must be >= 1")
         if tp < 1 or world_size % tp:
-            raise ConfigError(f"rollout.vllm.tensor_parallel_size={tp} must divide the {world_size} trainer "
-                              "ranks (each group of consecutive ranks shares one engine)")
+            raise ConfigError(
+                f"rollout.vllm.tensor_parallel_size={tp} must divide the {world_size} trainer "
+                "ranks (each group of consecutive ranks shares one engine)"
+            )
         vllm = require_vllm()
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: tensors pass by reference (item 2)
+        # in-process: tensors pass by reference (item 2)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         extra: dict[str, Any] = {}
         if world_size > 1:
             if "LOCAL_RANK" not in os.environ:
-                raise BackendUnavailable("rollout.backend=vllm with several ranks needs LOCAL_RANK: start the run "
-                                         "with trainer.nproc_per_node (torchrun) or the Slurm launcher")
-            os.environ.setdefault("RANK", str(rank))  # external_launcher reads these (torchrun sets them)
+                raise BackendUnavailable(
+                    "rollout.backend=vllm with several ranks needs LOCAL_RANK: start the run "
+                    "with trainer.nproc_per_node (torchrun) or the Slurm launcher"
+                )
+            # external_launcher reads these (torchrun sets them)
+            os.environ.setdefault("RANK", str(rank))
             os.environ.setdefault("WORLD_SIZE", str(world_size))
             extra["distributed_executor_backend"] = "external_launcher"
-        self.tp_group, self.tp_rank = _tensor_parallel_group(rank, world_size, tp, lockstep_timeout_s)
+        self.tp_group, self.tp_rank = _tensor_parallel_group(
+            rank, world_size, tp, lockstep_timeout_s
+        )
         self.tp = tp
         self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
         self.bucket_bytes = int(weight_bucket_mb) * 2**20
         self.llm = vllm.LLM(
-            model=str(model_path), tokenizer=None if tokenizer_path is None else str(tokenizer_path),
-            dtype=dtype, seed=int(seed) + rank // tp, max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tp, enforce_eager=enforce_eager,
-            enable_sleep_mode=bool(enable_sleep_mode), trust_remote_code=trust_remote_code,
+            model=str(model_path),
+            tokenizer=None if tokenizer_path is None else str(tokenizer_path),
+            dtype=dtype,
+            seed=int(seed) + rank // tp,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tp,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=bool(enable_sleep_mode),
+            trust_remote_code=trust_remote_code,
             worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
-            logprobs_mode="processed_logprobs", **extra)
+            logprobs_mode="processed_logprobs",
+            load_format="dummy" if dummy_weights else "auto",
+            **extra,
+        )
+        self.seed_per_request = seed_per_request
         self.dtype: torch.dtype = self.llm.model_config.dtype
         self.version = str(vllm.__version__)
         self._asleep: set[str] = set()  # memory vLLM has released: "weights", "kv_cache"
-        self._stale = False  # a level-2 sleep discarded the weights and no push has followed yet
+        # no weights to sample with yet: a level-2 sleep discarded them, or they are dummies
+        self._stale = dummy_weights
 
     def sleep(self) -> None:
-        """Frees the engine's GPU memory for the update phase (level ``sleep_level``); a no-op without sleep mode."""
+        """Frees the engine's GPU memory for the update phase (level ``sleep_level``); a no-op
+        without sleep mode."""
         if not self.sleep_level or self._asleep:
             return
         self.llm.sleep(level=self.sleep_level)
         self._asleep = {"weights", "kv_cache"}
-        self._stale = self.sleep_level == 2
+        self._stale = self._stale or self.sleep_level == 2
 
     def wake(self) -> None:
-        """Maps the weights back; the KV cache too, unless a level-2 sleep's weights still await a push."""
+        """Maps the weights back; the KV cache too, unless a level-2 sleep's weights still await a
+        push."""
         self._wake("weights")
         if not self._stale:
             self._wake("kv_cache")
 
     def push_weights(self, policy: nn.Module) -> None:
-        """Copies the policy's current weights into the engine, bucket by bucket; call it on every rank.
+        """Copies the policy's current weights into the engine, bucket by bucket; call it on every
+        rank.
 
         Raises:
             WeightPushError: some engine parameter got no weight from the policy.
@@ -269,76 +276,123 @@ class VllmEngine:
             for names in self.llm.collective_rpc("vapo_load_weights", args=(bucket,)):
                 loaded |= names
             del bucket  # before the next gather: one bucket at a time
-        missing = [name for names in self.llm.collective_rpc("vapo_unloaded", args=(loaded,)) for name in names]
+        missing = [
+            name
+            for names in self.llm.collective_rpc("vapo_unloaded", args=(loaded,))
+            for name in names
+        ]
         if missing:
             raise WeightPushError(
-                f"the policy has no weight for {len(missing)} vLLM parameter(s), e.g. {missing[:3]}: the policy's "
-                "parameter names must be the HF names of the checkpoint the engine was built from")
+                f"the policy has no weight for {len(missing)} vLLM parameter(s), e.g. "
+                f"{missing[:3]}: the policy's "
+                "parameter names must be the HF names of the checkpoint the engine was built from"
+            )
         self._stale = False
         if not self._asleep:  # a sleep already cleared it
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
 
-    def sample(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int, temperature: float,
-               top_p: float, eos_id: int | Sequence[int], pad_id: int, seed: int) -> Samples:
-        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item 5),
-        as CPU tensors (vLLM hands back Python lists).
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        eos_id: int | Sequence[int],
+        pad_id: int,
+        seed: int,
+    ) -> Samples:
+        """Returns n samples per prompt in the built-in sampler's layout (log-probs from vLLM, item
+        5), as CPU tensors (vLLM hands back Python lists).
 
-        Prompt i's k-th sample is seeded with ``seed + i * n + k`` (vLLM seeds a request's k-th
-        sample with its seed + k), so no two samples of a call share their random draws. With
+        By default the call is seeded once (a tensor-parallel group: with its first rank's seed);
+        with ``seed_per_request``, prompt i's k-th sample with ``seed + i * n + k`` (vLLM seeds a
+        request's k-th sample with its seed + k). With
         tensor_parallel_size > 1 every rank of the group must call this equally often, a rank
         with no prompts too (it gets no rows back).
 
         Raises:
-            WeightPushError: after a level-2 sleep, before any push.
+            WeightPushError: after a level-2 sleep or a dummy build, before any push.
             EngineGroupError: the rest of the tensor-parallel group did not call ``sample``
                 within ``lockstep_timeout_s``.
         """
         from vllm import SamplingParams
 
         if self._stale:
-            raise WeightPushError("the vLLM engine slept at level 2 and its weights were not pushed since: "
-                                  "call push_weights(policy) before sampling")
+            raise WeightPushError(
+                "the vLLM engine holds no policy weights (a level-2 sleep discarded them, or it "
+                "was built with dummy weights) and none were pushed since: call "
+                "push_weights(policy) before sampling"
+            )
         self.wake()
-        requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
-        requests, mine = self._group_requests(requests)
+        if self.seed_per_request:
+            requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
+        else:
+            requests = [(list(p), None) for p in prompts]
+        requests, mine, group_seed = self._group_requests(requests, int(seed))
+        if not self.seed_per_request:  # one seed for the call: vLLM keeps its batched sampler
+            self.llm.collective_rpc("vapo_seed", args=(group_seed,))
         if not requests:
             return _to_samples(prompts, [], n, pad_id)
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                 stop_token_ids=eos, logprobs=0, seed=s) for _, s in requests]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False)
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                stop_token_ids=eos,
+                logprobs=0,
+                seed=s,
+                detokenize=False,  # the scorer decodes the ids itself
+            )
+            for _, s in requests
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False
+        )
         return _to_samples(prompts, outputs[mine], n, pad_id)
 
-    def _group_requests(self, requests: list[tuple[list[int], int]]) -> tuple[list[tuple[list[int], int]], slice]:
-        """Returns (the requests the engine runs, where this rank's are among them): its own with
-        tensor_parallel_size 1; with more, every rank's of its group in rank order, gathered over
-        the group's control channel (the group runs the same requests in lockstep).
+    def _group_requests(
+        self, requests: list[tuple[list[int], int | None]], seed: int
+    ) -> tuple[list[tuple[list[int], int | None]], slice, int]:
+        """Returns (the requests the engine runs, where this rank's are among them, the call's
+        seed): its own with tensor_parallel_size 1; with more, every rank's of its group in rank
+        order and the group's first rank's seed, gathered over the group's control channel (the
+        group runs the same requests in lockstep, and samples alike).
 
         Raises:
             EngineGroupError: the rest of the group did not join within the lockstep timeout.
         """
         if self.tp_group is None:
-            return requests, slice(0, len(requests))
+            return requests, slice(0, len(requests)), seed
         shares: list[Any] = [None] * self.tp
         try:
-            torch.distributed.all_gather_object(shares, requests, group=self.tp_group)
+            torch.distributed.all_gather_object(shares, (requests, seed), group=self.tp_group)
         except RuntimeError as e:  # gloo: a timeout, or a peer that left
             raise EngineGroupError(
-                f"rank {self.tp_rank} of a tensor-parallel vLLM group (rollout.vllm.tensor_parallel_size={self.tp}) "
-                f"sampled and the rest of its group did not: every rank of a group must call sample equally "
-                f"often, a rank without prompts too ({e})") from e
-        start = sum(len(share) for share in shares[:self.tp_rank])
-        return [r for share in shares for r in share], slice(start, start + len(requests))
+                f"rank {self.tp_rank} of a tensor-parallel vLLM group "
+                f"(rollout.vllm.tensor_parallel_size={self.tp}) "
+                "sampled and the rest of its group did not: every rank of a group must call "
+                "sample equally "
+                f"often, a rank without prompts too ({e})"
+            ) from e
+        start = sum(len(share) for share, _ in shares[: self.tp_rank])
+        mine = slice(start, start + len(requests))
+        return [r for share, _ in shares for r in share], mine, shares[0][1]
 
     def _wake(self, tag: str) -> None:
         """Maps one kind of released memory back ("weights" or "kv_cache")."""
         if tag in self._asleep:
-            torch.cuda.empty_cache()  # vLLM maps its memory outside torch's cache: return the trainer's free blocks
+            # vLLM maps its memory outside torch's cache: return the trainer's free blocks
+            torch.cuda.empty_cache()
             self.llm.wake_up(tags=[tag])
             self._asleep.discard(tag)
 
 
-def _tensor_parallel_group(rank: int, world_size: int, tp: int, timeout_s: float) -> tuple[Any, int]:
+def _tensor_parallel_group(
+    rank: int, world_size: int, tp: int, timeout_s: float
+) -> tuple[Any, int]:
     """Returns (this rank's tensor-parallel control group, its rank in it); (None, 0) when tp = 1.
 
     Groups of consecutive ranks, as vLLM's external launcher lays them out; a collective: every
@@ -349,7 +403,9 @@ def _tensor_parallel_group(rank: int, world_size: int, tp: int, timeout_s: float
         return None, 0
     group, _ = torch.distributed.new_subgroups_by_enumeration(
         [list(range(start, start + tp)) for start in range(0, world_size, tp)],
-        timeout=timedelta(seconds=timeout_s), backend="gloo")
+        timeout=timedelta(seconds=timeout_s),
+        backend="gloo",
+    )
     return group, rank % tp
 
 
@@ -367,15 +423,24 @@ def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: 
     finished = torch.zeros(rows, dtype=torch.bool)
     for r, c in enumerate(responses):
         p = prompts[r // n]
-        prompt_ids[r, width - len(p):] = torch.as_tensor(list(p))
-        prompt_mask[r, width - len(p):] = True
+        prompt_ids[r, width - len(p) :] = torch.as_tensor(list(p))
+        prompt_mask[r, width - len(p) :] = True
         k = len(c.token_ids)
         ids[r, :k] = torch.as_tensor(list(c.token_ids))
         if c.logprobs:
-            logprobs[r, :k] = torch.tensor([lp[tok].logprob for lp, tok in zip(c.logprobs, c.token_ids)],
-                                           dtype=torch.float32)
+            logprobs[r, :k] = torch.tensor(
+                [lp[tok].logprob for lp, tok in zip(c.logprobs, c.token_ids)], dtype=torch.float32
+            )
         lengths[r] = k
         finished[r] = c.finish_reason == "stop"  # "length": cut at max_tokens
     mask = torch.arange(t)[None] < lengths[:, None]
-    return Samples(prompt_ids, prompt_mask, ids, mask, logprobs, lengths, finished,
-                   torch.arange(len(prompts)).repeat_interleave(n))
+    return Samples(
+        prompt_ids,
+        prompt_mask,
+        ids,
+        mask,
+        logprobs,
+        lengths,
+        finished,
+        torch.arange(len(prompts)).repeat_interleave(n),
+    )

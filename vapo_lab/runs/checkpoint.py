@@ -1,23 +1,16 @@
 """Atomic, checksummed checkpoints that load without running any code from the file.
 
-A checkpoint holds what an exact resume needs: policy, critic, optimisers, schedulers, every RNG
-state, the data position and the step. It is written to a temporary folder, checksummed
-(``manifest.json``, see :mod:`vapo_lab.integrity`), then renamed into place: the rename is the
-commit point, so a crash while writing leaves the previous checkpoints as they were. Older ones
-are pruned only after the new one is complete.
+A checkpoint holds what an exact resume needs (policy, critic, optimisers, schedulers, every RNG
+state, the data position, the step). It is written to a temporary folder, checksummed
+(:mod:`vapo_lab.integrity`), then renamed into place: the rename is the commit point, so a crash
+while writing leaves the previous checkpoints as they were. A write that fails (a full disk)
+removes its partial folder and raises one line: the space needed and how to resume.
 
-Safety: everything but the models (optimiser and scheduler state, RNG states, the data position,
-the step) goes to ``trainer_state.pt`` as tensors and plain containers, read back with
-``torch.load(weights_only=True)``, which refuses any object a pickle could use to run code; the
-step is also in ``trainer_state.json`` for people and tools; models are safetensors. A file that needs more than ``weights_only`` is
-refused with one line naming it, never loaded.
-
-Corruption: :func:`latest_checkpoint` returns the newest checkpoint whose files match their
-checksums; a damaged newer one is skipped with a warning (the run resumes from the one before).
-Checksums detect corruption, not tampering: whoever can replace a file can recompute its entry.
-
-A write that fails (a full disk) removes its partial folder and raises one line: the folder, the
-space the checkpoint needs beside the space free, and how to resume from the previous one.
+Models are safetensors; everything else goes to ``trainer_state.pt`` as tensors and plain
+containers, read back with ``torch.load(weights_only=True)``, which refuses any object that could
+run code (the step is also in ``trainer_state.json``, for people and tools). A damaged newer
+checkpoint is skipped with a warning (:func:`latest_checkpoint`); checksums detect corruption, not
+tampering.
 """
 
 from __future__ import annotations
@@ -41,7 +34,8 @@ from vapo_lab.integrity import manifest_problem, write_manifest
 
 STATE_FILE = "trainer_state.pt"
 META_FILE = "trainer_state.json"
-LATEST = "latest"  # the name of the newest checkpoint, for people and tools (readers check every one)
+# the name of the newest checkpoint, for people and tools (readers check every one)
+LATEST = "latest"
 # what a failed write raises: the OS's error, torch.save's RuntimeError, safetensors' own error
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
@@ -65,14 +59,20 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
         g.set_state(state["generators"][name])
 
 
-def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
-                    keep: int = 2, before_commit: Callable[[], None] | None = None,
-                    tmp: Path | None = None, meta: dict[str, Any] | None = None) -> Path:
-    """Returns the path of a new complete checkpoint ``folder/step_<step>``.
+def save_checkpoint(
+    folder: Path,
+    step: int,
+    modules: dict[str, Any],
+    state: dict[str, Any],
+    keep: int = 2,
+    before_commit: Callable[[], None] | None = None,
+    tmp: Path | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Path:
+    """Returns the path of a new complete checkpoint ``folder/step_<step>`` (``folder``: the run's
+    ``checkpoints``; ``step``: the one just finished).
 
     Args:
-        folder: the run's checkpoints folder (``<run dir>/checkpoints``).
-        step: the training step just finished.
         modules: name -> object with ``save_pretrained(path)`` or ``save(path)`` (models).
         state: everything else, as tensors and plain containers (optimiser and scheduler state
             dicts, the trainer's own state with ``rng`` from :func:`rng_state`).
@@ -81,7 +81,7 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
         before_commit: called once every file is written, before the rename (fault tests).
         tmp: a temporary folder already holding part of the checkpoint (a sharded one's
             ``tmp_folder``, filled by every rank); None: a fresh one.
-        meta: JSON-able facts written beside the step in ``trainer_state.json`` (the models' architectures).
+        meta: JSON-able facts written beside the step in ``trainer_state.json``.
 
     Raises:
         CheckpointError: a file could not be written (a full disk): one line with the space needed;
@@ -96,7 +96,8 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
         _write(tmp, step, modules, state, meta, fresh)
     except WRITE_ERRORS as e:
         raise abandon(folder, final.name, tmp, e, written + tensor_bytes([modules, state])) from e
-    except BaseException:  # an interrupt: no half-written folder is left (the next write would clear it)
+    # an interrupt: no half-written folder is left (the next write would clear it)
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if before_commit is not None:
@@ -119,9 +120,15 @@ def save_checkpoint(folder: Path, step: int, modules: dict[str, Any], state: dic
     return final
 
 
-def _write(tmp: Path, step: int, modules: dict[str, Any], state: dict[str, Any], meta: dict[str, Any] | None,
-           fresh: bool) -> None:
-    """Writes every file of a checkpoint into ``tmp`` (made anew when ``fresh``), the manifest last."""
+def _write(
+    tmp: Path,
+    step: int,
+    modules: dict[str, Any],
+    state: dict[str, Any],
+    meta: dict[str, Any] | None,
+    fresh: bool,
+) -> None:
+    """Writes every file of a checkpoint into ``tmp`` (new when ``fresh``), the manifest last."""
     if fresh:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -136,30 +143,41 @@ def _write(tmp: Path, step: int, modules: dict[str, Any], state: dict[str, Any],
     write_manifest(tmp)
 
 
-def abandon(folder: Path, name: str, tmp: Path | None, error: BaseException, needed: int | None) -> CheckpointError:
-    """Removes ``tmp``, the partial folder of checkpoint ``name`` that ``error`` stopped (None: another
-    process removes it), and returns the one-line error to raise (:func:`_write_failure`)."""
+def abandon(
+    folder: Path, name: str, tmp: Path | None, error: BaseException, needed: int | None
+) -> CheckpointError:
+    """Removes ``tmp``, the partial folder of checkpoint ``name`` that ``error`` stopped (None:
+    another process removes it), and returns the one-line error to raise."""
     _release(error)
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
     return _write_failure(folder, name, error, needed)
 
 
-def _write_failure(folder: Path, name: str, error: BaseException, needed: int | None) -> CheckpointError:
+def _write_failure(
+    folder: Path, name: str, error: BaseException, needed: int | None
+) -> CheckpointError:
     """Returns the one-line error of checkpoint ``name`` not written to ``folder`` (its partial
     folder already removed, so the free space is what the disk has for the next try); ``needed``:
     the bytes the checkpoint takes (None: it was written, its commit failed)."""
     free = shutil.disk_usage(folder).free
     done = sorted(p.name for p in folder.glob("step_*") if p.is_dir())
-    resume = (f"vapo-lab train resume={folder.parent}"
-              + (f" (it continues from {done[-1]})" if done else " (it starts again from step 0)"))
+    resume = f"vapo-lab train resume={folder.parent}" + (
+        f" (it continues from {done[-1]})" if done else " (it starts again from step 0)"
+    )
     if _out_of_space(error) or (needed is not None and free < needed):
         need = f"it needs about {_size(needed)}, " if needed is not None else ""
-        short = f"at least {_size(needed - free)}" if needed is not None and needed > free else "space"
-        return CheckpointError(f"no space left to write checkpoint {name} in {folder}: {need}{_size(free)} "
-                               f"are free; free {short} there, then continue with: {resume}")
-    return CheckpointError(f"cannot write checkpoint {name} in {folder}: {first_line(error)}; fix that, "
-                           f"then continue with: {resume}")
+        short = (
+            f"at least {_size(needed - free)}" if needed is not None and needed > free else "space"
+        )
+        return CheckpointError(
+            f"no space left to write checkpoint {name} in {folder}: {need}{_size(free)} "
+            f"are free; free {short} there, then continue with: {resume}"
+        )
+    return CheckpointError(
+        f"cannot write checkpoint {name} in {folder}: {first_line(error)}; fix that, "
+        f"then continue with: {resume}"
+    )
 
 
 def _release(error: BaseException | None) -> None:
@@ -217,12 +235,12 @@ def _size(n: int) -> str:
 
 
 def first_line(error: BaseException) -> str:
-    """Returns the first line of ``error``'s message (its type where it has none), at most 200 characters."""
+    """Returns the first line of ``error``'s message (else its type), at most 200 characters."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
 
 
 def tmp_folder(folder: Path, step: int) -> Path:
-    """Returns the temporary folder of a checkpoint that many ranks write together (one name for all)."""
+    """Returns the temporary folder that many ranks write a checkpoint into (one name for all)."""
     return folder / f".tmp_step_{step:06d}_ranks"
 
 
@@ -239,8 +257,9 @@ def latest_checkpoint(folder: Path, warn: Callable[[str], None] | None = None) -
 
 
 def resumable_checkpoint(folder: Path, warn: Callable[[str], None] | None = None) -> Path | None:
-    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches its
-    checksums (a damaged newer one is skipped, told to ``warn``); None when the run never committed one.
+    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches
+    its checksums (a damaged newer one is skipped, told to ``warn``); None when the run never
+    committed one.
 
     Raises:
         CheckpointError: the run committed checkpoints and none matches its checksums: a damaged
@@ -248,22 +267,32 @@ def resumable_checkpoint(folder: Path, warn: Callable[[str], None] | None = None
     """
     path, skipped = _newest_usable(folder)
     if path is None and (skipped or (folder / LATEST).exists()):
-        what = (skipped[0][1] + (f"; {len(skipped) - 1} older one(s) unusable too" if len(skipped) > 1 else "")
-                if skipped else f"{folder / LATEST} names {_read_latest(folder)}, and no step_* folder is left")
+        what = (
+            skipped[0][1]
+            + (f"; {len(skipped) - 1} older one(s) unusable too" if len(skipped) > 1 else "")
+            if skipped
+            else f"{folder / LATEST} names {_read_latest(folder)}, and no step_* folder is left"
+        )
         raise CheckpointError(
-            f"no usable checkpoint in {folder}: {what}. A checkpoint that fails its checksums is never loaded, "
-            f"and a run is not started over in its folder: put the checkpoint back, or start a new run without "
-            f"resume= (the run's command is in {folder.parent / 'run.json'})")
+            f"no usable checkpoint in {folder}: {what}. "
+            "A checkpoint that fails its checksums is never loaded, "
+            "and a run is not started over in its folder: put the checkpoint back, "
+            "or start a new run without resume= "
+            f"(the run's command is in {folder.parent / 'run.json'})"
+        )
     for line in _fallback_warnings(skipped, path) if warn is not None else []:
         warn(line)
-    return path  # None: it stopped before its first checkpoint, so nothing is lost by starting again
+    # None: it stopped before its first checkpoint, so nothing is lost by starting again
+    return path
 
 
 def _newest_usable(folder: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """Returns (the newest checkpoint in ``folder`` that matches its manifest or None, the newer
     damaged ones with what is wrong with each); older ones are not read."""
     skipped: list[tuple[Path, str]] = []
-    for path in sorted((p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), reverse=True):
+    for path in sorted(
+        (p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), reverse=True
+    ):
         problem = manifest_problem(path)
         if problem is None:
             return path, skipped
@@ -272,10 +301,13 @@ def _newest_usable(folder: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
 
 
 def _fallback_warnings(skipped: list[tuple[Path, str]], found: Path | None) -> list[str]:
-    """Returns a warning line for each damaged checkpoint skipped (newest first) on the way to ``found``."""
+    """Returns a warning line per damaged checkpoint skipped (newest first) before ``found``."""
     older = [p.name for p, _ in skipped[1:]] + [found.name if found is not None else "none left"]
-    return [f"warning: checkpoint {path.name} is unusable ({problem}); falling back to the one before ({name})"
-            for (path, problem), name in zip(skipped, older)]
+    return [
+        f"warning: checkpoint {path.name} is unusable ({problem}); "
+        f"falling back to the one before ({name})"
+        for (path, problem), name in zip(skipped, older)
+    ]
 
 
 def _read_latest(folder: Path) -> str:
@@ -287,8 +319,8 @@ def _read_latest(folder: Path) -> str:
 
 
 def refuse_unsafe_files(path: Path) -> None:
-    """Checks that every ``.pt`` file of checkpoint ``path`` holds only tensors and plain containers,
-    reading its tensors memory-mapped (the structure only is read: cheap at any size).
+    """Checks that every ``.pt`` file of checkpoint ``path`` holds only tensors and plain
+    containers, reading its tensors memory-mapped (the structure only is read: cheap at any size).
 
     Raises:
         CheckpointError: a file holds other objects (it could run code), or cannot be read.
@@ -303,10 +335,13 @@ def refuse_unsafe_files(path: Path) -> None:
 
 
 def unsafe_file(file: Path) -> CheckpointError:
-    """Returns the error that refuses ``file``: it needs more than ``torch.load(weights_only=True)``."""
+    """Returns the error refusing ``file``: it needs more than ``torch.load(weights_only=True)``."""
     return CheckpointError(
-        f"refusing to load {file}: it holds Python objects beyond tensors, which could run code when "
-        "unpickled (vapo-lab writes only tensors and plain containers there); use a checkpoint written by vapo-lab")
+        f"refusing to load {file}: it holds Python objects beyond tensors, "
+        "which could run code when unpickled "
+        "(vapo-lab writes only tensors and plain containers there); "
+        "use a checkpoint written by vapo-lab"
+    )
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -314,7 +349,8 @@ def load_state(path: Path) -> dict[str, Any]:
 
     Raises:
         CheckpointError: ``trainer_state.pt`` holds objects beyond tensors and plain containers
-            (``torch.load(weights_only=True)`` refuses it: it could run code), or a file is unreadable.
+            (``torch.load(weights_only=True)`` refuses it: it could run code), or a file is
+            unreadable.
     """
     file = path / STATE_FILE
     try:

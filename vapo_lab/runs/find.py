@@ -1,4 +1,4 @@
-"""Finding runs and their checkpoints on disk: the latest run, a run by its id, checkpoints by step.
+"""Finding runs and checkpoints on disk: the latest run, a run by its id, checkpoints by step.
 
 Readers of run folders (evaluation, reports) use these; each returns None or an empty result
 where nothing is found, so the caller words the refusal in its own options' terms.
@@ -23,12 +23,15 @@ def run_info(run_dir: Path) -> dict[str, Any]:
 
 def latest_run(runs_dir: Path) -> Path | None:
     """Returns the most recently started run under ``runs_dir`` (newest run.json), or None."""
-    runs = sorted((p.parent for p in runs_dir.glob(f"*/{RUN_FILE}")), key=lambda d: (d / RUN_FILE).stat().st_mtime)
+    runs = sorted(
+        (p.parent for p in runs_dir.glob(f"*/{RUN_FILE}")),
+        key=lambda d: (d / RUN_FILE).stat().st_mtime,
+    )
     return runs[-1] if runs else None
 
 
 def run_with_id(run_id: str, runs_dir: Path) -> Path | None:
-    """Returns the run under ``runs_dir`` whose run.json records tracking run ``run_id``, or None."""
+    """Returns the run under ``runs_dir`` whose run.json records run id ``run_id``, or None."""
     for run_json in runs_dir.glob(f"*/{RUN_FILE}"):
         try:
             if json.loads(run_json.read_text()).get("run_id") == run_id:
@@ -40,7 +43,7 @@ def run_with_id(run_id: str, runs_dir: Path) -> Path | None:
 
 def checkpoint_step(folder: Path) -> int | None:
     """Returns the training step a checkpoint folder ``step_NNNNNN`` is named for, else None."""
-    digits = folder.name[len(CHECKPOINT_PREFIX):]
+    digits = folder.name[len(CHECKPOINT_PREFIX) :]
     return int(digits) if folder.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() else None
 
 

@@ -22,11 +22,13 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 def resume_config(run_dir: str | Path) -> tuple[DictConfig, dict[str, str]]:
-    """Returns (the saved config with resume=<run_dir>, the component choices) of a run to continue."""
+    """Returns (the saved config with resume=<run_dir>, the component choices) of a run."""
     run_dir = Path(run_dir)
     if not is_run_dir(run_dir) or not (run_dir / CONFIG_FILE).is_file():
-        raise ConfigError(f"resume={run_dir} is not a vapo-lab run directory (no {RUN_FILE} / {CONFIG_FILE}): "
-                          "give the folder printed when the run started, e.g. runs/vapo-seed0-...")
+        raise ConfigError(
+            f"resume={run_dir} is not a vapo-lab run directory (no {RUN_FILE} / {CONFIG_FILE}): "
+            "give the folder printed when the run started, e.g. runs/vapo-seed0-..."
+        )
     cfg = OmegaConf.load(run_dir / CONFIG_FILE)
     cfg.resume = str(run_dir)
     return cfg, json.loads((run_dir / RUN_FILE).read_text()).get("choices", {})

@@ -26,7 +26,7 @@ RESERVED = ("step", "timestamp_ms")
 
 
 def record_kind(metrics: dict[str, Any]) -> str:
-    """Returns "pretrain" for a value-pretraining record (every key ``pretrain/*``), else "train"."""
+    """Returns "pretrain" for a value-pretraining record (all keys ``pretrain/*``), else "train"."""
     keys = [k for k in metrics if k not in RESERVED]
     return "pretrain" if keys and all(k.startswith("pretrain/") for k in keys) else "train"
 
@@ -64,10 +64,15 @@ class MetricsLog:
             self.logged[(record_kind(r), int(r["step"]))] = r
 
     def records(self) -> list[dict[str, Any]]:
-        """Returns every logged record as ``{"step", "timestamp", "metrics"}`` (the tracker's form)."""
-        return [{"step": int(r["step"]), "timestamp": int(r.get("timestamp_ms", 0)),
-                 "metrics": {k: v for k, v in r.items() if k not in RESERVED}}
-                for r in self.logged.values()]
+        """Returns every logged record in the tracker's form: ``{step, timestamp, metrics}``."""
+        return [
+            {
+                "step": int(r["step"]),
+                "timestamp": int(r.get("timestamp_ms", 0)),
+                "metrics": {k: v for k, v in r.items() if k not in RESERVED},
+            }
+            for r in self.logged.values()
+        ]
 
     def add(self, step: int, metrics: dict[str, float], timestamp_ms: int) -> bool:
         """Appends the record and returns True; returns False, writing nothing, when this (kind,
@@ -78,9 +83,13 @@ class MetricsLog:
             if before != now and not self._warned:
                 self._warned = True
                 differ = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-                self.warn(f"warning: {key[0]} step {step} recomputed after the resume differs from the value "
-                          f"logged before the interruption ({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}); "
-                          "the first logged values are kept (the run is not bit-for-bit repeatable here)")
+                self.warn(
+                    f"warning: {key[0]} step {step} recomputed after the resume "
+                    "differs from the value "
+                    f"logged before the interruption ({', '.join(differ[:3])}"
+                    f"{', ...' if len(differ) > 3 else ''}); "
+                    "the first logged values are kept (the run is not bit-for-bit repeatable here)"
+                )
             return False
         record = {"step": int(step), "timestamp_ms": int(timestamp_ms), **metrics}
         with self.path.open("a", encoding="utf-8") as f:

@@ -1,8 +1,8 @@
 """Verifiable tasks: the Problem record, the answer extractor and the task registry.
 
-A task object has ``.train`` and ``.eval`` (lists of :class:`Problem`, disjoint) and
-``.verify(response_text, problem) -> bool``; the reward (1/0 or ±1) is made from that bool
-elsewhere, so every task is graded the same way by the rollout and by evaluation.
+A task has ``.train`` and ``.eval`` (disjoint lists of :class:`Problem`) and
+``.verify(response_text, problem) -> bool``, from which the rollout and evaluation alike make the
+reward.
 """
 
 from __future__ import annotations
@@ -35,24 +35,62 @@ def jsonl_objects(path: Path, error: type[Exception]) -> Iterator[tuple[int, dic
     """Yields (line number, object) for each non-blank line of the JSONL file ``path``.
 
     Raises:
-        error: a line that is not UTF-8, not valid JSON or not a JSON object, named by file and line number.
+        error: a line that is not UTF-8, not valid JSON or not a JSON object, named by file and
+            line number.
     """
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark is no error
+                # a byte-order mark is no error
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise error(f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
-                            "save it as UTF-8") from None
+                raise error(
+                    f"{path}:{number}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                    f"{e.start + 1}); save it as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise error(f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line") from None
+                raise error(
+                    f"{path}:{number}: not valid JSON ({e.msg}); fix or remove that line"
+                ) from None
             if not isinstance(record, dict):
-                raise error(f"{path}:{number}: a line must be a JSON object, not {type(record).__name__}")
+                raise error(
+                    f"{path}:{number}: a line must be a JSON object, not {type(record).__name__}"
+                )
             yield number, record
+
+
+def parquet_records(path: Path, error: type[Exception]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields (row number, record) for each row of the Parquet file ``path`` (nested columns, e.g.
+    DAPO-Math-17k's chat ``prompt``, as lists and dicts), a batch of rows at a time.
+
+    Raises:
+        error: the file is not a Parquet file pyarrow can read.
+    """
+    import pyarrow.parquet as pq
+    from pyarrow import ArrowException
+
+    try:
+        table = pq.ParquetFile(path)
+        number = 0
+        for batch in table.iter_batches(batch_size=4096):
+            for record in batch.to_pylist():
+                number += 1
+                yield number, record
+    except (ArrowException, OSError) as e:
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise error(f"{path}: not a Parquet file pyarrow can read ({detail})") from None
+
+
+def records(path: Path, error: type[Exception]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yields (row or line number, record) of a ``.parquet`` file or of a JSONL file (any other
+    name)."""
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return parquet_records(path, error)
+    return jsonl_objects(path, error)
 
 
 # name -> "module:attribute" for the built-in tasks, imported on first use (a task may pull heavy
@@ -91,7 +129,8 @@ def build_task(name: str, **kwargs: Any) -> Any:
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise ConfigError(
-            f"task.name={name!r} is not a known task{hint}. Set task.name to one of: {', '.join(names)}."
+            f"task.name={name!r} is not a known task{hint}. "
+            f"Set task.name to one of: {', '.join(names)}."
         )
     module, attr = _BUILTIN[name].split(":")
     return getattr(importlib.import_module(module), attr)(**kwargs)

@@ -14,19 +14,10 @@ then the answer in plain digits inside ``\boxed{}``: the final carry if 1, then 
 the tokenizer of :mod:`vapo_lab.models.tokenizer` every word is one token, so a response is
 3n+3 or 3n+4 tokens plus end-of-sequence: 7 for n = 1 and 125 for n = 40, the >= 8x spread of
 lengths that VAPO's length-adaptive GAE and token-level loss are about (VAPO.md, challenge 2).
+Why words, and why labels count from the left: docs/default-task.md, The task and the model.
 
-Why position-labelled words: a ~1M-parameter model did not learn a character-level addition
-scratchpad in 3 minutes of CPU pre-training; with words whose embeddings share type, position
-and digit parts it did (see :func:`vapo_lab.models.tiny.build_tiny_model`). Why the labels
-count from the left: the boxed answer is read off the scratchpad in the opposite order from
-the one it was written in, and its plain digits carry no label, so the model must count the
-digits it has written; counted from the left, the j-th answer digit is column j in every
-problem, while counted from the units it would be column n - j, a different pairing per n.
-Measured: with units-first labels the base read out 6-10-digit answers 0-2% right.
-
-:meth:`ArithTask.trace` writes the scratchpad, optionally with the deliberate noise that the base
-model is pre-trained on (:class:`TraceNoise`): a systematic bug that makes a wrong step the most
-likely one in a family of cases (so greedy decoding fails, not just sampling), plus random slips.
+:meth:`ArithTask.trace` writes the scratchpad, optionally with the deliberate noise the base
+model is pre-trained on (:class:`TraceNoise`).
 """
 
 from __future__ import annotations
@@ -48,21 +39,14 @@ class TraceNoise:
     """How a written scratchpad departs from correct addition; all rates in [0, 1].
 
     Attributes:
-        bug_rate: probability of the systematic bug where it applies (see ``bug_sums``): e.g.
-            in a column whose digits sum to 9 with a carry in (true step: z = 0, carry 1) the
-            writer forgets the carry and writes z = 9, carry 0. Above 0.5 the wrong step is the
-            *mode*, so a model trained on such traces fails greedily on every problem with such
-            a column, and samples the right step with probability 1 - bug_rate: a minority that
-            RL can find and reinforce. With x + y = 9 alone about 4.5% of columns are in the
-            family (10% have x + y = 9, about 45% of those a carry in); long problems meet it
-            more often.
-        slip_rate: probability, in any other column, of writing a uniformly random wrong sum
-            digit (the carry stays right). Random slips are never the mode: they lower accuracy
-            at temperature 1 only, more on long problems (errors accumulate).
-        bug_sums: the digit sums x_k + y_k at which, with a carry in, the bug applies; the
-            buggy step always forgets the carry in (z = (x + y) mod 10, carry (x + y) // 10).
-            (9,) is the family above; (9, ..., 18) makes it "forgets the carry in whenever the
-            column overflows", about 25% of columns.
+        bug_rate: probability of the systematic bug where it applies (``bug_sums``): the writer
+            forgets the carry in, e.g. 4 + 5 (+1) written as z = 9, carry 0. Above 0.5 the wrong
+            step is the *mode*, so a model trained on such traces fails greedily and samples the
+            right step with probability 1 - bug_rate: a minority RL can find and reinforce.
+        slip_rate: probability, in any other column, of a uniformly random wrong sum digit (the
+            carry stays right); never the mode, so slips lower accuracy at temperature 1 only.
+        bug_sums: the digit sums x_k + y_k at which, with a carry in, the bug applies: (9,) is
+            about 4.5% of columns; (9, ..., 18), every overflowing column, about 25%.
     """
 
     bug_rate: float = 0.0
@@ -76,12 +60,17 @@ class TraceNoise:
                 raise ConfigError(f"{name}={value} is not a probability. Set {name} within [0, 1].")
         object.__setattr__(self, "bug_sums", tuple(int(v) for v in self.bug_sums))
         if any(not 0 <= v <= 18 for v in self.bug_sums):
-            raise ConfigError(f"bug_sums={list(self.bug_sums)}: a column's digit sum x + y is 0..18. "
-                              "Give sums within [0, 18], e.g. [9].")
+            raise ConfigError(
+                f"bug_sums={list(self.bug_sums)}: a column's digit sum x + y is 0..18. "
+                "Give sums within [0, 18], e.g. [9]."
+            )
 
 
-def is_bug_step(x_digit: int, y_digit: int, carry_in: int, bug_sums: tuple[int, ...] = (9,)) -> bool:
-    """Returns True where :attr:`TraceNoise.bug_rate` applies: a carry in, and x_k + y_k in ``bug_sums``."""
+def is_bug_step(
+    x_digit: int, y_digit: int, carry_in: int, bug_sums: tuple[int, ...] = (9,)
+) -> bool:
+    """Returns True where :attr:`TraceNoise.bug_rate` applies: a carry in, x_k + y_k in
+    ``bug_sums``."""
     return carry_in == 1 and x_digit + y_digit in bug_sums
 
 
@@ -106,30 +95,19 @@ def response_tokens(n_digits: int, final_carry: bool = False) -> int:
 
 
 class ArithTask:
-    """Returns problems of n-digit addition with a scratchpad; train and eval splits are disjoint.
+    """n-digit addition problems with a scratchpad, in disjoint train and eval splits.
+
+    The same ``seed`` always gives the same problems, in order; the eval split depends only on
+    (seed, n_eval, min_digits, max_digits), so growing the train split never changes it.
 
     Args:
-        seed: the generator seed; the same seed always gives the same problems, in order.
-        n_train: number of training problems.
-        n_eval: number of held-out problems. The eval split depends only on (seed, n_eval,
-            min_digits, max_digits), not on n_train, so growing the train split never changes it.
-        min_digits: fewest digits per number (>= 1).
         max_digits: most digits per number; the vocabulary grows with it (columns 1..max_digits).
-        length_exponent: n is drawn with P(n) ∝ n^-length_exponent; 0 is uniform. The default
-            0.75 gives a long tail like real chains of thought: with 1..40 digits, 40% of
-            problems have at most 5 digits (under 20 tokens), 36% have 6-20 and 24% have 21-40
-            (7% over 100 tokens). Why not uniform: measured on 2 CPU cores, the ~1M-parameter
-            base learns the scratchpad within its 3-minute budget up to ~20 digits (longer
-            read-outs drift), so under a uniform n half the problems would be out of its reach.
+        length_exponent: n is drawn with P(n) ∝ n^-length_exponent; 0 is uniform, the default
+            0.75 a long tail of long problems (docs/default-task.md).
         readout: how the boxed answer is written: ``"plain"`` digits (``\boxed{643}``, the
             default) or ``"labelled"`` words (``\boxed{ r1_6 r2_4 r3_3 }``, the final carry as
-            ``r0_1``), each carrying its column like the scratchpad's words. Why: with plain
-            digits the model must count how many it has written, and the tiny base loses count
-            past ~20 digits; a labelled word finds its column's sum digit by the same position
-            match that finds x_K and y_K, so answers of 41-64 digits become reachable (5% right
-            at temperature 1 for the ``scale=cpu-long`` base, whose responses run to 196 tokens).
-        **options: task-specific settings from ``task.options``; arith has none beyond the
-            four above, so any other key is an error.
+            ``r0_1``), each carrying its column like the scratchpad's words.
+        **options: any other ``task.options`` key, which is an error.
 
     Raises:
         ConfigError: a bad digit range or split size, an unknown option, or more problems
@@ -155,8 +133,10 @@ class ArithTask:
                 "Its options are min_digits, max_digits, length_exponent and readout."
             )
         if readout not in READOUTS:
-            raise ConfigError(f"task.options.readout={readout!r} is not one of {list(READOUTS)}. "
-                              "Set task.options.readout=plain or labelled.")
+            raise ConfigError(
+                f"task.options.readout={readout!r} is not one of {list(READOUTS)}. "
+                "Set task.options.readout=plain or labelled."
+            )
         self.readout = readout
         if length_exponent < 0:
             raise ConfigError(
@@ -169,7 +149,9 @@ class ArithTask:
                 "1 <= min_digits <= max_digits."
             )
         if n_train < 0 or n_eval < 0:
-            raise ConfigError(f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0.")
+            raise ConfigError(
+                f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0."
+            )
         self.seed, self.min_digits, self.max_digits = seed, min_digits, max_digits
         self.digit_counts = list(range(min_digits, max_digits + 1))
         self.length_weights = [n**-length_exponent for n in self.digit_counts]
@@ -221,14 +203,22 @@ class ArithTask:
 
     def vocabulary(self) -> list[str]:
         """Returns every word the task writes, each to become one token (columns 1..max_digits)."""
-        words = [f"{v}{k}_{d}" for v in "xyz" for k in range(1, self.max_digits + 1) for d in range(10)]
+        words = [
+            f"{v}{k}_{d}" for v in "xyz" for k in range(1, self.max_digits + 1) for d in range(10)
+        ]
         words += [f"c{k}_{b}" for k in range(self.max_digits + 1) for b in (0, 1)]
         if self.readout == "labelled":
             # "}" too, so that the closing " }" is one token (a bare "}" is a byte token already)
-            words += ["r0_1"] + [f"r{k}_{d}" for k in range(1, self.max_digits + 1) for d in range(10)] + ["}"]
+            words += (
+                ["r0_1"]
+                + [f"r{k}_{d}" for k in range(1, self.max_digits + 1) for d in range(10)]
+                + ["}"]
+            )
         return words + list(OPERATORS) + [BOXED_OPEN]
 
-    def trace(self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None) -> str:
+    def trace(
+        self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None
+    ) -> str:
         r"""Returns the scratchpad response for ``problem``: ``" c3_0 z3_3 c2_1 ... \boxed{643}"``.
 
         The boxed answer is always read off the written scratchpad (final carry, then the sum
@@ -255,7 +245,7 @@ class ArithTask:
             z, carry_out = total % 10, total // 10
             if is_bug_step(xd, yd, carry, noise.bug_sums):
                 if noise.bug_rate > 0 and rng.random() < noise.bug_rate:
-                    # the carry in is forgotten: 4 + 5 (+1) gives 9, no carry out; 7 + 8 (+1) gives 5
+                    # the carry in is forgotten: 4 + 5 (+1) gives 9, no carry; 7 + 8 (+1) gives 5
                     z, carry_out = (xd + yd) % 10, (xd + yd) // 10
             elif noise.slip_rate > 0 and rng.random() < noise.slip_rate:
                 z = (z + rng.randint(1, 9)) % 10  # any digit but the right one
@@ -284,7 +274,7 @@ class ArithTask:
 
     @staticmethod
     def _labelled_answer(problem: Problem) -> list[str]:
-        """Returns the words of the labelled read-out of ``problem``'s answer: ``["r0_1", "r1_6", ...]``."""
+        """Returns the words of the labelled read-out of ``problem``'s answer: ``["r0_1", ...]``."""
         n, answer = problem.meta["n_digits"], problem.answer
         carry, digits = (["r0_1"], answer[1:]) if len(answer) > n else ([], answer)
         return carry + [f"r{c}_{d}" for c, d in enumerate(digits, start=1)]

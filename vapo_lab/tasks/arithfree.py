@@ -1,4 +1,5 @@
-r"""Free-length addition (``task=arithfree``): the policy chooses how much of the scratchpad to write.
+r"""Free-length addition (``task=arithfree``): the policy chooses how much of the scratchpad to
+write.
 
 The problem is :mod:`vapo_lab.tasks.arith`'s n-digit addition in position-labelled words, with two
 changes: the numbers may have leading zeros (``x1_0`` occurs at every n, so no digit/column
@@ -88,7 +89,8 @@ def words(name: str, value: int, n: int) -> str:
 
 
 def answer_words(x: int, y: int, n: int) -> list[str]:
-    """Returns the labelled words of the true sum: ``r0_1`` when it overflows n digits, then r1..rn."""
+    """Returns the labelled words of the true sum: ``r0_1`` when it overflows n digits, then
+    r1..rn."""
     total = x + y
     carry = ["r0_1"] if total >= 10**n else []
     return carry + [f"r{c}_{d}" for c, d in enumerate(digits(total % 10**n, n), start=1)]
@@ -154,29 +156,47 @@ class ArithFreeTask:
     ) -> None:
         if options:
             raise ConfigError(
-                f"task.options has {sorted(options)}, which task arithfree does not know. Its options are "
-                "min_digits, max_digits, length_exponent and strata.")
+                f"task.options has {sorted(options)}, which task arithfree does not know. "
+                "Its options are min_digits, max_digits, length_exponent and strata."
+            )
         if train_path is not None or eval_path is not None:
-            raise ConfigError("task=arithfree generates its problems: leave task.train_path and "
-                              "task.eval_path unset")
+            raise ConfigError(
+                "task=arithfree generates its problems: leave task.train_path and "
+                "task.eval_path unset"
+            )
         if not 1 <= min_digits <= max_digits:
-            raise ConfigError(f"task.options.min_digits={min_digits}, max_digits={max_digits}: need "
-                              "1 <= min_digits <= max_digits.")
+            raise ConfigError(
+                f"task.options.min_digits={min_digits}, max_digits={max_digits}: need "
+                "1 <= min_digits <= max_digits."
+            )
         if length_exponent < 0:
-            raise ConfigError(f"task.options.length_exponent={length_exponent} is negative. Set it >= 0.")
+            raise ConfigError(
+                f"task.options.length_exponent={length_exponent} is negative. Set it >= 0."
+            )
         if n_train < 0 or n_eval < 0:
-            raise ConfigError(f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0.")
+            raise ConfigError(
+                f"task.n_train={n_train}, task.n_eval={n_eval}: split sizes must be >= 0."
+            )
         edges = tuple(int(e) for e in strata)
         if not edges or list(edges) != sorted(set(edges)) or edges[0] > min_digits:
-            raise ConfigError(f"task.options.strata={list(edges)}: give increasing lower edges, the first "
-                              f"<= min_digits={min_digits}, e.g. {list(DEFAULT_STRATA)}")
-        self.seed, self.min_digits, self.max_digits, self.strata = seed, min_digits, max_digits, edges
+            raise ConfigError(
+                f"task.options.strata={list(edges)}: give increasing lower edges, the first "
+                f"<= min_digits={min_digits}, e.g. {list(DEFAULT_STRATA)}"
+            )
+        self.seed, self.min_digits, self.max_digits, self.strata = (
+            seed,
+            min_digits,
+            max_digits,
+            edges,
+        )
         self.digit_counts = list(range(min_digits, max_digits + 1))
         self.length_weights = [n**-length_exponent for n in self.digit_counts]
         capacity = sum(self._pairs(n) for n in self.digit_counts)
         if n_train + n_eval > capacity:
-            raise ConfigError(f"task.n_train + task.n_eval = {n_train + n_eval} exceeds the {capacity} distinct "
-                              "problems in the digit range. Lower the split sizes or raise max_digits.")
+            raise ConfigError(
+                f"task.n_train + task.n_eval = {n_train + n_eval} exceeds the {capacity} distinct "
+                "problems in the digit range. Lower the split sizes or raise max_digits."
+            )
         seen: set[tuple[int, int, int]] = set()
         self.eval = self._generate("eval", n_eval, seen)
         self.train = self._generate("train", n_train, seen)
@@ -188,7 +208,8 @@ class ArithFreeTask:
         return count * (count + 1) // 2
 
     def _generate(self, split: str, count: int, seen: set[tuple[int, int, int]]) -> list[Problem]:
-        """Returns ``count`` new problems; ``seen`` keeps the splits disjoint (x + y and y + x are one)."""
+        """Returns ``count`` new problems; ``seen`` keeps the splits disjoint (x + y and y + x are
+        one)."""
         rng = random.Random(f"vapo-lab/arithfree/{self.seed}/{split}")
         problems: list[Problem] = []
         while len(problems) < count:
@@ -198,12 +219,14 @@ class ArithFreeTask:
             if key in seen:
                 continue  # redraw n too (1-digit problems run out: there are 55)
             seen.add(key)
-            problems.append(Problem(
-                id=f"arithfree-{self.seed}-{split}-{len(problems):06d}",
-                prompt=f"{words('x', x, n)} + {words('y', y, n)} =",
-                answer=" ".join(answer_words(x, y, n)),
-                meta={"n_digits": n, "x": x, "y": y},
-            ))
+            problems.append(
+                Problem(
+                    id=f"arithfree-{self.seed}-{split}-{len(problems):06d}",
+                    prompt=f"{words('x', x, n)} + {words('y', y, n)} =",
+                    answer=" ".join(answer_words(x, y, n)),
+                    meta={"n_digits": n, "x": x, "y": y},
+                )
+            )
         return problems
 
     def vocabulary(self) -> list[str]:
@@ -214,9 +237,15 @@ class ArithFreeTask:
         vocab += ["r0_1"] + [f"r{k}_{d}" for k in range(1, m + 1) for d in range(10)] + ["}"]
         return vocab + list(OPERATORS) + [BOXED_OPEN]
 
-    def trace(self, problem: Problem, rng: random.Random | None = None, noise: TraceNoise | None = None,
-              columns: int | None = None) -> str:
-        r"""Returns a response that works the lowest ``columns`` columns (None: all) and guesses the rest.
+    def trace(
+        self,
+        problem: Problem,
+        rng: random.Random | None = None,
+        noise: TraceNoise | None = None,
+        columns: int | None = None,
+    ) -> str:
+        r"""Returns a response that works the lowest ``columns`` columns (None: all) and guesses the
+        rest.
 
         Worked columns follow ``arith``'s scratchpad, with ``noise`` (its systematic bug and slips;
         None: none); the boxed answer copies the worked columns' written sum digits (so a noisy
@@ -259,23 +288,26 @@ class ArithFreeTask:
         return " " + " ".join(out + [BOXED_OPEN] + readout + ["}"])
 
     def verify(self, response_text: str, problem: Problem) -> bool:
-        r"""Returns True iff the last ``\boxed{...}`` holds exactly the labelled words of the sum."""
+        r"""Returns True iff the last ``\boxed{...}`` holds exactly the labelled words of the
+        sum."""
         boxed = last_boxed(response_text)
         return boxed is not None and boxed.split() == problem.answer.split()
 
     def min_columns(self, problem: Problem) -> int:
-        """Returns the fewest worked columns whose guessed rest is right: 0 when the direct answer is."""
+        """Returns the fewest worked columns whose guessed rest is right: 0 when the direct answer
+        is."""
         x, y, n = problem.meta["x"], problem.meta["y"], problem.meta["n_digits"]
         return next(m for m in range(n + 1) if guess_is_right(x, y, n, m))
 
     def stratum(self, problem: Problem) -> str:
-        """Returns the digit-count stratum of ``problem``, e.g. ``"d04_08"`` (``"d17_up"`` for the last)."""
+        """Returns the digit-count stratum of ``problem``, e.g. ``"d04_08"`` (``"d17_up"`` for the
+        last)."""
         return stratum_label(problem.meta["n_digits"], self.strata, self.max_digits)
 
     def classify(self, response_text: str, problem: Problem) -> tuple[str, int]:
-        """Returns (mode, worked columns) of a response: "direct" (boxed at once), "partial" (stopped
-        before the top column), "full" (every column worked) or "other" (anything else, e.g. no box);
-        worked columns count the ``zK`` words before the box."""
+        """Returns (mode, worked columns) of a response: "direct" (boxed at once), "partial"
+        (stopped before the top column), "full" (every column worked) or "other" (anything else,
+        e.g. no box); worked columns count the ``zK`` words before the box."""
         n = problem.meta["n_digits"]
         head, sep, _ = response_text.partition(BOXED_OPEN)
         worked = sum(1 for w in head.split() if w.startswith("z"))
@@ -286,9 +318,12 @@ class ArithFreeTask:
         return ("full" if worked >= n else "partial"), worked
 
 
-def stratum_label(n_digits: int, edges: tuple[int, ...] = DEFAULT_STRATA, max_digits: int | None = None) -> str:
+def stratum_label(
+    n_digits: int, edges: tuple[int, ...] = DEFAULT_STRATA, max_digits: int | None = None
+) -> str:
     """Returns the label of the stratum holding ``n_digits`` under lower ``edges``: ``"d01_03"``,
-    ``"d17_32"`` (or ``"d17_up"`` without ``max_digits``); digit counts below edges[0] go to the first."""
+    ``"d17_32"`` (or ``"d17_up"`` without ``max_digits``); digit counts below edges[0] go to the
+    first."""
     i = max([j for j, e in enumerate(edges) if e <= n_digits], default=0)
     lo = edges[i]
     if i + 1 < len(edges):

@@ -14,12 +14,24 @@ from vapo_lab.track.mlflow_tracker import (
     resolve_tracking_uri,
 )
 
-__all__ = ["MlflowTracker", "NullTracker", "TrackingError", "flatten", "make_tracker", "open_client",
-           "resolve_tracking_uri"]
+__all__ = [
+    "MlflowTracker",
+    "NullTracker",
+    "TrackingError",
+    "flatten",
+    "make_tracker",
+    "open_client",
+    "resolve_tracking_uri",
+]
 
 
-def make_tracker(backend: str, uri: str | None = None, experiment: str = "vapo-lab",
-                 spool_dir: str | None = None, log: Callable[[str], None] | None = None) -> Any:
+def make_tracker(
+    backend: str,
+    uri: str | None = None,
+    experiment: str = "vapo-lab",
+    spool_dir: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Any:
     """Returns the tracker for ``tracking.backend`` (mlflow | none); ``log`` hears of outages."""
     if backend == "none":
         return NullTracker()

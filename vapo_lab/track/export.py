@@ -21,12 +21,10 @@ from vapo_lab.errors import VapoLabError
 
 FORMAT = "vapo-lab-runs/1"
 SOURCE_TAG = "vapo.source_run_id"
-# An export to import is untrusted: these caps bound the memory reading one takes before it is refused.
-# The larger committed export (reports/table1-80steps) inflates to 4.5 MiB: 256 MiB is 55 times that
+# An export to import is untrusted: these caps bound the memory reading one takes before it is
+# refused (their sizing: docs/testing.md, "Runs-export caps")
 MAX_INFLATED_BYTES = 256 << 20
-# JSON values, counted (as their , : [ { bytes, an upper bound) while inflating: parsed, one costs at most
-# ~70 bytes, so reading any file under both caps peaks near 1.3 GB (measured, 16M distinct short strings;
-# table1-80steps: 534k values, 39 MB)
+# JSON values, counted while inflating as their , : [ { bytes (an upper bound)
 MAX_JSON_VALUES = 16_000_000
 MAX_RUNS = 10_000  # export_runs asks MLflow for at most this many
 # MLflow's run statuses: set_terminated refuses any other, after the store is written
@@ -43,7 +41,7 @@ class ExportError(VapoLabError):
 
 
 def export_runs(tracking_uri: str, experiment: str, path: str | Path) -> int:
-    """Writes every run of ``experiment`` in ``tracking_uri`` to ``path`` (.json.gz); returns the count."""
+    """Writes every run of ``experiment`` to ``path`` (.json.gz); returns how many."""
     from vapo_lab.track.mlflow_tracker import open_client
 
     client = open_client(tracking_uri)
@@ -51,16 +49,28 @@ def export_runs(tracking_uri: str, experiment: str, path: str | Path) -> int:
     if exp is None:
         raise ExportError(f"no experiment {experiment!r} in {tracking_uri}: nothing to export")
     runs = []
-    for r in sorted(client.search_runs([exp.experiment_id], max_results=10000),
-                    key=lambda r: (r.info.start_time or 0, r.info.run_id)):
+    for r in sorted(
+        client.search_runs([exp.experiment_id], max_results=10000),
+        key=lambda r: (r.info.start_time or 0, r.info.run_id),
+    ):
         metrics = {}
         for key in sorted(r.data.metrics):
-            points = sorted(client.get_metric_history(r.info.run_id, key), key=lambda m: (m.step, m.timestamp))
+            points = sorted(
+                client.get_metric_history(r.info.run_id, key), key=lambda m: (m.step, m.timestamp)
+            )
             metrics[key] = [[int(m.step), int(m.timestamp), float(m.value)] for m in points]
-        runs.append({"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status,
-                     "start_time": r.info.start_time, "end_time": r.info.end_time,
-                     "tags": dict(sorted(r.data.tags.items())), "params": dict(sorted(r.data.params.items())),
-                     "metrics": metrics})
+        runs.append(
+            {
+                "run_id": r.info.run_id,
+                "run_name": r.info.run_name,
+                "status": r.info.status,
+                "start_time": r.info.start_time,
+                "end_time": r.info.end_time,
+                "tags": dict(sorted(r.data.tags.items())),
+                "params": dict(sorted(r.data.params.items())),
+                "metrics": metrics,
+            }
+        )
     write_export(path, experiment, runs)
     return len(runs)
 
@@ -69,9 +79,15 @@ def write_export(path: str | Path, experiment: str, runs: list[dict[str, Any]]) 
     """Writes ``runs`` (as export_runs reads them) to ``path`` (.json.gz), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps({"format": FORMAT, "experiment": experiment, "runs": runs}, sort_keys=True).encode()
+    data = json.dumps(
+        {"format": FORMAT, "experiment": experiment, "runs": runs}, sort_keys=True
+    ).encode()
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:  # mtime 0: same runs, same bytes
+    # mtime 0: same runs, same bytes
+    with (
+        open(tmp, "wb") as f,
+        gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz,
+    ):
         gz.write(data)
     tmp.replace(path)
 
@@ -82,12 +98,16 @@ def read_export(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(_inflate_capped(path))
     except RecursionError as e:  # json's C parser recurses per nesting level
-        raise ExportError(f"cannot read runs file {path}: its JSON is too deeply nested; {_FIX}") from e
+        raise ExportError(
+            f"cannot read runs file {path}: its JSON is too deeply nested; {_FIX}"
+        ) from e
     except ValueError as e:  # bad JSON, or an integer over Python's 4300 digits
         raise ExportError(f"cannot read runs file {path}: {e} ({_FIX})") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ExportError(f"{path} is not a vapo-lab runs export (format {FORMAT}); "
-                          "write one with `vapo-lab report --save-runs FILE`")
+        raise ExportError(
+            f"{path} is not a vapo-lab runs export (format {FORMAT}); "
+            "write one with `vapo-lab report --save-runs FILE`"
+        )
     _check_export(path, data)
     return data
 
@@ -96,16 +116,20 @@ def _inflate_capped(path: str | Path) -> str:
     """The text of gzip ``path``, refused (ExportError) as soon as it passes a cap."""
     try:
         with open(path, "rb") as raw:
-            _inflate(path, raw, keep=False)  # first in constant memory: a bomb is refused holding 1 MiB
+            # first in constant memory: a bomb is refused holding 1 MiB
+            _inflate(path, raw, keep=False)
             raw.seek(0)
             text = _inflate(path, raw, keep=True)
     except (OSError, EOFError, zlib.error) as e:  # not gzip, truncated, corrupt, missing
         raise ExportError(f"cannot read runs file {path}: {e} ({_FIX})") from e
     try:
-        return text.decode("ascii")  # json.dumps writes ASCII; a str of it costs one byte a character
+        # json.dumps writes ASCII; a str of it costs one byte a character
+        return text.decode("ascii")
     except UnicodeDecodeError as e:
-        raise ExportError(f"cannot read runs file {path}: byte {e.start} is not ASCII, and an export is "
-                          f"(json.dumps escapes other characters); {_FIX}") from e
+        raise ExportError(
+            f"cannot read runs file {path}: byte {e.start} is not ASCII, and an export is "
+            f"(json.dumps escapes other characters); {_FIX}"
+        ) from e
 
 
 def _inflate(path: str | Path, raw: BinaryIO, keep: bool) -> bytearray:
@@ -118,27 +142,37 @@ def _inflate(path: str | Path, raw: BinaryIO, keep: bool) -> bytearray:
             size += len(chunk)
             values += sum(chunk.count(c) for c in _VALUE_BYTES)
             if size > MAX_INFLATED_BYTES:
-                raise ExportError(f"{path} inflates to more than {MAX_INFLATED_BYTES >> 20} MiB, the cap on a runs "
-                                  f"export (the committed ones are under 5 MiB); if it is a real export, raise "
-                                  f"MAX_INFLATED_BYTES in vapo_lab/track/export.py")
+                raise ExportError(
+                    f"{path} inflates to more than {MAX_INFLATED_BYTES >> 20} MiB, "
+                    "the cap on a runs export (the committed ones are under 5 MiB); "
+                    f"if it is a real export, raise "
+                    f"MAX_INFLATED_BYTES in vapo_lab/track/export.py"
+                )
             if values > MAX_JSON_VALUES:
-                raise ExportError(f"{path} holds more than {MAX_JSON_VALUES:,} JSON values (a metric point is 4), "
-                                  f"the cap on a runs export; if it is a real export, raise MAX_JSON_VALUES "
-                                  f"in vapo_lab/track/export.py")
+                raise ExportError(
+                    f"{path} holds more than {MAX_JSON_VALUES:,} JSON values "
+                    "(a metric point is 4), "
+                    f"the cap on a runs export; if it is a real export, raise MAX_JSON_VALUES "
+                    f"in vapo_lab/track/export.py"
+                )
             if keep:
                 text += chunk
     return text
 
 
 def _check_export(path: str | Path, data: dict[str, Any]) -> None:
-    """Refuses (ExportError, one line) the first run or field that is not as export_runs writes it."""
+    """Refuses (ExportError, one line) the first run or field not as export_runs writes it."""
     if not isinstance(data.get("experiment"), str) or not data["experiment"]:
-        raise ExportError(f"{path} has a bad experiment {_short(data.get('experiment'))}, not a name; {_FIX}")
+        raise ExportError(
+            f"{path} has a bad experiment {_short(data.get('experiment'))}, not a name; {_FIX}"
+        )
     runs = data.get("runs")
     if not isinstance(runs, list):
         raise ExportError(f"{path} has a bad runs {_short(runs)}, not a list of runs; {_FIX}")
     if len(runs) > MAX_RUNS:
-        raise ExportError(f"{path} holds {len(runs)} runs, more than the {MAX_RUNS} export_runs writes; {_FIX}")
+        raise ExportError(
+            f"{path} holds {len(runs)} runs, more than the {MAX_RUNS} export_runs writes; {_FIX}"
+        )
     for i, run in enumerate(runs):
         problem = _run_problem(run)
         if problem:
@@ -158,16 +192,24 @@ def _run_problem(run: Any) -> str | None:
             return f"has a bad {field} {_short(run[field])}, not {expected}"
     for key, points in run["metrics"].items():
         if not isinstance(points, list):
-            return f"has a bad metrics series {key!r}: {_short(points)}, not a list of [step, timestamp, value]"
+            return (
+                f"has a bad metrics series {key!r}: {_short(points)}, "
+                "not a list of [step, timestamp, value]"
+            )
         for j, p in enumerate(points):
-            if not (type(p) is list and len(p) == 3 and _int64(p[0]) and _int64(p[1]) and _number(p[2])):
-                return (f"has bad metrics: {key!r} point {j} is {_short(p)}, not [step, timestamp, value] "
-                        "(two integers and a number)")
+            if not (
+                type(p) is list and len(p) == 3 and _int64(p[0]) and _int64(p[1]) and _number(p[2])
+            ):
+                return (
+                    f"has bad metrics: {key!r} point {j} is {_short(p)}, "
+                    "not [step, timestamp, value] "
+                    "(two integers and a number)"
+                )
     return None
 
 
 def _int64(v: Any) -> bool:
-    return type(v) is int and -2 ** 63 <= v < 2 ** 63  # bool is no int here; MLflow stores 64 bits
+    return type(v) is int and -(2**63) <= v < 2**63  # bool is no int here; MLflow stores 64 bits
 
 
 def _number(v: Any) -> bool:
@@ -175,7 +217,8 @@ def _number(v: Any) -> bool:
 
 
 def _strings(v: Any) -> bool:
-    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())  # JSON keys are strings
+    # JSON keys are strings
+    return isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
 
 
 def _short(v: Any) -> str:
@@ -186,7 +229,10 @@ def _short(v: Any) -> str:
 _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "run_id": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     "run_name": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "status": (lambda v: isinstance(v, str) and v in STATUSES, "one of " + ", ".join(sorted(STATUSES))),
+    "status": (
+        lambda v: isinstance(v, str) and v in STATUSES,
+        "one of " + ", ".join(sorted(STATUSES)),
+    ),
     "start_time": (lambda v: v is None or _int64(v), "an integer (ms since the epoch) or null"),
     "end_time": (lambda v: v is None or _int64(v), "an integer (ms since the epoch) or null"),
     "tags": (_strings, "an object of strings"),
@@ -207,14 +253,18 @@ def import_runs(path: str | Path, tracking_uri: str) -> tuple[str, int]:
     exp_id = open_experiment(client, data["experiment"])
     for run in data["runs"]:
         tags = {**run["tags"], SOURCE_TAG: run["tags"].get(SOURCE_TAG, run["run_id"])}
-        created = client.create_run(exp_id, start_time=run["start_time"], tags=tags, run_name=run["run_name"])
+        created = client.create_run(
+            exp_id, start_time=run["start_time"], tags=tags, run_name=run["run_name"]
+        )
         rid = created.info.run_id
         params = [Param(k, str(v)) for k, v in run["params"].items()]
-        metrics = [Metric(k, v, ts, step) for k, pts in run["metrics"].items() for step, ts, v in pts]
+        metrics = [
+            Metric(k, v, ts, step) for k, pts in run["metrics"].items() for step, ts, v in pts
+        ]
         for i in range(0, len(params), 100):  # MLflow's per-batch limits
-            client.log_batch(rid, params=params[i:i + 100])
+            client.log_batch(rid, params=params[i : i + 100])
         for i in range(0, len(metrics), 1000):
-            client.log_batch(rid, metrics=metrics[i:i + 1000])
+            client.log_batch(rid, metrics=metrics[i : i + 1000])
         if run["status"] != "RUNNING":  # a run still going where it was logged stays RUNNING
             client.set_terminated(rid, status=run["status"], end_time=run["end_time"])
     return data["experiment"], len(data["runs"])

@@ -41,7 +41,7 @@ class TrackingError(VapoLabError):
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
-    """Returns ``uri``, else $MLFLOW_TRACKING_URI, else the local store ./mlflow.db (MLflow's own default)."""
+    """Returns ``uri``, else $MLFLOW_TRACKING_URI, else ./mlflow.db (MLflow's own default)."""
     if uri:
         return uri
     env = os.environ.get("MLFLOW_TRACKING_URI")
@@ -62,10 +62,11 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def open_client(uri: str) -> Any:
-    """Returns an MlflowClient of the store at ``uri``. MLflow creates a fresh sqlite store's schema
-    as a client opens it, unlocked: under a lock beside the file, runs started together never race.
-    A store left unfinished by a process killed during that creation, holding nothing, is renamed
-    aside (``set_aside_if_empty``) and a new one made, said in one line on stderr."""
+    """Returns an MlflowClient of the store at ``uri``, opened under ``store_lock``.
+
+    A sqlite store left unfinished and empty by a process killed while creating it is renamed aside
+    (``set_aside_if_empty``) and a new one made, said in one line on stderr.
+    """
     from mlflow.tracking import MlflowClient
 
     with store_lock(uri):
@@ -76,8 +77,12 @@ def open_client(uri: str) -> Any:
             if aside is None:
                 raise
             _forget_engines(uri)
-            print(f"the MLflow store {sqlite_file(uri)} was left unfinished by a process killed while creating "
-                  f"it and held no run: moved it to {aside.name} and created a new one", file=sys.stderr)
+            print(
+                f"the MLflow store {sqlite_file(uri)} was left unfinished "
+                "by a process killed while creating it and held no run: "
+                f"moved it to {aside.name} and created a new one",
+                file=sys.stderr,
+            )
             return MlflowClient(tracking_uri=uri)
 
 
@@ -117,7 +122,8 @@ def open_experiment(client: Any, name: str) -> str:
     if exp is None:
         try:
             return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-        except Exception:  # noqa: BLE001 - another process (a grid's cell) may have created it in between
+        except Exception:  # noqa: BLE001
+            # another process (a grid's cell) may have created it in between
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
@@ -141,23 +147,25 @@ def check_server(uri: str, timeout: float = 3.0) -> None:
     raise TrackingError(
         f"MLflow tracking server {uri} is not answering ({problem}): start it with "
         "`mlflow server --host 127.0.0.1 --port 5000`, or set tracking.uri to a reachable server, "
-        "or tracking=none")
+        "or tracking=none"
+    )
 
 
 class MlflowTracker:
-    """Logs one run to MLflow, spooling to disk whatever fails to send.
+    """Logs one run to MLflow, spooling to disk whatever fails to send (see the module docstring).
 
-    After :meth:`start`, metrics are handed to a background sender thread, so a slow or dead
-    server never stalls the training loop: the thread sends each step's batch, or, while the
-    server does not answer, appends it to the spool and tries the server again at most every
-    ``retry_s`` seconds. ``log`` is told once when spooling begins and once when the spool has
-    been sent. Without :meth:`start` (logging into an existing run, as ``vapo-lab eval`` does)
-    each call sends at once.
+    After :meth:`start` a background thread sends the metrics; without it (logging into an
+    existing run, as ``vapo-lab eval`` does) each call sends at once.
     """
 
-    def __init__(self, uri: str | None = None, experiment: str = "vapo-lab",
-                 spool_dir: str | Path | None = None, log: Callable[[str], None] | None = None,
-                 retry_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        uri: str | None = None,
+        experiment: str = "vapo-lab",
+        spool_dir: str | Path | None = None,
+        log: Callable[[str], None] | None = None,
+        retry_s: float = 10.0,
+    ) -> None:
         # MLflow retries an unreachable server with exponential backoff for minutes; training
         # should instead spool and go on, so keep retries short unless the user set them
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -166,9 +174,12 @@ class MlflowTracker:
         self.experiment = experiment
         try:  # imports MLflow (heavy) only when tracking is on
             self.client = open_client(self.uri)
-        except Exception as e:  # noqa: BLE001 - a store that cannot be opened (corrupt, unwritable): one line
-            raise TrackingError(f"cannot open the MLflow tracking store {self.uri}: {first_line(e)}; "
-                                "repair or move it, or set tracking.uri to another store, or tracking=none") from e
+        except Exception as e:  # noqa: BLE001
+            # a store that cannot be opened (corrupt, unwritable): one line
+            raise TrackingError(
+                f"cannot open the MLflow tracking store {self.uri}: {first_line(e)}; "
+                "repair or move it, or set tracking.uri to another store, or tracking=none"
+            ) from e
         self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd() / ".vapo_cache" / "spool"
         self.run_id: str | None = None
         self.failures = 0
@@ -181,9 +192,15 @@ class MlflowTracker:
         self._last_try = -math.inf
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self, run_name: str | None, tags: Mapping[str, str], params: Mapping[str, Any],
-              resume_run_id: str | None = None, parent_run_id: str | None = None) -> str:
-        """Returns the run id of a new run (or of ``resume_run_id``, reopened); raises TrackingError."""
+    def start(
+        self,
+        run_name: str | None,
+        tags: Mapping[str, str],
+        params: Mapping[str, Any],
+        resume_run_id: str | None = None,
+        parent_run_id: str | None = None,
+    ) -> str:
+        """Returns the id of a new run (or of ``resume_run_id``, reopened); raises TrackingError."""
         from mlflow.entities import Param
 
         if self.uri.startswith(("http://", "https://")):
@@ -201,11 +218,12 @@ class MlflowTracker:
                 self.run_id = run.info.run_id
                 items = [Param(k, str(v)[:MAX_PARAM_LENGTH]) for k, v in params.items()]
                 for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
-                    self.client.log_batch(self.run_id, params=items[i:i + MAX_PARAMS_PER_BATCH])
+                    self.client.log_batch(self.run_id, params=items[i : i + MAX_PARAMS_PER_BATCH])
         except Exception as e:  # noqa: BLE001 - any backend failure at start is fatal and clear
             raise TrackingError(
                 f"cannot reach the MLflow tracking store {self.uri}: {first_line(e)}; "
-                "start it (`mlflow server --host 127.0.0.1`) or set tracking.uri / tracking=none") from e
+                "start it (`mlflow server --host 127.0.0.1`) or set tracking.uri / tracking=none"
+            ) from e
         self._thread = threading.Thread(target=self._sender, name="vapo-lab-mlflow", daemon=True)
         self._thread.start()
         return self.run_id
@@ -225,7 +243,8 @@ class MlflowTracker:
         self.close(wait_s)
         try:
             self._replay(force=True)
-        except Exception:  # noqa: BLE001 - a spool that cannot be read is kept; the status is still set
+        except Exception:  # noqa: BLE001
+            # a spool that cannot be read is kept; the status is still set
             self.failures += 1
         try:
             self.client.set_terminated(self.run_id, status=status)
@@ -235,19 +254,24 @@ class MlflowTracker:
         return spool if spool.exists() else None
 
     # -- logging -------------------------------------------------------------------------------
-    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
+    def log_metrics(
+        self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None
+    ) -> None:
         """Logs ``metrics`` at ``step``; on failure spools them to disk (never raises)."""
-        record = {"step": int(step), "timestamp": int(timestamp_ms or time.time() * 1000),
-                  "metrics": {k: float(v) for k, v in metrics.items()}}
+        record = {
+            "step": int(step),
+            "timestamp": int(timestamp_ms or time.time() * 1000),
+            "metrics": {k: float(v) for k, v in metrics.items()},
+        }
         if self._thread is not None:
             self._queue.put(("record", record))
         else:
             self._deliver(record)
 
     def backfill(self, records: list[dict[str, Any]]) -> None:
-        """Sends those of ``records`` ({step, timestamp, metrics}) whose (key, step) the run does not
-        hold yet: after a resume, the steps a killed process wrote to its local record but never
-        got to send. The store is asked once per metric key; nothing is sent twice."""
+        """Sends those of ``records`` ({step, timestamp, metrics}) whose (key, step) the run does
+        not hold yet: after a resume, the steps a killed process wrote to its local record but
+        never got to send. The store is asked once per metric key; nothing is sent twice."""
         if not records:
             return
         if self._thread is not None:
@@ -282,7 +306,8 @@ class MlflowTracker:
                     self._deliver(item)
                 else:
                     self._backfill(item)
-            except Exception as e:  # noqa: BLE001 - e.g. a full disk under the spool: the sender goes on
+            except Exception as e:  # noqa: BLE001
+                # e.g. a full disk under the spool: the sender goes on
                 self._lost(e)
             finally:
                 self._queue.task_done()
@@ -308,8 +333,12 @@ class MlflowTracker:
         self._last_try = time.monotonic()
         if not self._spooling:
             self._spooling = True
-            self.log(f"tracking: MLflow at {self.uri} is not answering ({str(e).splitlines()[0][:120]}); "
-                     f"spooling metrics to {self._spool_path()}, training goes on; they are sent when it answers")
+            self.log(
+                f"tracking: MLflow at {self.uri} is not answering "
+                f"({str(e).splitlines()[0][:120]}); "
+                f"spooling metrics to {self._spool_path()}, training goes on; "
+                "they are sent when it answers"
+            )
 
     def _lost(self, e: Exception) -> None:
         """Counts metrics neither sent nor spooled; the user is told once (a training run's
@@ -317,8 +346,11 @@ class MlflowTracker:
         self.failures += 1
         if not self._told_lost:
             self._told_lost = True
-            self.log(f"tracking: metrics could be neither sent to {self.uri} nor spooled to {self._spool_path()} "
-                     f"({first_line(e)}); the run's metrics.jsonl keeps them and resume= sends them")
+            self.log(
+                f"tracking: metrics could be neither sent to {self.uri} "
+                f"nor spooled to {self._spool_path()} "
+                f"({first_line(e)}); the run's metrics.jsonl keeps them and resume= sends them"
+            )
 
     def _backfill(self, records: list[dict[str, Any]]) -> None:
         if self._spool_path().exists() and not self._replay():
@@ -355,9 +387,13 @@ class MlflowTracker:
     def _send(self, records: list[dict[str, Any]]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(k, v, r["timestamp"], r["step"]) for r in records for k, v in r["metrics"].items()]
+        metrics = [
+            Metric(k, v, r["timestamp"], r["step"])
+            for r in records
+            for k, v in r["metrics"].items()
+        ]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + MAX_METRICS_PER_BATCH])
 
     def _replay(self, force: bool = False) -> bool:
         """Returns True when the spool is empty after trying to send it (while the server is down,
@@ -380,7 +416,10 @@ class MlflowTracker:
         path.unlink()
         if self._spooling:
             self._spooling = False
-            self.log(f"tracking: MLflow at {self.uri} answers again; the {len(records)} spooled step(s) were sent")
+            self.log(
+                f"tracking: MLflow at {self.uri} answers again; "
+                f"the {len(records)} spooled step(s) were sent"
+            )
         return True
 
 
@@ -404,15 +443,23 @@ class NullTracker:
     run_id: str | None = None
     failures = 0
 
-    def start(self, run_name: str | None, tags: Mapping[str, str], params: Mapping[str, Any],
-              resume_run_id: str | None = None, parent_run_id: str | None = None) -> str:
+    def start(
+        self,
+        run_name: str | None,
+        tags: Mapping[str, str],
+        params: Mapping[str, Any],
+        resume_run_id: str | None = None,
+        parent_run_id: str | None = None,
+    ) -> str:
         self.run_id = resume_run_id or f"local-{int(time.time() * 1000)}"
         return self.run_id
 
     def finish(self, status: str = "FINISHED") -> Path | None:
         return None
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
+    def log_metrics(
+        self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None
+    ) -> None:
         pass
 
     def backfill(self, records: list[dict[str, Any]]) -> None:

@@ -1,16 +1,10 @@
 """One process at a time opens a local sqlite MLflow store.
 
-MLflow creates a fresh sqlite store's schema (dozens of alembic migrations) when a client first
-opens it, with no lock of its own: two runs started together in a fresh folder both migrate it and
-one dies (``table ... already exists``, ``Online migration expected to match one row``). Opening
-the store under an exclusive file lock beside it (``mlflow.db.lock``) makes the first process
-create the schema and the others find it made. The lock is the OS's (flock): a process that dies
-holding it releases it.
-
-A process killed while it creates the schema leaves a store MLflow cannot open or finish
-(``duplicate column name``, a leftover ``_alembic_tmp_`` table). Such a store holds nothing yet: no
-run, no experiment but MLflow's Default. :func:`set_aside_if_empty` renames it (never deletes it) so
-that the opener can create a fresh one; a store that holds anything is left for its owner to repair.
+MLflow creates a fresh store's schema on first open with no lock of its own, so runs started
+together in a fresh folder open it under an exclusive flock beside it (``mlflow.db.lock``). A store
+whose schema creation was killed midway holds nothing and cannot be opened:
+:func:`set_aside_if_empty` renames it (never deletes it) so that a fresh one can be made.
+docs/grids.md, "Where runs log", has the failures this prevents.
 """
 
 from __future__ import annotations
@@ -41,15 +35,16 @@ def sqlite_file(uri: str) -> Path | None:
 
 @contextlib.contextmanager
 def store_lock(uri: str) -> Iterator[None]:
-    """Holds an exclusive lock on ``<database>.lock`` while the body opens the store at ``uri`` (a
-    sqlite one; any other store, or a folder the lock cannot be made in, goes without a lock and
-    leaves MLflow to report the problem)."""
+    """Holds an exclusive lock on ``<database>.lock`` while the body opens the sqlite store at
+    ``uri``; any other store, or a folder the lock cannot be made in, goes without a lock (MLflow
+    then reports the problem)."""
     path = sqlite_file(uri)
     if path is None or fcntl is None:
         yield
         return
     try:
-        handle = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - held across the yield
+        # held across the yield
+        handle = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115
     except OSError:
         yield
         return
@@ -62,10 +57,10 @@ def store_lock(uri: str) -> Iterator[None]:
 
 
 def set_aside_if_empty(uri: str) -> Path | None:
-    """Renames the sqlite store of ``uri`` (and its journal files) to ``<name>.unfinished-<time>`` if
-    it holds nothing, no run and no experiment but Default (a schema creation killed midway), and
-    returns the new name; None, leaving it as it is, for any other store or one that holds anything
-    or cannot be read. Call it under :func:`store_lock`, after the store failed to open."""
+    """Returns the new name of the sqlite store of ``uri`` after renaming it (and its journal files)
+    to ``<name>.unfinished-<time>``, when it holds nothing but MLflow's Default experiment (a schema
+    creation killed midway); None, leaving it as it is, for any other store or one that holds
+    anything or cannot be read. Call it under :func:`store_lock`, after the store failed to open."""
     path = sqlite_file(uri)
     if path is None or not path.is_file() or not _holds_nothing(path):
         return None
@@ -79,11 +74,15 @@ def set_aside_if_empty(uri: str) -> Path | None:
 
 
 def _holds_nothing(path: Path) -> bool:
-    """True when the sqlite file ``path`` has no row in any table but MLflow's schema version and its
-    Default experiment (id 0); False when it has one, or cannot be read as sqlite."""
+    """True when the sqlite file ``path`` has no row in any table but MLflow's schema version and
+    its Default experiment (id 0); False when it has one, or cannot be read as sqlite."""
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        ) as db:
+            tables = [
+                r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ]
             for table in tables:
                 if table == "alembic_version" or table.startswith(("_alembic_tmp_", "sqlite_")):
                     continue

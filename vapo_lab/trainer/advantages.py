@@ -1,27 +1,20 @@
-"""Advantages and critic targets of a step's batch, from the config's estimator.
-
-``algo.advantage=gae``: rewards come only at the last token (γ = 1 in the paper), advantages use
-λ_policy (fixed, or per response from its length) and critic targets λ_critic (decoupled GAE).
-GAE advantages are whitened over the batch's valid tokens (``gae.whiten``): (A − mean)/(σ + 1e-8)
-with σ the population std (÷N). verl's ``masked_whiten`` divides by sqrt(Bessel-corrected
-variance (÷(N−1)) + 1e-8), so verl's advantages are ours × sqrt((N−1)/N): a difference of
-sqrt(N/(N−1)) in scale, under 0.1% for N over 500 valid tokens.
-
-``algo.advantage=group`` (DAPO, GRPO): each response's reward against its group's, no critic.
-
-On many ranks a group is never split, so group advantages are each rank's own; the whitening mean
-and std are taken over the valid tokens of all ranks.
+"""Advantages and critic targets of a step's batch: GAE over the critic's values (λ_policy and
+λ_critic, whitened over all ranks' valid tokens), or group-relative advantages without a critic.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import decoupled_gae, gae, group_advantages, kl_estimate, length_adaptive_lambda
 from vapo_lab.distributed.world import World, single
 from vapo_lab.trainer.collect import Batch
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import AlgoConfig, GaeConfig, KlConfig
 
 
 def token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
@@ -33,11 +26,11 @@ def token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
     return rewards
 
 
-def policy_lambda(cfg: DictConfig, lengths: Tensor) -> Tensor:
+def policy_lambda(gae: GaeConfig, lengths: Tensor) -> Tensor:
     """Returns λ_policy per response: length-adaptive 1 − 1/(α·l) or the fixed gae.lam_policy."""
-    if cfg.gae.lam_policy_mode == "length_adaptive":
-        return length_adaptive_lambda(lengths, cfg.gae.alpha)
-    return torch.full((len(lengths),), float(cfg.gae.lam_policy))
+    if gae.lam_policy_mode == "length_adaptive":
+        return length_adaptive_lambda(lengths, gae.alpha)
+    return torch.full((len(lengths),), gae.lam_policy)
 
 
 def whiten(adv: Tensor, mask: Tensor, world: World | None = None) -> Tensor:
@@ -58,23 +51,34 @@ def whiten(adv: Tensor, mask: Tensor, world: World | None = None) -> Tensor:
     return torch.where(valid, (adv - mean) / (std + 1e-8), torch.zeros_like(adv))
 
 
-def compute_advantages(cfg: DictConfig, batch: Batch, world: World | None = None) -> None:
-    """Fills batch.advantages / returns / mc_returns / lam_policy from the config's advantage
-    estimator (whitening over the valid tokens of all ranks of ``world``)."""
+def compute_advantages(
+    algo: AlgoConfig,
+    gae_cfg: GaeConfig,
+    kl: KlConfig,
+    n_samples: int,
+    batch: Batch,
+    world: World | None = None,
+) -> None:
+    """Fills batch.advantages / returns / mc_returns / lam_policy by ``algo.advantage``: group
+    advantages over groups of ``n_samples``, or GAE (whitened over the valid tokens of all
+    ranks)."""
     mask = batch.rows.response_mask
-    if cfg.algo.advantage == "group":
-        adv = group_advantages(batch.scores.float(), int(cfg.rollout.n_samples), norm_std=cfg.algo.group_norm_std)
+    if algo.advantage == "group":
+        adv = group_advantages(batch.scores.float(), n_samples, norm_std=algo.group_norm_std)
         batch.advantages = adv[:, None] * mask
         return
     rewards = token_rewards(batch.scores, mask)
-    if batch.ref_logprobs is not None and cfg.kl.target == "reward" and cfg.kl.coef > 0:
-        rewards = rewards - cfg.kl.coef * kl_estimate(batch.old_logprobs, batch.ref_logprobs, cfg.kl.estimator) * mask
-    lam_p = policy_lambda(cfg, batch.lengths)
+    if batch.ref_logprobs is not None and kl.target == "reward" and kl.coef > 0:
+        penalty = kl_estimate(batch.old_logprobs, batch.ref_logprobs, kl.estimator)
+        rewards = rewards - kl.coef * penalty * mask
+    lam_p = policy_lambda(gae_cfg, batch.lengths)
     # decoupled: the critic's own λ (1.0: Monte-Carlo targets); shared: the policy's λ per response
-    lam_c = float(cfg.gae.lam_critic) if cfg.gae.lam_critic_mode == "decoupled" else lam_p
-    adv, ret = decoupled_gae(rewards, batch.values, mask, lam_p, lam_c, gamma=float(cfg.gae.gamma))
-    batch.mc_returns = ret if isinstance(lam_c, float) and lam_c == 1.0 else gae(rewards, batch.values, mask, 1.0, float(cfg.gae.gamma))[1]
-    if cfg.gae.whiten:
+    lam_c = gae_cfg.lam_critic if gae_cfg.lam_critic_mode == "decoupled" else lam_p
+    gamma = gae_cfg.gamma
+    adv, ret = decoupled_gae(rewards, batch.values, mask, lam_p, lam_c, gamma=gamma)
+    monte_carlo = isinstance(lam_c, float) and lam_c == 1.0
+    batch.mc_returns = ret if monte_carlo else gae(rewards, batch.values, mask, 1.0, gamma)[1]
+    if gae_cfg.whiten:
         # population std (unbiased=False), not verl's Bessel-corrected one: see the module docstring
         adv = whiten(adv, mask, world)
     batch.advantages, batch.returns, batch.lam_policy = adv, ret, lam_p

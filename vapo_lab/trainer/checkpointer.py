@@ -1,24 +1,9 @@
-"""The checkpoint manager: saves and loads the stateful parts of a run it is handed.
+"""The checkpoint manager: saves and loads the stateful parts of a run it is handed, by name.
 
-It is given the parts by name and never sees the trainer's class:
-  - ``models``: weights, saved as safetensors (``save_pretrained`` / ``save``) on one process;
-  - ``optimizers``: name -> (the model's name, optimiser);
-  - ``stateful``: anything with ``state_dict`` / ``load_state_dict`` that is the same on every rank
-    (learning-rate schedulers);
-  - ``per_rank``: stateful parts whose state differs by rank (the trainer's RNG streams): every
-    rank's state is saved, and each rank loads its own; a checkpoint from another number of ranks
-    gives each rank rank 0's, and the part decides what that means for it.
-
-One process writes a checkpoint folder with :func:`vapo_lab.runs.checkpoint.save_checkpoint`;
-many ranks (``trainer.strategy=fsdp``) write their shards of the models and optimiser states with
-torch distributed checkpointing into ``dcp/`` (:mod:`vapo_lab.distributed.dcp`), which re-shards for
-any rank count, and rank 0 commits the folder the same way. A new piece of saved state is a new
-entry in ``stateful`` or ``per_rank`` (or a key of the trainer's own ``state_dict``).
-
-Resuming, :func:`checkpoint_to_resume` picks the checkpoint before anything is loaded (and before
-the run's tracking run is reopened): the newest that matches its checksums, whose models have the
-architecture of the run's (each checkpoint records them in ``trainer_state.json``; an older one's
-model folders hold their ``config.json``). Anything else is refused in one line.
+Models, optimisers, stateful parts alike on every rank (schedulers) and per-rank ones (RNG
+streams); one process writes safetensors, many ranks torch distributed checkpoints.
+``checkpoint_to_resume`` picks the newest checkpoint that matches its checksums and the run's
+architecture before anything loads (docs/training.md#faults-resume-and-safety).
 """
 
 from __future__ import annotations
@@ -54,8 +39,17 @@ from vapo_lab.runs.checkpoint import (
 
 DCP_DIR = "dcp"  # a sharded checkpoint's models and optimiser states
 # the keys of a Hugging Face config that fix its model's parameter names and shapes
-ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings")
+ARCH_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 
 
 class Stateful(Protocol):
@@ -67,19 +61,41 @@ class Stateful(Protocol):
 class CheckpointManager:
     """Saves the parts it is handed into ``folder/step_<N>`` and loads the newest usable one."""
 
-    def __init__(self, folder: Path, world: World, models: dict[str, nn.Module],
-                 optimizers: dict[str, tuple[str, Optimizer]], stateful: dict[str, Stateful],
-                 per_rank: dict[str, Stateful], log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        world: World,
+        models: dict[str, nn.Module],
+        optimizers: dict[str, tuple[str, Optimizer]],
+        stateful: dict[str, Stateful],
+        per_rank: dict[str, Stateful],
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.folder, self.world, self.log = folder, world, log
-        self.models, self.optimizers, self.stateful, self.per_rank = models, optimizers, stateful, per_rank
+        self.models, self.optimizers, self.stateful, self.per_rank = (
+            models,
+            optimizers,
+            stateful,
+            per_rank,
+        )
 
     def save(self, step: int) -> Path:
-        """Returns the path of the checkpoint at ``step``, written atomically (every rank calls it)."""
+        """Returns the path of the checkpoint at ``step``, written atomically (every rank calls
+        it)."""
         if self.world.initialized:
             return self._save_sharded(step)
-        state = {**{name: opt.state_dict() for name, (_, opt) in self.optimizers.items()}, **self._shared_state()}
-        return save_checkpoint(self.folder, step, self.models, state, meta=self._meta(),
-                               before_commit=lambda: faults.point("checkpoint", step))
+        state = {
+            **{name: opt.state_dict() for name, (_, opt) in self.optimizers.items()},
+            **self._shared_state(),
+        }
+        return save_checkpoint(
+            self.folder,
+            step,
+            self.models,
+            state,
+            meta=self._meta(),
+            before_commit=lambda: faults.point("checkpoint", step),
+        )
 
     def load(self, path: Path | None = None) -> Path | None:
         """Loads checkpoint ``path`` (None: the newest usable one) into the parts; returns its path
@@ -95,15 +111,24 @@ class CheckpointManager:
             return None
         try:
             self._load(path)
-        except (RuntimeError, ValueError, KeyError) as e:  # a state that does not fit: never a traceback
-            raise CheckpointError(f"{path} does not fit this run's models and optimisers ({first_line(e)}): "
-                                  f"move it out of {self.folder} to resume from the run's own checkpoints") from e
+        except (
+            RuntimeError,
+            ValueError,
+            KeyError,
+        ) as e:  # a state that does not fit: never a traceback
+            raise CheckpointError(
+                f"{path} does not fit this run's models and optimisers ({first_line(e)}): "
+                f"move it out of {self.folder} to resume from the run's own checkpoints"
+            ) from e
         return path
 
     def _meta(self) -> dict[str, Any]:
-        """What ``trainer_state.json`` records beside the step: each model's architecture and tensor shapes."""
-        return {"models": {name: architecture(model) for name, model in self.models.items()},
-                "shapes": {name: tensor_shapes(model) for name, model in self.models.items()}}
+        """What ``trainer_state.json`` records beside the step: each model's architecture and tensor
+        shapes."""
+        return {
+            "models": {name: architecture(model) for name, model in self.models.items()},
+            "shapes": {name: tensor_shapes(model) for name, model in self.models.items()},
+        }
 
     def _load(self, path: Path) -> None:
         """Loads checkpoint ``path`` into the parts, its state file first (an unsafe one is refused
@@ -112,9 +137,12 @@ class CheckpointManager:
         sharded = (path / DCP_DIR).is_dir()
         if sharded != self.world.initialized:
             raise CheckpointError(
-                f"{path} was written by a {'sharded (trainer.strategy=fsdp)' if sharded else 'one-process'} run and "
-                f"this run is {'sharded' if self.world.initialized else 'one process'}: resume it with the "
-                f"trainer.strategy it was saved with")
+                f"{path} was written by a "
+                f"{'sharded (trainer.strategy=fsdp)' if sharded else 'one-process'} run and "
+                f"this run is {'sharded' if self.world.initialized else 'one process'}: resume it "
+                "with the "
+                f"trainer.strategy it was saved with"
+            )
         if sharded:
             self._load_sharded(path)
         else:
@@ -126,12 +154,17 @@ class CheckpointManager:
             part.load_state_dict(state[name])
         for name, part in self.per_rank.items():
             ranks = state[name]
-            part.load_state_dict(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
+            part.load_state_dict(
+                ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0]
+            )
 
     def _shared_state(self) -> dict[str, Any]:
-        """The stateful parts' states, and every rank's state of each per-rank part (a collective)."""
-        return {**{name: part.state_dict() for name, part in self.stateful.items()},
-                **{name: self.world.gather(part.state_dict()) for name, part in self.per_rank.items()}}
+        """The stateful parts' states, and every rank's state of each per-rank part (a
+        collective)."""
+        return {
+            **{name: part.state_dict() for name, part in self.stateful.items()},
+            **{name: self.world.gather(part.state_dict()) for name, part in self.per_rank.items()},
+        }
 
     def _sharded_state(self) -> dict[str, Any]:
         """The state dicts of the sharded models and optimisers, as DCP saves and loads them."""
@@ -160,19 +193,33 @@ class CheckpointManager:
             save_sharded(tmp / DCP_DIR, shards)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as e:  # DCP's CheckpointException (a BaseException), raised on every rank
-            failures = getattr(e, "failures", None)  # {rank: (its exception, its stack)}, the first one told
+        # DCP's CheckpointException (a BaseException), raised on every rank
+        except BaseException as e:
+            # {rank: (its exception, its stack)}, the first one told
+            failures = getattr(e, "failures", None)
             cause = next(iter(failures.values()))[0] if failures else e
-            world.barrier()  # every rank's writes have ended: the main one removes the partial folder,
-            error = abandon(self.folder, final.name, tmp, cause, tensor_bytes(shards)) if world.main else None
+            # every rank's writes have ended: the main one removes the partial folder,
+            world.barrier()
+            error = (
+                abandon(self.folder, final.name, tmp, cause, tensor_bytes(shards))
+                if world.main
+                else None
+            )
             world.barrier()  # then the others tell the free space it leaves
             if error is None:
                 error = abandon(self.folder, final.name, None, cause, tensor_bytes(shards))
             raise error from e
         state = self._shared_state()
         if world.main:
-            final = save_checkpoint(self.folder, step, {}, state, tmp=tmp, meta=self._meta(),
-                                    before_commit=lambda: faults.point("checkpoint", step))
+            final = save_checkpoint(
+                self.folder,
+                step,
+                {},
+                state,
+                tmp=tmp,
+                meta=self._meta(),
+                before_commit=lambda: faults.point("checkpoint", step),
+            )
         world.barrier()
         return final
 
@@ -183,8 +230,12 @@ class CheckpointManager:
         load_sharded(path / DCP_DIR, shards)
         paired = set()
         for name, (model_name, opt) in self.optimizers.items():
-            set_state_dict(self.models[model_name], opt, model_state_dict=shards[model_name],
-                           optim_state_dict=shards[name])
+            set_state_dict(
+                self.models[model_name],
+                opt,
+                model_state_dict=shards[model_name],
+                optim_state_dict=shards[name],
+            )
             paired.add(model_name)
         for name, model in self.models.items():
             if name not in paired:
@@ -204,29 +255,38 @@ def _read_model(model: nn.Module, path: Path) -> nn.Module:
             return type(model).from_pretrained(path, dtype=model.dtype, use_safetensors=True)
         return type(model).load(path)
     except pickle.UnpicklingError as e:
-        files = sorted(path.glob("*.pt"))  # torch's refusal names no file: name the folder's only one
+        # torch's refusal names no file: name the folder's only one
+        files = sorted(path.glob("*.pt"))
         raise unsafe_file(files[0] if len(files) == 1 else path) from e
     except (OSError, EOFError, SafetensorError) as e:
         raise CheckpointError(f"cannot read the model in {path}: {first_line(e)}") from e
 
 
 def architecture(model: Any) -> dict[str, Any]:
-    """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without one."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
-    return {k: v for k in ARCH_KEYS if (v := getattr(config, k, None)) is not None} if config is not None else {}
+    """Returns the ``ARCH_KEYS`` of ``model``'s config (a value model's: its backbone's); {} without
+    one."""
+    hf = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
+    if hf is None:
+        return {}
+    return {k: v for k in ARCH_KEYS if (v := getattr(hf, k, None)) is not None}
 
 
 def tensor_shapes(model: nn.Module) -> dict[str, list[int]]:
-    """Returns the shape of each tensor in ``model``'s state dict (a sharded one's: the whole tensor's)."""
+    """Returns the shape of each tensor in ``model``'s state dict (a sharded one's: the whole
+    tensor's)."""
     return {key: list(value.shape) for key, value in model.state_dict().items()}
 
 
-def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
-                         warn: Callable[[str], None] | None = None,
-                         shapes: dict[str, dict[str, list[int]]] | None = None) -> Path | None:
-    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches its
-    checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It reads
-    configs and the structure of the tensor files, no tensor: call it before anything of the run is reopened.
+def checkpoint_to_resume(
+    folder: Path,
+    expected: dict[str, dict[str, Any]],
+    warn: Callable[[str], None] | None = None,
+    shapes: dict[str, dict[str, list[int]]] | None = None,
+) -> Path | None:
+    """Returns the checkpoint a resumed run continues from: the newest in ``folder`` that matches
+    its checksums (``warn`` is told of a damaged newer one); None when the run never wrote one. It
+    reads configs and the structure of the tensor files, no tensor: call it before anything of the
+    run is reopened.
 
     Args:
         expected: model name -> the architecture (:func:`architecture`) the run's model has.
@@ -242,17 +302,23 @@ def checkpoint_to_resume(folder: Path, expected: dict[str, dict[str, Any]],
         return None
     problem = model_mismatch(path, expected, shapes)
     if problem is not None:
-        raise CheckpointError(f"{path} is not a checkpoint of this run's model: {problem}; move it out of "
-                              f"{folder} to resume from the run's own checkpoints")
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this run's model: {problem}; move it out of "
+            f"{folder} to resume from the run's own checkpoints"
+        )
     refuse_unsafe_files(path)
     return path
 
 
-def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
-                   shapes: dict[str, dict[str, list[int]]] | None = None) -> str | None:
+def model_mismatch(
+    path: Path,
+    expected: dict[str, dict[str, Any]],
+    shapes: dict[str, dict[str, list[int]]] | None = None,
+) -> str | None:
     """Returns how the models of checkpoint ``path`` differ from ``expected`` and ``shapes`` (one
-    phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older vapo-lab)
-    is not judged, nor the shapes of one that recorded none. Shapes are compared for the tensors both
+    phrase), or None; a checkpoint that recorded no architecture (a sharded one of an older
+    vapo-lab) is not judged, nor the shapes of one that recorded none. Shapes are compared for the
+    tensors both
     name: the ``ARCH_KEYS`` miss some (a mixture of experts' expert count)."""
     meta = _json(path / META_FILE)
     saved = saved_architectures(path, meta)
@@ -270,7 +336,8 @@ def model_mismatch(path: Path, expected: dict[str, dict[str, Any]],
     recorded = meta.get("shapes")
     for name, mine in (shapes or {}).items():
         theirs = recorded.get(name) if isinstance(recorded, dict) else None
-        for key, dims in mine.items() if isinstance(theirs, dict) else ():  # in the model's own order
+        # in the model's own order
+        for key, dims in mine.items() if isinstance(theirs, dict) else ():
             if key in theirs and list(theirs[key]) != dims:
                 return f"its {name}'s {key} is {_dims(theirs[key])}, this run's is {_dims(dims)}"
     return None
@@ -290,7 +357,11 @@ def saved_architectures(path: Path, meta: dict[str, Any]) -> dict[str, dict[str,
         CheckpointError: one of those files is not a JSON object.
     """
     recorded = meta.get("models")
-    saved = {n: a for n, a in recorded.items() if isinstance(a, dict)} if isinstance(recorded, dict) else {}
+    saved = (
+        {n: a for n, a in recorded.items() if isinstance(a, dict)}
+        if isinstance(recorded, dict)
+        else {}
+    )
     for config in sorted(path.glob("*/config.json")):
         saved[config.parent.name] = {k: v for k, v in _json(config).items() if k in ARCH_KEYS}
     return saved or None
@@ -317,8 +388,18 @@ def _current_layout(state: dict[str, Any]) -> dict[str, Any]:
         return {**state, "trainer": [{**own, "rng": state["rng"], "world_size": 1}]}
     ranks = state["rank_rng"]
     size = int(state["world_size"])
-    return {**state, "trainer": [
-        {**own, "world_size": size,
-         "rng": {**state["rng"], "torch": ranks["torch"][r],
-                 "generators": {**state["rng"]["generators"], "rollout": ranks["rollout"][r]}}}
-        for r in range(size)]}
+    return {
+        **state,
+        "trainer": [
+            {
+                **own,
+                "world_size": size,
+                "rng": {
+                    **state["rng"],
+                    "torch": ranks["torch"][r],
+                    "generators": {**state["rng"]["generators"], "rollout": ranks["rollout"][r]},
+                },
+            }
+            for r in range(size)
+        ],
+    }

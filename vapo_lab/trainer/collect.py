@@ -1,23 +1,17 @@
-"""Rollout collection: a step's prompts in a seeded order, sampled and scored, kept as one batch.
+"""Rollout collection: a step's prompts in a seeded order, sampled, scored and kept as one batch.
 
-With DAPO's dynamic sampling (``algo.dynamic_sampling``) only groups whose rewards differ are
-kept, and prompts are drawn again, up to ``rollout.max_resample_rounds`` more rounds, until the
-step has ``rollout.responses_per_step`` responses; the batch is then cut to whole groups.
-
-On many ranks (``trainer.strategy=fsdp``) every rank draws the same prompts from its copy of the
-data stream and samples its own share of them (whole groups of ``n_samples`` stay on one rank);
-the resampling rounds, and where the batch is cut, are decided on global counts, so every rank
-stops together and the ranks' batches together are the step's batch.
+With DAPO's dynamic sampling only groups with mixed rewards are kept and prompts are drawn again
+until the step is full. On many ranks every rank draws the same prompts and samples its share,
+and every decision is taken on global counts so that the ranks stop together.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from vapo_lab.algo import dynamic_sampling_keep
@@ -26,6 +20,9 @@ from vapo_lab.rollout import Generate
 from vapo_lab.seeds import epoch_seed
 from vapo_lab.trainer.forward import Rows
 from vapo_lab.trainer.scoring import RewardScorer
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import RolloutConfig
 
 
 class DataStream:
@@ -97,14 +94,22 @@ class Sampling:
     engine: Any = None
 
 
-def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: RewardScorer,
-            generator: torch.Generator, world: World | None = None) -> tuple[Batch, dict[str, float]]:
-    """Returns one step's scored experience (DAPO: only groups with mixed rewards) and its
-    ``rollout/*`` counters; ``generator`` is the rollout RNG, ``data`` where prompts come from,
-    ``world`` the ranks that share the step (this rank's part of the batch is returned)."""
+def collect(
+    rollout: RolloutConfig,
+    dynamic_sampling: bool,
+    sampling: Sampling,
+    data: DataStream,
+    score: RewardScorer,
+    generator: torch.Generator,
+    world: World | None = None,
+) -> tuple[Batch, dict[str, float]]:
+    """Returns one step's scored experience and its ``rollout/*`` counters: ``responses_per_step``
+    responses, ``n_samples`` a prompt from ``data`` (with ``dynamic_sampling``, DAPO's: only groups
+    with mixed rewards); ``generator`` is the rollout RNG, ``world`` the ranks that share the step
+    (this rank's part of the batch is returned)."""
     world = world or single()
-    n = int(cfg.rollout.n_samples)
-    want = int(cfg.rollout.responses_per_step) // n
+    n = rollout.n_samples
+    want = rollout.responses_per_step // n
     kept_rows: list[Rows] = []
     kept: list[tuple[Any, ...]] = []
     have, rounds, generated = 0, 0, 0
@@ -112,33 +117,51 @@ def collect(cfg: DictConfig, sampling: Sampling, data: DataStream, score: Reward
     while True:
         need = want if rounds == 0 else want - have
         share = -(-need // world.size)  # whole equal shares: every rank draws the same prompts
-        problems = data.take(share * world.size)[world.rank * share:(world.rank + 1) * share]
-        s = sampling.generate(sampling.encode(problems), n, float(cfg.rollout.temperature),
-                              float(cfg.rollout.top_p), generator).cpu()  # the batch lives in host memory
+        problems = data.take(share * world.size)[world.rank * share : (world.rank + 1) * share]
+        prompts = sampling.encode(problems)
+        # the batch lives in host memory
+        s = sampling.generate(prompts, n, rollout.temperature, rollout.top_p, generator).cpu()
         rep = [p for p in problems for _ in range(n)]
         scores, correct, _ = score(s, rep)
         generated += len(rep)
         if rounds == 0:
             info["rollout/accuracy_all"] = world.mean(correct.float())
         keep = torch.ones(len(rep), dtype=torch.bool)
-        if cfg.algo.dynamic_sampling:
+        if dynamic_sampling:
             keep = dynamic_sampling_keep(scores, n)
         idx = keep.nonzero().squeeze(-1)
-        kept_rows.append(Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask).take(idx))
-        kept.append(([rep[i] for i in idx.tolist()], scores[idx], correct[idx], s.lengths[idx],
-                     s.truncated[idx], s.logprobs[idx]))
+        kept_rows.append(
+            Rows(s.prompt_ids, s.prompt_mask, s.response_ids, s.response_mask).take(idx)
+        )
+        kept.append(
+            (
+                [rep[i] for i in idx.tolist()],
+                scores[idx],
+                correct[idx],
+                s.lengths[idx],
+                s.truncated[idx],
+                s.logprobs[idx],
+            )
+        )
         have += int(world.sum(len(idx) // n))
         rounds += 1
-        if have >= want or rounds > int(cfg.rollout.max_resample_rounds) or not cfg.algo.dynamic_sampling:
+        if have >= want or rounds > rollout.max_resample_rounds or not dynamic_sampling:
             break
     rows = _cat_rows(kept_rows, sampling.pad_id)
     t = rows.response_ids.shape[1]
-    batch = Batch(rows=rows, problems=[p for k in kept for p in k[0]],
-                  scores=torch.cat([k[1] for k in kept]), correct=torch.cat([k[2] for k in kept]),
-                  lengths=torch.cat([k[3] for k in kept]), truncated=torch.cat([k[4] for k in kept]),
-                  old_logprobs=torch.cat([torch.nn.functional.pad(k[5], (0, t - k[5].shape[1])) for k in kept]))
+    batch = Batch(
+        rows=rows,
+        problems=[p for k in kept for p in k[0]],
+        scores=torch.cat([k[1] for k in kept]),
+        correct=torch.cat([k[2] for k in kept]),
+        lengths=torch.cat([k[3] for k in kept]),
+        truncated=torch.cat([k[4] for k in kept]),
+        old_logprobs=torch.cat(
+            [torch.nn.functional.pad(k[5], (0, t - k[5].shape[1])) for k in kept]
+        ),
+    )
     # keep whole groups, at most the step's size: the first want·n rows in rank order
-    before = sum(world.gather(len(batch.problems))[:world.rank]) if world.size > 1 else 0
+    before = sum(world.gather(len(batch.problems))[: world.rank]) if world.size > 1 else 0
     quota = max(0, min(len(batch.problems), want * n - before))
     if len(batch.problems) > quota:
         batch = _slice_batch(batch, quota)
@@ -156,9 +179,13 @@ def _cat_rows(parts: list[Rows], pad_id: int) -> Rows:
     t = max(r.response_ids.shape[1] for r in parts)
     F = torch.nn.functional
     return Rows(
-        torch.cat([F.pad(r.prompt_ids, (p - r.prompt_ids.shape[1], 0), value=pad_id) for r in parts]),
+        torch.cat(
+            [F.pad(r.prompt_ids, (p - r.prompt_ids.shape[1], 0), value=pad_id) for r in parts]
+        ),
         torch.cat([F.pad(r.prompt_mask, (p - r.prompt_mask.shape[1], 0)) for r in parts]),
-        torch.cat([F.pad(r.response_ids, (0, t - r.response_ids.shape[1]), value=pad_id) for r in parts]),
+        torch.cat(
+            [F.pad(r.response_ids, (0, t - r.response_ids.shape[1]), value=pad_id) for r in parts]
+        ),
         torch.cat([F.pad(r.response_mask, (0, t - r.response_mask.shape[1])) for r in parts]),
     )
 
@@ -166,6 +193,12 @@ def _cat_rows(parts: list[Rows], pad_id: int) -> Rows:
 def _slice_batch(batch: Batch, n: int) -> Batch:
     """Returns the first ``n`` rows of a freshly collected ``batch``."""
     idx = torch.arange(n)
-    return Batch(rows=batch.rows.take(idx), problems=batch.problems[:n], scores=batch.scores[:n],
-                 correct=batch.correct[:n], lengths=batch.lengths[:n], truncated=batch.truncated[:n],
-                 old_logprobs=batch.old_logprobs[:n, :int(batch.rows.take(idx).response_ids.shape[1])])
+    return Batch(
+        rows=batch.rows.take(idx),
+        problems=batch.problems[:n],
+        scores=batch.scores[:n],
+        correct=batch.correct[:n],
+        lengths=batch.lengths[:n],
+        truncated=batch.truncated[:n],
+        old_logprobs=batch.old_logprobs[:n, : int(batch.rows.take(idx).response_ids.shape[1])],
+    )

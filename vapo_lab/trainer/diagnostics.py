@@ -1,20 +1,6 @@
-"""Per-step diagnostics for what VAPO argues but does not plot, logged as ``diag/*`` metrics.
-
-- Value bias by token position: mean V(s_t) − G_t over the tokens whose position t falls in each
-  bucket, G_t the realised Monte-Carlo return (γ-discounted sum of the token rewards from t on).
-  VAPO §4.1 argues that a critic initialised from the reward model is biased early in a response
-  (it was only ever trained to score the end) and that value pretraining removes the bias.
-- Response length against correctness: how many responses fall in each length bucket and what
-  fraction of them is correct, plus the mean length of correct and of wrong responses.
-- Advantage signal reaching early tokens of long responses: by token position, the mean advantage
-  of the tokens of correct long responses minus that of wrong ones. The reward arrives at the last
-  token; with GAE's λ < 1 it reaches token t − k with weight λ^k (0.95^100 = 0.006), so at early
-  positions the gap is what the critic's values carry, not the outcome (VAPO §4.2, length-adaptive
-  GAE). Near λ = 1 the whole outcome reaches every token.
-
-Buckets are powers of two, [0, 8), [8, 16), ... [256, inf), named by their first and last member
-("000_007", ..., "128_up") so that MLflow accepts the keys and they sort by position.
-Pure functions of tensors: the trainer calls them, the report reads their metrics back.
+"""Per-step ``diag/*`` metrics for what VAPO argues but does not plot: the critic's bias by token
+position, length against correctness, and the advantage gap that reaches early tokens of long
+responses (docs/training.md#metrics says what each shows). Pure functions of tensors.
 """
 
 from __future__ import annotations
@@ -23,23 +9,26 @@ import torch
 from torch import Tensor
 
 EDGES: tuple[int, ...] = (0, 8, 16, 32, 64, 128, 256)
-# responses at least this long count as "long" for the advantage gap (about 4x the default task's median)
+# responses this long or longer are "long" for the advantage gap (~4x the default task's median)
 LONG_RESPONSE = 64
 
 
 def bucket_labels(edges: tuple[int, ...] = EDGES) -> list[str]:
-    """Returns one label per bucket, e.g. ["000_007", "008_015", ..., "128_up"]."""
+    """Returns one label per bucket, e.g. ["000_007", "008_015", ..., "256_up"]."""
     return [f"{lo:03d}_{hi - 1:03d}" for lo, hi in zip(edges, edges[1:])] + [f"{edges[-1]:03d}_up"]
 
 
 def bucket_of(x: Tensor, edges: tuple[int, ...] = EDGES) -> Tensor:
     """Returns the bucket index of each value of ``x``: i where edges[i] <= x < edges[i + 1]
     (values below edges[0] go to bucket 0, values from edges[-1] on to the last)."""
-    return (torch.bucketize(x.to(torch.float64), torch.tensor(edges[1:], dtype=torch.float64), right=True))
+    return torch.bucketize(
+        x.to(torch.float64), torch.tensor(edges[1:], dtype=torch.float64), right=True
+    )
 
 
-def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
-                           edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+def value_bias_by_position(
+    values: Tensor, mc_returns: Tensor, mask: Tensor, edges: tuple[int, ...] = EDGES
+) -> dict[str, float]:
     """Returns {bucket label: mean of V(s_t) − G_t over valid tokens at positions in the bucket}
     (buckets without tokens left out) and "all": the mean over every valid token.
 
@@ -51,7 +40,7 @@ def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
     valid = mask.bool()
     if not valid.any():
         return {}
-    err = (values.double() - mc_returns.double())
+    err = values.double() - mc_returns.double()
     pos = torch.arange(values.shape[1]).expand_as(values)
     which = bucket_of(pos, edges)
     out = {}
@@ -63,8 +52,9 @@ def value_bias_by_position(values: Tensor, mc_returns: Tensor, mask: Tensor,
     return out
 
 
-def value_bias_sums(values: Tensor, mc_returns: Tensor, mask: Tensor,
-                    edges: tuple[int, ...] = EDGES) -> tuple[Tensor, Tensor]:
+def value_bias_sums(
+    values: Tensor, mc_returns: Tensor, mask: Tensor, edges: tuple[int, ...] = EDGES
+) -> tuple[Tensor, Tensor]:
     """Returns (Σ V(s_t) − G_t, token count) per position bucket and, last, over every valid token
     (float64): the parts of ``value_bias_by_position`` that add up over ranks."""
     valid = mask.bool()
@@ -80,16 +70,25 @@ def value_bias_sums(values: Tensor, mc_returns: Tensor, mask: Tensor,
     return sums, counts
 
 
-def value_bias_from_sums(sums: Tensor, counts: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
-    """Returns ``value_bias_by_position``'s dict from the (summed) parts ``value_bias_sums`` returned."""
+def value_bias_from_sums(
+    sums: Tensor, counts: Tensor, edges: tuple[int, ...] = EDGES
+) -> dict[str, float]:
+    """Returns ``value_bias_by_position``'s dict from the (summed) parts ``value_bias_sums``
+    returned."""
     if counts[-1] == 0:
         return {}
-    out = {label: float(sums[i] / counts[i]) for i, label in enumerate(bucket_labels(edges)) if counts[i] > 0}
+    out = {
+        label: float(sums[i] / counts[i])
+        for i, label in enumerate(bucket_labels(edges))
+        if counts[i] > 0
+    }
     out["all"] = float(sums[-1] / counts[-1])
     return out
 
 
-def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = EDGES) -> dict[str, float]:
+def length_profile(
+    lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = EDGES
+) -> dict[str, float]:
     """Returns per length bucket "count_<label>" (responses) and "acc_<label>" (fraction correct,
     only for non-empty buckets), and "correct_mean" / "wrong_mean" (mean length of the correct /
     wrong responses, when there are any)."""
@@ -109,8 +108,14 @@ def length_profile(lengths: Tensor, correct: Tensor, edges: tuple[int, ...] = ED
     return out
 
 
-def advantage_gap_sums(advantages: Tensor, mask: Tensor, correct: Tensor, lengths: Tensor,
-                       min_length: int = LONG_RESPONSE, edges: tuple[int, ...] = EDGES) -> Tensor:
+def advantage_gap_sums(
+    advantages: Tensor,
+    mask: Tensor,
+    correct: Tensor,
+    lengths: Tensor,
+    min_length: int = LONG_RESPONSE,
+    edges: tuple[int, ...] = EDGES,
+) -> Tensor:
     """Returns the parts of :func:`advantage_gap_from_sums` that add up over ranks: a float64 (4, n)
     tensor of Σ advantage and token counts per position bucket, for the correct (rows 0, 1) and the
     wrong (rows 2, 3) responses of at least ``min_length`` tokens.

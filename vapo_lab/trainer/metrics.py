@@ -40,32 +40,43 @@ class StepTimes:
 
 
 def step_metrics(batch: Batch, world: World, actor_lr: float, times: StepTimes) -> dict[str, float]:
-    """Returns the step's rollout, advantage, timing and diagnostic metrics over all ranks' batches."""
+    """Returns the step's rollout, advantage, timing and diagnostic metrics over all ranks'
+    batches."""
     mask = batch.rows.response_mask
     gathered = world.gather((batch.scores, batch.correct, batch.lengths, batch.truncated))
     scores, correct, lengths, truncated = (torch.cat([g[i] for g in gathered]) for i in range(4))
     n_tokens = float(world.sum(float(mask.sum())))
     rollout_s = times.rollout - times.start
     m = {
-        "rollout/reward": float(scores.mean()), "rollout/accuracy": float(correct.float().mean()),
+        "rollout/reward": float(scores.mean()),
+        "rollout/accuracy": float(correct.float().mean()),
         "rollout/response_length": float(lengths.float().mean()),
         "rollout/response_length_max": float(lengths.float().max()),
-        "rollout/truncated_frac": float(truncated.float().mean()), "rollout/responses": float(len(scores)),
+        "rollout/truncated_frac": float(truncated.float().mean()),
+        "rollout/responses": float(len(scores)),
         "adv/mean": _mean(world, batch.advantages, mask),
         "adv/std": world.std(batch.advantages[mask.bool()]),
         "actor/lr": actor_lr,
-        "time/rollout_s": rollout_s, "time/critic_s": times.critic_end - times.critic_start,
-        "time/actor_s": times.actor_end - times.critic_end, "time/step_s": times.actor_end - times.start,
+        "time/rollout_s": rollout_s,
+        "time/critic_s": times.critic_end - times.critic_start,
+        "time/actor_s": times.actor_end - times.critic_end,
+        "time/step_s": times.actor_end - times.start,
         "perf/tokens_per_s": n_tokens / max(rollout_s, 1e-9),
-        "perf/peak_rss_mb": float(world.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)),  # KiB
+        "perf/peak_rss_mb": float(
+            world.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        ),  # KiB
     }
     m.update({f"diag/length/{k}": v for k, v in length_profile(lengths, correct).items()})
     gap = advantage_gap_sums(batch.advantages, mask, batch.correct, batch.lengths)
     m.update({f"diag/adv_gap/{k}": v for k, v in advantage_gap_from_sums(world.sum(gap)).items()})
     if batch.mc_returns is not None:
         sums, counts = value_bias_sums(batch.values, batch.mc_returns, mask)
-        m.update({f"diag/value_bias/{k}": v
-                  for k, v in value_bias_from_sums(world.sum(sums), world.sum(counts)).items()})
+        m.update(
+            {
+                f"diag/value_bias/{k}": v
+                for k, v in value_bias_from_sums(world.sum(sums), world.sum(counts)).items()
+            }
+        )
     if batch.lam_policy is not None:
         m["gae/lam_policy_mean"] = world.mean(batch.lam_policy)
         m["gae/lam_policy_zero_frac"] = world.mean((batch.lam_policy == 0).float())
@@ -79,7 +90,10 @@ def critic_metrics(batch: Batch, world: World) -> dict[str, float]:
     returns, residual = batch.returns, batch.returns - batch.values
     var_returns, var_residual = _var(world, torch.stack([returns, residual]), mask)
     ev = 1.0 - var_residual / var_returns if var_returns > 0 else torch.tensor(float("nan"))
-    return {"critic/explained_variance": float(ev), "critic/value_mean": _mean(world, batch.values, mask)}
+    return {
+        "critic/explained_variance": float(ev),
+        "critic/value_mean": _mean(world, batch.values, mask),
+    }
 
 
 def _count(world: World, x: Tensor, mask: Tensor) -> Tensor:
@@ -94,7 +108,11 @@ def _mean(world: World, x: Tensor, mask: Tensor) -> float:
 
 
 def _var(world: World, xs: Tensor, mask: Tensor) -> Tensor:
-    """The population variances of each ``xs[i]`` over the valid entries of all ranks, in two passes."""
+    """The population variances of each ``xs[i]`` over the valid entries of all ranks, in two
+    passes."""
     count = _count(world, xs[0], mask)
     means = world.sum(torch.stack([masked_sum(x, mask) for x in xs])) / count
-    return world.sum(torch.stack([masked_sum((x - mu) ** 2, mask) for x, mu in zip(xs, means)])) / count
+    return (
+        world.sum(torch.stack([masked_sum((x - mu) ** 2, mask) for x, mu in zip(xs, means)]))
+        / count
+    )

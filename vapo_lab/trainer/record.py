@@ -9,6 +9,7 @@ local record that never depends on a server) and, for a run that did not finish,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -17,22 +18,31 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.errors import ConfigError
+from vapo_lab.registry.components import COMPONENTS
 from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir
 from vapo_lab.runs.metrics_log import MetricsLog
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.track.mlflow_tracker import first_line
 
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import VapoConfig
+
 
 def git_commit() -> str:
     """Returns the current git commit of the working directory, or 'unknown'."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -41,27 +51,31 @@ def git_commit() -> str:
 def component_tags(choices: dict[str, str]) -> dict[str, str]:
     """Returns MLflow tags for the components: each one's state and the dropped list."""
     off = [c.name for c in COMPONENTS if choices.get(c.name) == "off"]
-    return {**{f"component.{c.name}": choices.get(c.name, "?") for c in COMPONENTS},
-            "components_off": ",".join(off) or "none"}
+    return {
+        **{f"component.{c.name}": choices.get(c.name, "?") for c in COMPONENTS},
+        "components_off": ",".join(off) or "none",
+    }
 
 
-def folder_to_resume(cfg: DictConfig) -> Path | None:
+def folder_to_resume(resume: str | None) -> Path | None:
     """Returns the run folder that ``resume=`` names (None: a new run).
 
     Raises:
         ConfigError: the folder is not a run's (no run.json).
     """
-    resume_dir = Path(cfg.resume) if cfg.resume else None
+    resume_dir = Path(resume) if resume else None
     if resume_dir is not None and not is_run_dir(resume_dir):
-        raise ConfigError(f"resume={cfg.resume} is not a vapo-lab run directory (no {RUN_FILE}): "
-                          "give the folder a run printed at its start, e.g. runs/vapo-seed0-...")
+        raise ConfigError(
+            f"resume={resume} is not a vapo-lab run directory (no {RUN_FILE}): "
+            "give the folder a run printed at its start, e.g. runs/vapo-seed0-..."
+        )
     return resume_dir
 
 
-def claim_run_dir(cfg: DictConfig) -> Path:
-    """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``, numbered
-    (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two runs started
-    together never share a folder."""
+def claim_run_dir(cfg: VapoConfig) -> Path:
+    """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``,
+    numbered (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two
+    runs started together never share a folder."""
     name = cfg.run_name or f"{cfg.algo.name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -83,18 +97,32 @@ class RunRecord:
     ``close``.
     """
 
-    def __init__(self, cfg: DictConfig, choices: dict[str, str], resume_dir: Path | None, command: str,
-                 tags: dict[str, str] | None, parent_run_id: str | None, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        cfg: VapoConfig,
+        choices: dict[str, str],
+        resume_dir: Path | None,
+        command: str,
+        tags: dict[str, str] | None,
+        parent_run_id: str | None,
+        log: Callable[[str], None],
+    ) -> None:
         self.cfg, self.choices, self.resume_dir, self.log = cfg, choices, resume_dir, log
         self.command = command or " ".join(sys.argv)
         # the store first: a run that cannot open it has claimed no folder to leave behind
-        self.tracker = make_tracker(cfg.tracking.backend, cfg.tracking.uri, cfg.tracking.experiment,
-                                    cfg.tracking.spool_dir, log=log)
+        self.tracker = make_tracker(
+            cfg.tracking.backend,
+            cfg.tracking.uri,
+            cfg.tracking.experiment,
+            cfg.tracking.spool_dir,
+            log=log,
+        )
         self.run_dir = resume_dir or claim_run_dir(cfg)
         try:
             self.run_id = self._start(tags, parent_run_id)
         except BaseException:
-            if resume_dir is None:  # claimed above, nothing of this run anywhere: leave no empty folder
+            # claimed above, nothing of this run anywhere: leave no empty folder
+            if resume_dir is None:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
 
@@ -102,23 +130,44 @@ class RunRecord:
         """Returns the id of the tracking run started (or, resuming, reopened) for the folder."""
         cfg = self.cfg
         previous = json.loads((self.run_dir / RUN_FILE).read_text()) if self.resume_dir else {}
-        tags = {"algo": cfg.algo.name, "seed": str(cfg.seed), "experiment": cfg.tracking.experiment,
-                "scale": cfg.scale.name, "git_commit": git_commit(), "run_dir": str(self.run_dir),
-                **component_tags(self.choices), **(tags or {})}
-        params = {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
+        tags = {
+            "algo": cfg.algo.name,
+            "seed": str(cfg.seed),
+            "experiment": cfg.tracking.experiment,
+            "scale": cfg.scale.name,
+            "git_commit": git_commit(),
+            "run_dir": str(self.run_dir),
+            **component_tags(self.choices),
+            **(tags or {}),
+        }
+        params = dict(flatten(dataclasses.asdict(cfg)))
         params["command"] = self.command
-        return self.tracker.start(self.run_dir.name, tags, params,
-                                  resume_run_id=previous.get("run_id"), parent_run_id=parent_run_id)
+        return self.tracker.start(
+            self.run_dir.name,
+            tags,
+            params,
+            resume_run_id=previous.get("run_id"),
+            parent_run_id=parent_run_id,
+        )
 
     def open(self) -> None:
         """Writes run.json and config.yaml (a new run) and opens metrics.jsonl; resuming, sends the
         tracker the steps a killed process wrote locally but never got to send."""
         if not self.resume_dir:
-            (self.run_dir / RUN_FILE).write_text(json.dumps(
-                {"run_id": self.run_id, "tracking_uri": getattr(self.tracker, "uri", "none"),
-                 "command": self.command, "choices": self.choices}, indent=2))
-            (self.run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-            self.tracker.log_text(OmegaConf.to_yaml(self.cfg, resolve=True), CONFIG_FILE)
+            (self.run_dir / RUN_FILE).write_text(
+                json.dumps(
+                    {
+                        "run_id": self.run_id,
+                        "tracking_uri": getattr(self.tracker, "uri", "none"),
+                        "command": self.command,
+                        "choices": self.choices,
+                    },
+                    indent=2,
+                )
+            )
+            text = OmegaConf.to_yaml(OmegaConf.structured(self.cfg))
+            (self.run_dir / CONFIG_FILE).write_text(text)
+            self.tracker.log_text(text, CONFIG_FILE)
         self.metrics_log = MetricsLog(self.run_dir / METRICS_FILE, warn=self.log)
         if self.resume_dir:
             self.tracker.backfill(self.metrics_log.records())
@@ -132,9 +181,9 @@ class RunRecord:
 
     def close(self, status: str, step: int, error: BaseException | None = None) -> None:
         """Ends the tracking run as ``status`` (FINISHED, FAILED, KILLED); a run that did not finish
-        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it). Raises nothing
-        of its own: a file that cannot be written (a full disk) is told in a line, and the tracking
-        run is ended whatever happened to the files."""
+        says why in ``failure.txt`` in its folder (``resume=<run dir>`` continues it). Raises
+        nothing of its own: a file that cannot be written (a full disk) is told in a line, and the
+        tracking run is ended whatever happened to the files."""
         try:
             self._note_failure(status, step, error)
         finally:
@@ -152,27 +201,40 @@ class RunRecord:
             try:
                 failure.unlink(missing_ok=True)
             except OSError as e:
-                self.log(f"could not remove {failure} of an earlier failure ({e.strerror or e}): the run finished")
+                self.log(
+                    f"could not remove {failure} of an earlier failure ({e.strerror or e}): the "
+                    "run finished"
+                )
             return
         what = "interrupted" if status == "KILLED" else "failed"
         resume = f"continue it with: vapo-lab train resume={self.run_dir}"
         try:
-            failure.write_text(f"{what} at step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                               f"{type(error).__name__}: {error}\n{resume}\n\n"
-                               + "".join(traceback.format_exception(error)),
-                               encoding="utf-8", errors="backslashreplace")
+            failure.write_text(
+                f"{what} at step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                f"{type(error).__name__}: {error}\n{resume}\n\n"
+                + "".join(traceback.format_exception(error)),
+                encoding="utf-8",
+                errors="backslashreplace",
+            )
         except OSError as e:
-            self.log(f"could not write {failure} ({e.strerror or e}): the run {what} at step {step}; {resume}")
+            self.log(
+                f"could not write {failure} ({e.strerror or e}): the run {what} at step {step}; "
+                f"{resume}"
+            )
             with contextlib.suppress(OSError):  # a half-written failure.txt would mislead
                 failure.unlink()
 
     def _end_tracking(self, status: str) -> None:
-        """Marks the tracking run ``status``; a tracker that fails is told in one line, never raised."""
+        """Marks the tracking run ``status``; a tracker that fails is told in one line, never
+        raised."""
         try:
             spool = self.tracker.finish(status)
         except Exception as e:  # noqa: BLE001 - never an error on top of the run's own
-            self.log(f"tracking: could not mark run {self.run_id} {status} ({first_line(e)}); its metrics are in "
-                     f"{self.run_dir / METRICS_FILE}")
+            self.log(
+                f"tracking: could not mark run {self.run_id} {status} ({first_line(e)}); its "
+                "metrics are in "
+                f"{self.run_dir / METRICS_FILE}"
+            )
             return
         if spool is not None:
             self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")

@@ -1,48 +1,22 @@
 """The trainer: one training run of VAPO, vanilla PPO, DAPO or GRPO, on one rank or many.
 
-``Trainer(cfg)`` sets the run up (task, policy, sampler, critic, optimisers, its folder and tracking
-run, then resumes from the latest checkpoint with ``resume=<run dir>``); ``train()`` runs steps to
-``trainer.total_steps``, with the held-out avg@k before the first step and every ``eval_every``
-steps and a checkpoint every ``save_every``; ``train_step()`` is one step's phases in order:
+``Trainer(cfg)`` builds the run (the config typed once here, its parts, folder and tracking run);
+``start()`` brings the critic from the shared caches (built on first use), shards the models,
+makes the optimisers and, resuming, loads the checkpoint; ``train()`` runs the steps, with the
+held-out avg@k before the first and every ``trainer.eval_every``; ``train_step()`` is one step's
+phases (:mod:`~vapo_lab.trainer.phases`); ``close()`` leaves the ranks. ``running`` does all of
+it for ``vapo-lab train``, grid cells and ranks.
 
-  rollouts (:mod:`~vapo_lab.trainer.collect`, scored by :mod:`~vapo_lab.trainer.scoring`) ->
-  the models' log-probs and values (:mod:`~vapo_lab.trainer.forward`) -> advantages
-  (:mod:`~vapo_lab.trainer.advantages`) -> critic update -> actor update
-  (:mod:`~vapo_lab.trainer.update`) -> metrics (:mod:`~vapo_lab.trainer.metrics`).
-
-Every VAPO component is a config key read through the maths in ``vapo_lab.algo``; no component
-logic is written here. The departures from textbook PPO (Schulman et al. 2017), each a key:
-  1. Advantages and critic targets may use different λ (decoupled GAE, ``gae.lam_critic_mode``).
-  2. λ_policy may be set per response from its length (``gae.lam_policy_mode``).
-  3. The clip range may be asymmetric (``loss.eps_high`` > ``loss.eps_low``), optionally dual-clip.
-  4. The policy loss may be averaged over all tokens of a mini-batch (``loss.agg``).
-  5. A positive-example NLL term μ·NLL over correct responses may be added (``loss.mu``).
-  6. Prompts may be sampled G times (``rollout.n_samples``), enabling group-relative advantages
-     without a critic (``algo.advantage=group``: DAPO, GRPO), DAPO's dynamic sampling and
-     overlong shaping, and GRPO's KL to the reference policy in the loss (``kl``).
-  7. The critic may be pretrained alone on Monte-Carlo returns of the initial policy before RL
-     (``critic.pretrain.enabled``), and starts from a reward model (``critic.init``).
-  8. Rewards come only at the last token (γ = 1), from a rule-based verifier; GAE advantages are
-     whitened over the batch's valid tokens (``gae.whiten``; :mod:`~vapo_lab.trainer.advantages`).
-
-The trainer is ``Stateful``: ``state_dict()`` holds its step, best held-out score, RNG streams and
-data position; the :class:`~vapo_lab.trainer.checkpointer.CheckpointManager` saves it with the
-models, optimisers and schedulers, and loads it back so a resumed run logs what an uninterrupted
-one would.
-
-On many ranks (``trainer.strategy=fsdp``) every rank runs the same code on its share of each step's
-prompts: rank 0 builds the shared caches (base model, reward model, pretrained critic) first and
-the others load them; the actor, critic and reference are sharded with FSDP2; rank 0 alone opens
-the run's folder and tracking run and logs; statistics are reduced over ranks
-(:class:`~vapo_lab.distributed.world.World`: identities on one process).
+The departures from textbook PPO are config keys, listed with the components in
+docs/training.md#the-seven-components-as-config; no component logic is written here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,25 +26,31 @@ from omegaconf import DictConfig
 
 from vapo_lab import faults
 from vapo_lab.basemodel.build import ProgressFactory
+from vapo_lab.config.schema import VapoConfig, typed
 from vapo_lab.distributed.fsdp import is_sharded, shard
-from vapo_lab.distributed.offload import on_host
-from vapo_lab.distributed.world import init_world
+from vapo_lab.distributed.world import close_world
+from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
-from vapo_lab.stop import stop_point
+from vapo_lab.stop import StopRequested, stop_point
 from vapo_lab.trainer.advantages import compute_advantages
-from vapo_lab.trainer.checkpointer import CheckpointManager, architecture, checkpoint_to_resume, tensor_shapes
-from vapo_lab.trainer.collect import Batch, DataStream, collect
+from vapo_lab.trainer.caches import start_critic
+from vapo_lab.trainer.checkpointer import (
+    CheckpointManager,
+    architecture,
+    checkpoint_to_resume,
+    tensor_shapes,
+)
+from vapo_lab.trainer.collect import DataStream
 from vapo_lab.trainer.evaluation import evaluate
-from vapo_lab.trainer.forward import batched_logprobs, batched_values, token_micro_batches
 from vapo_lab.trainer.metrics import StepTimes, critic_metrics, step_metrics
+from vapo_lab.trainer.phases import Phases
 from vapo_lab.trainer.record import RankRecord, RunRecord, folder_to_resume
-from vapo_lab.trainer.scoring import RewardScorer
-from vapo_lab.trainer.setup import checked_policy, init_critic, make_sampling, prepare_process, seed_everything, task_for
-from vapo_lab.trainer.update import Updater, adamw, warmup_constant
+from vapo_lab.trainer.setup import build_parts
+from vapo_lab.trainer.update import ActorUpdate, CriticUpdate, Descent, adamw, warmup_constant
 
 
 @dataclass
@@ -88,76 +68,127 @@ class TrainResult:
 
     def summary(self) -> dict[str, Any]:
         """Returns the closing figures as JSON-able values (what ``vapo-lab train`` prints)."""
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "steps": self.steps,
-                "base_eval": self.base_eval, "final_eval": self.final_eval, "best_eval": self.best_eval,
-                "checkpoint": str(self.checkpoint) if self.checkpoint else None}
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "steps": self.steps,
+            "base_eval": self.base_eval,
+            "final_eval": self.final_eval,
+            "best_eval": self.best_eval,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+        }
 
 
 class Trainer:
-    """One training run: set up from ``cfg``, trained by ``train()``.
+    """One training run: built from ``cfg``, started by ``start()``, trained by ``train()``.
 
     Args:
-        cfg: the composed, validated config (``resume=<run dir>`` continues that run).
+        cfg: the composed, validated config, or its typed form (``resume=<run dir>`` continues
+            that run).
         choices: the component choices (recorded as tags and in run.json).
-        progress: the progress bar of a base-model build (see ``basemodel.build.build_base``); None: none.
+        progress: the progress bar of a base-model build; None: none.
         log: where one-line notices go.
         command: the command line recorded with the run (default: this process's).
         tags, parent_run_id: extra tracking tags; the tracking run to nest this one under.
     """
 
-    def __init__(self, cfg: DictConfig, choices: dict[str, str] | None = None,
-                 progress: ProgressFactory | None = None, log: Callable[[str], None] = print, command: str = "",
-                 tags: dict[str, str] | None = None, parent_run_id: str | None = None) -> None:
-        self.cfg, self.log = cfg, log
-        self.device = prepare_process(cfg)
-        self.world = world = init_world(cfg, self.device)
-        resume_dir = folder_to_resume(cfg)
-        seed_everything(cfg)
-        self.task = task_for(cfg)
-        policy, self.tokenizer, policy_key, policy_path = checked_policy(cfg, self.task, self.device, log,
-                                                                         progress, world)
-        self.sampling = make_sampling(cfg, policy, self.tokenizer, policy_path, self.task)
-        self.scorer = RewardScorer(self.task, self.tokenizer, float(cfg.reward.correct), float(cfg.reward.wrong),
-                                   cfg.reward.overlong)
-        pool = cfg.trainer.prompt_pool  # a small pool repeats its prompts (the group-sampling setting)
-        self.data = DataStream(list(self.task.train)[:pool], int(cfg.seed))
-        self.ref = self._reference(policy, policy_path) if cfg.kl.coef > 0 else None
+    def __init__(
+        self,
+        cfg: DictConfig | VapoConfig,
+        choices: dict[str, str] | None = None,
+        progress: ProgressFactory | None = None,
+        log: Callable[[str], None] = print,
+        command: str = "",
+        tags: dict[str, str] | None = None,
+        parent_run_id: str | None = None,
+    ) -> None:
+        self.config = config = typed(cfg)
+        self.log = log
+        resume_dir = folder_to_resume(config.resume)
+        self.parts = parts = build_parts(config, log, progress)
+        self.world, self.device, self.task = parts.world, parts.device, parts.task
+        self.tokenizer, self.sampling = parts.tokenizer, parts.sampling
+        self.policy = parts.policy
+        # a small pool repeats its prompts (the group-sampling setting)
+        self.data = DataStream(list(self.task.train)[: config.trainer.prompt_pool], config.seed)
+        self.ref = self._reference() if config.kl.coef > 0 else None
         # rank 0 samples as a one-process run does; each other rank from its own stream
-        self.gen_rollout = torch.Generator().manual_seed(rollout_seed(int(cfg.seed), world.rank))
-        self.gen_update = torch.Generator().manual_seed(update_seed(int(cfg.seed)))
+        self.gen_rollout = torch.Generator().manual_seed(rollout_seed(config.seed, self.world.rank))
+        self.gen_update = torch.Generator().manual_seed(update_seed(config.seed))
+        self.phases = Phases(parts, config.trainer, config.rollout.temperature)
         self.critic = self.critic_opt = self.critic_sched = None
         self.step, self.best_eval, self.warned_lambda = 0, None, False
-
-        # chosen before the tracking run is reopened: a refused checkpoint leaves the run's status as it was
-        resume_from = self._checkpoint_to_resume(resume_dir, policy) if resume_dir else None
+        self.started = self.closed = False
+        # chosen before the tracking run is reopened: a refused checkpoint leaves its status as it
+        # was
+        self.resume_dir = resume_dir
+        self.resume_from = self._checkpoint_to_resume(resume_dir) if resume_dir else None
         self.record = self._record(choices, resume_dir, command, tags, parent_run_id)
-        self.run_dir, self.run_id, self.tracker = self.record.run_dir, self.record.run_id, self.record.tracker
+        self.run_dir, self.run_id = self.record.run_dir, self.record.run_id
+        shared = {"the run folder": self.run_dir, "the shared caches": CACHE_DIR}
+        self.world.require_shared(shared)
+        self.tracker = self.record.tracker
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
             self.record.open()
-            t = cfg.trainer
-            if cfg.algo.advantage == "gae":  # every rank takes part (reward model, value pretraining)
-                self.critic = init_critic(cfg, policy, policy_key, self.task, self.sampling, self.scorer,
-                                          self.device, self.record.log_metrics, log, world, self._shard,
-                                          policy_path)
-                self.critic_opt = adamw(self.critic.parameters(), float(t.critic_lr), t)
-                self.critic_sched = warmup_constant(self.critic_opt, int(t.warmup_steps))
-            self.policy = policy  # sharded after the critic's start, which copies the whole policy
-            if world.initialized and not is_sharded(policy):
-                if self.sampling.engine is None:  # the built-in sampler keeps a full copy (rollout.replica)
-                    self.sampling.engine = Replica(policy)
-                    self.policy = copy.deepcopy(policy)
-                self.policy = self._shard(self.policy)
-                self.ref = self._shard(self.ref) if self.ref is not None else None
-            self.actor_opt = adamw(self.policy.parameters(), float(t.actor_lr), t)
-            self.actor_sched = warmup_constant(self.actor_opt, int(t.warmup_steps))
-            self.updater = Updater(cfg, self.policy, self.critic, self.ref, self.actor_opt, self.critic_opt,
-                                   self.gen_update, world)
-            self.checkpoints = self._checkpoint_manager()
-            if resume_dir:
-                self._resume(resume_from)
         except BaseException as e:
             self.record.close_on_error(e, self.step)
             raise
+
+    def start(self) -> None:
+        """Brings the critic from the shared caches (building them on first use: every rank takes
+        part), shards the models, makes the optimisers and, resuming, loads the checkpoint."""
+        if self.started:
+            return
+        config, world = self.config, self.world
+        t = config.trainer
+        try:
+            if config.algo.advantage == "gae":
+                self.critic = start_critic(config, self.parts, self.record.log_metrics, self.log)
+                self.critic_opt = adamw(self.critic.parameters(), t.critic_lr, t)
+                self.critic_sched = warmup_constant(self.critic_opt, t.warmup_steps)
+            # sharded after the critic's start, which copies the whole policy
+            if world.initialized and not is_sharded(self.policy):
+                if self.sampling.engine is None:  # the built-in sampler keeps a whole copy
+                    self.sampling.engine = Replica(self.policy)
+                    self.policy = copy.deepcopy(self.policy)
+                self.policy = self._shard(self.policy)
+                self.ref = self._shard(self.ref) if self.ref is not None else None
+            self.actor_opt = adamw(self.policy.parameters(), t.actor_lr, t)
+            self.actor_sched = warmup_constant(self.actor_opt, t.warmup_steps)
+            descent = Descent(t, self.gen_update, world)
+            self.critic_update = None
+            if self.critic is not None:
+                self.critic_update = CriticUpdate(
+                    descent, config.critic, self.critic, self.critic_opt
+                )
+            self.actor_update = ActorUpdate(
+                descent,
+                config.loss,
+                config.kl,
+                config.rollout.temperature,
+                self.policy,
+                self.actor_opt,
+                self.ref,
+            )
+            self.checkpoints = self._checkpoint_manager()
+            if self.resume_dir:
+                self._resume(self.resume_from)
+        except BaseException as e:
+            self.record.close_on_error(e, self.step)
+            raise
+        self.started = True
+
+    def close(self) -> None:
+        """Leaves the process group of the run's ranks (once; nothing to leave on one process)."""
+        if not self.closed:
+            self.closed = True
+            close_world(self.world)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -167,74 +198,101 @@ class Trainer:
         FAILED / KILLED (with failure.txt) when a step raises.
 
         A stop asked by SIGTERM or Ctrl-C (``vapo_lab.stop``) is acted on at the safe points:
-        before each step (the one before it logged and saved) and before each evaluation; the run
-        ends as an interrupt does, and says in one line where it stopped and how to continue it."""
-        t = self.cfg.trainer
-        total, key = int(t.total_steps), self._eval_key()
+        before each step and before each evaluation; the run says in one line where it stopped and
+        how to continue it."""
+        self.start()
+        t = self.config.trainer
+        total, key = t.total_steps, self._eval_key()
         history: list[dict[str, Any]] = []
         base_eval = None
         checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
+        # a resumed run has its step's checkpoint; a save-and-stop waits for a step of this call's
+        started = saved = self.step
         try:
             if self.step == 0:
-                stop_point(self.world)
+                stop_point(self.world, can_save=False)
                 e = self.evaluate()
                 base_eval = e[key]
                 self.record.log_metrics(e, 0)
             while self.step < total:
-                stop_point(self.world)
+                try:
+                    stop_point(self.world, can_save=self.step > started)
+                except StopRequested as stop:
+                    if stop.save and saved != self.step:  # Slurm's time limit is near: keep it
+                        checkpoint, saved = self.checkpoints.save(self.step), self.step
+                    raise
                 metrics = self.train_step()
-                if self.step % int(t.eval_every) == 0 or self.step == total:
-                    stop_point(self.world)  # an evaluation can be long; the step is redone on resume
+                if self.step % t.eval_every == 0 or self.step == total:
+                    # an evaluation can be long; the step is redone on resume
+                    stop_point(self.world, can_save=False)
                     e = self.evaluate()
                     metrics.update(e)
-                    self.best_eval = e[key] if self.best_eval is None else max(self.best_eval, e[key])
+                    best = self.best_eval
+                    self.best_eval = e[key] if best is None else max(best, e[key])
                 self.record.log_metrics(metrics, self.step)
                 history.append({"step": self.step, **metrics})
-                if self.step % int(t.save_every) == 0 or self.step == total:
-                    checkpoint = self.checkpoints.save(self.step)
+                if self.step % t.save_every == 0 or self.step == total:
+                    checkpoint, saved = self.checkpoints.save(self.step), self.step
                 if on_step and self.world.main:
                     on_step(self.step, metrics)
         except BaseException as e:
             self.record.close_on_error(e, self.step)
             if isinstance(e, KeyboardInterrupt) and self.world.main:  # else the output just stops
                 why = getattr(e, "reason", None) or str(e) or "interrupted"
-                self.log(f"stopped after step {self.step} of {total} ({why}): continue it with: "
-                         f"vapo-lab train resume={self.run_dir}")
+                self.log(
+                    f"stopped after step {self.step} of {total} ({why}): continue it with: "
+                    f"vapo-lab train resume={self.run_dir}"
+                )
             raise
         self.record.close("FINISHED", self.step)
         final = history[-1].get(key) if history else None
-        return TrainResult(self.run_dir, self.run_id, self.step, final, self.best_eval, base_eval,
-                           checkpoint or latest_checkpoint(self.run_dir / CHECKPOINTS), history)
+        checkpoint = checkpoint or latest_checkpoint(self.run_dir / CHECKPOINTS)
+        return TrainResult(
+            self.run_dir,
+            self.run_id,
+            self.step,
+            final,
+            self.best_eval,
+            base_eval,
+            checkpoint,
+            history,
+        )
 
     def train_step(self) -> dict[str, float]:
         """Runs the next step (``step`` + 1) and returns its metrics: collect and score rollouts,
         value them, compute advantages, update the critic, then the actor."""
-        cfg, world, step = self.cfg, self.world, self.step + 1
+        self.start()
+        config, world, step, phases = self.config, self.world, self.step + 1, self.phases
         t0 = time.perf_counter()
-        with self._on_host_for_rollout():  # trainer.offload_during_rollout; back before the first forward
-            batch, m = collect(cfg, self.sampling, self.data, self.scorer, self.gen_rollout, world)
+        batch, m = phases.rollout(
+            config.rollout,
+            config.algo.dynamic_sampling,
+            self.data,
+            self.gen_rollout,
+            self.policy,
+            [self.critic, self.ref],
+            [self.actor_opt, self.critic_opt],
+        )
         t_rollout = time.perf_counter()
         faults.point("rollout", step)
         if int(world.sum(len(batch.problems))) == 0:
+            phases.push(self.policy)  # the engine slept after sampling
             self.step = step
             return {**m, "rollout/empty_batch": 1.0}
-        self._model_outputs(batch)
-        engine = self.sampling.engine
-        if hasattr(engine, "sleep"):  # vLLM: free its KV cache (and weights) for the update
-            engine.sleep()
-        compute_advantages(cfg, batch, world)
+        phases.model_outputs(batch, self.policy, self.critic, self.ref)
+        n = config.rollout.n_samples
+        compute_advantages(config.algo, config.gae, config.kl, n, batch, world)
         t1 = time.perf_counter()
-        if self.critic is not None:
+        if self.critic_update is not None:
             m.update(critic_metrics(batch, world))
-            m.update(self.updater.critic_update(batch, self.step))
+            m.update(self.critic_update(batch, self.step))
             self.critic_sched.step()
             m["critic/lr"] = self.critic_sched.get_last_lr()[0]
         t2 = time.perf_counter()
         faults.point("update", step)
-        m.update(self.updater.actor_update(batch, self.step))
+        m.update(self.actor_update(batch, self.step))
         self.actor_sched.step()
-        if engine is not None:
-            engine.push_weights(self.policy)
+        phases.push(self.policy)
         times = StepTimes(t0, t_rollout, t1, t2, time.perf_counter())
         m.update(step_metrics(batch, world, self.actor_sched.get_last_lr()[0], times))
         self._warn_about_lambda(m)
@@ -242,29 +300,47 @@ class Trainer:
         return m
 
     def evaluate(self) -> dict[str, float]:
-        """Returns the held-out avg@k after ``step`` steps (its sampling seed: ``seeds.heldout_seed``);
-        on many ranks every rank samples its share of the problems and gets the whole result."""
-        return evaluate(self.sampling.generate, self.tokenizer, self.task, self.scorer, self.cfg,
-                        heldout_seed(int(self.cfg.seed), self.step), self.world)
+        """Returns the held-out avg@k after ``step`` steps (its sampling seed:
+        ``seeds.heldout_seed``); on many ranks each samples its share and all get the result."""
+        c = self.config
+        return evaluate(
+            self.sampling.generate,
+            self.tokenizer,
+            self.task,
+            self.parts.scorer,
+            c.rollout,
+            c.model.chat_template,
+            heldout_seed(c.seed, self.step),
+            self.world,
+        )
 
     # -- Stateful --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The trainer's own state: step, best held-out score, data position, this rank's RNG streams."""
-        return {"step": self.step, "best_eval": self.best_eval, "data": self.data.state(),
-                "rng": rng_state(self._generators()), "world_size": self.world.size}
+        """The trainer's own state: step, best held-out score, data position, this rank's RNGs."""
+        return {
+            "step": self.step,
+            "best_eval": self.best_eval,
+            "data": self.data.state(),
+            "rng": rng_state(self._generators()),
+            "world_size": self.world.size,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from ``state_dict()``'s; one saved on another number of ranks keeps the step, score,
-        data position and update stream, and derives each rank's rollout stream afresh."""
+        """Continues from ``state_dict()``'s; one saved on another number of ranks keeps the step,
+        score, data position and update stream, and derives each rank's rollout stream afresh."""
         self.step, self.best_eval = int(state["step"]), state["best_eval"]
         self.data.load(state["data"])
         set_rng_state(state["rng"], self._generators())
         saved = int(state["world_size"])
         if saved != self.world.size:
-            self.gen_rollout.manual_seed(rollout_reseed(int(self.cfg.seed), self.world.rank, self.step))
-            self.log(f"resuming a {saved}-rank checkpoint on {self.world.size} ranks: same weights and optimiser "
-                     "state, rollout RNG streams derived afresh (the history will not match an uninterrupted run)")
+            reseed = rollout_reseed(self.config.seed, self.world.rank, self.step)
+            self.gen_rollout.manual_seed(reseed)
+            self.log(
+                f"resuming a {saved}-rank checkpoint on {self.world.size} ranks: same weights and "
+                "optimiser state, rollout RNG streams derived afresh (the history will not match "
+                "an uninterrupted run)"
+            )
 
     # -- set-up and step helpers -----------------------------------------------------------------
 
@@ -280,103 +356,124 @@ class Trainer:
             models["critic"] = self.critic
             optimizers["critic_opt"] = ("critic", self.critic_opt)
             schedulers["critic_sched"] = self.critic_sched
-        return CheckpointManager(self.run_dir / CHECKPOINTS, self.world, models, optimizers, schedulers,
-                                 {"trainer": self}, self.log)
+        return CheckpointManager(
+            self.run_dir / CHECKPOINTS,
+            self.world,
+            models,
+            optimizers,
+            schedulers,
+            {"trainer": self},
+            self.log,
+        )
 
     def _resume(self, path: Path | None) -> None:
-        """Continues from checkpoint ``path`` (``_checkpoint_to_resume``'s); None: the run stopped
-        before its first checkpoint, so it starts again from step 0."""
+        """Continues from checkpoint ``path``; None: the run stopped before its first checkpoint,
+        so it starts again from step 0."""
         if path is None:
-            self.log(f"no checkpoint in {self.run_dir} yet (it stopped before its first): starting from step 0")
+            self.log(
+                f"no checkpoint in {self.run_dir} yet (it stopped before its first): "
+                "starting from step 0"
+            )
             return
         self.checkpoints.load(path)
-        if self.sampling.engine is not None:
-            self.sampling.engine.push_weights(self.policy)
+        self.phases.push(self.policy)
         ranks = f" on {self.world.size} rank(s)" if self.world.initialized else ""
         self.log(f"resumed {self.run_dir} at step {self.step}{ranks}")
 
-    def _checkpoint_to_resume(self, run_dir: Path, policy: torch.nn.Module) -> Path | None:
+    def _checkpoint_to_resume(self, run_dir: Path) -> Path | None:
         """Returns the checkpoint of ``run_dir`` to continue from, checked against the run's models
-        before any is built further (a critic has its policy's architecture, whatever critic.init;
-        the policy's tensor shapes are checked too).
+        before any is built further (a critic has its policy's architecture, whatever critic.init).
 
         Raises:
             CheckpointError: none is usable though the run wrote some, or it is another model's.
         """
-        arch = architecture(policy)
-        expected = {"policy": arch, **({"critic": arch} if self.cfg.algo.advantage == "gae" else {})}
-        return checkpoint_to_resume(run_dir / CHECKPOINTS, expected, self.log if self.world.main else None,
-                                    shapes={"policy": tensor_shapes(policy)})
+        arch = architecture(self.policy)
+        expected = {"policy": arch}
+        if self.config.algo.advantage == "gae":
+            expected["critic"] = arch
+        return checkpoint_to_resume(
+            run_dir / CHECKPOINTS,
+            expected,
+            self.log if self.world.main else None,
+            shapes={"policy": tensor_shapes(self.policy)},
+        )
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Returns ``model`` sharded over the run's ranks with FSDP2, under its precision policy
-        (float32 shards, computing in ``model.dtype``: :mod:`vapo_lab.models.precision`)."""
+        """Returns ``model`` sharded over the run's ranks with FSDP2, under its precision policy."""
         return shard(model, self.world, self.device, fsdp_policy(model))
 
-    def _reference(self, policy: torch.nn.Module, path: Path) -> torch.nn.Module:
-        """Returns the frozen reference policy of a KL term: a copy of ``policy``, or where the policy
-        was built sharded, another sharded build from its checkpoint (no rank holds a whole copy)."""
-        if is_sharded(policy):
+    def _reference(self) -> torch.nn.Module:
+        """Returns the frozen reference policy of a KL term: a copy of the policy, or where the
+        policy was built sharded, another sharded build from its checkpoint."""
+        if is_sharded(self.policy):
             from vapo_lab.models.sharded import load_sharded_causal_lm
 
-            cfg = self.cfg
-            ref = load_sharded_causal_lm(path, self.world, self.device, cfg.model.dtype, cfg.model.trust_remote_code)
+            m = self.config.model
+            path = self.parts.policy_path
+            ref = load_sharded_causal_lm(
+                path, self.world, self.device, m.dtype, m.trust_remote_code
+            )
         else:
-            ref = copy.deepcopy(policy)
+            ref = copy.deepcopy(self.policy)
         return ref.eval().requires_grad_(False)
 
-    def _record(self, choices: dict[str, str] | None, resume_dir: Any, command: str, tags: dict[str, str] | None,
-                parent_run_id: str | None) -> RunRecord | RankRecord:
-        """Rank 0's RunRecord; on the other ranks a RankRecord of the same folder and tracking run."""
+    def _record(
+        self,
+        choices: dict[str, str] | None,
+        resume_dir: Path | None,
+        command: str,
+        tags: dict[str, str] | None,
+        parent_run_id: str | None,
+    ) -> RunRecord | RankRecord:
+        """Rank 0's RunRecord; on the other ranks a RankRecord of the same folder and tracking
+        run."""
         if self.world.main:
-            record = RunRecord(self.cfg, choices or {}, resume_dir, command, tags, parent_run_id, self.log)
-        shared = self.world.broadcast((str(record.run_dir), record.run_id) if self.world.main else None)
-        return record if self.world.main else RankRecord(Path(shared[0]), shared[1])
+            record = RunRecord(
+                self.config, choices or {}, resume_dir, command, tags, parent_run_id, self.log
+            )
+        main = self.world.main
+        shared = self.world.broadcast((str(record.run_dir), record.run_id) if main else None)
+        return record if main else RankRecord(Path(shared[0]), shared[1])
 
     def _eval_key(self) -> str:
-        return f"eval/avg_at_{int(self.cfg.rollout.eval_samples)}"
-
-    def _model_outputs(self, batch: Batch) -> None:
-        """Fills in the batch what the models say of its rows before any update: the policy's
-        log-probs (recomputed where the sampler's engine computes them differently: vLLM), the
-        critic's values, the reference policy's log-probs."""
-        temperature = float(self.cfg.rollout.temperature)
-        micro = token_micro_batches(torch.arange(len(batch.problems)), batch.rows,
-                                    int(self.cfg.trainer.max_tokens_per_micro_batch))
-        extra = int(self.world.max(len(micro))) - len(micro)  # a sharded model's ranks make equal passes
-        engine = self.sampling.engine
-        if engine is not None and getattr(engine, "recompute_logprobs", True):
-            batch.old_logprobs = batched_logprobs(self.policy, batch.rows, micro, temperature, extra)
-        if self.critic is not None:
-            batch.values = batched_values(self.critic, batch.rows, micro, extra)
-        if self.ref is not None:
-            batch.ref_logprobs = batched_logprobs(self.ref, batch.rows, micro, temperature, extra)
-
-    def _on_host_for_rollout(self) -> contextlib.AbstractContextManager[Any]:
-        """Returns the context a step's rollout runs in: with ``trainer.offload_during_rollout``, the
-        actor, critic and reference and their optimisers' state in host memory
-        (:mod:`~vapo_lab.distributed.offload`), back on the device when it ends; else nothing."""
-        if not self.cfg.trainer.get("offload_during_rollout", False):
-            return contextlib.nullcontext()
-        # the built-in sampler of one process generates with the policy itself: on an accelerator it
-        # stays there (its optimiser state still goes); on CPU the host is the device, so it moves too
-        samples_with_policy = self.sampling.engine is None and self.device.type != "cpu"
-        return on_host([None if samples_with_policy else self.policy, self.critic, self.ref],
-                       [self.actor_opt, self.critic_opt])
+        return f"eval/avg_at_{self.config.rollout.eval_samples}"
 
     def _warn_about_lambda(self, m: dict[str, float]) -> None:
-        """Warns once a run when most responses get λ_policy = 0 (length-adaptive GAE with too small an α)."""
+        """Warns once a run when most responses get λ_policy = 0 (length-adaptive GAE with too
+        small an α)."""
         zero = m.get("gae/lam_policy_zero_frac", 0.0)
         if zero > 0.5 and not self.warned_lambda:
             self.warned_lambda = True
-            alpha = self.cfg.gae.alpha
-            self.log(f"warning: {100 * zero:.0f}% of responses get lambda_policy = 0 (one-step TD) at "
-                     f"gae.alpha={alpha}: responses shorter than 1/alpha = {1 / alpha:.0f} tokens. Raise "
-                     "gae.alpha to scale it to these lengths.")
+            alpha = self.config.gae.alpha
+            self.log(
+                f"warning: {100 * zero:.0f}% of responses get lambda_policy = 0 (one-step TD) at "
+                f"gae.alpha={alpha}: responses shorter than 1/alpha = {1 / alpha:.0f} tokens. "
+                "Raise gae.alpha to scale it to these lengths."
+            )
 
 
-def train(cfg: DictConfig, choices: dict[str, str] | None = None, progress: ProgressFactory | None = None,
-          log: Callable[[str], None] = print, on_step: Callable[[int, dict[str, float]], None] | None = None,
-          command: str = "") -> TrainResult:
+@contextmanager
+def running(
+    cfg: DictConfig | VapoConfig, choices: dict[str, str] | None = None, **kw: Any
+) -> Iterator[Trainer]:
+    """Yields a started ``Trainer(cfg, choices, **kw)`` and closes it on the way out: how
+    ``vapo-lab train``, grid cells and ranks run one."""
+    trainer = Trainer(cfg, choices, **kw)
+    try:
+        trainer.start()
+        yield trainer
+    finally:
+        trainer.close()
+
+
+def train(
+    cfg: DictConfig | VapoConfig,
+    choices: dict[str, str] | None = None,
+    progress: ProgressFactory | None = None,
+    log: Callable[[str], None] = print,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+    command: str = "",
+) -> TrainResult:
     """Returns the result of training with ``cfg`` (a composed, validated config)."""
-    return Trainer(cfg, choices, progress=progress, log=log, command=command).train(on_step)
+    with running(cfg, choices, progress=progress, log=log, command=command) as trainer:
+        return trainer.train(on_step)

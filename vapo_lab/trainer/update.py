@@ -1,24 +1,19 @@
-"""The updates of a step: mini-batch / micro-batch gradient steps of the critic and the actor.
+"""Gradient steps: one descent skeleton (:meth:`Descent.step`) for the actor, the critic and the
+reward model.
 
-Each mini-batch is one optimiser step; it is split into micro-batches of at most
-``trainer.max_tokens_per_micro_batch`` tokens (``forward.token_micro_batches``) whose gradients add
-up to the mini-batch's, because every micro-batch's loss is divided by the *mini-batch's*
-denominator (``algo.policy.loss_denominator``), whatever the split.
-
-On many ranks the mini-batches are drawn from the step's global batch, one permutation shared by
-every rank, and each rank computes the gradient of its rows of each mini-batch; denominators (tokens,
-responses, correct tokens) are counted over all ranks, so the ranks' gradients sum (FSDP's
-reduce-scatter, :mod:`vapo_lab.distributed.fsdp`) to the one-rank gradient of the same mini-batch. Every
-rank runs as many forward/backward passes as the rank with most micro-batches (zero-loss passes on
-a one-token row make up the difference): FSDP's collectives must meet on every rank.
+A mini-batch is one optimiser step, split into micro-batches of at most
+``trainer.max_tokens_per_micro_batch`` tokens whose gradients add up to the mini-batch's: every
+micro-batch's loss is divided by the mini-batch's denominator. On many ranks every rank runs as
+many passes as the busiest one (zero-loss passes on a dummy row), because FSDP's collectives must
+meet on every rank; docs/training.md#updates gives the whole argument.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from vapo_lab.algo import (
@@ -34,24 +29,45 @@ from vapo_lab.distributed.fsdp import full
 from vapo_lab.distributed.world import World, single
 from vapo_lab.errors import VapoLabError
 from vapo_lab.trainer.collect import Batch
-from vapo_lab.trainer.forward import Rows, model_device, policy_forward, token_micro_batches, value_forward
+from vapo_lab.trainer.forward import (
+    Rows,
+    model_device,
+    policy_forward,
+    token_micro_batches,
+    value_forward,
+)
+
+if TYPE_CHECKING:
+    from vapo_lab.config.schema import CriticConfig, KlConfig, LossConfig, TrainerConfig
+
+# a pass over one micro-batch's rows (None: a zero-loss padding pass): (loss, metric terms)
+Pass = Callable[[Tensor | None], tuple[Tensor, dict[str, Any]]]
 
 
 class TrainingDiverged(VapoLabError):
     """A loss became NaN/inf; the run stops and its last good checkpoint is kept."""
 
 
-def adamw(params: Any, lr: float, t: DictConfig) -> torch.optim.AdamW:
-    """Returns AdamW over ``params`` with the trainer config's betas, eps, weight decay and kernel
+def adamw(params: Any, lr: float, trainer: TrainerConfig) -> torch.optim.AdamW:
+    """Returns AdamW over ``params`` with the section's betas, eps, weight decay and kernel
     (``trainer.adam_impl``: fused, foreach or for-loop)."""
-    impl = t.get("adam_impl", "fused")
+    impl = trainer.adam_impl
     kernel = {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-    return torch.optim.AdamW(params, lr=lr, betas=tuple(t.adam_betas), eps=float(t.adam_eps),
-                             weight_decay=float(t.weight_decay), **kernel)
+    return torch.optim.AdamW(
+        params,
+        lr=lr,
+        betas=tuple(trainer.adam_betas),
+        eps=trainer.adam_eps,
+        weight_decay=trainer.weight_decay,
+        **kernel,
+    )
 
 
-def warmup_constant(optimizer: torch.optim.Optimizer, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+def warmup_constant(
+    optimizer: torch.optim.Optimizer, warmup: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Returns the schedule of ``optimizer``: linear warmup over ``warmup`` steps, then constant."""
+
     def factor(step: int) -> float:
         return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
@@ -61,157 +77,245 @@ def warmup_constant(optimizer: torch.optim.Optimizer, warmup: int) -> torch.opti
 def minibatches(n_rows: int, size: int, generator: torch.Generator) -> list[Tensor]:
     """Returns a random partition of range(n_rows) into chunks of ``size`` (last may be smaller)."""
     order = torch.randperm(n_rows, generator=generator)
-    return [order[i:i + size] for i in range(0, n_rows, size)]
+    return [order[i : i + size] for i in range(0, n_rows, size)]
 
 
-def _check_finite(name: str, value: Tensor, step: int) -> None:
-    if not torch.isfinite(value).all():
+def _check_finite(name: str, value: float, step: int) -> None:
+    if not torch.isfinite(torch.tensor(value)):
         raise TrainingDiverged(
-            f"{name} is {value.item() if value.numel() == 1 else 'non-finite'} at step {step}: the run "
-            "stopped and its last good checkpoint is kept. Lower trainer.actor_lr/critic_lr or "
-            "trainer.grad_clip and resume with resume=<run dir>")
+            f"{name} is {value} at step {step}: the run stopped and its last good checkpoint is "
+            "kept. Lower trainer.actor_lr/critic_lr or trainer.grad_clip and resume with "
+            "resume=<run dir>"
+        )
 
 
-class Updater:
-    """Mini-batch / micro-batch gradient steps of the actor and the critic.
+class Descent:
+    """The mini-batches of a step and the optimiser step over one of them, on this rank.
 
-    ``actor_opt`` may be None where only the critic is trained (value pretraining), ``critic`` and
-    ``critic_opt`` where there is no critic (group advantages); ``ref`` is the reference policy of
-    a KL term in the loss.
+    Args:
+        trainer: mini_batch_size, ppo_epochs, max_tokens_per_micro_batch and grad_clip.
+        generator: the update RNG, advanced alike on every rank.
     """
 
-    def __init__(self, cfg: DictConfig, policy: nn.Module, critic: nn.Module | None,
-                 ref: nn.Module | None, actor_opt: torch.optim.Optimizer | None,
-                 critic_opt: torch.optim.Optimizer | None, generator: torch.Generator,
-                 world: World | None = None) -> None:
-        self.cfg, self.policy, self.critic, self.ref = cfg, policy, critic, ref
-        self.actor_opt, self.critic_opt, self.generator = actor_opt, critic_opt, generator
-        self.world = world or single()
+    def __init__(
+        self, trainer: TrainerConfig, generator: torch.Generator, world: World | None = None
+    ) -> None:
+        self.trainer, self.generator, self.world = trainer, generator, world or single()
 
     def minibatches(self, n_rows: int) -> list[tuple[Tensor, int]]:
         """Returns (this rank's rows of each mini-batch, the mini-batch's size over all ranks): a
-        random partition of the step's global batch (rank r holds its rows after those of ranks
-        < r), drawn from the update RNG that every rank advances alike."""
-        size, w = int(self.cfg.trainer.mini_batch_size), self.world
+        random partition of the step's global batch, rank r's rows after those of ranks < r."""
+        size, w = self.trainer.mini_batch_size, self.world
         if w.size == 1:
             return [(mb, len(mb)) for mb in minibatches(n_rows, size, self.generator)]
         counts = w.gather(n_rows)
-        offset = sum(counts[:w.rank])
-        return [(mb[(mb >= offset) & (mb < offset + n_rows)] - offset, len(mb))
-                for mb in minibatches(sum(counts), size, self.generator)]
-
-    def padding(self, passes: int) -> int:
-        """Returns how many zero-loss passes this rank adds to its ``passes`` so that every rank
-        runs the same number."""
-        return int(self.world.max(passes)) - passes if self.world.size > 1 else 0
+        offset = sum(counts[: w.rank])
+        return [
+            (mb[(mb >= offset) & (mb < offset + n_rows)] - offset, len(mb))
+            for mb in minibatches(sum(counts), size, self.generator)
+        ]
 
     def micro(self, index: Tensor, rows: Rows) -> list[Tensor]:
-        """Returns the micro-batches of mini-batch ``index``: at most ``trainer.max_tokens_per_micro_batch``
-        tokens each (``token_micro_batches``). The gradient is the mini-batch's whatever the split:
-        every loss uses the mini-batch's normaliser."""
-        return token_micro_batches(index, rows, int(self.cfg.trainer.max_tokens_per_micro_batch))
+        """Returns the micro-batches of mini-batch ``index`` (``token_micro_batches``)."""
+        return token_micro_batches(index, rows, self.trainer.max_tokens_per_micro_batch)
 
-    def critic_update(self, batch: Batch, step: int) -> dict[str, float]:
-        """Returns critic metrics after ppo_epochs passes of clipped value-loss descent."""
-        cfg, critic = self.cfg, self.critic
-        assert critic is not None and self.critic_opt is not None
-        critic.train()
-        dev = model_device(critic)  # the batch stays where it was made; each micro-batch crosses here
-        totals: dict[str, list[float]] = {"critic/value_loss": [], "critic/clipfrac": [], "critic/grad_norm": []}
-        w = self.world
-        for _ in range(int(cfg.trainer.ppo_epochs)):
-            for mb, _ in self.minibatches(len(batch.problems)):
-                norm = float(w.sum(loss_denominator(cfg.critic.loss_agg, batch.rows.response_mask[mb])))
-                # the clip fraction is over the mini-batch's tokens (as the actor's), whatever the split
-                n_tok = float(w.sum(batch.rows.response_mask[mb].sum()))
-                self.critic_opt.zero_grad(set_to_none=True)
-                loss_sum, clip_sum = 0.0, 0.0
-                micros = self.micro(mb, batch.rows)
-                extra = self.padding(len(micros))  # agreed before any pass: it is a collective too
-                for idx in micros:
+    def padding(self, passes: int) -> int:
+        """Returns how many zero-loss passes this rank adds to reach the busiest rank's."""
+        return int(self.world.max(passes)) - passes if self.world.size > 1 else 0
+
+    def step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        micros: list[Tensor],
+        run_pass: Pass,
+        zero: dict[str, Any],
+        check: str,
+        step: int,
+    ) -> tuple[dict[str, float], float]:
+        """Runs one optimiser step of ``model`` over ``micros`` and returns (the metric terms of
+        its passes summed over micro-batches and ranks, the gradient norm before clipping).
+
+        ``zero`` holds each metric's starting value (its dtype is the reduction's);
+        ``check`` names the metric that must be finite.
+
+        Raises:
+            TrainingDiverged: metric ``check`` is NaN or infinite.
+        """
+        optimizer.zero_grad(set_to_none=True)
+        acc = dict(zero)
+        extra = self.padding(len(micros))  # agreed before any pass: it is a collective too
+        for idx in [*micros, *[None] * extra]:
+            loss, terms = run_pass(idx)
+            loss.backward()
+            for k, v in terms.items():
+                acc[k] += v
+        summed = {k: float(self.world.sum(v)) for k, v in acc.items()}
+        _check_finite(check, summed[check], step)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.trainer.grad_clip)
+        optimizer.step()
+        return summed, float(full(norm))
+
+
+class CriticUpdate:
+    """Clipped value-loss descent of the critic over a step's batch, ``ppo_epochs`` times."""
+
+    def __init__(
+        self,
+        descent: Descent,
+        critic: CriticConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        self.descent, self.cfg, self.model, self.optimizer = descent, critic, model, optimizer
+
+    def __call__(self, batch: Batch, step: int) -> dict[str, float]:
+        """Returns the critic's metrics, each the mean over its optimiser steps."""
+        d, w, model = self.descent, self.descent.world, self.model
+        model.train()
+        dev = model_device(model)  # the batch stays where it was made; each micro-batch crosses
+        totals: dict[str, list[float]] = {"critic/value_loss": [], "critic/clipfrac": []}
+        norms: list[float] = []
+        for _ in range(d.trainer.ppo_epochs):
+            for mb, _ in d.minibatches(len(batch.problems)):
+                mask = batch.rows.response_mask[mb]
+                norm = float(w.sum(loss_denominator(self.cfg.loss_agg, mask)))
+                # the clip fraction is over the mini-batch's tokens, whatever the split
+                n_tok = float(w.sum(mask.sum()))
+
+                def run_pass(idx: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+                    if idx is None:
+                        return value_forward(model, Rows.dummy(dev)).sum() * 0.0, {}
                     rows = batch.rows.take(idx).to(dev)
                     t = rows.response_ids.shape[1]
-                    values = value_forward(critic, rows)
-                    loss, m = value_loss(values, batch.values[idx, :t].to(dev), batch.returns[idx, :t].to(dev),
-                                         rows.response_mask, clip_range=cfg.critic.value_clip,
-                                         loss_agg=cfg.critic.loss_agg, normalizer=norm)
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                    clip_sum += float(m["clipfrac"]) * float(rows.response_mask.sum()) / max(n_tok, 1.0)
-                for _ in range(extra):
-                    (value_forward(critic, Rows.dummy(dev)).sum() * 0.0).backward()
-                loss_sum, clip_sum = float(w.sum(loss_sum)), float(w.sum(clip_sum))
-                _check_finite("critic/value_loss", torch.tensor(loss_sum), step)
-                gn = torch.nn.utils.clip_grad_norm_(critic.parameters(), float(cfg.trainer.grad_clip))
-                self.critic_opt.step()
-                totals["critic/value_loss"].append(loss_sum)
-                totals["critic/clipfrac"].append(clip_sum)
-                totals["critic/grad_norm"].append(float(full(gn)))
-        critic.eval()
-        return {k: sum(v) / len(v) for k, v in totals.items() if v}
+                    old, returns = batch.values[idx, :t].to(dev), batch.returns[idx, :t].to(dev)
+                    loss, m = value_loss(
+                        value_forward(model, rows),
+                        old,
+                        returns,
+                        rows.response_mask,
+                        clip_range=self.cfg.value_clip,
+                        loss_agg=self.cfg.loss_agg,
+                        normalizer=norm,
+                    )
+                    tokens = float(rows.response_mask.sum())
+                    terms = {
+                        "critic/value_loss": float(loss.detach()),
+                        "critic/clipfrac": float(m["clipfrac"]) * tokens / max(n_tok, 1.0),
+                    }
+                    return loss, terms
 
-    def actor_update(self, batch: Batch, step: int) -> dict[str, float]:
-        """Returns actor metrics after ppo_epochs passes of PPO-clip descent (+ μ·NLL, + β·KL)."""
-        cfg, policy = self.cfg, self.policy
-        assert self.actor_opt is not None
-        policy.train()
-        dev = model_device(policy)  # the batch stays where it was made; each micro-batch crosses here
-        temperature = float(cfg.rollout.temperature)
-        keys = ["actor/pg_loss", "actor/nll_loss", "actor/kl_loss", "actor/entropy", "actor/clipfrac_low",
-                "actor/clipfrac_high", "actor/clipfrac_dual", "actor/approx_kl", "actor/grad_norm"]
-        totals: dict[str, list[float]] = {k: [] for k in keys}
-        w = self.world
-        for _ in range(int(cfg.trainer.ppo_epochs)):
-            for mb, _ in self.minibatches(len(batch.problems)):
+                zero = dict.fromkeys(totals, 0.0)
+                micros = d.micro(mb, batch.rows)
+                summed, grad_norm = d.step(
+                    model, self.optimizer, micros, run_pass, zero, "critic/value_loss", step
+                )
+                for k in totals:
+                    totals[k].append(summed[k])
+                norms.append(grad_norm)
+        model.eval()
+        out = {k: sum(v) / len(v) for k, v in totals.items() if v}
+        if norms:
+            out["critic/grad_norm"] = sum(norms) / len(norms)
+        return out
+
+
+ACTOR_KEYS = (
+    "actor/pg_loss",
+    "actor/nll_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/clipfrac_low",
+    "actor/clipfrac_high",
+    "actor/clipfrac_dual",
+    "actor/approx_kl",
+)
+
+
+class ActorUpdate:
+    """PPO-clip descent of the policy (+ μ·NLL on correct responses, + β·KL to ``ref`` in the
+    loss) over a step's batch, ``ppo_epochs`` times."""
+
+    def __init__(
+        self,
+        descent: Descent,
+        loss: LossConfig,
+        kl: KlConfig,
+        temperature: float,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ref: nn.Module | None = None,
+    ) -> None:
+        self.descent, self.loss, self.kl, self.temperature = descent, loss, kl, temperature
+        self.model, self.optimizer, self.ref = model, optimizer, ref
+
+    def __call__(self, batch: Batch, step: int) -> dict[str, float]:
+        """Returns the actor's metrics, each the mean over its optimiser steps."""
+        d, w, model, lc = self.descent, self.descent.world, self.model, self.loss
+        kl_in_loss = self.ref is not None and self.kl.coef > 0 and self.kl.target == "loss"
+        model.train()
+        dev = model_device(model)
+        totals: dict[str, list[float]] = {k: [] for k in (*ACTOR_KEYS, "actor/grad_norm")}
+        for _ in range(d.trainer.ppo_epochs):
+            for mb, _ in d.minibatches(len(batch.problems)):
                 mask_mb = batch.rows.response_mask[mb]
-                norm = float(w.sum(loss_denominator(cfg.loss.agg, mask_mb)))
+                norm = float(w.sum(loss_denominator(lc.agg, mask_mb)))
                 # the NLL is normalised by the correct tokens of the whole mini-batch (VAPO §4.3)
                 nll_norm = float(w.sum((mask_mb.sum(-1) * batch.correct[mb]).sum()))
-                self.actor_opt.zero_grad(set_to_none=True)
-                acc = {k: 0.0 for k in keys}
                 n_tok = float(w.sum(mask_mb.sum()))
-                micros = self.micro(mb, batch.rows)
-                extra = self.padding(len(micros))
-                for idx in micros:
+
+                def run_pass(idx: Tensor | None) -> tuple[Tensor, dict[str, Any]]:
+                    if idx is None:
+                        dummy = policy_forward(model, Rows.dummy(dev), self.temperature)[0]
+                        return dummy.sum() * 0.0, {}
                     rows = batch.rows.take(idx).to(dev)
-                    t = rows.response_ids.shape[1]
-                    mask = rows.response_mask
-                    logprobs, entropy = policy_forward(policy, rows, temperature, with_entropy=True,
-                                                       entropy_grad=cfg.loss.entropy_coef > 0)
-                    old, adv = batch.old_logprobs[idx, :t].to(dev), batch.advantages[idx, :t].to(dev)
-                    pg, m = ppo_policy_loss(logprobs, old, adv, mask,
-                                            eps_low=float(cfg.loss.eps_low), eps_high=float(cfg.loss.eps_high),
-                                            dual_clip=cfg.loss.dual_clip, loss_agg=cfg.loss.agg, normalizer=norm)
-                    loss = pg
-                    if cfg.loss.mu > 0 and nll_norm > 0:
-                        nll = positive_nll_loss(logprobs, mask, batch.correct[idx].to(dev), normalizer=nll_norm)
-                        loss = loss + float(cfg.loss.mu) * nll
-                        acc["actor/nll_loss"] += float(nll.detach())
-                    if self.ref is not None and cfg.kl.coef > 0 and cfg.kl.target == "loss":
+                    t, mask = rows.response_ids.shape[1], rows.response_mask
+                    grad = lc.entropy_coef > 0
+                    logprobs, entropy = policy_forward(
+                        model, rows, self.temperature, with_entropy=True, entropy_grad=grad
+                    )
+                    old = batch.old_logprobs[idx, :t].to(dev)
+                    adv = batch.advantages[idx, :t].to(dev)
+                    pg, m = ppo_policy_loss(
+                        logprobs,
+                        old,
+                        adv,
+                        mask,
+                        eps_low=lc.eps_low,
+                        eps_high=lc.eps_high,
+                        dual_clip=lc.dual_clip,
+                        loss_agg=lc.agg,
+                        normalizer=norm,
+                    )
+                    loss, terms = pg, {}
+                    if lc.mu > 0 and nll_norm > 0:
+                        correct = batch.correct[idx].to(dev)
+                        nll = positive_nll_loss(logprobs, mask, correct, normalizer=nll_norm)
+                        loss = loss + lc.mu * nll
+                        terms["actor/nll_loss"] = float(nll.detach())
+                    if kl_in_loss:
                         ref = batch.ref_logprobs[idx, :t].to(dev)
-                        kl = aggregate_loss(kl_estimate(logprobs, ref, cfg.kl.estimator),
-                                            mask, cfg.loss.agg, normalizer=norm)
-                        loss = loss + float(cfg.kl.coef) * kl
-                        acc["actor/kl_loss"] += float(kl.detach())
-                    if cfg.loss.entropy_coef > 0:
-                        loss = loss - float(cfg.loss.entropy_coef) * aggregate_loss(entropy, mask, "token-mean",
-                                                                                     normalizer=n_tok)
-                    loss.backward()
-                    share = float(mask.sum()) / max(n_tok, 1.0)  # token-weighted metric averages
-                    acc["actor/pg_loss"] += float(pg.detach())
-                    acc["actor/entropy"] += float(masked_mean(entropy.detach(), mask)) * share
+                        est = kl_estimate(logprobs, ref, self.kl.estimator)
+                        kl = aggregate_loss(est, mask, lc.agg, normalizer=norm)
+                        loss = loss + self.kl.coef * kl
+                        terms["actor/kl_loss"] = float(kl.detach())
+                    if lc.entropy_coef > 0:
+                        bonus = aggregate_loss(entropy, mask, "token-mean", normalizer=n_tok)
+                        loss = loss - lc.entropy_coef * bonus
+                    share = float(mask.sum()) / max(n_tok, 1.0)  # token-weighted averages
+                    terms["actor/pg_loss"] = float(pg.detach())
+                    terms["actor/entropy"] = float(masked_mean(entropy.detach(), mask)) * share
                     for k in ("clipfrac_low", "clipfrac_high", "clipfrac_dual", "approx_kl"):
-                        acc[f"actor/{k}"] += float(m[k]) * share
-                for _ in range(extra):
-                    dummy = policy_forward(policy, Rows.dummy(dev), temperature)[0]
-                    (dummy.sum() * 0.0).backward()
-                if w.size > 1:
-                    acc = {k: float(w.sum(v)) for k, v in acc.items()}
-                _check_finite("actor/pg_loss", torch.tensor(acc["actor/pg_loss"]), step)
-                gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), float(cfg.trainer.grad_clip))
-                self.actor_opt.step()
-                acc["actor/grad_norm"] = float(full(gn))
-                for k in keys:
-                    totals[k].append(acc[k])
-        policy.eval()
+                        terms[f"actor/{k}"] = float(m[k]) * share
+                    return loss, terms
+
+                zero = dict.fromkeys(ACTOR_KEYS, 0.0)
+                micros = d.micro(mb, batch.rows)
+                summed, grad_norm = d.step(
+                    model, self.optimizer, micros, run_pass, zero, "actor/pg_loss", step
+                )
+                for k in ACTOR_KEYS:
+                    totals[k].append(summed[k])
+                totals["actor/grad_norm"].append(grad_norm)
+        model.eval()
         return {k: sum(v) / len(v) for k, v in totals.items() if v}

@@ -1,10 +1,9 @@
-"""Benchmark of one RL step through vapo-lab's trainer and through TRL, on CPU, interleaved.
+"""Benchmarks one RL step through vapo-lab's trainer and through TRL, on CPU, interleaved.
 
 ``python -m vapo_lab.bench.trl`` runs it and prints its report, as ``vapo-lab bench trl`` does.
-The driver also starts every worker by running this file by path with ``--worker KIND``
-(:func:`vapo_lab.bench.trl.protocol.worker_argv`): a TRL env's interpreter, where vapo-lab is not
-installed, cannot run it by module name. So this file imports nothing of vapo-lab before
-:func:`_import_vapo_lab` has made the package importable.
+The driver also starts every worker by running this file by path with ``--worker KIND``: a TRL
+env's interpreter, where vapo-lab is not installed, cannot run it by module name. So this file
+imports nothing of vapo-lab before :func:`_import_vapo_lab` has made the package importable.
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ def _drop_own_folder_from_path() -> None:
 def _import_vapo_lab() -> None:
     """Makes ``vapo_lab`` importable: installed in the main env; loaded from this tree in a TRL env.
 
-    The package is loaded by file location, without putting the tree (or the main env, when vapo-lab
-    is installed into its site-packages) on sys.path, so a TRL env sees only its own packages.
+    The package is loaded by file location, without putting the tree (or the main env) on
+    sys.path, so a TRL env sees only its own packages.
     """
     if "vapo_lab" in sys.modules:
         return
@@ -41,7 +40,8 @@ def _import_vapo_lab() -> None:
     except ImportError:
         package_dir = Path(__file__).resolve().parents[2]
         spec = importlib.util.spec_from_file_location(
-            "vapo_lab", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)])
+            "vapo_lab", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["vapo_lab"] = module
         spec.loader.exec_module(module)
@@ -50,8 +50,8 @@ def _import_vapo_lab() -> None:
 def _worker_main(kind: str, model_dir: str, workdir: str, spec_json: str) -> None:
     """Runs the worker of ``kind`` until the driver stops it.
 
-    The channel is opened before the side's module is imported, so that nothing the libraries print
-    while loading can reach the pipe; our side is imported only here because it needs the main env.
+    The channel is opened before the side's module is imported, so that nothing the libraries
+    print while loading can reach the pipe; our side needs the main env, so it is imported here.
     """
     from vapo_lab.bench.trl.protocol import Channel
     from vapo_lab.bench.trl.spec import BenchSpec
@@ -77,7 +77,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from vapo_lab.bench.trl.envs import ENVS, setup_trl_envs
     from vapo_lab.bench.trl.spec import BenchSpec
 
-    parser = argparse.ArgumentParser(prog="python -m vapo_lab.bench.trl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vapo_lab.bench.trl", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=BenchSpec.threads)
@@ -103,9 +105,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     from vapo_lab.bench.trl.run import format_trl_benchmark, run_trl_benchmark
 
-    result = run_trl_benchmark(steps=args.steps, warmup=args.warmup, parts=parts, trl_python=args.trl_python,
-                               trl_grpo_python=args.trl_grpo_python, spec=BenchSpec(threads=args.threads),
-                               log=progress)
+    result = run_trl_benchmark(
+        steps=args.steps,
+        warmup=args.warmup,
+        parts=parts,
+        trl_python=args.trl_python,
+        trl_grpo_python=args.trl_grpo_python,
+        spec=BenchSpec(threads=args.threads),
+        log=progress,
+    )
     print(format_trl_benchmark(result))
 
 

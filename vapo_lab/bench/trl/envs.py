@@ -25,8 +25,10 @@ def setup_command(part: str) -> str:
     """Returns the shell commands that create the TRL env for ``part`` (ppo or grpo)."""
     name, version = ENVS[part]
     env = ENV_ROOT / name
-    return (f"python -m venv {env} && {env}/bin/pip install torch=={TORCH_PIN} && "
-            f"{env}/bin/pip install trl=={version}")
+    return (
+        f"python -m venv {env} && {env}/bin/pip install torch=={TORCH_PIN} && "
+        f"{env}/bin/pip install trl=={version}"
+    )
 
 
 def default_python(part: str) -> Path:
@@ -40,14 +42,17 @@ def check_trl_python(part: str, python: str | Path) -> Path:
     if not path.is_file():
         name, version = ENVS[part]
         raise TrlBenchError(
-            f"TRL env for the {part.upper()} comparison not found ({path} is missing; it needs trl=={version}): "
+            f"TRL env for the {part.upper()} comparison not found "
+            f"({path} is missing; it needs trl=={version}): "
             f"create it with `vapo-lab bench trl --setup` (or: {setup_command(part)}), "
-            f"or pass --trl{'' if part == 'ppo' else '-grpo'}-python PATH")
+            f"or pass --trl{'' if part == 'ppo' else '-grpo'}-python PATH"
+        )
     return path
 
 
-def setup_trl_envs(parts: Sequence[str] = ("ppo", "grpo"),
-                   log: Callable[[str], None] = lambda text: None) -> list[Path]:
+def setup_trl_envs(
+    parts: Sequence[str] = ("ppo", "grpo"), log: Callable[[str], None] = lambda text: None
+) -> list[Path]:
     """Creates the TRL virtual envs under .bench-venv/ (torch first, from the local CPU wheel).
 
     Returns the interpreters. An existing env is reused; pip only installs what is missing.
@@ -64,7 +69,9 @@ def setup_trl_envs(parts: Sequence[str] = ("ppo", "grpo"),
             log(f"{env}: pip install {requirement}")
             done = subprocess.run(pip + [requirement])
             if done.returncode:
-                raise TrlBenchError(f"pip install {requirement} into {env} failed (exit {done.returncode}): "
-                                    f"see pip's output above; retry with `{setup_command(part)}`")
+                raise TrlBenchError(
+                    f"pip install {requirement} into {env} failed (exit {done.returncode}): "
+                    f"see pip's output above; retry with `{setup_command(part)}`"
+                )
         pythons.append(env / "bin" / "python")
     return pythons

@@ -22,7 +22,8 @@ from vapo_lab.bench.trl.spec import BenchSpec, TrlBenchError
 
 # driver-side wait for one worker message (setup or a block of steps) before giving up
 MESSAGE_TIMEOUT_S = 900.0
-# the worker entry point, run by path: a TRL env's interpreter cannot import an uninstalled package by name
+# the worker entry point, run by path: a TRL env's interpreter cannot import an uninstalled
+# package by name
 WORKER_MAIN = Path(__file__).resolve().with_name("__main__.py")
 
 
@@ -79,7 +80,9 @@ class Gate:
         self.tokens.append(int(tokens))
         self.remaining -= 1
         if self.remaining <= 0:
-            self.channel.send(event="done", seconds=self.times, tokens=self.tokens, rss_mib=peak_rss_mib())
+            self.channel.send(
+                event="done", seconds=self.times, tokens=self.tokens, rss_mib=peak_rss_mib()
+            )
             self.times, self.tokens = [], []
             self._wait()
         else:
@@ -96,11 +99,20 @@ class Gate:
 class WorkerProcess:
     """A persistent worker process driven over its stdin / stdout; stderr goes to a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str], hint: str = "") -> None:
+    def __init__(
+        self, name: str, argv: list[str], log_path: Path, env: dict[str, str], hint: str = ""
+    ) -> None:
         self.name, self.log_path, self.hint = name, log_path, hint
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=env, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
 
     def send(self, **message: Any) -> None:
         assert self.proc.stdin is not None
@@ -114,7 +126,9 @@ class WorkerProcess:
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            raise TrlBenchError(f"worker {self.name} sent nothing in {timeout:.0f}s: see {self.log_path}")
+            raise TrlBenchError(
+                f"worker {self.name} sent nothing in {timeout:.0f}s: see {self.log_path}"
+            )
         line = self.proc.stdout.readline()
         if not line:
             raise self._died()
@@ -125,8 +139,10 @@ class WorkerProcess:
         self._log.flush()
         lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
         last = lines[-1].strip() if lines else "no output"
-        return TrlBenchError(f"worker {self.name} exited with code {code}: {last} (full log: {self.log_path})"
-                             + self.hint)
+        return TrlBenchError(
+            f"worker {self.name} exited with code {code}: {last} (full log: {self.log_path})"
+            + self.hint
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -143,18 +159,41 @@ class WorkerProcess:
 
 
 def worker_env(spec: BenchSpec) -> dict[str, str]:
-    """Returns the environment of every worker: ``spec.threads`` threads, offline, CPU only, quiet."""
+    """Returns every worker's environment: ``spec.threads`` threads, offline, CPU only, quiet."""
     env = dict(os.environ)
     threads = str(spec.threads)
-    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TRANSFORMERS_VERBOSITY="error", ACCELERATE_USE_CPU="true", PYTHONUNBUFFERED="1",
-               CUDA_VISIBLE_DEVICES="")
+    env.update(
+        OMP_NUM_THREADS=threads,
+        MKL_NUM_THREADS=threads,
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        ACCELERATE_USE_CPU="true",
+        PYTHONUNBUFFERED="1",
+        CUDA_VISIBLE_DEVICES="",
+    )
     env.pop("PYTHONPATH", None)  # a TRL env must not see the main env's packages
     return env
 
 
-def worker_argv(python: str | Path, kind: str, model_dir: Path, spec: BenchSpec, workdir: Path) -> list[str]:
-    """Returns the command line that starts a worker of ``kind`` (``ours-<algo>``, ``trl-ppo``, ``trl-grpo``)."""
-    return [str(python), str(WORKER_MAIN), "--worker", kind, "--model", str(model_dir),
-            "--workdir", str(workdir), "--spec", json.dumps(asdict(spec))]
+def worker_argv(
+    python: str | Path, kind: str, model_dir: Path, spec: BenchSpec, workdir: Path
+) -> list[str]:
+    """Returns the command line that starts a worker of ``kind``.
+
+    ``kind`` is ``ours-<algo>``, ``trl-ppo`` or ``trl-grpo`` (each TRL kind also with ``-nogc``).
+    """
+    return [
+        str(python),
+        str(WORKER_MAIN),
+        "--worker",
+        kind,
+        "--model",
+        str(model_dir),
+        "--workdir",
+        str(workdir),
+        "--spec",
+        json.dumps(asdict(spec)),
+    ]

@@ -51,5 +51,11 @@ class BenchSpec:
 
 def bench_task(spec: BenchSpec) -> ArithTask:
     """Returns the arith task whose train split every side draws its prompts from."""
-    return ArithTask(seed=spec.seed, n_train=spec.n_problems, n_eval=8,
-                     min_digits=spec.digits, max_digits=spec.digits, length_exponent=0.0)
+    return ArithTask(
+        seed=spec.seed,
+        n_train=spec.n_problems,
+        n_eval=8,
+        min_digits=spec.digits,
+        max_digits=spec.digits,
+        length_exponent=0.0,
+    )

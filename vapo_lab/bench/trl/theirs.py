@@ -27,11 +27,22 @@ def _trl_setup(spec: BenchSpec) -> Any:
 
 def _trl_common_args(spec: BenchSpec, workdir: str) -> dict[str, Any]:
     """Returns TrainingArguments shared by both TRL trainers: fp32 on CPU, no logging or saving."""
-    return dict(output_dir=str(Path(workdir) / "trl-out"), use_cpu=True, bf16=False, fp16=False,
-                report_to="none", save_strategy="no", disable_tqdm=True, seed=spec.seed,
-                gradient_checkpointing=False,
-                learning_rate=spec.lr, lr_scheduler_type="constant", warmup_steps=0,
-                dataloader_num_workers=0, max_grad_norm=1.0)
+    return dict(
+        output_dir=str(Path(workdir) / "trl-out"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=spec.seed,
+        gradient_checkpointing=False,
+        learning_rate=spec.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        dataloader_num_workers=0,
+        max_grad_norm=1.0,
+    )
 
 
 def _verifier_reward_model(tokenizer: Any, task: Any, counter: list[int]) -> Any:
@@ -82,15 +93,12 @@ def gc_collect_calls(module: Any) -> int:
 
 
 def disable_gc_collect(module: Any) -> int:
-    """Makes ``gc.collect()`` a no-op inside ``module`` (a trainer's module); returns the calls it had.
+    """Makes ``gc.collect()`` a no-op in ``module`` (a trainer's); returns the calls it has.
 
-    TRL's PPOTrainer runs ``gc.collect()`` twice per step (after the rollout and at the end of the
-    step, each after ``torch.cuda.empty_cache()``): a full collection of the interpreter's heap, a
-    large share of its CPU step (docs/benchmarks.md#rl-step-against-trl). Only the module's own
-    global ``gc`` is replaced, by
-    an object whose ``collect`` does nothing; the interpreter's collector and every other module
-    are untouched. The count is of ``gc.collect(`` in the module's source, so that the report can
-    say what was disabled (0: the trainer does not call it, and nothing changes).
+    TRL's PPOTrainer runs a full collection twice per step, a large share of its CPU step
+    (docs/benchmarks.md#rl-step-against-trl). Only the module's own global ``gc`` is replaced; the
+    interpreter's collector and every other module are untouched. The calls are counted in the
+    module's source, so that the report can say what was disabled (0: nothing changes).
     """
     import types
 
@@ -100,15 +108,22 @@ def disable_gc_collect(module: Any) -> int:
     return calls
 
 
-def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: str, gc_off: bool = False) -> None:
+def serve_trl_ppo(
+    channel: Channel, model_dir: str, spec: BenchSpec, workdir: str, gc_off: bool = False
+) -> None:
     """Worker loop of TRL's PPOTrainer (trl==1.12.0) on the benchmark's work.
 
-    ``gc_off``: with the trainer's per-step ``gc.collect()`` calls disabled (:func:`disable_gc_collect`).
+    ``gc_off``: with the trainer's per-step ``gc.collect()`` calls disabled.
     """
     torch = _trl_setup(spec)
     import trl
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        TrainerCallback,
+    )
 
     try:
         from trl.experimental.ppo import PPOConfig, PPOTrainer
@@ -116,9 +131,10 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
         try:
             from trl import PPOConfig, PPOTrainer  # releases before trl.experimental
         except ImportError:
-            raise SystemExit(f"trl {trl.__version__} in {sys.prefix} has no PPOTrainer (removed in 1.13): "
-                             f"this env needs trl=={TRL_PPO_VERSION}; recreate it with `{setup_command('ppo')}`"
-                             ) from None
+            raise SystemExit(
+                f"trl {trl.__version__} in {sys.prefix} has no PPOTrainer (removed in 1.13): "
+                f"this env needs trl=={TRL_PPO_VERSION}; recreate it with `{setup_command('ppo')}`"
+            ) from None
 
     module = sys.modules[PPOTrainer.__module__]
     gc_calls = disable_gc_collect(module) if gc_off else gc_collect_calls(module)
@@ -127,7 +143,9 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
     tokenizer.padding_side = "left"
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     # the value model: the policy's architecture and weights with a scalar head (critic.init=policy)
-    value_model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    value_model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir, num_labels=1, dtype=torch.float32
+    )
     counter = [0]
     reward_model = _verifier_reward_model(tokenizer, task, counter)
     prompts = [tokenizer(p.prompt)["input_ids"] for p in task.train]
@@ -138,19 +156,40 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
         **_trl_common_args(spec, workdir),
         # 64 rollouts per step, all generated in one batch; 4 mini-batches of 16, one optimiser step
         # each (per_device_train_batch_size x gradient_accumulation_steps is the rollout batch)
-        per_device_train_batch_size=spec.completions, gradient_accumulation_steps=1,
-        num_mini_batches=spec.completions // spec.mini_batch_size, num_ppo_epochs=spec.epochs,
+        per_device_train_batch_size=spec.completions,
+        gradient_accumulation_steps=1,
+        num_mini_batches=spec.completions // spec.mini_batch_size,
+        num_ppo_epochs=spec.epochs,
         local_rollout_forward_batch_size=spec.completions,
-        total_episodes=spec.completions * total_steps, response_length=spec.max_new_tokens,
-        temperature=1.0, stop_token="eos", num_sample_generations=0, kl_coef=spec.kl_coef,
-        kl_estimator="k1", cliprange=0.2, cliprange_value=0.5, gamma=1.0, lam=0.95,
+        total_episodes=spec.completions * total_steps,
+        response_length=spec.max_new_tokens,
+        temperature=1.0,
+        stop_token="eos",
+        num_sample_generations=0,
+        kl_coef=spec.kl_coef,
+        kl_estimator="k1",
+        cliprange=0.2,
+        cliprange_value=0.5,
+        gamma=1.0,
+        lam=0.95,
     )
-    gate = Gate(channel, {"side": "trl", "algo": "ppo", "trl": trl.__version__, "torch": torch.__version__,
-                          "threads": torch.get_num_threads(),
-                          "policy_params": sum(p.numel() for p in policy.parameters()),
-                          "value_params": sum(p.numel() for p in value_model.parameters()),
-                          "n_samples": 1, "reference_model": True,
-                          "gc_calls": gc_calls, "gc_off": gc_off, "trainer_module": module.__name__})
+    gate = Gate(
+        channel,
+        {
+            "side": "trl",
+            "algo": "ppo",
+            "trl": trl.__version__,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "policy_params": sum(p.numel() for p in policy.parameters()),
+            "value_params": sum(p.numel() for p in value_model.parameters()),
+            "n_samples": 1,
+            "reference_model": True,
+            "gc_calls": gc_calls,
+            "gc_off": gc_off,
+            "trainer_module": module.__name__,
+        },
+    )
 
     class StepGate(TrainerCallback):
         def on_train_begin(self, *_: Any, **__: Any) -> None:
@@ -160,13 +199,23 @@ def serve_trl_ppo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: st
             tokens, counter[0] = counter[0], 0
             gate.end(tokens)
 
-    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=None,
-                         reward_model=reward_model, train_dataset=train, value_model=value_model,
-                         eval_dataset=train.select(range(8)), callbacks=[StepGate()])
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=None,
+        reward_model=reward_model,
+        train_dataset=train,
+        value_model=value_model,
+        eval_dataset=train.select(range(8)),
+        callbacks=[StepGate()],
+    )
     trainer.train()
 
 
-def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: str, gc_off: bool = False) -> None:
+def serve_trl_grpo(
+    channel: Channel, model_dir: str, spec: BenchSpec, workdir: str, gc_off: bool = False
+) -> None:
     """Worker loop of TRL's GRPOTrainer on the benchmark's work (``gc_off``: as for PPO)."""
     torch = _trl_setup(spec)
     import trl
@@ -183,8 +232,9 @@ def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: s
     counter = [0]
     problems = {p.prompt: p for p in task.train}
 
-    def verifier(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
-                 **_: Any) -> list[float]:
+    def verifier(
+        prompts: list[str], completions: list[str], completion_ids: list[list[int]], **_: Any
+    ) -> list[float]:
         """1/0 from the arith verifier; counts the generated tokens (eos included)."""
         counter[0] += sum(len(ids) for ids in completion_ids)
         return [float(task.verify(c, problems[p])) for p, c in zip(prompts, completions)]
@@ -194,17 +244,38 @@ def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: s
     args = GRPOConfig(
         **_trl_common_args(spec, workdir),
         # 64 completions (8 prompts x 8) generated together, then 4 optimiser steps of 16
-        per_device_train_batch_size=spec.mini_batch_size, gradient_accumulation_steps=1,
-        steps_per_generation=optimizer_steps, num_iterations=spec.epochs,
-        num_generations=spec.group_size, max_completion_length=spec.max_new_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, beta=spec.grpo_beta, epsilon=0.2, loss_type="grpo",
-        scale_rewards="group", max_steps=100_000 * optimizer_steps, logging_steps=10_000,
+        per_device_train_batch_size=spec.mini_batch_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=optimizer_steps,
+        num_iterations=spec.epochs,
+        num_generations=spec.group_size,
+        max_completion_length=spec.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=spec.grpo_beta,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
+        max_steps=100_000 * optimizer_steps,
+        logging_steps=10_000,
     )
-    gate = Gate(channel, {"side": "trl", "algo": "grpo", "trl": trl.__version__, "torch": torch.__version__,
-                          "threads": torch.get_num_threads(),
-                          "policy_params": sum(p.numel() for p in policy.parameters()),
-                          "n_samples": spec.group_size, "reference_model": spec.grpo_beta > 0,
-                          "gc_calls": gc_calls, "gc_off": gc_off, "trainer_module": module.__name__})
+    gate = Gate(
+        channel,
+        {
+            "side": "trl",
+            "algo": "grpo",
+            "trl": trl.__version__,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "policy_params": sum(p.numel() for p in policy.parameters()),
+            "n_samples": spec.group_size,
+            "reference_model": spec.grpo_beta > 0,
+            "gc_calls": gc_calls,
+            "gc_off": gc_off,
+            "trainer_module": module.__name__,
+        },
+    )
 
     class StepGate(TrainerCallback):
         """One RL step = one generation = ``optimizer_steps`` trainer steps."""
@@ -217,7 +288,12 @@ def serve_trl_grpo(channel: Channel, model_dir: str, spec: BenchSpec, workdir: s
                 tokens, counter[0] = counter[0], 0
                 gate.end(tokens)
 
-    trainer = GRPOTrainer(model=policy, reward_funcs=[verifier], args=args, train_dataset=train,
-                          processing_class=tokenizer, callbacks=[StepGate()])
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=[verifier],
+        args=args,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[StepGate()],
+    )
     trainer.train()
-
