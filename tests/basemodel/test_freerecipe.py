@@ -56,3 +56,20 @@ def test_summarize_by_hand():
     }
     assert table["d01_03"]["acc"] == 1.0 and table["d04_08"]["acc"] == 0.5
     assert FREE_DEFAULTS["task"] == "arithfree"
+
+
+def test_model_base_overrides_the_tasks_digit_count_law_in_the_build_options():
+    from vapo_lab.basemodel.build import base_options_for
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
+
+    def options(*overrides):
+        c = typed(compose_config(overrides=["scale=cpu-free", *overrides]).cfg)
+        return base_options_for(c.model, c.task)
+
+    uniform = options()
+    assert uniform["task"] == "arithfree" and uniform["length_exponent"] == 0.0
+    # the RL task stays uniform; the base is pre-trained on P(n) ∝ n^-0.5 (another cache key)
+    mixed = options("+model.base.length_exponent=0.5")
+    assert mixed["length_exponent"] == 0.5
+    assert config_hash(base_config(**mixed)) != config_hash(base_config(**uniform))

@@ -394,3 +394,51 @@ def test_a_finding_is_printed_beside_every_verdict_it_qualifies_and_an_unknown_i
     found.write_text("findings: [a list]\n")
     with pytest.raises(ReportError, match="needs 'findings:' mapping each prediction id"):
         confirm.load_findings(found)
+
+
+def test_the_tally_counts_outcomes_and_mechanisms_apart_and_the_plateau_rule_reads_every_row(
+    tmp_path,
+):
+    noise = [0.1, -0.2, 0.3, 0.0, -0.1, 0.2]
+
+    def runs(variant, score_offset, entropy, rising=False):
+        out = []
+        for s, e in enumerate(noise):
+            curve = (
+                [50, 60, 70, 80, 84 + score_offset + e, 90 + score_offset + e]
+                if rising
+                else [50, 60, 70, 80, 90 + score_offset + e, 90 + score_offset + e]
+            )
+            r = run(variant, s, curve)
+            r.history["actor/entropy"] = [(step, entropy + e / 100) for step in range(1, 51)]
+            out.append(r)
+        return out
+
+    g = {
+        "VAPO": runs("VAPO", 0.0, 0.50),
+        "w/o token_level_loss": runs("w/o token_level_loss", -5.0, 0.50),  # an outcome
+        "w/o clip_higher": runs("w/o clip_higher", 0.0, 0.20, rising=True),  # a mechanism
+    }
+    common = {"family": "F1", "expect": "lower", "paper": "lower"}
+    path = plan_file(
+        tmp_path,
+        [
+            {"id": "7", "row": "token_level_loss", "measure": "plateau_score", **common},
+            {"id": "C2", "row": "clip_higher", "measure": "entropy", "window": "late", **common},
+        ],
+    )
+    result = confirm.score(confirm.load(path), lambda e: g, lambda e: KEY)
+    goal = result["goal"]
+    assert goal["moved_outcome"] == ["token_level_loss"]
+    assert goal["moved_mechanism"] == ["clip_higher"]
+    assert goal["moved"] == ["clip_higher", "token_level_loss"]
+    # w/o clip_higher rose 6 points (84 -> 90) between steps 40 and 50; the others are flat
+    assert {v: c["flat"] for v, c in result["plateau_rows"].items()} == {
+        "VAPO": True,
+        "w/o clip_higher": False,
+        "w/o token_level_loss": True,
+    }
+    text = confirm.to_markdown(result)
+    assert "on an outcome (plateau score or learning speed) (a prediction counting for" in text
+    assert ": 1 of 2 (token_level_loss)." in text and ": 1 of 2 (clip_higher)." in text
+    assert "NOT held by w/o clip_higher (6.0): their plateau scores are scores still moving" in text

@@ -252,15 +252,17 @@ def base_options_for(model: ModelConfig, task: TaskConfig) -> dict[str, Any]:
         )
     shape = ("min_digits", "max_digits", "length_exponent", "readout")
     free = {"task": FREE_TASK} if task.name == FREE_TASK else {}
-    return dict(
+    options = dict(
         **free,
         task_seed=task.seed,
         n_train=task.n_train,
         n_eval=task.n_eval,
         **{k: task.options[k] for k in shape if k in task.options},
         **dataclasses.asdict(model.arch),
-        **model.base,
     )
+    # model.base wins over the task's shape: a base pre-trained on another digit-count law
+    options.update(model.base)
+    return options
 
 
 def build_base_for(

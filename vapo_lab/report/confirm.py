@@ -35,7 +35,13 @@ SCORE_MEASURES = {
 }
 # points: VAPO's seed-mean curve over the last 20% of the steps moves at most this
 PLATEAU_TOLERANCE = 1.0
-FOUND = "found after the grid"  # the words before a finding, wherever a verdict carries one
+FOUND = "found after the grid"
+# what a goal tally counts: outcomes (the held-out score's plateau or learning speed) apart from
+# mechanisms (the diagnostics: value bias, advantage gap, clip fraction, entropy, ...)
+OUTCOME, MECHANISM = (
+    ("outcome",),
+    ("mechanism",),
+)  # the words before a finding, wherever a verdict carries one
 
 Groups = dict[str, list[RunData]]
 
@@ -239,17 +245,36 @@ def score(
     components = sorted(
         {p.counts_for for p in plan.predictions if p.counts_for}, key=COMPONENTS.names().index
     )
-    moved = [
-        c for c in components if any(r["paper_direction"] and r["counts_for"] == c for r in results)
-    ]
+
+    def moved_on(kinds: tuple[str, ...] | None) -> list[str]:
+        """The components with a paper-direction result on a measure of ``kinds`` (None: any)."""
+        return [
+            c
+            for c in components
+            if any(
+                r["paper_direction"]
+                and r["counts_for"] == c
+                and (kinds is None or (r["measure"] in SCORE_MEASURES) == (kinds == OUTCOME))
+                for r in results
+            )
+        ]
+
     main_groups, main_key = groups_of(plan.main), key_of(plan.main)
     return {
         "alpha": plan.alpha,
         "families": plan.families,
         "predictions": results,
-        "goal": {"components": components, "moved": moved},
+        "goal": {
+            "components": components,
+            "moved": moved_on(None),
+            "moved_outcome": moved_on(OUTCOME),
+            "moved_mechanism": moved_on(MECHANISM),
+        },
         "claims": [_claim(c, results) for c in plan.claims],
         "plateau": plateau_check(main_groups.get(row_name(ABLATED), []), main_key),
+        "plateau_rows": {
+            v: plateau_check(runs, main_key) for v, runs in sorted(main_groups.items())
+        },
         "rank": _rank(main_groups, main_key),
         "rank_goal": plan.rank_goal,
     }
@@ -509,11 +534,31 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
         + ")."
         for c in result["claims"]
     ]
-    lines.append(
-        f"- Components separable in the paper's direction (a prediction counting for them "
-        f"significant after Holm, two-sided, the paper's sign): {len(g['moved'])} of "
-        f"{len(g['components'])}" + (f" ({', '.join(g['moved'])})." if g["moved"] else ".")
-    )
+    for label, moved in (
+        ("on an outcome (plateau score or learning speed)", g.get("moved_outcome", [])),
+        ("on a mechanism measure", g.get("moved_mechanism", [])),
+    ):
+        lines.append(
+            f"- Components separable in the paper's direction {label} (a prediction counting for "
+            f"them significant after Holm, two-sided, the paper's sign): {len(moved)} of "
+            f"{len(g['components'])}" + (f" ({', '.join(moved)})." if moved else ".")
+        )
+    rising = {v: c for v, c in result.get("plateau_rows", {}).items() if c["flat"] is False}
+    if result.get("plateau_rows"):
+        lines.append(
+            "- Plateau rule on every row (its seed-mean curve over the last 20% of the steps moves "
+            f"at most {PLATEAU_TOLERANCE:g} point): "
+            + (
+                "NOT held by "
+                + ", ".join(
+                    f"{v} ({precision.fixed(c['spread'], precision.SCORE)})"
+                    for v, c in rising.items()
+                )
+                + ": their plateau scores are scores still moving."
+                if rising
+                else "held by every row."
+            )
+        )
     rk = result["rank"]
     if rk.get("spearman") is not None:
         ci = rk.get("spearman_ci")
