@@ -140,14 +140,18 @@ def build_base(
     build_start = time.perf_counter()
     with _threads(num_threads), progress() if progress is not None else nullcontext() as bar:
         free = config.get("task") == FREE_TASK  # task=arithfree: its own traces and measurement
-        task = freerecipe.make_task(config) if free else ArithTask(
-            config["task_seed"],
-            config["n_train"],
-            config["n_eval"],
-            min_digits=config["min_digits"],
-            max_digits=config["max_digits"],
-            length_exponent=config["length_exponent"],
-            readout=config["readout"],
+        task = (
+            freerecipe.make_task(config)
+            if free
+            else ArithTask(
+                config["task_seed"],
+                config["n_train"],
+                config["n_eval"],
+                min_digits=config["min_digits"],
+                max_digits=config["max_digits"],
+                length_exponent=config["length_exponent"],
+                readout=config["readout"],
+            )
         )
         tokenizer = build_tokenizer(task.vocabulary())
         model = build_tiny_model(
