@@ -15,6 +15,7 @@ The files are raw runs of unfinished grids, kept only to continue them.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import sys
 import tempfile
@@ -25,7 +26,9 @@ from vapo_lab.launch.status import FINISHED, read_status, write_status
 from vapo_lab.track.export import SOURCE_TAG, export_runs, import_runs, read_export, write_export
 from vapo_lab.track.mlflow_tracker import open_client
 
-CARRIED = Path(__file__).resolve().parent / "carried"
+# where the runs travel: this folder's carried/, or another report's (VAPO_CARRIED, e.g.
+# reports/table1-free/carried for that report's grids)
+CARRIED = Path(os.environ.get("VAPO_CARRIED") or Path(__file__).resolve().parent / "carried")
 
 
 def grid_dir(root: Path, tags: dict[str, str]) -> Path:

@@ -10,6 +10,7 @@ import math
 import torch
 
 from tests.algo.helpers import F64, close, prefix_mask
+from vapo_lab.algo.masked import masked_var
 from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.algo.value import explained_variance, value_loss
 
@@ -167,6 +168,15 @@ def test_explained_variance_constant_returns_is_nan():
     for const in [1.0, 0.0]:
         returns = torch.full((2, 3), const, dtype=F64)
         assert math.isnan(explained_variance(values, returns, mask).item())
+    # an all-wrong batch's returns A + V of λ = 1 as a compiled scan rounds them: ±1e-9, not 0
+    # (logged: EV −1.3e14 at a step with accuracy 0); Var(R) ~1e-18 against values ~0.04
+    v32 = torch.tensor([[0.041, 0.043, 0.039], [0.044, 0.040, 0.042]])
+    r32 = torch.tensor([[1e-9, -2e-9, 0.0], [3e-9, 0.0, -1e-9]])
+    assert masked_var(r32, mask) > 0
+    assert math.isnan(explained_variance(v32, r32, mask).item())
+    # a real spread of the same returns is kept: one right response in six (Var(R) = 5/36)
+    r_real = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert not math.isnan(explained_variance(v32, r_real, mask).item())
     # constant over the valid tokens only (padding holds other values)
     returns = torch.tensor([[1.0, 1.0, 5.0], [1.0, -2.0, 3.0]], dtype=F64)
     assert math.isnan(explained_variance(values, returns, prefix_mask([2, 1], 3)).item())

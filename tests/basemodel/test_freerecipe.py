@@ -67,9 +67,12 @@ def test_model_base_overrides_the_tasks_digit_count_law_in_the_build_options():
         c = typed(compose_config(overrides=["scale=cpu-free", *overrides]).cfg)
         return base_options_for(c.model, c.task)
 
-    uniform = options()
-    assert uniform["task"] == "arithfree" and uniform["length_exponent"] == 0.0
-    # the RL task stays uniform; the base is pre-trained on P(n) ∝ n^-0.5 (another cache key)
-    mixed = options("+model.base.length_exponent=0.5")
-    assert mixed["length_exponent"] == 0.5
+    # scale=cpu-free: the RL task is uniform, its base pre-trained on P(n) ∝ n^-0.5 (the v3 base)
+    c = typed(compose_config(overrides=["scale=cpu-free"]).cfg)
+    assert c.task.options["length_exponent"] == 0.0
+    mixed = options()
+    assert mixed["task"] == "arithfree" and mixed["length_exponent"] == 0.5
+    # without the override the base follows the task's law: another cache key
+    uniform = options("~model.base.length_exponent")
+    assert uniform["length_exponent"] == 0.0
     assert config_hash(base_config(**mixed)) != config_hash(base_config(**uniform))

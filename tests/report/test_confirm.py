@@ -442,3 +442,15 @@ def test_the_tally_counts_outcomes_and_mechanisms_apart_and_the_plateau_rule_rea
     assert "on an outcome (plateau score or learning speed) (a prediction counting for" in text
     assert ": 1 of 2 (token_level_loss)." in text and ": 1 of 2 (clip_higher)." in text
     assert "NOT held by w/o clip_higher (6.0): their plateau scores are scores still moving" in text
+
+
+def test_the_direct_share_is_read_as_a_percentage_over_the_early_evaluations():
+    from vapo_lab.report.predictions import MEASURES
+
+    r = run("VAPO", 0, [10, 20, 30, 40, 50, 60])  # held-out evaluations at steps 0-50
+    r.history["rollout/reward"] = [(s, 0.0) for s in range(1, 51)]  # training steps 1-50
+    r.history["eval/mode_share_direct"] = [(0, 0.4), (10, 0.3), (20, 0.2), (30, 0.1)]
+    # early: the first 20% of the training steps, 1-10: the evaluation at step 10 alone
+    assert MEASURES["direct_share"].read(r, "early", KEY) == pytest.approx(30.0)
+    # all: steps 10, 20 and 30 (step 0 is before training)
+    assert MEASURES["direct_share"].read(r, "all", KEY) == pytest.approx(20.0)

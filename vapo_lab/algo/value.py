@@ -67,6 +67,9 @@ def value_loss(
     return loss, metrics
 
 
+VAR_RTOL = 1e-8  # explained variance is undefined where Var(R) ≤ this x E[R² + V²]
+
+
 def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> Tensor:
     """Explained variance 1 − Var(R − V)/Var(R) of the returns by the values, over valid tokens.
 
@@ -79,12 +82,16 @@ def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -
         response_mask: (B, T) bool or float {0, 1} mask of valid tokens.
 
     Returns:
-        0-dim tensor; population variances over valid tokens. NaN when Var(R) = 0 (e.g. every
-        response got the same reward) or there are no valid tokens: the ratio is undefined there.
+        0-dim tensor; population variances over valid tokens. NaN when Var(R) is 0 up to
+        rounding (e.g. every response got the same reward: the returns A + V of λ = 1 then equal
+        it only to float precision) or there are no valid tokens: the ratio is undefined there.
     """
     var_returns = masked_var(returns, response_mask)
     var_residual = masked_var(returns - values, response_mask)
-    defined = var_returns > 0
+    # Var(R) within rounding of 0, relative to the scale of R and V: GAE's compiled scan returns
+    # an all-wrong batch's R = A + V as ±1e-9, not 0, which made EV about −1e14 in a logged run
+    scale = masked_mean(returns.square() + values.square(), response_mask)
+    defined = var_returns > VAR_RTOL * scale
     safe_var = torch.where(defined, var_returns, torch.ones_like(var_returns))
     ev = 1.0 - var_residual / safe_var  # EV = 1 − Var(R − V)/Var(R)
     return torch.where(defined, ev, torch.full_like(ev, float("nan")))

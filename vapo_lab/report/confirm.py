@@ -459,7 +459,7 @@ def _num(v: float | None, digits: int, signed: bool = False) -> str:
 
 
 def _digits(measure: str) -> int:
-    if measure in SCORE_MEASURES or measure == "long_accuracy":
+    if measure in SCORE_MEASURES or measure in ("long_accuracy", "direct_share", "eval_length"):
         return precision.SCORE
     return precision.FRACTION if measure == "clipfrac_high" else precision.DIAGNOSTIC
 

@@ -84,6 +84,16 @@ def _metric(key: str) -> Callable[[RunData, str, str], float | None]:
     return lambda run, window, score_key: _window_mean(run, key, window)
 
 
+def _percent(key: str) -> Callable[[RunData, str, str], float | None]:
+    """A share logged as a fraction, read as a percentage over the window."""
+
+    def read(run: RunData, window: str, score_key: str) -> float | None:
+        m = _window_mean(run, key, window)
+        return None if m is None else 100 * m
+
+    return read
+
+
 @dataclass(frozen=True)
 class Measure:
     text: str  # what it is, as the report prints it
@@ -108,6 +118,14 @@ MEASURES: dict[str, Measure] = {
         "fraction of tokens clipped high (ratio > 1+ε_high, A > 0)", _metric("actor/clipfrac_high")
     ),
     "entropy": Measure("actor entropy (nats a token)", _metric("actor/entropy")),
+    # a task whose length is the policy's choice (task=arithfree): the held-out evaluations' modes
+    "direct_share": Measure(
+        "share of held-out responses answering directly, without a scratchpad (x100)",
+        _percent("eval/mode_share_direct"),
+    ),
+    "eval_length": Measure(
+        "mean held-out response length (tokens)", _metric("eval/response_length")
+    ),
 }
 
 
