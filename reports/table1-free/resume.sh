@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT=${ROOT:-/work/grids/free}
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-PIN=${PIN:?set PIN to the commit of predictions.md}  # the code every cell runs
+PIN=${PIN:-4d98a38}  # the commit of predictions.md: the code every cell runs
 
 if pgrep -f "$ROOT/src/reports/table1-free/run.sh" > /dev/null; then
   echo "run.sh is already running in $ROOT (log: $ROOT/run.log)"
