@@ -260,16 +260,19 @@ def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     assert fp.replica == 4 * actor_params(tiny)
     # 300 responses a rank; the sampler decodes at most 256 rows at once
     assert fp.responses_per_rank == 300 and fp.sequences_at_once == 256
-    assert fp.rollout_peak == fp.state + 256 * kv_bytes_per_sequence(tiny, 500, 4)
+    # + the fast decoder's fused float32 copies, q/k/v and gate/up:
+    # 2 layers x (8·(2·4 + 2·1·4) + 2·8·16) x 4 B = 3,072 B
+    assert fp.sampler_copy == 2 * (8 * (8 + 8) + 2 * 8 * 16) * 4 == 3072
+    assert fp.rollout_peak == fp.state + 3072 + 256 * kv_bytes_per_sequence(tiny, 500, 4)
     # single: the policy samples itself, unsharded state, one process
     single = estimate(tiny, replace(setup, strategy="single"))
     assert single.replica == 0 and single.state == 16 * (actor_params(tiny) + critic_params(tiny))
     assert single.responses_per_rank == 600
 
 
-def test_the_builtin_sampler_holds_float32_whatever_the_compute_dtype():
-    # it decodes with the float32 masters (or their float32 replica under fsdp): replica and KV
-    # cache at 4 B a value, not the bf16 compute dtype's 2
+def test_the_builtin_sampler_decodes_in_float32_on_cpu_and_in_bfloat16_copies_on_a_gpu():
+    # on CPU it decodes with the float32 masters (or their float32 replica under fsdp): replica
+    # and KV cache at 4 B a value, not the bf16 compute dtype's 2
     tiny = replace(SMALL, max_position_embeddings=4096)
     setup = Setup(
         world=2,
@@ -285,7 +288,13 @@ def test_the_builtin_sampler_holds_float32_whatever_the_compute_dtype():
     # 2 layers x (K and V) x 1 kv head x d 4 x 4 B x 500 tokens
     assert fp.kv_per_sequence == 2 * 2 * 1 * 4 * 4 * 500
     assert fp.replica == 4 * actor_params(tiny)
-    assert fp.rollout_peak == fp.state + 4 * fp.kv_per_sequence
+    assert fp.rollout_peak == fp.state + fp.sampler_copy + 4 * fp.kv_per_sequence
+    # on a GPU (sample_bytes 2): a bfloat16 copy of every weight while it samples, and a bfloat16
+    # KV cache, half the float32 one
+    gpu = estimate(tiny, replace(setup, sample_bytes=2))
+    assert gpu.kv_per_sequence == 2 * 2 * 1 * 4 * 2 * 500
+    assert gpu.sampler_copy == 2 * actor_params(tiny) and gpu.replica == fp.replica
+    assert gpu.rollout_peak == gpu.state + 2 * actor_params(tiny) + 4 * gpu.kv_per_sequence
 
 
 # the paper's scale as conf/scale/paper.yaml ships it: vLLM over tp 4 at 0.8 of an 80 GB GPU,

@@ -363,6 +363,7 @@ def plan_run(
         total_steps=int(t.total_steps),
         save_every=int(t.save_every),
         headroom=ALLOCATOR_HEADROOM if device == "cuda" else 1.0,
+        sample_bytes=2 if device == "cuda" else 4,
     )
     prompts = max(1, int(r.responses_per_step) // int(r.n_samples))
     timeout = 60.0 * float(t.get("collective_timeout_min", 120))

@@ -29,6 +29,17 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 # -- parameters ----------------------------------------------------------------------------------
+def sampler_copy_bytes(s: Shape, actor: int, sample_bytes: int) -> float:
+    """Returns the bytes of the weights the built-in fast decoder copies while it samples: in the
+    masters' float32 (4 B), q/k/v and gate/up fused (``rollout.decoder.FastDecoder._fuse``); in
+    another dtype, every weight of the actor in it (a replica)."""
+    if sample_bytes != 4:
+        return float(actor * sample_bytes)
+    q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    fused = s.hidden_size * (q + 2 * kv) + 2 * s.hidden_size * s.intermediate_size
+    return float(s.num_layers * fused * 4)
+
+
 def layer_params(s: Shape) -> int:
     """Returns the parameters of one decoder layer (Qwen2):
 
@@ -128,6 +139,9 @@ class Setup:
     total_steps: int = 1  # rollout steps (trainer.total_steps)
     save_every: int = 0  # trainer.save_every (0: never)
     headroom: float = 1.0  # ALLOCATOR_HEADROOM for CUDA devices
+    # bytes a value the built-in sampler decodes in (weights' copies, KV cache): bfloat16 on a
+    # GPU, the float32 masters on CPU (rollout.sampler.sampling_dtype)
+    sample_bytes: int = 4
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,8 @@ class Footprint:
     rollout_seconds: float  # a step's rollout, every response at max_new_tokens (an upper bound)
     update_seconds: float  # a step's passes: log-probs, values, reference, updates
     phases: tuple[Phase, ...] = ()  # every phase a rank goes through (``estimate``)
+    # builtin: the fast decoder's weight copies while it samples (``sampler_copy_bytes``)
+    sampler_copy: float = 0.0
     headroom: float = 1.0  # ALLOCATOR_HEADROOM on CUDA, 1 elsewhere
     updates_per_step: int = 1  # optimiser steps a rollout step (each model's)
     total_steps: int = 1
@@ -247,7 +263,7 @@ class Footprint:
         sampler's KV cache."""
         if self.vllm:
             return (0.0 if self.offload else self.state) + self.engine_memory
-        return self.state + self.sequences_at_once * self.kv_per_sequence
+        return self.state + self.sampler_copy + self.sequences_at_once * self.kv_per_sequence
 
     @property
     def need(self) -> float:
@@ -298,8 +314,10 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
       log-prob pass over its response tokens. FSDP2 computes in bf16 copies ("cast"); one process
       under autocast, whose float32 residual stream and cast-weight cache it counts.
     * Sampling, builtin: under single the sampler runs the policy itself; under fsdp each rank
-      keeps an unsharded replica of the actor in the compute dtype. Its static KV cache holds up to
-      ``builtin_rows`` of the rank's ceil(B / N) responses at once.
+      keeps an unsharded float32 replica of the actor. While it samples, the fast decoder holds
+      copies of weights (``sampler_copy_bytes``: bfloat16 copies of all on a GPU, the fused
+      float32 ones on CPU) and a static KV cache in ``sample_bytes`` of up to ``builtin_rows`` of
+      the rank's ceil(B / N) responses at once.
     * Sampling, vLLM: one engine per t ranks takes ``engine_memory`` of each GPU during rollouts
       (and the update too unless it sleeps); in it, the actor's weights / t, and a paged KV cache
       (/ t) that decodes as many of its requests (the t ranks' responses) at once as fit and
@@ -348,9 +366,9 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         gathered = (root + 2 * layer_params(shape)) * p
     vllm = setup.engine == "vllm"
     tp = setup.tensor_parallel_size if vllm else 1
-    # the built-in sampler decodes with the float32 masters (or their float32 replica): its weights
-    # and cache are float32 whatever the compute dtype
-    sampled = p if vllm else 4
+    # the built-in sampler decodes in setup.sample_bytes: bfloat16 copies of the float32 masters on
+    # a GPU, the masters themselves on CPU
+    sampled = p if vllm else setup.sample_bytes
     kv_seq = kv_bytes_per_sequence(shape, s, sampled) / tp
     engine_weights = actor * p / tp if vllm else 0.0
     requests = responses * tp
@@ -393,6 +411,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         reference=sharded(w * ref, world),
         gathered=gathered,
         replica=actor * 4 if not vllm and setup.strategy == "fsdp" else 0.0,  # float32
+        sampler_copy=0.0 if vllm else sampler_copy_bytes(shape, actor, setup.sample_bytes),
         actor_activations=acts("lm", ckpt),
         critic_activations=acts("value", ckpt) if critic else 0.0,
         actor_activations_full=acts("lm", False),
@@ -464,11 +483,11 @@ def _phases(
     sampler_kv = 0.0 if fp.vllm else fp.sequences_at_once * fp.kv_per_sequence
     rollout = Phase(
         "rollout",
-        (0.0 if fp.offload else fp.state) + sampler_kv,
+        (0.0 if fp.offload else fp.state) + sampler_kv + fp.sampler_copy,
         engine,
         ("vLLM's share" + (" (state in host memory)" if fp.offload else " + state"))
         if fp.vllm
-        else "state + the sampler's float32 KV cache",
+        else "state + the sampler's weight copies and KV cache",
     )
     # old log-probs where vLLM sampled (or a replica: no), the reference's, the critic's values
     actor_forward = forward("lm") if fp.vllm or fp.reference_params else 0.0
@@ -515,11 +534,11 @@ def _phases(
     phases.append(
         Phase(
             "evaluation",
-            fp.state + eval_kv,
+            fp.state + eval_kv + fp.sampler_copy,
             engine,
             "state + vLLM's share (awake after the push)"
             if fp.vllm
-            else "state + the sampler's KV cache",
+            else "state + the sampler's weight copies and KV cache",
         )
     )
     return tuple(phases)

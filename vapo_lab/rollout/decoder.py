@@ -4,12 +4,16 @@ and ``repeat``.
 ``FastDecoder`` runs the Qwen2/Llama forward itself over the HF weights with a static cache and
 few, larger ops per token (transformers' generic mask and cache bookkeeping dominate a small
 model's step on CPU); ``HFDecoder`` uses any causal LM's own forward. Both give a full pass's
-logits (tests/rollout/test_decoder.py).
+logits (tests/rollout/test_sampler.py). The fast decoder can compute in another dtype than the
+model's (bfloat16 on a GPU: a replica of the weights and a bfloat16 cache, where the policy holds
+float32 masters) and attends with SDPA on a GPU (matmul + softmax on CPU, where SDPA's kernels
+were 10x slower on this cache).
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,11 +33,29 @@ def supports_fast_path(model: nn.Module) -> bool:
     )
 
 
+ATTENTION = ("matmul", "sdpa")
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """HF's Qwen2/Llama RMSNorm: normalised in float32, scaled in ``x``'s dtype."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
 class FastDecoder:
     """Qwen2/Llama forward with a static KV cache of shape (layers, B, kv_heads, max_len,
-    head_dim)."""
+    head_dim), in ``dtype`` (default: the model's) and with ``attention`` (default: SDPA on a GPU,
+    matmul on CPU)."""
 
-    def __init__(self, model: nn.Module, batch: int, max_len: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        batch: int,
+        max_len: int,
+        dtype: torch.dtype | None = None,
+        attention: str | None = None,
+    ) -> None:
         hf = model.config
         self.model = model
         self.layers = model.model.layers
@@ -41,7 +63,11 @@ class FastDecoder:
         self.n_kv = getattr(hf, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // self.n_heads
         param = next(model.parameters())
-        dtype, device = param.dtype, param.device
+        device = param.device
+        dtype = dtype or param.dtype
+        self.attention = attention or ("sdpa" if device.type != "cpu" else "matmul")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention={self.attention!r}: choose one of {ATTENTION}")
         inv_freq = 1.0 / (
             rope_theta(hf)
             ** (
@@ -54,9 +80,12 @@ class FastDecoder:
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
         # per layer: the q/k/v projections as one matmul, the MLP's gate and up projections as
         # another (copies of the weights, made once per decoder, i.e. per rollout: they are the
-        # policy's
-        # current ones)
-        self.fused = [self._fuse(layer) for layer in self.layers]
+        # policy's current ones), and every other weight, in ``dtype`` (views in the model's own)
+        self.fused = [self._fuse(layer, dtype) for layer in self.layers]
+        self.weights = [self._rest(layer, dtype) for layer in self.layers]
+        self.embed = model.model.embed_tokens.weight.to(dtype)
+        self.norm = (model.model.norm.weight.to(dtype), _eps(model.model.norm))
+        self.head = _cast(model.lm_head, dtype)
         shape = (len(self.layers), batch, self.n_kv, max_len, self.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -65,15 +94,28 @@ class FastDecoder:
         self.max_len = max_len
 
     @staticmethod
+    def _rest(layer: nn.Module, dtype: torch.dtype) -> dict[str, Any]:
+        """Returns a layer's norms (weight, eps) and its o/down projections (weight, bias)."""
+        return {
+            "ln1": (layer.input_layernorm.weight.to(dtype), _eps(layer.input_layernorm)),
+            "ln2": (
+                layer.post_attention_layernorm.weight.to(dtype),
+                _eps(layer.post_attention_layernorm),
+            ),
+            "o": _cast(layer.self_attn.o_proj, dtype),
+            "down": _cast(layer.mlp.down_proj, dtype),
+        }
+
+    @staticmethod
     def _fuse(
-        layer: nn.Module,
+        layer: nn.Module, dtype: torch.dtype
     ) -> tuple[tuple[Tensor, Tensor | None], tuple[Tensor, Tensor | None]]:
         """Returns ((q/k/v weight, bias), (gate/up weight, bias)), each concatenated on the output
         dim; a bias is None when none of its projections has one (Llama's ``mlp_bias`` gives gate/up
         theirs)."""
 
         def cat(*linears: nn.Module) -> tuple[Tensor, Tensor | None]:
-            weight = torch.cat([m.weight for m in linears])
+            weight = torch.cat([m.weight for m in linears]).to(dtype)
             if all(m.bias is None for m in linears):
                 return weight, None
             return weight, torch.cat(
@@ -81,7 +123,7 @@ class FastDecoder:
                     m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
                     for m in linears
                 ]
-            )
+            ).to(dtype)
 
         attn, mlp = layer.self_attn, layer.mlp
         return cat(attn.q_proj, attn.k_proj, attn.v_proj), cat(mlp.gate_proj, mlp.up_proj)
@@ -132,11 +174,11 @@ class FastDecoder:
         # (B, 1, 1, S, t1): broadcast over KV heads and the group; built once for every layer
         masked = ~mask[:, :, None]
         nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        h = self.model.model.embed_tokens(ids)
+        h = torch.nn.functional.embedding(ids, self.embed)
         for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
             (qkv_w, qkv_b), (gate_up_w, gate_up_b) = self.fused[i]
-            x = layer.input_layernorm(h)
+            w = self.weights[i]
+            x = rms_norm(h, *w["ln1"])
             qkv = torch.nn.functional.linear(x, qkv_w, qkv_b)  # (B, S, (heads + 2 kv) · hd)
             # RoPE over q and k in one pass: (B, heads + kv, S, hd)
             qk = (
@@ -149,21 +191,32 @@ class FastDecoder:
             v = qkv[..., nq + nk :].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
             self.k[i, :, :, t0:t1] = k
             self.v[i, :, :, t0:t1] = v
-            # grouped-query attention as two batched matmuls: the query heads of one KV head
-            # are stacked, so the cache is read once and never repeated (SDPA's CPU kernels
-            # were 10x slower here on a strided cache with a boolean mask)
-            qg = q.reshape(bsz, self.n_kv, group * s, self.head_dim)
-            scores = qg @ self.k[i, :, :, :t1].transpose(-1, -2) * scale  # (B, kv, g·S, t1)
-            scores = scores.view(bsz, self.n_kv, group, s, t1).masked_fill(masked, float("-inf"))
-            probs = scores.softmax(-1).view(bsz, self.n_kv, group * s, t1)
-            o = (probs @ self.v[i, :, :, :t1]).view(bsz, self.n_heads, s, self.head_dim)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(bsz, s, -1))
-            x = layer.post_attention_layernorm(h)
+            if self.attention == "sdpa":  # a GPU's fused kernel, the query heads grouped over kv
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q,
+                    self.k[i, :, :, :t1],
+                    self.v[i, :, :, :t1],
+                    attn_mask=mask,
+                    scale=scale,
+                    enable_gqa=group > 1,
+                )
+            else:
+                # grouped-query attention as two batched matmuls: the query heads of one KV head
+                # are stacked, so the cache is read once and never repeated (SDPA's CPU kernels
+                # were 10x slower here on a strided cache with a boolean mask)
+                qg = q.reshape(bsz, self.n_kv, group * s, self.head_dim)
+                scores = qg @ self.k[i, :, :, :t1].transpose(-1, -2) * scale  # (B, kv, g·S, t1)
+                scores = scores.view(bsz, self.n_kv, group, s, t1)
+                scores = scores.masked_fill(masked, float("-inf"))
+                probs = scores.softmax(-1).view(bsz, self.n_kv, group * s, t1)
+                o = (probs @ self.v[i, :, :, :t1]).view(bsz, self.n_heads, s, self.head_dim)
+            h = h + torch.nn.functional.linear(o.transpose(1, 2).reshape(bsz, s, -1), *w["o"])
+            x = rms_norm(h, *w["ln2"])
             gate, up = torch.nn.functional.linear(x, gate_up_w, gate_up_b).chunk(2, dim=-1)
-            h = h + mlp.down_proj(mlp.act_fn(gate) * up)
+            h = h + torch.nn.functional.linear(layer.mlp.act_fn(gate) * up, *w["down"])
         self.length = t1
-        h = self.model.model.norm(h[:, -1])
-        return self.model.lm_head(h)
+        h = rms_norm(h[:, -1], *self.norm)
+        return torch.nn.functional.linear(h, *self.head)
 
 
 def cache_keyword(model: nn.Module) -> str:
@@ -233,9 +286,25 @@ class HFDecoder:
 
 
 def make_decoder(
-    model: nn.Module, batch: int, max_len: int, fast: bool = True
+    model: nn.Module,
+    batch: int,
+    max_len: int,
+    fast: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> FastDecoder | HFDecoder:
-    """Returns the fast decoder when the model supports it (and ``fast``), else HF's."""
+    """Returns the fast decoder in ``dtype`` when the model supports it (and ``fast``), else HF's
+    (in the model's own dtype)."""
     if fast and supports_fast_path(model):
-        return FastDecoder(model, batch, max_len)
+        return FastDecoder(model, batch, max_len, dtype=dtype)
     return HFDecoder(model, batch, max_len)
+
+
+def _eps(norm: nn.Module) -> float:
+    """An RMSNorm module's epsilon (``variance_epsilon`` in transformers' Qwen2 and Llama)."""
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _cast(linear: nn.Module, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """A linear layer's (weight, bias) in ``dtype`` (the same tensors where it already is)."""
+    bias = linear.bias.to(dtype) if linear.bias is not None else None
+    return linear.weight.to(dtype), bias

@@ -1,8 +1,14 @@
 """The built-in batched sampler: prompts in, n samples each, token ids, log-probs and masks out.
 
 One prefill per prompt fanned out to its n samples; finished rows leave the batch. Every random
-draw comes from one ``torch.Generator`` (deterministic for a seed on CPU). Log-probs are of the
-sampled token under the temperature-scaled distribution, before top-p: PPO's ratio needs those.
+draw comes from one ``torch.Generator`` (deterministic for a seed on CPU); on a GPU from a device
+generator seeded from it once a call. Log-probs are of the sampled token under the
+temperature-scaled distribution, before top-p: PPO's ratio needs those.
+
+The loop reads nothing back from the device between its checks for finished rows, every
+``check_every`` tokens (on a GPU each read waits for the queued kernels: a decoding step of a
+small model is bound by the host otherwise); rows that finished in between are decoded on and
+their draws dropped. On CPU a read costs nothing, so it checks every token.
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ def sample(
     generator: torch.Generator | None = None,
     fast: bool = True,
     max_batch: int = 256,
+    check_every: int | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Samples:
     """Returns n samples for each prompt (token id lists), sampled with a KV cache.
 
@@ -92,14 +100,25 @@ def sample(
         generator: source of randomness (seed it for determinism).
         fast: use the fast decoder when the model supports it.
         max_batch: at most this many rows decoded at once (prompts are chunked).
+        check_every: tokens between the loop's reads of the device (finished rows, compaction);
+            None: 1 on CPU, ``GPU_CHECK_EVERY`` on a GPU.
+        dtype: the fast decoder's compute and KV-cache dtype; None: the model's on CPU, bfloat16
+            on a GPU (a replica of the weights in it).
     """
     if temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy decoding)")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    if check_every is not None and check_every < 1:
+        raise ValueError(f"check_every={check_every} must be >= 1")
     if not prompts:
         return Samples.empty()
     eos = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id))
+    device = next(model.parameters()).device
+    on_gpu = device.type != "cpu"
+    check_every = check_every or (GPU_CHECK_EVERY if on_gpu else 1)
+    dtype = dtype or sampling_dtype(device, next(model.parameters()).dtype)
+    generator = device_generator(generator, device)
     per_chunk = max(1, max_batch // n)
     parts = [
         _sample_chunk(
@@ -114,6 +133,8 @@ def sample(
             generator,
             fast,
             offset=i,
+            check_every=check_every,
+            dtype=dtype,
         )
         for i in range(0, len(prompts), per_chunk)
     ]
@@ -132,6 +153,8 @@ def _sample_chunk(
     generator: torch.Generator | None,
     fast: bool,
     offset: int,
+    check_every: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> Samples:
     device = next(model.parameters()).device
     eos = eos.to(device)
@@ -146,7 +169,7 @@ def _sample_chunk(
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
 
     rows = n_prompts * n
-    decoder = make_decoder(model, n_prompts, width + max_new, fast=fast)
+    decoder = make_decoder(model, n_prompts, width + max_new, fast=fast, dtype=dtype)
     logits = decoder.prefill(prompt_ids, prompt_mask)
     if n > 1:
         decoder.repeat(n)
@@ -158,17 +181,17 @@ def _sample_chunk(
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     alive = torch.arange(rows, device=device)  # global row of each decoder row
     running = torch.ones(rows, dtype=torch.bool, device=device)  # decoder rows still generating
+    pad = torch.tensor(pad_id, device=device)
     for t in range(max_new):
         token, logp = _draw(logits, temperature, top_p, generator)
-        live = running.nonzero().squeeze(-1)
-        out_ids[alive[live], t] = token[live]
-        out_logp[alive[live], t] = logp[live]
+        # rows that finished since the last check are still in the batch: keep what they wrote
+        out_ids[alive, t] = torch.where(running, token, pad)
+        out_logp[alive, t] = torch.where(running, logp, 0.0)
         done = running & torch.isin(token, eos)
-        if done.any():
-            ended = alive[done]
-            finished[ended] = True
-            lengths[ended] = t + 1
-            running &= ~done
+        finished[alive] |= done
+        lengths[alive] = torch.where(done, t + 1, lengths[alive])
+        running &= ~done
+        if (t + 1) % check_every == 0 or t + 1 == max_new:  # the loop's only device reads
             n_live = int(running.sum())
             if n_live == 0:
                 break
@@ -198,6 +221,28 @@ def _sample_chunk(
     )
 
 
+GPU_CHECK_EVERY = 16  # tokens between a GPU loop's reads of the device
+
+
+def sampling_dtype(device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """Returns the dtype the fast decoder samples in by default: bfloat16 on a GPU (a replica where
+    the model holds float32 masters: decoding reads every weight each token), the model's on
+    CPU (where bfloat16 matmuls have no fast kernel without AVX-512)."""
+    return torch.bfloat16 if device.type != "cpu" else model_dtype
+
+
+def device_generator(
+    generator: torch.Generator | None, device: torch.device
+) -> torch.Generator | None:
+    """Returns the generator the draws on ``device`` use: ``generator`` itself on CPU (a seed gives
+    the same samples as ever), on a GPU a device generator seeded from one draw of it, so that
+    the per-token draws need no host-to-device copy and a run stays reproducible for its seed."""
+    if device.type == "cpu" or generator is None or generator.device.type == device.type:
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def _draw(
     logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
@@ -224,12 +269,14 @@ def _sample_top_p(scaled: Tensor, top_p: float, generator: torch.Generator | Non
     so a row needs 1 / p(N) <= 1 / top_p rounds on average, each far cheaper than sorting the
     vocabulary, which took half of a decoding step on CPU (docs/benchmarks.md#generation). (Tokens
     tied in probability at the nucleus edge are kept together, where a sort would keep some of
-    them: a difference only for exactly equal logits.) Draws on the CPU generator, so that a seed
-    gives the same samples on any device.
+    them: a difference only for exactly equal logits.) On a GPU the nucleus is cut by a sort
+    instead (``top_p_filter``): the rounds' acceptance test would read the device every token.
     """
     probs = scaled.softmax(-1)
     if top_p >= 1.0:
         return inverse_cdf_draw(probs, generator)
+    if probs.device.type != "cpu":  # no rejection rounds: their test is a read of the device
+        return inverse_cdf_draw(top_p_filter(scaled, top_p).softmax(-1), generator)
     token = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
     todo = torch.arange(probs.shape[0], device=probs.device)
     while todo.numel():
@@ -247,14 +294,16 @@ def _sample_top_p(scaled: Tensor, top_p: float, generator: torch.Generator | Non
 def inverse_cdf_draw(weights: Tensor, generator: torch.Generator | None) -> Tensor:
     """Returns one index per row drawn with probability proportional to ``weights`` (B, V), >= 0.
 
-    Inverse-CDF sampling: one uniform per row from the CPU ``generator`` (so a seed gives the same
-    draws on any device), scaled by the row's total and located in its cumulative sum. The same
+    Inverse-CDF sampling: one uniform per row from ``generator`` (on the generator's device),
+    scaled by the row's total and located in its cumulative sum. The same
     distribution as ``torch.multinomial(weights, 1)``, much faster on CPU (multinomial dominated the
     rollout profile: docs/benchmarks.md#generation). A zero-weight index is never drawn: the search
     returns the first index whose cumulative sum exceeds the uniform.
     """
     cdf = weights.float().cumsum(-1)
-    u = torch.rand(weights.shape[0], 1, generator=generator).to(cdf.device) * cdf[:, -1:]
+    where = generator.device if generator is not None else cdf.device
+    u = torch.rand(weights.shape[0], 1, generator=generator, device=where).to(cdf.device)
+    u = u * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_(max=weights.shape[-1] - 1).squeeze(-1)
 
 

@@ -86,12 +86,16 @@ class Sampling:
         encode: problems -> prompt token ids (chat template applied as configured).
         pad_id: the padding token of the rows.
         engine: the vLLM engine whose weights follow the policy after each update; None for builtin.
+        recompute_logprobs: the built-in sampler computes in another dtype than the policy's
+            (bfloat16 on a GPU over float32 masters): its log-probs are not the trainer's, so the
+            policy's own pass gives PPO's old log-probs, as for vLLM.
     """
 
     generate: Generate
     encode: Callable[[list[Any]], list[list[int]]]
     pad_id: int
     engine: Any = None
+    recompute_logprobs: bool = False
 
 
 def collect(

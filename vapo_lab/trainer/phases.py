@@ -68,8 +68,11 @@ class Phases:
         world, budget = self.parts.world, self.trainer.max_tokens_per_micro_batch
         micro = token_micro_batches(torch.arange(len(batch.problems)), batch.rows, budget)
         extra = int(world.max(len(micro))) - len(micro)  # a sharded model's ranks pass equally
-        engine = self.parts.sampling.engine
-        recompute = engine is not None and getattr(engine, "recompute_logprobs", True)
+        sampling = self.parts.sampling
+        engine = sampling.engine
+        recompute = sampling.recompute_logprobs or (
+            engine is not None and getattr(engine, "recompute_logprobs", True)
+        )
         if policy is not None and recompute:
             batch.old_logprobs = batched_logprobs(
                 policy, batch.rows, micro, self.temperature, extra

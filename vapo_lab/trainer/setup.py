@@ -25,6 +25,7 @@ from vapo_lab.models.packed import enable_checkpointing
 from vapo_lab.models.precision import set_compute
 from vapo_lab.rollout import make_engine, make_generator
 from vapo_lab.rollout.prompts import encode_prompts
+from vapo_lab.rollout.sampler import sampling_dtype
 from vapo_lab.tasks import build_task
 from vapo_lab.trainer.collect import Sampling
 from vapo_lab.trainer.scoring import RewardScorer
@@ -257,7 +258,10 @@ def make_sampling(
     def encode(problems: list[Any]) -> list[list[int]]:
         return encode_prompts(tokenizer, problems, model.chat_template)
 
-    return Sampling(generate, encode, pad_id, engine)
+    param = next(policy.parameters())
+    builtin_dtype = sampling_dtype(param.device, param.dtype)
+    recompute = rollout.backend == "builtin" and builtin_dtype != param.dtype
+    return Sampling(generate, encode, pad_id, engine, recompute)
 
 
 def ready(critic: nn.Module, model: ModelConfig, device: torch.device) -> nn.Module:
