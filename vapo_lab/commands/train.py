@@ -86,6 +86,19 @@ def print_result(cfg: Any, r: dict[str, Any]) -> None:
         highlight=False,
         markup=False,
     )
+    stages = r.get("stages") or {}
+    if "perf/gen_tokens_per_s_per_device" in stages:
+        mfu = stages.get("perf/mfu")
+        stdout.print(
+            f"stages      tokens/s a device, mean over steps: generation "
+            f"{stages['perf/gen_tokens_per_s_per_device']:,.0f}, log-prob/value passes "
+            f"{stages['perf/pass_tokens_per_s_per_device']:,.0f}, training "
+            f"{stages['perf/train_tokens_per_s_per_device']:,.0f}"
+            + (f" (MFU {100 * mfu:.1f}%)" if mfu is not None else " (MFU: no GPU peak known)")
+            + f"; weight push {stages['time/push_s']:.3f} s",
+            highlight=False,
+            markup=False,
+        )
 
 
 @cli_errors

@@ -17,6 +17,7 @@ from vapo_lab.models.activations import (
     qwen2_forward_bytes,
     qwen2_pass_activation_bytes,
 )
+from vapo_lab.models.peaks import PEAK_FLOPS
 from vapo_lab.models.shapes import Shape
 
 GB = 1e9
@@ -29,6 +30,24 @@ CHECKPOINT_BYTES_PER_PARAM = 12
 
 
 # -- parameters ----------------------------------------------------------------------------------
+def attention_flops_per_token(s: Shape, sequence: float) -> float:
+    """Returns causal attention's FLOPs a token of a ``sequence``-token row, one forward: QK and AV
+    over sequence / 2 keys on average, 4·(sequence / 2)·h a layer."""
+    return 2.0 * s.num_layers * sequence * s.hidden_size
+
+
+def forward_flops_per_token(s: Shape, params: int, sequence: float) -> float:
+    """Returns a forward pass's FLOPs a token: 2 a parameter + attention."""
+    return 2.0 * params + attention_flops_per_token(s, sequence)
+
+
+def trained_flops_per_token(s: Shape, params: int, sequence: float, recompute: bool) -> float:
+    """Returns a trained pass's FLOPs a token, forward and backward: 6 a parameter + 3x attention,
+    and one more forward where activations are recomputed (``recompute``; MFU counts none)."""
+    again = 1 if recompute else 0
+    return (6 + 2 * again) * params + (3 + again) * attention_flops_per_token(s, sequence)
+
+
 def sampler_copy_bytes(s: Shape, actor: int, sample_bytes: int) -> float:
     """Returns the bytes of the weights the built-in fast decoder copies while it samples: in the
     masters' float32 (4 B), q/k/v and gate/up fused (``rollout.decoder.FastDecoder._fuse``); in
@@ -154,7 +173,7 @@ class Hardware:
     """
 
     bandwidth: float = 3.35e12  # bytes/s
-    flops: float = 989e12  # FLOP/s
+    flops: float = PEAK_FLOPS["H100"]["bfloat16"]  # FLOP/s
     bandwidth_share: float = 0.6
     flops_share: float = 0.4
     # a node's write rate to the shared file system a checkpoint goes to: an assumption
@@ -383,15 +402,13 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     ) / tp * context
     decode_step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
     rollout = math.ceil(requests / at_once) * t * decode_step if at_once else math.inf
-    # FLOPs a token: causal attention's QK and AV over s/2 keys on average, 4·(s/2)·h a layer
-    attention = 2 * shape.num_layers * s * shape.hidden_size
-    again = 1 if setup.gradient_checkpointing else 0  # recomputation: one more forward pass
+    ckpt_on = setup.gradient_checkpointing
 
     def trained_pass(params: int) -> float:
-        return (6 + 2 * again) * params + (3 + again) * attention
+        return trained_flops_per_token(shape, params, s, ckpt_on)
 
     def forward_pass(params: int) -> float:
-        return 2 * params + attention
+        return forward_flops_per_token(shape, params, s)
 
     flops = setup.ppo_epochs * (trained_pass(actor) + (trained_pass(critic) if critic else 0.0))
     # before the update: the old log-probs (recomputed where vLLM sampled), the reference's, values

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from vapo_lab.algo import masked_sum
 from vapo_lab.distributed.world import World
+from vapo_lab.models.footprint import actor_params, critic_params, trained_flops_per_token
+from vapo_lab.models.peaks import peak_flops
+from vapo_lab.models.shapes import Shape
 from vapo_lab.trainer.collect import Batch
 from vapo_lab.trainer.diagnostics import (
     advantage_gap_from_sums,
@@ -29,19 +33,100 @@ from vapo_lab.trainer.diagnostics import (
 
 @dataclass(frozen=True)
 class StepTimes:
-    """``perf_counter`` readings of one step: its start, and after the rollout, the critic's update
-    (and before it) and the actor's."""
+    """``perf_counter`` readings of one step: its start, and after the rollout, the model-output
+    passes, the critic's update (and before it), the actor's and the weight push."""
 
     start: float
     rollout: float
+    outputs: float
     critic_start: float
     critic_end: float
     actor_end: float
+    pushed: float
 
 
-def step_metrics(batch: Batch, world: World, actor_lr: float, times: StepTimes) -> dict[str, float]:
-    """Returns the step's rollout, advantage, timing and diagnostic metrics over all ranks'
-    batches."""
+@dataclass(frozen=True)
+class StageRates:
+    """What a step's per-stage throughput and MFU are computed from: the models' shape and
+    parameter counts (FLOPs as ``vapo-lab plan`` counts them), PPO epochs, and the device's peak
+    FLOP/s in the compute dtype (None on CPU or an unknown device: no MFU)."""
+
+    shape: Shape
+    actor_params: int
+    critic_params: int  # 0 without a critic
+    ppo_epochs: int
+    peak_flops: float | None
+
+    def metrics(self, batch: Batch, world: World, times: StepTimes) -> dict[str, float]:
+        """Returns tokens/s per device of generation (response tokens, the rollout phase: scoring
+        included), the model-output passes and the updates (sequence tokens, each once a pass
+        or epoch), the weight push's seconds, and the updates' MFU where the peak is known."""
+        rows = batch.rows
+        generated = float(world.sum(float(rows.response_mask.sum())))
+        sequences = float(world.sum(float(rows.response_mask.sum() + rows.prompt_mask.sum())))
+        n_rows = float(world.sum(float(rows.response_mask.shape[0])))
+        devices = world.size
+        gen_s = times.rollout - times.start
+        pass_s = times.outputs - times.rollout
+        train_s = (times.critic_end - times.critic_start) + (times.actor_end - times.critic_end)
+        trained = 1 + (1 if self.critic_params else 0)
+        m = {
+            "time/outputs_s": pass_s,
+            "time/push_s": times.pushed - times.actor_end,
+            "perf/gen_tokens_per_s_per_device": generated / max(gen_s, 1e-9) / devices,
+            "perf/pass_tokens_per_s_per_device": sequences / max(pass_s, 1e-9) / devices,
+            "perf/train_tokens_per_s_per_device": trained
+            * self.ppo_epochs
+            * sequences
+            / max(train_s, 1e-9)
+            / devices,
+        }
+        if self.peak_flops and n_rows:
+            mean_sequence = sequences / n_rows
+            per_token = sum(
+                trained_flops_per_token(self.shape, params, mean_sequence, recompute=False)
+                for params in (self.actor_params, self.critic_params)
+                if params
+            )
+            flops = self.ppo_epochs * per_token * sequences
+            m["perf/mfu"] = flops / (max(train_s, 1e-9) * self.peak_flops * devices)
+        return m
+
+
+STAGES = (
+    "perf/gen_tokens_per_s_per_device",
+    "perf/pass_tokens_per_s_per_device",
+    "perf/train_tokens_per_s_per_device",
+    "perf/mfu",
+    "time/push_s",
+)
+
+
+def stage_summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Returns the mean over a run's steps of each per-stage rate it logged (``STAGES``)."""
+    out = {}
+    for key in STAGES:
+        values = [m[key] for m in history if key in m]
+        if values:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def stage_rates(policy: torch.nn.Module, critic: bool, ppo_epochs: int, dtype: str) -> StageRates:
+    """Returns the ``StageRates`` of a run of ``policy`` (an HF causal LM) on its device."""
+    config = policy.config.to_dict()
+    shape = Shape.from_hf_config(config.get("text_config", config))
+    device = next(policy.parameters()).device
+    peak = peak_flops(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
+    critic_n = critic_params(shape) if critic else 0
+    return StageRates(shape, actor_params(shape), critic_n, ppo_epochs, peak)
+
+
+def step_metrics(
+    batch: Batch, world: World, actor_lr: float, times: StepTimes, rates: StageRates | None = None
+) -> dict[str, float]:
+    """Returns the step's rollout, advantage, timing, per-stage throughput (with ``rates``) and
+    diagnostic metrics over all ranks' batches."""
     mask = batch.rows.response_mask
     gathered = world.gather((batch.scores, batch.correct, batch.lengths, batch.truncated))
     scores, correct, lengths, truncated = (torch.cat([g[i] for g in gathered]) for i in range(4))
@@ -60,12 +145,14 @@ def step_metrics(batch: Batch, world: World, actor_lr: float, times: StepTimes) 
         "time/rollout_s": rollout_s,
         "time/critic_s": times.critic_end - times.critic_start,
         "time/actor_s": times.actor_end - times.critic_end,
-        "time/step_s": times.actor_end - times.start,
+        "time/step_s": times.pushed - times.start,
         "perf/tokens_per_s": n_tokens / max(rollout_s, 1e-9),
         "perf/peak_rss_mb": float(
             world.max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         ),  # KiB
     }
+    if rates is not None:
+        m.update(rates.metrics(batch, world, times))
     m.update({f"diag/length/{k}": v for k, v in length_profile(lengths, correct).items()})
     gap = advantage_gap_sums(batch.advantages, mask, batch.correct, batch.lengths)
     m.update({f"diag/adv_gap/{k}": v for k, v in advantage_gap_from_sums(world.sum(gap)).items()})

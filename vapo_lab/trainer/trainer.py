@@ -46,7 +46,13 @@ from vapo_lab.trainer.checkpointer import (
 )
 from vapo_lab.trainer.collect import DataStream
 from vapo_lab.trainer.evaluation import evaluate
-from vapo_lab.trainer.metrics import StepTimes, critic_metrics, step_metrics
+from vapo_lab.trainer.metrics import (
+    StepTimes,
+    critic_metrics,
+    stage_rates,
+    stage_summary,
+    step_metrics,
+)
 from vapo_lab.trainer.phases import Phases
 from vapo_lab.trainer.record import RankRecord, RunRecord, folder_to_resume
 from vapo_lab.trainer.setup import build_parts
@@ -76,6 +82,7 @@ class TrainResult:
             "final_eval": self.final_eval,
             "best_eval": self.best_eval,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "stages": stage_summary(self.metrics),
         }
 
 
@@ -169,6 +176,9 @@ class Trainer:
                 self.policy,
                 self.actor_opt,
                 self.ref,
+            )
+            self.stage_rates = stage_rates(
+                self.parts.policy, self.critic is not None, t.ppo_epochs, config.model.dtype
             )
             self.checkpoints = self._checkpoint_manager()
             if self.resume_dir:
@@ -280,6 +290,7 @@ class Trainer:
             self.step = step
             return {**m, "rollout/empty_batch": 1.0}
         phases.model_outputs(batch, self.policy, self.critic, self.ref)
+        t_outputs = time.perf_counter()
         n = config.rollout.n_samples
         compute_advantages(config.algo, config.gae, config.kl, n, batch, world)
         t1 = time.perf_counter()
@@ -292,9 +303,11 @@ class Trainer:
         faults.point("update", step)
         m.update(self.actor_update(batch, self.step))
         self.actor_sched.step()
+        t3 = time.perf_counter()
         phases.push(self.policy)
-        times = StepTimes(t0, t_rollout, t1, t2, time.perf_counter())
-        m.update(step_metrics(batch, world, self.actor_sched.get_last_lr()[0], times))
+        times = StepTimes(t0, t_rollout, t_outputs, t1, t2, t3, time.perf_counter())
+        lr = self.actor_sched.get_last_lr()[0]
+        m.update(step_metrics(batch, world, lr, times, self.stage_rates))
         self._warn_about_lambda(m)
         self.step = step
         return m
