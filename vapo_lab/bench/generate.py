@@ -1,7 +1,10 @@
-"""Benchmarks the built-in sampler against Hugging Face ``model.generate`` on one model, on CPU.
+"""Benchmarks the built-in sampler against Hugging Face ``model.generate`` on one model.
 
 Model, prompts, sampling, threads and the exact number of new tokens are held equal, so the ratio
-measures the decoding loop alone (docs/benchmarks.md#generation).
+measures the decoding loop alone (docs/benchmarks.md#generation). On CPU the model is the embedded
+default's shape; ``arch`` gives a random-init model of a known shape (e.g. Qwen2.5-0.5B) for a GPU
+(``device="cuda"``, bfloat16), where HF ``generate`` runs with a static cache and a compiled
+forward if that works, else eagerly, and the result says which.
 """
 
 from __future__ import annotations
@@ -49,6 +52,27 @@ def build_bench_model(
     return model, tokenizer, task
 
 
+def build_arch_model(arch: str, seed: int) -> Any:
+    """Returns a random-init Qwen2 causal LM of ``models.shapes.KNOWN_ARCHS[arch]``'s shape."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from vapo_lab.models.shapes import known_arch
+
+    s = known_arch(arch)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=s.vocab_size,
+        hidden_size=s.hidden_size,
+        num_hidden_layers=s.num_layers,
+        num_attention_heads=s.num_heads,
+        num_key_value_heads=s.num_kv_heads,
+        intermediate_size=s.intermediate_size,
+        tie_word_embeddings=s.tie_word_embeddings,
+        max_position_embeddings=s.max_position_embeddings,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
 def run_generate_benchmark(
     prompts: int = 8,
     samples: int = 8,
@@ -59,6 +83,9 @@ def run_generate_benchmark(
     hidden_size: int = 128,
     num_layers: int = 4,
     intermediate_size: int = 352,
+    device: str = "cpu",
+    arch: str | None = None,
+    hf_compile: bool | None = None,
 ) -> dict[str, Any]:
     """Returns the built-in sampler's and HF ``generate``'s timings on one batch, and their ratio.
 
@@ -67,11 +94,16 @@ def run_generate_benchmark(
         max_new_tokens: new tokens per row, generated exactly (eos disabled in both).
         threads: torch CPU threads for both; None keeps the current setting.
         seed: seeds the built-in sampler's generator and torch's global RNG (HF samples from it).
+        device: "cpu" (float32) or "cuda" (bfloat16, both engines).
+        arch: a known shape (``models.shapes.KNOWN_ARCHS``) at random init instead of the tiny
+            model; its prompts are the tiny tokenizer's ids (a random model reads any ids).
+        hf_compile: HF ``generate`` with a static cache and ``torch.compile(mode=
+            "reduce-overhead")``, falling back to eager where that fails; None: on a GPU only.
 
     Returns:
         {"rows", "max_new_tokens", "prompt_tokens" (mean), "threads", "engines": [{"engine",
         "seconds", "samples_per_s", "tokens_per_s"}, ...], "ratio_tokens_per_s" (built-in / HF),
-        "ratio_samples_per_s"}.
+        "ratio_samples_per_s", "device", "dtype", "hf_mode"}.
 
     Raises:
         ConfigError: a size below 1.
@@ -89,11 +121,21 @@ def run_generate_benchmark(
 
     from vapo_lab.rollout.sampler import sample
 
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device here; run on a GPU machine or drop it")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    hf_compile = device == "cuda" if hf_compile is None else hf_compile
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         model, tokenizer, task = build_bench_model(hidden_size, num_layers, intermediate_size)
+        if arch is not None:
+            model = build_arch_model(arch, seed)
+        model = model.to(device=device, dtype=dtype)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         problems = task.eval[:prompts]
         ids = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
         rows = prompts * samples
@@ -114,6 +156,7 @@ def run_generate_benchmark(
                 generator=g,
                 max_batch=max(256, rows),
             )
+            sync()
             return int(s.lengths.sum())
 
         width = max(len(x) for x in ids)
@@ -122,6 +165,7 @@ def run_generate_benchmark(
         for i, x in enumerate(ids):
             input_ids[i, width - len(x) :] = torch.tensor(x)
             attention[i, width - len(x) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
         # top_k=0: HF's default top_k=50 would otherwise cut the vocabulary before top-p (less work,
         # and another distribution than ours)
         config = GenerationConfig(
@@ -143,11 +187,31 @@ def run_generate_benchmark(
                 out = model.generate(
                     input_ids=input_ids, attention_mask=attention, generation_config=config
                 )
+            sync()
             return int(out.shape[0] * (out.shape[1] - width))
 
+        hf_mode = "eager, dynamic cache"
+        ours_timed = _median_s(ours, repeats)  # before HF compiles the shared model's forward
+        if hf_compile:
+            eager_forward = model.forward
+            try:
+                config.cache_implementation = "static"
+                model.forward = torch.compile(model.forward, mode="reduce-overhead")
+                hf_timed = _median_s(hf, repeats)
+                hf_mode = "static cache + torch.compile(mode='reduce-overhead')"
+            except Exception as e:  # an engine's own failure: measured eagerly instead, and said
+                model.forward = eager_forward
+                config.cache_implementation = None
+                hf_mode = f"eager, dynamic cache (static + compile failed: {type(e).__name__})"
+                hf_timed = _median_s(hf, repeats)
+        else:
+            hf_timed = _median_s(hf, repeats)
+
         engines = []
-        for name, fn in (("built-in sampler", ours), ("HF generate", hf)):
-            seconds, tokens = _median_s(fn, repeats)
+        for name, (seconds, tokens) in (
+            ("built-in sampler", ours_timed),
+            ("HF generate", hf_timed),
+        ):
             if tokens != rows * max_new_tokens:
                 raise RuntimeError(
                     f"{name} generated {tokens} tokens, not {rows} rows x {max_new_tokens}: "
@@ -174,6 +238,10 @@ def run_generate_benchmark(
             "engines": engines,
             "ratio_tokens_per_s": ratio,
             "ratio_samples_per_s": engines[0]["samples_per_s"] / engines[1]["samples_per_s"],
+            "device": device,
+            "dtype": str(dtype).removeprefix("torch."),
+            "arch": arch or "tiny",
+            "hf_mode": hf_mode,
         }
     finally:
         torch.set_num_threads(previous)
@@ -184,8 +252,8 @@ def format_generate_benchmark(result: dict[str, Any]) -> str:
     r = result
     lines = [
         (
-            f"tiny Qwen2 ({r['n_params'] / 1e6:.2f}M params, float32, CPU, "
-            f"{r['threads']} threads); "
+            f"{r.get('arch', 'tiny')} Qwen2 ({r['n_params'] / 1e6:.2f}M params, "
+            f"{r.get('dtype', 'float32')}, {r.get('device', 'cpu')}, {r['threads']} threads); "
             f"{r['prompts']} prompts x {r['samples']} samples = {r['rows']} rows, "
             f"prompts {r['prompt_tokens']:.0f} tokens on average; "
             f"exactly {r['max_new_tokens']} new tokens per row (eos disabled in both); "
@@ -201,7 +269,8 @@ def format_generate_benchmark(result: dict[str, Any]) -> str:
         )
     lines.append(
         f"ratio built-in / HF generate: {r['ratio_tokens_per_s']:.2f}x tokens/s "
-        f"({r['ratio_samples_per_s']:.2f}x samples/s)"
+        f"({r['ratio_samples_per_s']:.2f}x samples/s); HF generate: "
+        f"{r.get('hf_mode', 'eager, dynamic cache')}"
     )
     return "\n".join(lines)
 

@@ -85,24 +85,49 @@ def bench_generate(
     repeats: Annotated[int, typer.Option(help="Timed runs per engine (median reported).")] = 3,
     threads: Annotated[int, typer.Option(help="torch CPU threads for both engines.")] = 1,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    device: Annotated[
+        str, typer.Option(help="cpu (float32) or cuda (bfloat16, both engines).")
+    ] = "cpu",
+    arch: Annotated[
+        Optional[str],
+        typer.Option(
+            help="A known shape at random init (e.g. Qwen2.5-0.5B) instead of the tiny model."
+        ),
+    ] = None,
+    grid: Annotated[
+        bool,
+        typer.Option(
+            help="Run 32 and 128 rows (x 8 samples) at 128 and 512 new tokens, one table."
+        ),
+    ] = False,
 ) -> None:
     """Time the built-in sampler against Hugging Face generate; print the ratio.
 
-    Both sample from the same tiny model.
+    Both sample from the same model; on cuda HF generate uses a static cache and torch.compile
+    where they work (the output says which).
 
-    Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128
+    Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128;
+    vapo-lab bench generate --device cuda --arch Qwen2.5-0.5B --grid
     """
     from vapo_lab.bench.generate import format_generate_benchmark, run_generate_benchmark
 
-    result = run_generate_benchmark(
-        prompts=prompts,
-        samples=samples,
-        max_new_tokens=max_new_tokens,
-        repeats=repeats,
-        threads=threads,
-        seed=seed,
+    settings = (
+        [(rows // samples, tokens) for rows in (32, 128) for tokens in (128, 512)]
+        if grid
+        else [(prompts, max_new_tokens)]
     )
-    typer.echo(format_generate_benchmark(result))
+    for n_prompts, tokens in settings:
+        result = run_generate_benchmark(
+            prompts=n_prompts,
+            samples=samples,
+            max_new_tokens=tokens,
+            repeats=repeats,
+            threads=threads,
+            seed=seed,
+            device=device,
+            arch=arch,
+        )
+        typer.echo(format_generate_benchmark(result))
 
 
 @cli_errors
