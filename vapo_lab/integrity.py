@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from vapo_lab.names import inside
+
 # the caches of the working folder (base model, reward model, pretrained critic), each checksummed
 CACHE_DIR = Path(".vapo_cache")
 # entries shipped in the package, in the caches' layout (<kind>/<key>/): looked up after the
@@ -68,8 +70,14 @@ def manifest_problem(folder: Path) -> str | None:
         files = json.loads(path.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return f"{path} is unreadable"
+    if not isinstance(files, dict):
+        return f"{path} is unreadable"
     for name, entry in sorted(files.items()):
-        f = folder / name
+        f = inside(folder, name)
+        if f is None:  # never opened: an entry may not point outside the folder it describes
+            return f"{path} lists {name!r}, outside {folder}"
+        if not isinstance(entry, dict) or not {"bytes", "sha256"} <= set(entry):
+            return f"{path} is unreadable"
         if not f.is_file():
             return f"{f} is missing"
         if f.stat().st_size != entry["bytes"]:

@@ -1,6 +1,8 @@
 """What --model names: a run, one of its checkpoints, its MLflow run id, the latest run, a model
 folder."""
 
+import shutil
+
 import pytest
 
 from vapo_lab.eval.model_ref import resolve_model
@@ -37,3 +39,15 @@ def test_model_resolution(tiny, tmp_path):
     (empty / "config.yaml").write_text((tiny.run / "config.yaml").read_text())
     with pytest.raises(EvalError, match="has no checkpoint yet"):
         resolve_model(str(empty))
+
+
+def test_eval_says_when_it_falls_back_to_an_older_checkpoint(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(tiny.run, run)
+    newest = run / "checkpoints" / "step_000004"
+    victim = next(p for p in sorted(newest.rglob("*")) if p.is_file() and p.name != "manifest.json")
+    victim.write_bytes(b"\0" * victim.stat().st_size)  # zeroed: its checksum fails
+    ref = resolve_model(str(run))
+    assert ref.step == 2
+    err = capsys.readouterr().err
+    assert "checkpoint step_000004 is unusable" in err and "falling back" in err

@@ -18,6 +18,7 @@ from vapo_lab.conf import options
 from vapo_lab.config.schema import CRITIC_INITS
 from vapo_lab.distributed.world import STRATEGIES
 from vapo_lab.models.dtypes import DTYPES
+from vapo_lab.names import check_name
 from vapo_lab.registry.components import COMPONENTS, settings
 from vapo_lab.tasks import task_names
 
@@ -126,6 +127,11 @@ def validate(cfg: DictConfig) -> list[str]:
             left, right = ("[" if lo_in else "(") + f"{lo}", f"{hi}" + ("]" if hi_in else ")")
             span = f"{left}, {right}" if hi is not None else (f">= {lo}" if lo_in else f"> {lo}")
             problems.append(f"{key}={v} is out of range: it must be {span}")
+    if c.get("run_name") is not None:
+        try:
+            check_name(str(c["run_name"]), "run_name")
+        except ValueError as e:
+            problems.append(str(e))
     if not problems:
         problems += _relations(get)
     return problems

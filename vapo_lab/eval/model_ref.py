@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,10 @@ def _find_run(run_id: str, runs_dir: Path, tracking_uri: str | None = None) -> P
     )
 
 
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 def _run_checkpoint(run_dir: Path, step: int | None) -> ModelRef:
     """Returns the ModelRef of a run's checkpoint at ``step`` (None: the latest)."""
     if not (run_dir / CONFIG_FILE).is_file():
@@ -114,7 +119,8 @@ def _run_checkpoint(run_dir: Path, step: int | None) -> ModelRef:
     cfg = read_typed(run_dir / CONFIG_FILE)
     found = checkpoints(run_dir)
     if step is None:
-        ckpt = latest_checkpoint(run_dir / CHECKPOINTS)
+        # a damaged newest checkpoint is skipped for the one before, and the user is told which
+        ckpt = latest_checkpoint(run_dir / CHECKPOINTS, warn=_warn)
         if ckpt is None:
             raise EvalError(
                 f"run {run_dir} has no checkpoint yet (saved every trainer.save_every steps): "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -32,6 +31,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from vapo_lab.errors import ConfigError
+from vapo_lab.names import check_name, slug
 from vapo_lab.registry import table1
 
 # `cells: table1` in a grid file: the cells are Table 1's rows (vapo_lab.registry.table1)
@@ -188,7 +188,7 @@ def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
 
 
 def _slug(text: Any) -> str:
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(text)).strip("_")
+    return slug(text)
 
 
 def builtin_grids() -> dict[str, Path]:
@@ -251,6 +251,10 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
             raise ConfigError(
                 f"grid file {path}: cell {cell['name']} has unknown keys {sorted(extra)}"
             )
+        try:
+            check_name(str(cell["name"]), f"grid file {path}: cell name")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if cell["name"] in names:
             raise ConfigError(
                 f"grid file {path}: two cells are named {cell['name']}: names must be unique"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vapo_lab.names import slug
 from vapo_lab.registry.table1 import row_name
 from vapo_lab.report import confirm, precision, stats
 from vapo_lab.report import diagnostics as diag
@@ -94,8 +95,8 @@ def make_report(
     found = confirm.load_findings(findings) if findings else {}
 
     require_writable(
-        Path(out or Path("reports") / experiment),
-        f"--out {out}" if out else f"the report folder reports/{experiment}",
+        Path(out or Path("reports") / slug(experiment)),
+        f"--out {out}" if out else f"the report folder reports/{slug(experiment)}",
         "give --out a writable folder",
         ReportError,
     )
@@ -117,7 +118,8 @@ def make_report(
         if v in groups
     ]
     key = score_key(runs)
-    out = Path(out or Path("reports") / experiment)
+    # an experiment's name may come from a runs file: a slug, never a path out of reports/
+    out = Path(out or Path("reports") / slug(experiment))
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(out=out)
 
