@@ -244,3 +244,28 @@ def test_prompt_pool_outside_its_range_is_refused_in_one_line(pool, expect):
     with pytest.raises(ConfigError, match=expect) as e:
         compose_config(overrides=[*SMALL, f"trainer.prompt_pool={pool}"])
     assert "\n" not in str(e.value)
+
+
+def test_a_stop_before_a_steps_metrics_are_logged_reports_the_step_before(workdir, monkeypatch):
+    # stopped at the evaluation's safe point after step 1 trained: its metrics were never logged
+    # (a resume redoes it), so the run stopped after step 0, not 1
+    from vapo_lab.trainer import trainer as trainer_module
+
+    calls = []
+
+    def stop_point(world, can_save):
+        calls.append(can_save)
+        if len(calls) == 3:  # base evaluation, before step 1, step 1's evaluation
+            raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(trainer_module, "stop_point", stop_point)
+    lines = []
+    composed = compose_config(
+        overrides=[*SMALL, "run_name=stop-early", "trainer.eval_every=1", "trainer.total_steps=2"]
+    )
+    with pytest.raises(KeyboardInterrupt):
+        train(composed.cfg, composed.choices, log=lines.append)
+    (line,) = [ln for ln in lines if ln.startswith("stopped after")]
+    assert line.startswith("stopped after step 0 of 2 (SIGTERM): continue it with:")
+    # only step 0's evaluation was logged
+    assert set(last_metrics(workdir / "runs" / "stop-early")) == {0}

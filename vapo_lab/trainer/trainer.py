@@ -218,6 +218,7 @@ class Trainer:
         checkpoint = None  # the one this call wrote last (no need to re-verify it at the end)
         # a resumed run has its step's checkpoint; a save-and-stop waits for a step of this call's
         started = saved = self.step
+        logged = self.step  # the last step whose metrics were logged: what a stop reports done
         try:
             if self.step == 0:
                 stop_point(self.world, can_save=False)
@@ -240,6 +241,7 @@ class Trainer:
                     best = self.best_eval
                     self.best_eval = e[key] if best is None else max(best, e[key])
                 self.record.log_metrics(metrics, self.step)
+                logged = self.step
                 history.append({"step": self.step, **metrics})
                 if self.step % t.save_every == 0 or self.step == total:
                     checkpoint, saved = self.checkpoints.save(self.step), self.step
@@ -250,7 +252,7 @@ class Trainer:
             if isinstance(e, KeyboardInterrupt) and self.world.main:  # else the output just stops
                 why = getattr(e, "reason", None) or str(e) or "interrupted"
                 self.log(
-                    f"stopped after step {self.step} of {total} ({why}): continue it with: "
+                    f"stopped after step {logged} of {total} ({why}): continue it with: "
                     f"vapo-lab train resume={self.run_dir}"
                 )
             raise
