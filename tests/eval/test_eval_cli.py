@@ -153,3 +153,30 @@ def test_bench_generate_prints_the_ratio():
     assert result.exit_code == 0, result.output
     assert "exactly 4 new tokens per row (eos disabled in both)" in result.output
     assert "ratio built-in / HF generate:" in result.output and "x tokens/s" in result.output
+
+
+@pytest.mark.parametrize("how, code, why", [("sigterm", 143, "SIGTERM"), ("ctrl-c", 130, "Ctrl-C")])
+def test_an_evaluation_stopped_by_a_signal_says_so_and_how_to_resume(monkeypatch, how, code, why):
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    from vapo_lab.cli import app
+
+    def stopped(*args, on_progress=None, **kwargs):
+        on_progress(4, 10)  # a chunk finished and on disk
+        if how == "sigterm":  # a real signal to this process, as `kill` or Slurm sends it
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr("vapo_lab.eval.harness.evaluate_model", stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(app, ["eval", "arith", "--samples", "2", "--quiet"])
+    assert result.exit_code == code
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        f"evaluation stopped ({why}) after 4 of 10 samples; the finished chunks are kept: run the "
+        "same command to resume from them"
+    ]
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back

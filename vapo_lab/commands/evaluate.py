@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -186,11 +190,13 @@ def eval_(
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         ]
+        progress = [0, 0]  # samples done, in all: what a stop reports
         with progress_bar(not quiet, stderr, *columns) as bar:
             # added at the first report, after every check: a refusal prints alone
             tasks: list[Any] = []
 
             def on_progress(done: int, total: int) -> None:
+                progress[:] = [done, total]
                 if bar is not None:
                     if not tasks:
                         tasks.append(
@@ -198,26 +204,59 @@ def eval_(
                         )
                     bar.update(tasks[0], completed=done, total=total)
 
-            result = evaluate_model(
-                bench,
-                model=model,
-                step=step,
-                settings=settings,
-                out_dir=out,
-                data=data,
-                problem_key=problem_key,
-                answer_key=answer_key,
-                runs_dir=runs_dir,
-                track=not no_track,
-                tracking_uri=tracking_uri,
-                overwrite=overwrite,
-                on_progress=on_progress,
-                log=log,
-            )
+            with stopped_by_signal(progress):
+                result = evaluate_model(
+                    bench,
+                    model=model,
+                    step=step,
+                    settings=settings,
+                    out_dir=out,
+                    data=data,
+                    problem_key=problem_key,
+                    answer_key=answer_key,
+                    runs_dir=runs_dir,
+                    track=not no_track,
+                    tracking_uri=tracking_uri,
+                    overwrite=overwrite,
+                    on_progress=on_progress,
+                    log=log,
+                )
     for warning in result.warnings:
         if f"warning: {warning}" not in shown:
             stderr.print(f"warning: {warning}", highlight=False, soft_wrap=True, markup=False)
     print_eval(result.summary, per_problem)
+
+
+@contextlib.contextmanager
+def stopped_by_signal(progress: list[int]) -> Iterator[None]:
+    """Turns SIGTERM into an interrupt while an evaluation samples, and an interrupt (Ctrl-C or
+    SIGTERM) into one line that says how far it got and that the same command resumes it (the
+    finished chunks are on disk), exiting 130 (Ctrl-C) or 143 (SIGTERM) as a shell would."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        why = str(e) or "Ctrl-C"
+        done, total = progress
+        stderr.print(
+            f"evaluation stopped ({why}) after {done} of {total} samples; the finished chunks "
+            "are kept: run the same command to resume from them",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
+        raise typer.Exit(143 if why == "SIGTERM" else 130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def print_eval(s: dict[str, Any], per_problem: bool) -> None:
