@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 from rich.console import Console
 from typer.testing import CliRunner
@@ -153,3 +154,34 @@ def test_report_into_a_pipe_of_a_real_process_keeps_its_folder_on_one_line(tmp_p
     line = _line_with(out, "wrote")
     assert line.endswith(f"files to {out_dir} (start with {out_dir / 'index.md'})"), out
     assert max(len(line) for line in out.splitlines()) > 200  # a line longer than rich's 80 columns
+
+
+@pytest.mark.parametrize(
+    "error, expect",
+    [
+        (
+            PermissionError(13, "Permission denied", "/runs/r/metrics.jsonl"),
+            "error: Permission denied: /runs/r/metrics.jsonl (PermissionError): fix that file or "
+            "folder (permissions, space, path) and run the same command again",
+        ),
+        (OSError(28, "No space left on device"), "error: No space left on device (OSError): fix"),
+        (MemoryError(), "error: out of memory (MemoryError): give the process more memory"),
+    ],
+)
+def test_an_os_or_memory_error_prints_one_line_not_a_traceback(error, expect):
+    import typer
+    from typer.testing import CliRunner
+
+    from vapo_lab.commands.output import cli_errors
+
+    app = typer.Typer()
+
+    @app.command()
+    @cli_errors
+    def fails() -> None:
+        raise error
+
+    result = CliRunner().invoke(app, [])
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith(expect)

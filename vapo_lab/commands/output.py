@@ -73,8 +73,35 @@ def cli_errors(fn: F) -> F:
                     soft_wrap=True,
                 )
             raise typer.Exit(1) from None
+        except (OSError, MemoryError) as e:  # not ours, and still one line: what failed, what next
+            if state["debug"]:
+                raise
+            stderr.print(
+                f"[bold red]error:[/] {escape(system_error_line(e))}",
+                highlight=False,
+                markup=True,
+                soft_wrap=True,
+            )
+            raise typer.Exit(1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def system_error_line(e: BaseException) -> str:
+    """Returns the one line an OSError or MemoryError prints as: what failed, where, what next."""
+    if isinstance(e, MemoryError):
+        return (
+            "out of memory (MemoryError): give the process more memory or choose a smaller "
+            "setting (`vapo-lab plan` shows a run's needs); what was saved so far is kept; "
+            "--debug shows the traceback"
+        )
+    what = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    where = f": {e.filename}" if getattr(e, "filename", None) else ""
+    return (
+        f"{what}{where} ({type(e).__name__}): fix that file or folder (permissions, space, path) "
+        "and run the same command again; what was saved so far is kept; --debug shows the "
+        "traceback"
+    )
 
 
 @dataclass(frozen=True)
