@@ -82,3 +82,35 @@ def test_a_manifest_entry_outside_its_folder_is_refused_unread(tmp_path):
     assert inside(ckpt, "weights.bin") == ckpt / "weights.bin"
     assert inside(ckpt, "../step_000001/weights.bin") is not None  # stays inside: allowed
     assert inside(ckpt, "../x") is None and inside(ckpt, "/etc/passwd") is None
+
+
+BOMB = """name: bomb
+# the anchors live in `description`, which the loader ignores
+description:
+  - &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]
+  - &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]
+  - &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]
+  - &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]
+  - &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]
+  - &f [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]
+  - &g [*f, *f, *f, *f, *f, *f, *f, *f, *f, *f]
+  - &h [*g, *g, *g, *g, *g, *g, *g, *g, *g, *g]
+  - &i [*h, *h, *h, *h, *h, *h, *h, *h, *h, *h]
+"""
+
+
+@pytest.mark.parametrize(
+    "where, expect",
+    [
+        ("overrides: [*i]\ncells:\n  - {name: c, algo: vapo}\n", "`overrides`: holds a list"),
+        ("cells:\n  - {name: c, algo: vapo, overrides: [*i]}\n", "cell c: `overrides`: holds a"),
+        ("sweep: {trainer.actor_lr: *i}\ncells:\n  - {name: c, algo: vapo}\n", "`sweep` entry"),
+    ],
+)
+def test_a_yaml_alias_bomb_as_an_override_is_refused_before_it_is_expanded(tmp_path, where, expect):
+    # 10^10 strings if expanded (str() of the list): refused as a non-string, in a moment
+    grid = tmp_path / "bomb.yaml"
+    grid.write_text(BOMB + where)
+    with pytest.raises(ConfigError, match=expect) as e:
+        load_grid(grid)
+    assert "\n" not in str(e.value) and "key=value" in str(e.value)

@@ -263,6 +263,7 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
         for key in ("drop", "overrides"):
             if not isinstance(cell.get(key, []), list):
                 raise ConfigError(f"grid file {path}: cell {cell['name']}: `{key}` must be a list")
+            _scalars(cell.get(key, []), f"grid file {path}: cell {cell['name']}: `{key}`")
         cells.append(
             {
                 "name": str(cell["name"]),
@@ -287,6 +288,9 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
     overrides = raw.get("overrides") or []
     if not isinstance(overrides, list):
         raise ConfigError(f"grid file {path}: `overrides` must be a list")
+    _scalars(overrides, f"grid file {path}: `overrides`")
+    for key, value in sweep.items():
+        _scalars([key, value], f"grid file {path}: `sweep` entry {str(key)[:40]!r}")
     return Grid(
         name=name,
         experiment=str(raw.get("experiment") or name),
@@ -296,6 +300,17 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
         cells=cells,
         source=str(path),
     )
+
+
+def _scalars(values: list[Any], what: str) -> None:
+    """Raises ConfigError unless every value is a string, number or bool: anything else (a list,
+    a mapping, a YAML alias bomb of nested lists) is refused before ``str()`` could expand it."""
+    bad = next((v for v in values if not isinstance(v, (str, int, float, bool))), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{what}: holds a {type(bad).__name__}, not a string: write each override as one "
+            "string such as key=value"
+        )
 
 
 def table1_cells() -> list[dict[str, Any]]:
