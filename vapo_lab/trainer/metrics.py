@@ -112,10 +112,15 @@ def stage_summary(history: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def read_model_shape(model: torch.nn.Module) -> Shape:
+    """Returns the shape of an HF causal LM from its own config (a multimodal one's text part)."""
+    hf = model.config
+    return Shape.from_hf_config((getattr(hf, "text_config", None) or hf).to_dict())
+
+
 def stage_rates(policy: torch.nn.Module, critic: bool, ppo_epochs: int, dtype: str) -> StageRates:
     """Returns the ``StageRates`` of a run of ``policy`` (an HF causal LM) on its device."""
-    config = policy.config.to_dict()
-    shape = Shape.from_hf_config(config.get("text_config", config))
+    shape = read_model_shape(policy)
     device = next(policy.parameters()).device
     peak = peak_flops(torch.cuda.get_device_name(device), dtype) if device.type == "cuda" else None
     critic_n = critic_params(shape) if critic else 0
