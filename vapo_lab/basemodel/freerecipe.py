@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from vapo_lab.basemodel.recipe import DEFAULTS
+from vapo_lab.basemodel.recipe import DEFAULTS, sample_modes
 from vapo_lab.tasks import Problem
 from vapo_lab.tasks.arith import TraceNoise
 from vapo_lab.tasks.arithfree import MODES, ArithFreeTask, LengthChoice
@@ -132,15 +132,6 @@ def measure(
     Sampling is plain temperature 1 (no top-p) with ``model.generate``, as the default's
     :func:`~vapo_lab.basemodel.recipe.measure_accuracy`.
     """
-    order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    task_id = (
-        bar.add_task(
-            "measuring accuracy", total=len(batches) * (1 + samples), info="", unit="batch"
-        )
-        if bar
-        else None
-    )
     texts: dict[str, list[list[str]]] = {
         "greedy": [[] for _ in problems],
         "t1": [[] for _ in problems],
@@ -149,45 +140,18 @@ def measure(
         "greedy": [[] for _ in problems],
         "t1": [[] for _ in problems],
     }
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for index in batches:
-                enc = tokenizer(
-                    [problems[i].prompt for i in index], return_tensors="pt", padding=True
-                )
-                longest = max(problems[i].meta["n_digits"] for i in index)
-                for mode, repeats in (("greedy", 1), ("t1", samples)):
-                    for _ in range(repeats):
-                        sampling = (
-                            {"do_sample": True, "temperature": 1.0}
-                            if mode == "t1"
-                            else {"do_sample": False}
-                        )
-                        out = model.generate(
-                            **enc,
-                            **sampling,
-                            max_new_tokens=3 * longest + 8,
-                            pad_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id,
-                        )
-                        new = out[:, enc.input_ids.shape[1] :]
-                        decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
-                        done = (new == tokenizer.eos_token_id).int()
-                        # tokens up to and including the first eos (all of them when none)
-                        first = torch.where(
-                            done.any(1),
-                            done.argmax(1) + 1,
-                            torch.full_like(done[:, 0], new.shape[1]),
-                        )
-                        for i, text, n in zip(index, decoded, first.tolist()):
-                            texts[mode][i].append(text)
-                            lengths[mode][i].append(int(n))
-                        if bar:
-                            bar.update(task_id, advance=1)
-    finally:
-        tokenizer.padding_side = padding_side
+    for mode, _, index, new in sample_modes(
+        model, tokenizer, problems, samples, seed, bar, batch_size
+    ):
+        decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
+        done = (new == tokenizer.eos_token_id).int()
+        # tokens up to and including the first eos (all of them when none)
+        first = torch.where(
+            done.any(1), done.argmax(1) + 1, torch.full_like(done[:, 0], new.shape[1])
+        )
+        for i, text, n in zip(index, decoded, first.tolist()):
+            texts[mode][i].append(text)
+            lengths[mode][i].append(int(n))
     result: dict[str, Any] = {}
     for mode in ("greedy", "t1"):
         table = summarize(task, problems, texts[mode], lengths[mode])

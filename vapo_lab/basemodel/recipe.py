@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from vapo_lab.models.arch import TINY_ARCH
 from vapo_lab.tasks import Problem
@@ -173,19 +175,20 @@ def _collate(
 
 
 @torch.no_grad()
-def measure_accuracy(
+def sample_modes(
     model,
     tokenizer,
-    task: ArithTask,
     problems: list[Problem],
     samples: int,
     seed: int,
     bar: Any = None,
     batch_size: int = 64,
-) -> dict[str, dict[str, float]]:
-    """Returns accuracy ("greedy" and "t1", temperature 1 over ``samples`` draws) by digit bucket.
+) -> Iterator[tuple[str, int, list[int], Tensor]]:
+    """Yields (mode, repeats, problem indices, new tokens (B, T)) of every ``model.generate`` call
+    a base measurement makes: each batch greedily once and at temperature 1 ``samples`` times.
 
-    Problems are batched by length, so that short ones are not generated as long as long ones.
+    Problems are batched by length, so that short ones are not generated as long as long ones;
+    the draws are seeded with ``seed`` in torch's global RNG, forked so the caller's is untouched.
     """
     order = sorted(range(len(problems)), key=lambda i: problems[i].meta["n_digits"])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -196,7 +199,6 @@ def measure_accuracy(
         if bar
         else None
     )
-    correct = {"greedy": [0.0] * len(problems), "t1": [0.0] * len(problems)}
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         with torch.random.fork_rng(devices=[]):
@@ -222,15 +224,31 @@ def measure_accuracy(
                             pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id,
                         )
-                        texts = tokenizer.batch_decode(
-                            out[:, enc.input_ids.shape[1] :], skip_special_tokens=True
-                        )
-                        for i, text in zip(index, texts):
-                            correct[mode][i] += task.verify(text, problems[i]) / repeats
+                        yield mode, repeats, index, out[:, enc.input_ids.shape[1] :]
                         if bar:
                             bar.update(task_id, advance=1)
     finally:
         tokenizer.padding_side = padding_side
+
+
+def measure_accuracy(
+    model,
+    tokenizer,
+    task: ArithTask,
+    problems: list[Problem],
+    samples: int,
+    seed: int,
+    bar: Any = None,
+    batch_size: int = 64,
+) -> dict[str, dict[str, float]]:
+    """Returns accuracy ("greedy" and "t1", temperature 1 over ``samples`` draws) by digit bucket,
+    from :func:`sample_modes`'s responses."""
+    correct = {"greedy": [0.0] * len(problems), "t1": [0.0] * len(problems)}
+    draws = sample_modes(model, tokenizer, problems, samples, seed, bar, batch_size)
+    for mode, repeats, index, new in draws:
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        for i, text in zip(index, texts):
+            correct[mode][i] += task.verify(text, problems[i]) / repeats
     result: dict[str, dict[str, float]] = {}
     for mode, scores in correct.items():
         result[mode] = {"all": round(sum(scores) / max(1, len(scores)), 4)}
