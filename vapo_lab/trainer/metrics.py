@@ -57,14 +57,14 @@ class StageRates:
     ppo_epochs: int
     peak_flops: float | None
 
-    def metrics(self, batch: Batch, world: World, times: StepTimes) -> dict[str, float]:
-        """Returns tokens/s per device of generation (response tokens, the rollout phase: scoring
-        included), the model-output passes and the updates (sequence tokens, each once a pass
-        or epoch), the weight push's seconds, and the updates' MFU where the peak is known."""
-        rows = batch.rows
-        generated = float(world.sum(float(rows.response_mask.sum())))
-        sequences = float(world.sum(float(rows.response_mask.sum() + rows.prompt_mask.sum())))
-        n_rows = float(world.sum(float(rows.response_mask.shape[0])))
+    def metrics(
+        self, generated: float, prompts: float, n_rows: int, world: World, times: StepTimes
+    ) -> dict[str, float]:
+        """Returns tokens/s per device of generation (``generated`` response tokens over all
+        ranks, the rollout phase: scoring included), the model-output passes and the updates
+        (sequence tokens, response + ``prompts``, each once a pass or epoch), the weight push's
+        seconds, and the updates' MFU where the peak is known."""
+        sequences = generated + prompts
         devices = world.size
         gen_s = times.rollout - times.start
         pass_s = times.outputs - times.rollout
@@ -157,7 +157,8 @@ def step_metrics(
         ),  # KiB
     }
     if rates is not None:
-        m.update(rates.metrics(batch, world, times))
+        prompts = float(world.sum(float(batch.rows.prompt_mask.sum())))
+        m.update(rates.metrics(n_tokens, prompts, len(scores), world, times))
     m.update({f"diag/length/{k}": v for k, v in length_profile(lengths, correct).items()})
     gap = advantage_gap_sums(batch.advantages, mask, batch.correct, batch.lengths)
     m.update({f"diag/adv_gap/{k}": v for k, v in advantage_gap_from_sums(world.sum(gap)).items()})
