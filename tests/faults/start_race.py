@@ -2,7 +2,8 @@
 process is ready, then opens a RunRecord (claims a run folder, opens the tracking store, starts the
 run) in that round's fresh folder and prints one JSON line saying what it got.
 
-Usage: python start_race.py ROOT INDEX PROCESSES ROUNDS BACKEND (BACKEND: mlflow | none)."""
+Usage: python start_race.py ROOT INDEX PROCESSES ROUNDS BACKEND [NAME] (BACKEND: mlflow | none;
+NAME: every process's run_name, none without)."""
 
 import dataclasses
 import json
@@ -17,9 +18,10 @@ from vapo_lab.trainer.record import RunRecord
 BASE = typed(compose_config().cfg)
 
 
-def config(folder: Path, backend: str):
-    """A run's typed config; every process of a round names its run the same. Composed once a
-    process, so that the racers start within milliseconds of each other."""
+def config(folder: Path, backend: str, name: str | None):
+    """A run's typed config; every process of a round names its run ``name`` (None: the automatic
+    name, the same within a second). Composed once a process, so that the racers start within
+    milliseconds of each other."""
     tracking = dataclasses.replace(
         BASE.tracking,
         backend=backend,
@@ -28,7 +30,7 @@ def config(folder: Path, backend: str):
         spool_dir=str(folder / "spool"),
     )
     return dataclasses.replace(
-        BASE, run_name="race", output_dir=str(folder / "runs"), tracking=tracking
+        BASE, run_name=name, output_dir=str(folder / "runs"), tracking=tracking
     )
 
 
@@ -47,11 +49,11 @@ def wait_for_all(folder: Path, index: int, processes: int, timeout: float = 300.
         time.sleep(0.0005)
 
 
-def start(folder: Path, backend: str) -> dict:
+def start(folder: Path, backend: str, name: str | None) -> dict:
     """Opens and closes one run; returns its folder and id, or the error it ended with."""
     try:
         record = RunRecord(
-            config(folder, backend), {}, None, "race", None, None, log=lambda text: None
+            config(folder, backend, name), {}, None, "race", None, None, log=lambda text: None
         )
         record.open()
         record.close("FINISHED", 0)
@@ -66,11 +68,13 @@ def start(folder: Path, backend: str) -> dict:
         }
 
 
-def main(root: str, index: str, processes: str, rounds: str, backend: str) -> None:
+def main(
+    root: str, index: str, processes: str, rounds: str, backend: str, name: str = "none"
+) -> None:
     for k in range(int(rounds)):
         folder = Path(root) / str(k)
         wait_for_all(folder, int(index), int(processes))
-        print(json.dumps({"round": k, "index": int(index), **start(folder, backend)}), flush=True)
+        print(json.dumps({"round": k, "index": int(index), **start(folder, backend, None if name == "none" else name)}), flush=True)
 
 
 if __name__ == "__main__":

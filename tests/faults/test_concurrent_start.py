@@ -1,6 +1,7 @@
 """Runs started together: real processes, released within a millisecond of each other
-(``start_race.py``), each open a run in the same fresh folder, round after round. Every one starts,
-each in a folder of its own, and none leaves an empty folder behind."""
+(``start_race.py``), each open a run in the same fresh folder, round after round. Without a run_name
+every one starts, each in a folder of its own; with the same run_name one starts and the others are
+refused in one line; none leaves an empty folder behind."""
 
 import json
 import subprocess
@@ -13,11 +14,15 @@ from mlflow.tracking import MlflowClient
 RACER = Path(__file__).with_name("start_race.py")
 
 
-def race(root: Path, processes: int, rounds: int, backend: str) -> list[list[dict]]:
-    """Returns, for each round, what each of ``processes`` racing processes got."""
+def race(
+    root: Path, processes: int, rounds: int, backend: str, name: str = "none"
+) -> list[list[dict]]:
+    """Returns, for each round, what each of ``processes`` racing processes got (``name``: their
+    run_name, "none" for the automatic one)."""
+    args = [str(processes), str(rounds), backend, name]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(RACER), str(root), str(i), str(processes), str(rounds), backend],
+            [sys.executable, str(RACER), str(root), str(i), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -58,12 +63,24 @@ def test_runs_started_together_each_claim_a_folder_of_their_own(tmp_path):
     # before the fix 7% of rounds of 4 processes gave two of them the same folder
     rounds = race(tmp_path, processes=4, rounds=100, backend="none")
     assert problems(rounds, tmp_path) == []
-    assert sorted(Path(r["run_dir"]).name for r in rounds[0]) == [
-        "race",
-        "race-2",
-        "race-3",
-        "race-4",
-    ]
+    # automatic names: <algo>-seed<seed>-<time>, numbered within one second
+    names = sorted(Path(r["run_dir"]).name for r in rounds[0])
+    assert len(set(names)) == 4 and all(n.startswith("vapo-seed0-") for n in names)
+
+
+def test_runs_started_together_with_one_run_name_one_starts_the_others_are_refused(tmp_path):
+    # before issue 49 the others were moved to race-2, race-3, ... without a word: a grid cell
+    # started twice ran twice
+    rounds = race(tmp_path, processes=4, rounds=20, backend="none", name="race")
+    for k, got in enumerate(rounds):
+        started = [r for r in got if "run_dir" in r]
+        refused = [r for r in got if "error" in r]
+        assert [Path(r["run_dir"]).name for r in started] == ["race"], (k, got)
+        assert len(refused) == 3
+        for r in refused:
+            assert r["error"].startswith("ConfigError: run_name=race: ") and "resume=" in r["error"]
+        runs = tmp_path / str(k) / "runs"
+        assert [d.name for d in runs.iterdir()] == ["race"]
 
 
 @pytest.mark.slow
@@ -78,4 +95,4 @@ def test_runs_started_together_on_a_fresh_sqlite_store_all_start(tmp_path):
         runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
         assert sorted(r.info.run_id for r in runs) == sorted(r["run_id"] for r in got)
         assert {r.info.status for r in runs} == {"FINISHED"}
-        assert sorted(r.info.run_name for r in runs) == ["race", "race-2", "race-3"]
+        assert len({r.info.run_name for r in runs}) == 3

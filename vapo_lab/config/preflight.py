@@ -33,6 +33,7 @@ from vapo_lab.models.footprint import (
     smallest_world,
 )
 from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
+from vapo_lab.runs.folder import run_name_taken
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,8 @@ def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]
             )
         )
     store: list[str] = []  # an existing database's own problems
+    if not cfg.resume and cfg.run_name and (Path(cfg.output_dir) / cfg.run_name).exists():
+        store.append(run_name_taken(cfg.run_name, Path(cfg.output_dir) / cfg.run_name))
     server: list[str] = []
     if cfg.tracking.backend == "mlflow":
         from vapo_lab.track.mlflow_tracker import resolve_tracking_uri

@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from vapo_lab.launch.grid import CellSpec
 from vapo_lab.launch.liveness import slurm_job_id
+from vapo_lab.launch.lock import exclusive
 from vapo_lab.launch.status import FAILED, FINISHED, RUNNING, read_status, status_path, write_status
 
 # the config sections the caches a cell prepares are built from (``_prepare_one``): cells equal in
@@ -155,6 +156,10 @@ def cell_tags(job: CellJob) -> dict[str, str]:
 def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one cell; returns its final status record.
 
+    The process that writes the cell's status holds ``status/<key>.lock`` while it runs: a second
+    job of the same cell (two submissions from machines that do not share locks) is refused in one
+    line naming the first, leaving its status and folder alone.
+
     ``save_within`` (seconds, a Slurm job's): SIGUSR2 saves a checkpoint at the next safe point
     after a step and stops the run (``vapo_lab.stop``), its status left running for the requeue.
 
@@ -163,7 +168,19 @@ def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
 
     Raises whatever the run raised, after recording it as ``failed`` with the last error line (of
     the rank that failed first).
+
+    Raises:
+        Busy: another process runs the cell.
     """
+    if not writes_status():
+        return _run_cell(job, save_within)
+    lock = status_path(Path(job.grid_dir), job.spec.key).with_suffix(".lock")
+    with exclusive(lock, f"cell {job.spec.key}", "it runs there; nothing was started here"):
+        return _run_cell(job, save_within)
+
+
+def _run_cell(job: CellJob, save_within: float | None) -> dict[str, Any]:
+    """``run_cell``'s run, under its lock in the process that writes the status."""
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.stop import SAVE_SIGNAL, StopRequested, sigterm_interrupts
     from vapo_lab.trainer.trainer import running

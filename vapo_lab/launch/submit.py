@@ -20,6 +20,7 @@ from vapo_lab.launch.base import Launcher, Log, Submission
 from vapo_lab.launch.cell import CellJob
 from vapo_lab.launch.grid import CellSpec, Grid
 from vapo_lab.launch.liveness import cell_alive, squeue_states
+from vapo_lab.launch.lock import exclusive
 from vapo_lab.launch.parent import end_parent, start_parent, tracking_uri
 from vapo_lab.launch.record import grid_dir_for, known_job_ids, read_record, write_record
 from vapo_lab.launch.status import FAILED, FINISHED, PENDING, RUNNING, read_status, write_status
@@ -36,6 +37,10 @@ def submit_grid(
 ) -> Submission:
     """Submits the cells of ``grid`` that still need to run; see the module docstring.
 
+    One submission of a grid at a time (``<grid id>.lock`` beside its folder, held until this
+    returns): a second one, whichever command made it, is refused in one line naming the first,
+    before it reads a status or writes anything. A dry run takes no lock.
+
     Args:
         specs: the grid's expanded cells (``Grid.expand``), all sharing one grid id.
         cfg: a composed config holding the submission's ``launcher`` and ``tracking`` settings and
@@ -43,7 +48,32 @@ def submit_grid(
         dry_run: print what would run (and the launcher's scripts) and submit nothing.
         wait: for a launcher whose jobs outlive this process (Slurm): wait for them to end (the
             others always wait).
+
+    Raises:
+        Busy: the grid is being submitted by another process.
     """
+    grid_id = specs[0].grid_id
+    grid_dir = grid_dir_for(cfg.output_dir, grid_id)
+    if dry_run:
+        return _submit(grid, specs, cfg, launcher, True, wait, log)
+    fix = (
+        f"wait for that submission to end (`vapo-lab jobs {grid_id}` follows its cells); "
+        "nothing was submitted here"
+    )
+    with exclusive(grid_dir.with_name(f"{grid_id}.lock"), f"grid {grid_id}", fix):
+        return _submit(grid, specs, cfg, launcher, False, wait, log)
+
+
+def _submit(
+    grid: Grid,
+    specs: list[CellSpec],
+    cfg: DictConfig,
+    launcher: Launcher,
+    dry_run: bool,
+    wait: bool,
+    log: Log,
+) -> Submission:
+    """``submit_grid``'s submission, under its lock (none for a dry run)."""
     launchers: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
         cfg.launcher, resolve=True
     )

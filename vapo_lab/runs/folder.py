@@ -32,3 +32,11 @@ def resume_config(run_dir: str | Path) -> tuple[DictConfig, dict[str, str]]:
     cfg = OmegaConf.load(run_dir / CONFIG_FILE)
     cfg.resume = str(run_dir)
     return cfg, json.loads((run_dir / RUN_FILE).read_text()).get("choices", {})
+
+
+def run_name_taken(name: str, path: Path) -> str:
+    """Returns the one-line refusal of a ``run_name`` whose folder ``path`` exists."""
+    return (
+        f"run_name={name}: {path} exists (another run's folder): continue that run with "
+        f"resume={path}, or give another run_name"
+    )

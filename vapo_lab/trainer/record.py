@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.registry.components import COMPONENTS
-from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir
+from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir, run_name_taken
 from vapo_lab.runs.metrics_log import MetricsLog
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.track.mlflow_tracker import first_line
@@ -73,12 +73,27 @@ def folder_to_resume(resume: str | None) -> Path | None:
 
 
 def claim_run_dir(cfg: VapoConfig) -> Path:
-    """Creates and returns a new run's folder: ``run_name`` or ``<algo>-seed<seed>-<time>``,
-    numbered (-2, -3, ...) when taken. ``mkdir`` without ``exist_ok`` claims a name atomically: two
-    runs started together never share a folder."""
-    name = cfg.run_name or f"{cfg.algo.name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """Creates and returns a new run's folder. ``mkdir`` without ``exist_ok`` claims a name
+    atomically: two runs started together never share a folder.
+
+    A ``run_name`` is claimed exactly (a grid cell's is its key): taken, the run is refused, never
+    moved to another name. Without one the name is ``<algo>-seed<seed>-<time>``, numbered (-2, -3,
+    ...) when two runs start in the same second.
+
+    Raises:
+        ConfigError: ``run_name``'s folder exists (``check_run`` says so before any compute; this is
+            the race it cannot see).
+    """
     root = Path(cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
+    if cfg.run_name:
+        path = root / cfg.run_name
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise ConfigError(run_name_taken(cfg.run_name, path)) from None
+        return path
+    name = f"{cfg.algo.name}-seed{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     path, i = root / name, 1
     while True:
         try:
