@@ -195,7 +195,7 @@ GRID = Path("runs-with-a-long-folder-name/grids/table1-0123abcd")
 
 def test_jobs_keep_the_grid_path_cell_job_and_run_ids_whole(monkeypatch):
     monkeypatch.setattr(
-        "vapo_lab.launch.actions.jobs_table", lambda output_dir, grid: (GRID, [JOB])
+        "vapo_lab.launch.actions.jobs_table", lambda output_dir, grid, log: (GRID, [JOB])
     )
     piped = runner.invoke(app, ["jobs"], env={"COLUMNS": "80", **NO_TTY})
     assert piped.exit_code == 0, piped.output

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import Col, cli_errors, print_table, stdout
+from vapo_lab.commands.output import Col, cli_errors, print_table, stderr, stdout
 
 
 @cli_errors
@@ -26,7 +26,9 @@ def jobs(
     """
     from vapo_lab.launch.actions import jobs_table
 
-    path, rows = jobs_table(output_dir, grid)
+    path, rows = jobs_table(
+        output_dir, grid, log=lambda m: stderr.print(m, highlight=False, markup=False)
+    )
     cols = (
         Col("cell", typed=True),
         Col("state"),

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import cli_errors, stdout
+from vapo_lab.commands.output import cli_errors, stderr, stdout
 
 
 @cli_errors
@@ -98,6 +98,10 @@ def report(
             findings=findings,
         )
     else:
+        from vapo_lab.launch.parent import heal_everywhere
+
+        # runs that ended while the store was down: their steps and status first
+        heal_everywhere("runs", lambda m: stderr.print(m, highlight=False, markup=False))
         rep = make_report(
             experiment,
             out,

@@ -63,13 +63,20 @@ def run_grid(
     return sub
 
 
-def jobs_table(output_dir: str | Path, grid: str | None) -> tuple[Path, list[dict[str, Any]]]:
+def jobs_table(
+    output_dir: str | Path, grid: str | None, log: Callable[[str], None] = print
+) -> tuple[Path, list[dict[str, Any]]]:
     """Returns (the grid's folder, one row per cell: key, state, job id, run id) of grid id ``grid``
-    (or a unique prefix of it) under ``output_dir``, the latest grid when None."""
+    (or a unique prefix of it) under ``output_dir``, the latest grid when None; first completes, in
+    its store, the runs that ended while it did not answer (``log`` hears how it went)."""
     from vapo_lab.launch.jobs import grid_table
-    from vapo_lab.launch.record import find_grid
+    from vapo_lab.launch.parent import heal_tracking
+    from vapo_lab.launch.record import find_grid, read_record
 
     path = find_grid(output_dir, grid)
+    record = read_record(path)
+    if record.get("tracking_uri", "none") != "none":
+        heal_tracking(record.get("spool_dir"), log)
     return path, grid_table(path)
 
 

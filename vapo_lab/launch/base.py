@@ -45,14 +45,20 @@ class Submission:
     dry_run_text: str = ""
 
     def finished(self, key: str, status: dict[str, Any], log: Log) -> None:
-        """Records that cell ``key`` finished, with ``status`` its final status record."""
+        """Records that cell ``key`` finished, with ``status`` its final status record (its last
+        tracking warning, if any, told on the next line)."""
         self.results[key] = FINISHED
         log(f"  {key}: finished (final eval {pct(status.get('final_eval'))})")
+        if status.get("tracking"):
+            log(f"    {status['tracking']}")
 
-    def failed(self, key: str, reason: str, log: Log, where: str = "") -> None:
-        """Records that cell ``key`` failed for ``reason``; ``where`` points at its log."""
+    def failed(self, key: str, reason: str, log: Log, where: str = "", tracking: str = "") -> None:
+        """Records that cell ``key`` failed for ``reason``; ``where`` points at its log; its last
+        tracking warning, if any, told on the next line."""
         self.results[key] = f"failed: {reason}"
         log(f"  {key}: {self.results[key]}{where}")
+        if tracking:
+            log(f"    {tracking}")
 
 
 @runtime_checkable
@@ -109,9 +115,11 @@ def log_folder(grid_dir: Path) -> Path:
 
 def cell_failed(sub: Submission, grid_dir: Path, key: str, log: Log) -> None:
     """Records in ``sub`` a cell whose worker raised, with its status file's error and its log."""
+    status = read_status(grid_dir, key)
     sub.failed(
         key,
-        str(read_status(grid_dir, key).get("error")),
+        str(status.get("error")),
         log,
         where=f" (log {grid_dir / 'logs' / (key + '.log')})",
+        tracking=status.get("tracking") or "",
     )

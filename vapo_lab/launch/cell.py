@@ -207,6 +207,7 @@ def _run_cell(job: CellJob, save_within: float | None) -> dict[str, Any]:
             job_id=slurm_job_id() or status.get("job_id"),
             error=None,
             traceback=None,
+            tracking=None,
         )
     # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
     sigterm_interrupts(save_within)
@@ -214,6 +215,8 @@ def _run_cell(job: CellJob, save_within: float | None) -> dict[str, Any]:
     def log(text: str) -> None:
         if writer:  # the ranks of a cell share its log: one copy of each line
             print(f"[{key}] {text}", file=sys.stderr, flush=True)
+            if text.startswith("tracking"):  # the submission's console shows it (Submission)
+                write_status(grid_dir, key, tracking=text[:400])
 
     try:
         if is_run_dir(job.run_dir):

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from vapo_lab.launch.base import Log
 from vapo_lab.launch.grid import CellSpec, Grid
 
 
@@ -66,8 +67,37 @@ def start_parent(
 
 
 def end_parent(cfg: DictConfig, parent: str | None, status: str) -> None:
-    """Marks the grid's parent run ``status``: FINISHED when every submitted cell finished."""
+    """Marks the grid's parent run ``status``: FINISHED when every submitted cell finished. A store
+    that does not answer gets it later (``vapo_lab.trainer.heal``: a note beside the spools)."""
     if parent is not None and cfg.tracking.backend != "none":
-        from vapo_lab.track.mlflow_tracker import set_run_status
+        from vapo_lab.track.mlflow_tracker import set_run_status, spool_folder
+        from vapo_lab.trainer.heal import note_pending
 
-        set_run_status(tracking_uri(cfg), parent, status)
+        if not set_run_status(tracking_uri(cfg), parent, status):
+            note_pending(spool_folder(cfg.tracking.spool_dir), tracking_uri(cfg), parent, status)
+
+
+def heal_tracking(spool_dir: str | None, log: Log) -> None:
+    """Completes the runs (cells, parents) that ended while their store did not answer and that
+    answers now (``vapo_lab.trainer.heal``): on resubmission, ``vapo-lab jobs`` and ``report``."""
+    from vapo_lab.track.mlflow_tracker import spool_folder
+    from vapo_lab.trainer.heal import heal
+
+    heal(spool_folder(spool_dir), log)
+
+
+def heal_everywhere(output_dir: str | Path, log: Log) -> None:
+    """``heal_tracking`` of this folder's spools and of every grid's under ``output_dir`` (what
+    ``vapo-lab report`` does before it reads a store)."""
+    import json
+
+    from vapo_lab.track.mlflow_tracker import spool_folder
+
+    folders = {str(spool_folder(None).resolve())}
+    for record in sorted((Path(output_dir) / "grids").glob("*/grid.json")):
+        try:
+            folders.add(str(json.loads(record.read_text())["spool_dir"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a grid submitted before its record named its spools: this folder's
+    for folder in sorted(folders):
+        heal_tracking(folder, log)

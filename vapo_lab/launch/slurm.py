@@ -124,7 +124,10 @@ class SlurmLauncher:
                         sub.finished(key, st, log)
                     else:
                         sub.failed(
-                            key, st.get("error") or "job ended without finishing (see its log)", log
+                            key,
+                            st.get("error") or "job ended without finishing (see its log)",
+                            log,
+                            tracking=st.get("tracking") or "",
                         )
                     del left[key]
 

@@ -21,9 +21,10 @@ from vapo_lab.launch.cell import CellJob
 from vapo_lab.launch.grid import CellSpec, Grid
 from vapo_lab.launch.liveness import cell_alive, squeue_states
 from vapo_lab.launch.lock import exclusive
-from vapo_lab.launch.parent import end_parent, start_parent, tracking_uri
+from vapo_lab.launch.parent import end_parent, heal_tracking, start_parent, tracking_uri
 from vapo_lab.launch.record import grid_dir_for, known_job_ids, read_record, write_record
 from vapo_lab.launch.status import FAILED, FINISHED, PENDING, RUNNING, read_status, write_status
+from vapo_lab.track.mlflow_tracker import spool_folder
 
 
 def submit_grid(
@@ -102,6 +103,8 @@ def _submit(
         return sub
 
     launcher.preflight(settings, todo)
+    if cfg.tracking.backend != "none":  # runs that ended in an outage: completed if it is over
+        heal_tracking(cfg.tracking.spool_dir, log)
     # also checks the tracking server
     parent = start_parent(grid, specs, cfg, record, launcher.name, grid_dir)
 
@@ -114,6 +117,8 @@ def _submit(
         "created": record.get("created", time.time()),
         "parent_run_id": parent,
         "tracking_uri": tracking_uri(cfg),
+        # where its cells spool what the store did not take (``vapo-lab jobs`` sends it from there)
+        "spool_dir": str(spool_folder(cfg.tracking.spool_dir).resolve()),
         "output_dir": str(Path(cfg.output_dir).resolve()),
         "cells": [s.to_record() for s in specs],
         "submissions": record.get("submissions", []),

@@ -103,6 +103,12 @@ def first_line(error: BaseException) -> str:
     return lines[0][:200] if lines else type(error).__name__
 
 
+def spool_folder(spool_dir: str | Path | None) -> Path:
+    """Returns where runs spool what their store did not take (``tracking.spool_dir``; default
+    ``.vapo_cache/spool`` of the working folder, beside the caches a grid's jobs share)."""
+    return Path(spool_dir) if spool_dir else Path.cwd() / ".vapo_cache" / "spool"
+
+
 def read_spool(path: Path) -> list[dict[str, Any]]:
     """Returns the records of a spool file; a line cut short (a full disk mid-write) is dropped."""
     records = []
@@ -180,7 +186,7 @@ class MlflowTracker:
                 f"cannot open the MLflow tracking store {self.uri}: {first_line(e)}; "
                 "repair or move it, or set tracking.uri to another store, or tracking=none"
             ) from e
-        self.spool_dir = Path(spool_dir) if spool_dir else Path.cwd() / ".vapo_cache" / "spool"
+        self.spool_dir = spool_folder(spool_dir)
         self.run_id: str | None = None
         self.failures = 0
         self.log = log or (lambda text: None)
@@ -190,6 +196,7 @@ class MlflowTracker:
         self._spooling = False  # in an outage (told once per outage)
         self._told_lost = False  # told that metrics could be neither sent nor spooled
         self._last_try = -math.inf
+        self.status_sent = False  # finish() marked the run's final status in the store
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(
@@ -248,10 +255,29 @@ class MlflowTracker:
             self.failures += 1
         try:
             self.client.set_terminated(self.run_id, status=status)
+            self.status_sent = True
         except Exception:  # noqa: BLE001 - the metrics are what matters; they are spooled
             self.failures += 1
         spool = self._spool_path()
         return spool if spool.exists() else None
+
+    def settle(self, run_id: str, status: str | None, records: list[dict[str, Any]]) -> bool:
+        """Completes, in the store, a run that ended while the store did not answer: sends those of
+        its spool and of ``records`` ({step, timestamp, metrics}: its metrics.jsonl) that the run
+        lacks, each (key, step) once, then marks it ``status`` (None: leaves it). Returns True when
+        all of it was done; False (the spool kept) when the store failed again."""
+        self.run_id = run_id
+        path = self._spool_path()
+        try:
+            spooled = read_spool(path) if path.exists() else []
+            self._send(self._missing([*spooled, *records]))
+            if status is not None:
+                self.client.set_terminated(run_id, status=status)
+        except Exception:  # noqa: BLE001 - still down: the next try settles it
+            self.failures += 1
+            return False
+        path.unlink(missing_ok=True)
+        return True
 
     # -- logging -------------------------------------------------------------------------------
     def log_metrics(
@@ -365,12 +391,14 @@ class MlflowTracker:
                 self._append({**r, "backfill": True})
 
     def _missing(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Returns ``records`` cut to the (key, step) pairs that the run does not hold."""
+        """Returns ``records`` cut to the (key, step) pairs the run does not hold, each once."""
         keys = sorted({k for r in records for k in r["metrics"]})
         held = {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
         out = []
-        for r in records:
+        for r in records:  # the first of two records of one (key, step) is the one sent
             metrics = {k: v for k, v in r["metrics"].items() if r["step"] not in held[k]}
+            for k in metrics:
+                held[k].add(r["step"])
             if metrics:
                 out.append({**r, "metrics": metrics})
         return out
@@ -423,9 +451,9 @@ class MlflowTracker:
         return True
 
 
-def set_run_status(uri: str, run_id: str, status: str) -> None:
+def set_run_status(uri: str, run_id: str, status: str) -> bool:
     """Sets the status of MLflow run ``run_id`` at ``uri``: RUNNING, or a final one (FINISHED,
-    FAILED, KILLED) with its end time; best effort (a store that does not answer is left as is)."""
+    FAILED, KILLED) with its end time; best effort: False when the store did not answer."""
     try:
         client = open_client(resolve_tracking_uri(uri))
         if status == "RUNNING":
@@ -433,7 +461,8 @@ def set_run_status(uri: str, run_id: str, status: str) -> None:
         else:
             client.set_terminated(run_id, status=status)
     except Exception:  # noqa: BLE001 - a status is worth no crash; the cells' own runs are exact
-        pass
+        return False
+    return True
 
 
 class NullTracker:
@@ -442,6 +471,7 @@ class NullTracker:
     uri = "none"
     run_id: str | None = None
     failures = 0
+    status_sent = True
 
     def start(
         self,

@@ -28,6 +28,7 @@ from vapo_lab.runs.folder import CONFIG_FILE, METRICS_FILE, RUN_FILE, is_run_dir
 from vapo_lab.runs.metrics_log import MetricsLog
 from vapo_lab.track import flatten, make_tracker
 from vapo_lab.track.mlflow_tracker import first_line
+from vapo_lab.trainer.heal import NOTE, note_pending
 
 if TYPE_CHECKING:
     from vapo_lab.config.schema import VapoConfig
@@ -157,6 +158,9 @@ class RunRecord:
         }
         params = dict(flatten(dataclasses.asdict(cfg)))
         params["command"] = self.command
+        if previous.get("run_id") and hasattr(self.tracker, "spool_dir"):
+            # this run goes on: it sends its own spool and sets its own status
+            (self.tracker.spool_dir / f"{previous['run_id']}{NOTE}").unlink(missing_ok=True)
         return self.tracker.start(
             self.run_dir.name,
             tags,
@@ -251,8 +255,18 @@ class RunRecord:
                 f"{self.run_dir / METRICS_FILE}"
             )
             return
-        if spool is not None:
-            self.log(f"tracking server unreachable: metrics kept in {spool} (replayed on resume)")
+        if spool is None and self.tracker.status_sent:
+            return
+        try:  # the store did not hear all of it: a note for the next jobs / report / resubmission
+            t = self.tracker
+            note_pending(t.spool_dir, t.uri, self.run_id, status, self.run_dir)
+        except OSError as e:
+            self.log(f"tracking: could not note run {self.run_id} as pending ({e.strerror or e})")
+        self.log(
+            f"tracking: MLflow at {self.tracker.uri} did not take all of run {self.run_id} "
+            f"({'metrics kept in ' + str(spool) if spool else 'its final status'}): sent once it "
+            "answers, by the next `vapo-lab jobs`, `report`, grid resubmission or `train resume=`"
+        )
 
 
 class RankRecord:
