@@ -98,6 +98,12 @@ def validate(cfg: DictConfig) -> list[str]:
         c: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
         return [f"config cannot be resolved: {str(e).splitlines()[0]}"]
+    return check_values(c)
+
+
+def check_values(c: dict[str, Any]) -> list[str]:
+    """Returns every problem of the values of a resolved config (``validate`` without its missing
+    keys and interpolations: what a grid's cells composed by value need checked)."""
 
     def get(key: str) -> Any:
         node: Any = c

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
 
 from vapo_lab.errors import ConfigError
 from vapo_lab.names import check_name, slug
@@ -36,6 +35,9 @@ from vapo_lab.registry import table1
 
 # `cells: table1` in a grid file: the cells are Table 1's rows (vapo_lab.registry.table1)
 TABLE1_CELLS = "table1"
+# the most runs one grid may have (cells x sweep points x seeds): its --dry-run takes ~10 s at
+# this size (docs/benchmarks.md, "Grid expansion"); a larger grid is refused before it is composed
+MAX_RUNS = 10_000
 # config keys that say where a run is written or logged, not what it computes
 VOLATILE_KEYS = ("output_dir", "run_name", "resume", "tracking", "launcher")
 
@@ -84,8 +86,10 @@ class Grid:
         Raises:
             ConfigError: a cell whose config does not compose (named, with the reason).
         """
-        from vapo_lab.config.compose import compose_config
+        from vapo_lab.config.batch import BatchComposer
 
+        check_size(self.name, len(self.cells), sweep_sizes(self.sweep), len(self.seeds))
+        composer = BatchComposer()  # Hydra once per structure: 10,000 cells in seconds
         specs: list[CellSpec] = []
         cell_hashes: set[str] = set()  # without the seed: more seeds extend the same grid
         points = sweep_points(self.sweep)
@@ -100,16 +104,11 @@ class Grid:
                         f"seed={seed}",
                     ]
                     try:
-                        composed = compose_config(
-                            algo=cell["algo"], drop=cell.get("drop", []), overrides=ov
-                        )
+                        resolved, choices = composer.compose(cell["algo"], cell.get("drop", []), ov)
                     except ConfigError as e:
                         raise ConfigError(
                             f"grid {self.name}, cell {cell['name']} (seed {seed}): {e}"
                         ) from e
-                    resolved: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
-                        composed.cfg, resolve=True
-                    )
                     h = config_hash(resolved)
                     cell_hashes.add(config_hash({k: v for k, v in resolved.items() if k != "seed"}))
                     label = "".join(
@@ -127,7 +126,7 @@ class Grid:
                             key=f"{cell['name']}{label}-s{seed}-{h[:8]}",
                             sweep=dict(point),
                             config=resolved,
-                            choices=dict(composed.choices),
+                            choices=choices,
                         )
                     )
         seen: dict[str, str] = {}
@@ -161,14 +160,31 @@ def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
     E.g. {"a": "1,2"} -> [{"a": "1"}, {"a": "2"}]. Each value is Hydra override syntax
     (``1,2,3``, ``range(0,3)``, ``choice(a,b)``); ``glob(*)`` is not supported (no choices to glob
     over here).
+
+    Raises:
+        ConfigError: a value that is not sweep syntax, or a grid over ``MAX_RUNS`` runs.
     """
+    axes = [[(key, v) for v in values] for key, values in _axes(sweep).items()]
+    check_size("sweep", 1, [len(a) for a in axes], 1)
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def sweep_sizes(sweep: dict[str, str]) -> list[int]:
+    """Returns how many values each axis of ``sweep`` has (an axis past ``MAX_RUNS`` counts
+    ``MAX_RUNS + 1``: it is read no further)."""
+    return [len(v) for v in _axes(sweep).values()]
+
+
+def _axes(sweep: dict[str, str]) -> dict[str, list[str]]:
+    """Returns each axis's values, read no further than ``MAX_RUNS + 1`` (``range(0,10**9)`` is
+    refused in a moment, not listed)."""
     if not sweep:
-        return [{}]
+        return {}
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser = OverridesParser.create()
-    axes: list[list[tuple[str, str]]] = []
+    axes: dict[str, list[str]] = {}
     for key, value in sweep.items():
         text = f"{key}={value}"
         try:
@@ -178,13 +194,28 @@ def sweep_points(sweep: dict[str, str]) -> list[dict[str, str]]:
                 f"sweep {text!r} is not Hydra sweep syntax ({str(e).splitlines()[0]}): "
                 "write e.g. trainer.actor_lr: 1e-5,3e-5 or range(0,3)"
             ) from e
-        values = (
-            list(ov.sweep_string_iterator())
+        axes[key] = (
+            list(itertools.islice(ov.sweep_string_iterator(), MAX_RUNS + 1))
             if ov.is_sweep_override()
             else [ov.get_value_element_as_str()]
         )
-        axes.append([(key, v) for v in values])
-    return [dict(combo) for combo in itertools.product(*axes)]
+    return axes
+
+
+def check_size(name: str, cells: int, axes: Sequence[int], seeds: int) -> None:
+    """Raises ConfigError when a grid of ``cells`` x the sweep's axes x ``seeds`` runs is over
+    ``MAX_RUNS``, before anything of it is composed."""
+    runs = cells * seeds
+    for n in axes:
+        runs *= n
+    if runs > MAX_RUNS:
+        shape = " x ".join(
+            [f"{cells} cell(s)", *(f"{n} sweep value(s)" for n in axes), f"{seeds} seed(s)"]
+        )
+        raise ConfigError(
+            f"grid {name}: {shape} = {runs:,} runs, over the cap of {MAX_RUNS:,} a grid: split it "
+            "into several grid files, or give fewer seeds or sweep values"
+        )
 
 
 def _slug(text: Any) -> str:
@@ -275,6 +306,7 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
     file_seeds = raw.get("seeds", [0])
     if seeds is not None:
         check_seeds(seeds)
+        check_size(name, len(cells), [], seeds)  # before range(seeds) is listed
         file_seeds = list(range(seeds))
     if (
         not isinstance(file_seeds, list)
@@ -291,12 +323,14 @@ def load_grid(path_or_name: str | Path, seeds: int | None = None) -> Grid:
     _scalars(overrides, f"grid file {path}: `overrides`")
     for key, value in sweep.items():
         _scalars([key, value], f"grid file {path}: `sweep` entry {str(key)[:40]!r}")
+    sweep = {str(k): str(v) for k, v in sweep.items()}
+    check_size(name, len(cells), sweep_sizes(sweep), len(file_seeds))
     return Grid(
         name=name,
         experiment=str(raw.get("experiment") or name),
         seeds=list(file_seeds),
         overrides=[str(o) for o in overrides],
-        sweep={str(k): str(v) for k, v in sweep.items()},
+        sweep=sweep,
         cells=cells,
         source=str(path),
     )
@@ -367,6 +401,7 @@ def yaml_file(path: Path, what: str) -> Any:
 def drop_grid(drops: Sequence[str], seeds: int = 1) -> Grid:
     """Returns the one-variant grid of ``ablate --drop A [--drop B]``: VAPO without them."""
     check_seeds(seeds)
+    check_size("ablate", 1, [], seeds)
     name = "vapo-no-" + "-".join(drops)
     return Grid(
         name="ablate",
