@@ -167,6 +167,48 @@ def test_a_failing_rank_fails_the_run_with_its_own_message(ranks_dir):
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last == "error: rank 1: InjectedFault: injected fault at update@2", last
-    assert (
-        max(s for kind, s in records(ranks_dir / "runs" / "one-rank-fails") if kind == "train") == 1
+    assert "Traceback" not in done.stderr  # one line; the traceback is kept beside failure.txt
+    run_dir = ranks_dir / "runs" / "one-rank-fails"
+    assert "InjectedFault" in (run_dir / "failure.rank1.txt").read_text()
+    assert max(s for kind, s in records(run_dir) if kind == "train") == 1
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_killed_rank_is_named_with_its_signal_and_the_run_marked_failed(ranks_dir, rank):
+    """Before issue 49: 81 lines, two tracebacks, the last line blaming the survivor's "Connection
+    closed by peer"; with rank 0 killed, the MLflow run stayed RUNNING and no failure.txt."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    name = f"rank{rank}-killed"
+    done = train(
+        ranks_dir,
+        *RANKS,
+        f"tracking.uri={store(ranks_dir)}",
+        f"run_name={name}",
+        fault="update@2",
+        rank=rank,
     )
+    assert done.returncode == 1
+    run_dir = ranks_dir / "runs" / name
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"run runs/{name} "), done.stderr
+    assert lines[1] == (
+        f"error: rank {rank} died: killed by SIGKILL (the out-of-memory killer, or kill -9) after "
+        "step 1; the other ranks stopped after it. The run is marked FAILED; continue it with: "
+        f"vapo-lab train resume=runs/{name}"
+    )
+    assert (run_dir / "failure.txt").read_text().startswith(
+        "failed after step 1 on 20"
+    ) and f"rank {rank} died: killed by SIGKILL" in (run_dir / "failure.txt").read_text()
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    client = MlflowClient(store(ranks_dir))
+    assert client.get_run(run_id).info.status == "FAILED"
+    held = sorted(m.step for m in client.get_metric_history(run_id, "rollout/reward"))
+    logged = [s for (kind, s), m in records(run_dir).items() if "rollout/reward" in m]
+    assert held == sorted(logged) == [1]
+    if rank == 0:  # nothing lost: it resumes to the uninterrupted history
+        resumed = train(ranks_dir, f"resume=runs/{name}")
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert_like_reference(run_dir, ranks_dir / "runs" / "reference", store(ranks_dir))

@@ -21,13 +21,15 @@ RUN = [o for o in SMALL if o != "tracking=none"] + STEPS
 
 
 def train(
-    workdir: Path, *args: str, fault: str | None = None, timeout: int = 600
+    workdir: Path, *args: str, fault: str | None = None, rank: int | None = None, timeout: int = 600
 ) -> subprocess.CompletedProcess:
     """Runs `vapo-lab train --quiet ARGS` in ``workdir`` (``fault``: VAPO_FAULT, a SIGKILL
-    point)."""
-    env = {k: v for k, v in os.environ.items() if k != "VAPO_FAULT"}
+    point; ``rank``: VAPO_FAULT_RANK, the one rank it kills)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VAPO_FAULT", "VAPO_FAULT_RANK")}
     if fault:
         env["VAPO_FAULT"] = fault
+    if rank is not None:
+        env["VAPO_FAULT_RANK"] = str(rank)
     return subprocess.run(
         [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args],
         cwd=workdir,

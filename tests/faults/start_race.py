@@ -74,7 +74,16 @@ def main(
     for k in range(int(rounds)):
         folder = Path(root) / str(k)
         wait_for_all(folder, int(index), int(processes))
-        print(json.dumps({"round": k, "index": int(index), **start(folder, backend, None if name == "none" else name)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "round": k,
+                    "index": int(index),
+                    **start(folder, backend, None if name == "none" else name),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ of the small test config to the end on the local Slurm (shared/slurm) and with t
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -415,3 +416,21 @@ def test_a_two_rank_local_cell_that_fails_on_its_ranks_is_recorded_failed(in_tmp
             log=print,
             out=print,
         )
+
+
+@pytest.mark.slow
+def test_a_two_rank_local_cell_whose_rank_is_killed_names_it_and_fails(in_tmp, monkeypatch):
+    # before issue 49 the cell failed with the survivor's "Connection closed by peer"
+    monkeypatch.setenv("VAPO_FAULT", "update@2")
+    monkeypatch.setenv("VAPO_FAULT_RANK", "1")
+    grid = load_grid("table1")
+    grid.cells = grid.cells[2:3]
+    with pytest.raises(LaunchError) as e:
+        run_grid(grid, [*SMALL, *FSDP2, "tracking=none"], "local", False, True, print, print)
+    want = (
+        r"vapo-s0-\w+: failed: rank 1 died: killed by SIGKILL \(the out-of-memory killer, or "
+        r"kill -9\) after step 1; the other ranks stopped after it\. The run is marked FAILED"
+    )
+    assert re.search(want, str(e.value)), str(e.value)
+    (status,) = (in_tmp / "runs" / "grids").glob("*/status/*.json")
+    assert json.loads(status.read_text())["state"] == "failed"

@@ -11,15 +11,21 @@ A many-rank cell takes one worker, which runs its ranks on this machine with tor
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import OmegaConf
+
 from vapo_lab.launch.base import LaunchError, Log, Submission, cell_failed, log_folder, logged
 from vapo_lab.launch.cell import CellJob, cell_ranks, prepare, run_cell
-from vapo_lab.launch.ranks import RankFailed, torchrun_command
+from vapo_lab.launch.parent import tracking_uri
+from vapo_lab.launch.ranks import RankFailed, mark_failed, torchrun_command
 from vapo_lab.launch.status import FAILED, FINISHED, read_status, write_status
+from vapo_lab.launch.torchrun import LAUNCH_DIR, dead_rank, read_failures
 
 if TYPE_CHECKING:
     from vapo_lab.launch.grid import CellSpec
@@ -104,12 +110,32 @@ def run_cell_ranks(job: CellJob) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vapo-cell-") as folder:
         path = Path(folder) / "cell.json"
         path.write_text(job.to_json())
-        done = subprocess.run(torchrun_command(job.ranks[1], ["--cell", str(path)]), cwd=job.cwd)
+        env = {"OMP_NUM_THREADS": "1", **os.environ, LAUNCH_DIR: folder}
+        command = torchrun_command(job.ranks[1], ["--cell", str(path)])
+        done = subprocess.run(command, cwd=job.cwd, env=env)
+        failures = read_failures(Path(folder))
     status = read_status(grid_dir, key)
     if done.returncode == 0 and status.get("state") == FINISHED:
         return status
-    # a rank killed before it could say so (kill -9, out of memory)
-    if status.get("state") != FAILED:
+    # a rank killed by a signal (kill -9, out of memory): named, and its run marked FAILED, whatever
+    # rank 0 said as it lost its peer (or nothing, if it was rank 0)
+    dead = dead_rank(failures, set())
+    if dead is not None and (dead["rank"] != 0 or status.get("state") != FAILED):
+        uri = tracking_uri(OmegaConf.create(job.spec.config))
+        started = (
+            {
+                "run_dir": status["run_dir"],
+                "run_id": status["run_id"],
+                "uri": uri,
+                "spool_dir": job.spec.config["tracking"].get("spool_dir"),
+            }
+            if status.get("run_dir") and status.get("run_id")
+            else None
+        )
+        with contextlib.suppress(OSError):
+            os.chdir(job.cwd)  # a relative spool folder is the submission's
+        status = write_status(grid_dir, key, state=FAILED, error=mark_failed(started, dead))
+    elif status.get("state") != FAILED:
         status = write_status(
             grid_dir,
             key,

@@ -16,19 +16,22 @@ holds the cell's ``CellJob`` as JSON (``CellJob.to_json``), and each rank runs `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
 from vapo_lab.errors import ConfigError, VapoLabError
+from vapo_lab.launch.torchrun import LAUNCH_DIR, dead_rank, read_failures
 
-LAUNCH_DIR = "VAPO_LAUNCH_DIR"  # the parent's folder for the ranks' result and error files
 RESULT_FILE = "result.json"
+STARTED_FILE = "started.json"  # rank 0's run folder and tracking run, once they exist
 
 
 class RankFailed(VapoLabError):
@@ -40,7 +43,7 @@ def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "vapo_lab.launch.torchrun",  # torchrun, its failures as data (vapo_lab.launch.torchrun)
         "--standalone",
         "--nnodes",
         "1",
@@ -70,6 +73,8 @@ def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str,
         )
     with tempfile.TemporaryDirectory(prefix="vapo-ranks-") as folder:
         env = {
+            # torchrun's own default, set here so that it does not print a banner about it
+            "OMP_NUM_THREADS": "1",
             **os.environ,
             LAUNCH_DIR: folder,
             "VAPO_COMMAND": command,
@@ -79,15 +84,84 @@ def run_ranks(cfg: Any, args: list[str], command: str, quiet: bool) -> dict[str,
         result = Path(folder) / RESULT_FILE
         if done.returncode == 0 and result.is_file():
             return json.loads(result.read_text())
-        raise RankFailed(
-            first_failure(Path(folder)) or f"torchrun exited with status {done.returncode}"
+        raise RankFailed(failure_line(Path(folder), done.returncode))
+
+
+def failure_line(folder: Path, returncode: int) -> str:
+    """Returns the one line a failed many-rank run ends with: the rank that died of a signal (the
+    run marked FAILED, ``mark_failed``), else the error line of the rank that failed first (its
+    traceback kept beside the run's failure.txt), else torchrun's exit status."""
+    errors = sorted(folder.glob("rank*.error"), key=lambda p: p.stat().st_mtime)
+    reported = {int(p.stem.removeprefix("rank")) for p in errors}
+    dead = dead_rank(read_failures(folder), reported)
+    started = _started(folder)
+    if dead is not None:
+        return mark_failed(started, dead)
+    if not errors:
+        return f"torchrun exited with status {returncode}"
+    text = errors[0].read_text()
+    if started and errors[0].stem != "rank0":  # rank 0's own traceback is in failure.txt
+        with contextlib.suppress(OSError):
+            (Path(started["run_dir"]) / f"failure.{errors[0].stem}.txt").write_text(text)
+    return text.splitlines()[0]
+
+
+def _started(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / STARTED_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # rank 0 died before its run existed
+
+
+def mark_failed(started: dict[str, Any] | None, dead: dict[str, Any]) -> str:
+    """Records that rank ``dead["rank"]`` died of ``dead["signal"]``: failure.txt in the run folder
+    (rank 0's own note, if it wrote one, kept below) and the tracking run FAILED, with every step
+    of metrics.jsonl the store lacks (rank 0's sender may have died with them); a store that does
+    not answer gets it later (``vapo_lab.trainer.heal``). Returns the line that says so.
+
+    ``started``: rank 0's run folder and tracking run (None: it died before they existed)."""
+    from vapo_lab.runs.folder import METRICS_FILE
+    from vapo_lab.runs.metrics_log import MetricsLog, record_kind
+
+    why = f"rank {dead['rank']} died: killed by {dead['signal']}"
+    if dead["signal"] == "SIGKILL":
+        why += " (the out-of-memory killer, or kill -9)"
+    if started is None:
+        return f"{why} before the run started; nothing was recorded: run the same command again"
+    run_dir = Path(started["run_dir"])
+    records = MetricsLog(run_dir / METRICS_FILE, warn=lambda text: None).records()
+    steps = [r["step"] for r in records if record_kind(r["metrics"]) == "train"]
+    step = max(steps, default=0)
+    resume = f"vapo-lab train resume={run_dir}"
+    failure = run_dir / "failure.txt"
+    try:
+        before = failure.read_text() if failure.is_file() else ""
+        failure.write_text(
+            f"failed after step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: {why}\n"
+            f"continue it with: {resume}\n"
+            + (f"\nrank 0 then stopped with:\n{before}" if before else "")
         )
+    except OSError:
+        pass  # the line below still says it
+    uri = started.get("uri", "none")
+    if uri != "none":
+        from vapo_lab.track import MlflowTracker
+        from vapo_lab.track.mlflow_tracker import TrackingError, spool_folder
+        from vapo_lab.trainer.heal import note_pending
 
-
-def first_failure(folder: Path) -> str | None:
-    """Returns the error line of the rank that failed first (its file written first), or None."""
-    files = sorted(folder.glob("rank*.error"), key=lambda p: p.stat().st_mtime)
-    return files[0].read_text().splitlines()[0] if files else None
+        spool = spool_folder(started.get("spool_dir"))
+        try:
+            settled = MlflowTracker(uri, spool_dir=spool).settle(
+                started["run_id"], "FAILED", records
+            )
+        except TrackingError:
+            settled = False
+        if not settled:
+            note_pending(spool, uri, started["run_id"], "FAILED", run_dir)
+    return (
+        f"{why} after step {step}; the other ranks stopped after it. The run is marked FAILED; "
+        f"continue it with: {resume}"
+    )
 
 
 def _split_args(argv: list[str]) -> tuple[str | None, list[str], list[str]]:
@@ -126,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         command = os.environ.get("VAPO_COMMAND", "")
         with running(cfg, choices, log=log, command=command) as trainer:
             uri = getattr(trainer.tracker, "uri", "none")
+            if rank == 0 and folder is not None:  # for the launcher, should this rank die
+                spool = getattr(trainer.tracker, "spool_dir", None)
+                started = {"run_dir": str(trainer.run_dir), "run_id": trainer.run_id, "uri": uri}
+                (folder / STARTED_FILE).write_text(
+                    json.dumps({**started, "spool_dir": spool and str(spool.resolve())})
+                )
             log(
                 f"run {trainer.run_dir} (tracking run {trainer.run_id}, {uri}) on "
                 f"{trainer.world.size} ranks"
@@ -160,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         # a stop: rank 0 said where and how to resume, no traceback
         if isinstance(e, KeyboardInterrupt):
             return 130
+        if folder is not None:  # the launcher says it in one line (failure_line)
+            return 1
         raise
 
 
