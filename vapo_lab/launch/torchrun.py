@@ -5,8 +5,8 @@ traceback, whose "root cause" is whichever failure its monitor saw first: a rank
 and the rank that then lost its connection to it tie. Run as ``python -m vapo_lab.launch.torchrun
 <torchrun arguments>``, this is torchrun (its own ``parse_args`` and ``run``) with the agent's
 logging quietened, and a failure written as JSON, one entry a rank (exit code, signal), to
-``$VAPO_LAUNCH_DIR/failures.json`` for the launcher (``vapo_lab.launch.ranks``) to name the rank that
-died in one line. Exit status 1 on a failure.
+``$VAPO_LAUNCH_DIR/failures.json`` for the launcher (``vapo_lab.launch.ranks``) to name the rank
+that died in one line. Exit status 1 on a failure.
 """
 
 from __future__ import annotations
