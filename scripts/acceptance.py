@@ -13,6 +13,7 @@ Each subcommand prints what the script records; none trains or evaluates anythin
     python scripts/acceptance.py train-summary RUN_DIR                # step b's result
     python scripts/acceptance.py fsdp-summary RUN_DIR PEAK.json PLAN  # step c's result
     python scripts/acceptance.py eval-summary SUMMARY.json            # step d's result
+    python scripts/acceptance.py generate-summary RESULTS.jsonl      # step f's result
     python scripts/acceptance.py record RESULTS.jsonl --id ... ...    # one step's row
     python scripts/acceptance.py report RESULTS.jsonl ...             # the Markdown
 
@@ -371,6 +372,48 @@ def cmd_fsdp_summary(args: argparse.Namespace) -> None:
             + ", ".join(f"{k} {v:.2f}" for k, v in peak.items())
             + " (GB = 10^9 bytes, as the plan; RSS is the whole process's host memory)"
         )
+    for line in stage_table(steps):
+        print(line)
+
+
+def stage_table(steps: list[dict]) -> list[str]:
+    """Returns the run's per-stage table (the mean over its steps of each rate the trainer logs:
+    ``vapo_lab.trainer.metrics.STAGES``), as Markdown lines; none where no step logged them."""
+    from vapo_lab.trainer.metrics import stage_summary
+
+    stages = stage_summary(steps)
+    if not stages:
+        return []
+    rows = ["", "| stage (mean over the steps) | value |", "| --- | --- |"]
+    for key, value in stages.items():
+        shown = f"{100 * value:.1f}%" if key == "perf/mfu" else f"{value:,.3g}"
+        rows.append(f"| {key} | {shown} |")
+    return rows
+
+
+def cmd_generate_summary(args: argparse.Namespace) -> None:
+    """Step f: the built-in sampler's tokens/s against HF generate's, a line per setting."""
+    path = Path(args.results)
+    lines = path.read_text().splitlines() if path.is_file() else []
+    results = [json.loads(x) for x in lines if x.strip()]
+    if not results:
+        print("no setting finished")
+        return
+    first = results[0]
+    print(
+        "; ".join(
+            f"{r['rows']} rows x {r['max_new_tokens']} tokens: built-in "
+            f"{r['engines'][0]['tokens_per_s']:,.0f} tokens/s, {r['ratio_tokens_per_s']:.2f}x HF"
+            for r in results
+        )
+    )
+    print(
+        f"- {first.get('arch', 'tiny')} at random init, {first.get('dtype')}, "
+        f"{first.get('device')}; HF generate: {first.get('hf_mode')}"
+    )
+    for r in results:
+        engines = ", ".join(f"{e['engine']} {e['tokens_per_s']:,.0f}" for e in r["engines"])
+        print(f"- {r['rows']} rows x {r['max_new_tokens']} new tokens (tokens/s): {engines}")
 
 
 def _plan_rows(path: Path) -> dict[str, float]:
@@ -548,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("peak")
     s.add_argument("plan")
     s.set_defaults(fn=cmd_fsdp_summary)
+    s = sub.add_parser("generate-summary")
+    s.add_argument("results")
+    s.set_defaults(fn=cmd_generate_summary)
     s = sub.add_parser("eval-summary")
     s.add_argument("summary")
     s.set_defaults(fn=cmd_eval_summary)

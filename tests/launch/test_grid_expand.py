@@ -31,12 +31,6 @@ def test_every_shipped_grid_expands_as_full_composition_does(name):
         assert spec.config == config and spec.choices == choices, spec.key
 
 
-def test_the_running_table1_free_grid_keeps_its_id():
-    # its folder and cells were made by full composition (grid.json, 4d98a38)
-    specs = load_grid("table1-free", seeds=5).expand()
-    assert specs[0].grid_id == "table1-free-2303331e"
-
-
 GRID = """\
 name: mixed
 seeds: [0, 7]

@@ -2,6 +2,7 @@
 the device only every ``check_every`` tokens, bfloat16 sampling within tolerance of float32, SDPA
 as the matmul attention, and the empty prompt."""
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -239,3 +240,83 @@ def test_a_gpu_samples_in_bfloat16_and_the_trainer_then_recomputes_ppos_old_logp
         torch.testing.assert_close(
             batch.old_logprobs * s.response_mask, expected, atol=1e-5, rtol=0
         )
+
+
+# ---- the static decode step: the body of the CUDA graph (rollout.cuda_graphs) ------------------
+
+
+def test_the_static_step_gives_the_dynamic_step_s_logits():
+    """Fixed shapes (the whole cache attended, unwritten slots masked), the slot a device tensor:
+    the same logits as the step over the written prefix, through repeat and compaction."""
+    model = _qwen()
+    torch.manual_seed(4)
+    ids = torch.randint(3, VOCAB, (3, 5))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, :3] = False
+    ids[~mask] = 0
+    new = torch.randint(3, VOCAB, (6, 8))
+    for attention in ("matmul", "sdpa"):
+        with torch.no_grad():
+            a = FastDecoder(model, 3, 16, attention=attention)
+            b = FastDecoder(model, 3, 16, attention=attention, static=True)
+            torch.testing.assert_close(a.prefill(ids, mask), b.prefill(ids, mask))
+            a.repeat(2), b.repeat(2)
+            for j in range(8):
+                tokens = new[: a.k.shape[1], j]
+                torch.testing.assert_close(a.step(tokens), b.step(tokens), atol=1e-5, rtol=0)
+                if j == 3:  # compaction: rows 0, 2, 5 go on
+                    keep = torch.tensor([0, 2, 5])
+                    a.select(keep), b.select(keep)
+            assert a.length == b.length == 13 and int(b._t) == 13
+            with pytest.raises(ValueError, match="cache of 16 tokens is full"):
+                for _ in range(4):
+                    b.step(new[:3, 0])
+
+
+def test_the_static_step_reads_nothing_back_from_the_device():
+    model = _qwen()
+    ids = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    d = FastDecoder(model, 2, 24, static=True)
+    with torch.no_grad():
+        d.prefill(ids, ids != 0)
+        with DeviceReads() as reads:
+            for t in range(10):
+                d.step(torch.tensor([10 + t, 20 + t]))
+    assert reads.count == 0  # a read would stop a CUDA graph's capture
+
+
+def test_the_sampler_with_the_static_step_samples_the_same_tokens(monkeypatch):
+    from vapo_lab.rollout import sampler as sampler_module
+
+    model = _qwen()
+
+    def run():
+        return sample(
+            model, PROMPTS, n=4, max_new_tokens=20, temperature=0.9, top_p=0.95, eos_id=[1, 2],
+            pad_id=0, generator=torch.Generator().manual_seed(5), check_every=4,
+        )  # fmt: skip
+
+    dynamic = run()
+    monkeypatch.setattr(
+        sampler_module,
+        "make_decoder",
+        lambda *a, **kw: FastDecoder(a[0], a[1], a[2], dtype=kw.get("dtype"), static=True),
+    )
+    static = run()
+    assert dynamic.finished.any() and not dynamic.finished.all()
+    assert torch.equal(static.response_ids, dynamic.response_ids)
+    torch.testing.assert_close(static.logprobs, dynamic.logprobs, atol=1e-5, rtol=0)
+
+
+def test_rollout_cuda_graphs_reaches_the_sampler(monkeypatch):
+    import vapo_lab.rollout as rollout
+
+    seen = []
+    monkeypatch.setattr(rollout, "sample", lambda *a, **kw: seen.append(kw["graphs"]))
+    for graphs in (True, False):
+        rollout.make_generator("builtin", None, 8, [1], 0, graphs=graphs)([[5]], 1, 1.0, 1.0, None)
+    assert seen == [True, False]
+    from vapo_lab.config.compose import compose_config
+
+    assert compose_config().cfg.rollout.cuda_graphs is True
+    assert compose_config(overrides=["rollout.cuda_graphs=false"]).cfg.rollout.cuda_graphs is False

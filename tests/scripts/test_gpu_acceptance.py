@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-acceptance.sh"
-STEPS = ("install", "a", "b", "c", "d", "e")
+STEPS = ("install", "a", "b", "c", "d", "e", "f")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -53,7 +53,7 @@ def _rows(markdown: str) -> dict[str, tuple[str, str]]:
     """{step id: (status, result)} from the report's step table."""
     rows = {}
     for line in markdown.splitlines():
-        m = re.match(r"\| (install|[a-e])\. .*? \| (.+?) \| [\d.]+ s \| (.*) \|$", line)
+        m = re.match(r"\| (install|[a-f])\. .*? \| (.+?) \| [\d.]+ s \| (.*) \|$", line)
         if m:
             rows[m.group(1)] = (m.group(2), m.group(3))
     return rows
@@ -102,3 +102,6 @@ def test_cpu_run_reports_every_step_with_a_result(tmp_path):
         rows["e"][1],
     )
     assert peak and 0.85 <= float(peak.group(3)) <= 1.15, rows["e"][1]
+    # the side-by-side generation benchmark, and step c's per-stage table
+    assert re.search(r"^8 rows x 32 tokens: built-in [\d,]+ tokens/s, \d+\.\d\dx HF$", rows["f"][1])
+    assert "| perf/gen_tokens_per_s_per_device | " in md and "| time/push_s | " in md

@@ -100,6 +100,10 @@ def bench_generate(
             help="Run 32 and 128 rows (x 8 samples) at 128 and 512 new tokens, one table."
         ),
     ] = False,
+    json_out: Annotated[
+        Optional[str],
+        typer.Option("--json", help="Also append each setting's result as a JSON line here."),
+    ] = None,
 ) -> None:
     """Time the built-in sampler against Hugging Face generate; print the ratio.
 
@@ -128,6 +132,11 @@ def bench_generate(
             arch=arch,
         )
         typer.echo(format_generate_benchmark(result))
+        if json_out:  # each setting as it ends: a run cut short keeps the ones done
+            import json
+
+            with open(json_out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(result, default=str) + "\n")
 
 
 @cli_errors

@@ -126,6 +126,8 @@ class RolloutConfig:
     eval_temperature: float = 1.0
     eval_top_p: float = 0.7
     max_resample_rounds: int = 4  # DAPO dynamic sampling: extra rounds to fill the batch
+    # builtin on a GPU: the decode step replayed as a CUDA graph (false: eager kernels)
+    cuda_graphs: bool = True
     vllm: VllmConfig = field(default_factory=VllmConfig)
 
 

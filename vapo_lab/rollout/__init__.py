@@ -28,9 +28,10 @@ def make_generator(
     eos_ids: list[int],
     pad_id: int,
     engine: Any = None,
+    graphs: bool = True,
 ) -> Generate:
     """Returns the sampling function of ``rollout.backend`` (builtin, or vllm with its
-    ``engine``)."""
+    ``engine``); ``graphs``: the builtin sampler's CUDA graphs on a GPU (rollout.cuda_graphs)."""
     if backend == "builtin":
 
         def generate(
@@ -50,6 +51,7 @@ def make_generator(
                 eos_id=eos_ids,
                 pad_id=pad_id,
                 generator=generator,
+                graphs=graphs,
             )
 
         return generate

@@ -55,6 +55,8 @@ class FastDecoder:
         max_len: int,
         dtype: torch.dtype | None = None,
         attention: str | None = None,
+        graphs: bool = False,
+        static: bool = False,
     ) -> None:
         hf = model.config
         self.model = model
@@ -92,6 +94,12 @@ class FastDecoder:
         self.key_ok = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.length = 0
         self.max_len = max_len
+        # the decode step over the whole cache (fixed shapes), replayed as a CUDA graph on a GPU
+        self.graphs = graphs and device.type == "cuda"
+        self.static = static or self.graphs
+        self._t = torch.zeros(1, dtype=torch.long, device=device)  # the step's cache slot
+        self._graph: Any = None  # the captured step of the current batch; None: capture anew
+        self.graph_error: str | None = None  # why capture failed (then the step runs eagerly)
 
     @staticmethod
     def _rest(layer: nn.Module, dtype: torch.dtype) -> dict[str, Any]:
@@ -133,10 +141,19 @@ class FastDecoder:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         self.key_ok[:, : input_ids.shape[1]] = attention_mask.bool()
         self._next_pos = positions[:, -1] + 1
-        return self._forward(input_ids, positions)
+        logits = self._forward(input_ids, positions)
+        self._t.fill_(self.length)
+        return logits
 
     def step(self, tokens: Tensor) -> Tensor:
-        """Returns the logits (B, V) after appending one token (B,) per row."""
+        """Returns the logits (B, V) after appending one token (B,) per row. With ``graphs`` the
+        returned tensor is the graph's output: overwritten by the next step."""
+        if self.length + 1 > self.max_len:
+            raise ValueError(f"decoder cache of {self.max_len} tokens is full")
+        if self.static:
+            logits = self._replay(tokens) if self.graphs else self._static_step(tokens)
+            self.length += 1
+            return logits
         self.key_ok[:, self.length] = True
         positions = self._next_pos[:, None]
         self._next_pos = self._next_pos + 1
@@ -148,6 +165,7 @@ class FastDecoder:
         self.v = self.v[:, rows]
         self.key_ok = self.key_ok[rows]
         self._next_pos = self._next_pos[rows]
+        self._graph = None  # new tensors, another batch size: the next step captures anew
 
     def repeat(self, n: int) -> None:
         """Repeats every row n times in place (after prefill: one prompt -> n samples)."""
@@ -155,6 +173,63 @@ class FastDecoder:
         self.v = self.v.repeat_interleave(n, dim=1)
         self.key_ok = self.key_ok.repeat_interleave(n, dim=0)
         self._next_pos = self._next_pos.repeat_interleave(n, dim=0)
+        self._graph = None
+
+    def _static_step(self, tokens: Tensor) -> Tensor:
+        """The decode step with fixed shapes and no host value: the token goes to cache slot
+        ``_t`` (a device tensor) and attends over the whole cache, slots not yet written masked
+        off; ``_t`` and the positions advance in place. A CUDA graph's body (``_replay``)."""
+        self.key_ok.index_fill_(1, self._t, True)
+        positions = self._next_pos[:, None]
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # (B, 1, 1, hd)
+        mask = self.key_ok[:, None, None, :]
+
+        def write(i: int, k: Tensor, v: Tensor) -> None:
+            self.k[i].index_copy_(2, self._t, k)
+            self.v[i].index_copy_(2, self._t, v)
+
+        logits = self._layers(tokens[:, None], cos, sin, mask, write, self.max_len)
+        self._next_pos.add_(1)
+        self._t.add_(1)
+        return logits
+
+    def _replay(self, tokens: Tensor) -> Tensor:
+        """Runs ``_static_step`` as a CUDA graph captured for the current batch (captured at the
+        first step after prefill and after each compaction: a warm-up step on a side stream, its
+        state put back, then the capture, which runs nothing). A capture that fails is said once
+        (``graph_error``) and the steps run eagerly."""
+        if self._graph is None:
+            try:
+                self._capture(tokens)
+            except Exception as e:  # noqa: BLE001 - eager steps give the same tokens, slower
+                self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                self.graphs = False
+                import warnings
+
+                warnings.warn(
+                    f"CUDA graph capture of the decode step failed ({self.graph_error}): decoding "
+                    "eagerly (rollout.cuda_graphs=false skips the attempt)",
+                    stacklevel=2,
+                )
+                return self._static_step(tokens)
+        self._tokens.copy_(tokens)
+        self._graph.replay()
+        return self._logits
+
+    def _capture(self, tokens: Tensor) -> None:
+        self._tokens = tokens.clone()
+        state = (self._t.clone(), self._next_pos.clone(), self.key_ok.clone())
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # lazy initialisations (cuBLAS workspaces) before capture
+            self._static_step(self._tokens)
+        torch.cuda.current_stream().wait_stream(side)
+        for now, before in zip((self._t, self._next_pos, self.key_ok), state, strict=True):
+            now.copy_(before)  # the warm-up's cache slot is written again by the real step
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = self._static_step(self._tokens)
+        self._graph = graph
 
     def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         bsz, s = ids.shape
@@ -170,6 +245,28 @@ class FastDecoder:
             mask = keys_ok[:, None, None, :] & causal[None, None]
             # a fully padded query row would give NaN; let it see itself (its output is unused)
             mask = mask | torch.eye(s, t1, dtype=torch.bool, device=ids.device)[None, None]
+
+        def write(i: int, k: Tensor, v: Tensor) -> None:
+            self.k[i, :, :, t0:t1] = k
+            self.v[i, :, :, t0:t1] = v
+
+        logits = self._layers(ids, cos, sin, mask, write, t1)
+        self.length = t1
+        return logits
+
+    def _layers(
+        self,
+        ids: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        write: Any,
+        t1: int,
+    ) -> Tensor:
+        """Returns the last position's logits of the block ``ids`` (B, S): every layer, the block's
+        keys and values stored by ``write(layer, k, v)``, attention over the cache's first ``t1``
+        slots under ``mask`` (B, 1, S or 1, t1)."""
+        bsz, s = ids.shape
         group, scale = self.n_heads // self.n_kv, self.head_dim**-0.5
         # (B, 1, 1, S, t1): broadcast over KV heads and the group; built once for every layer
         masked = ~mask[:, :, None]
@@ -189,8 +286,7 @@ class FastDecoder:
             qk = qk * cos + rotate_half(qk) * sin
             q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
             v = qkv[..., nq + nk :].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
-            self.k[i, :, :, t0:t1] = k
-            self.v[i, :, :, t0:t1] = v
+            write(i, k, v)
             if self.attention == "sdpa":  # a GPU's fused kernel, the query heads grouped over kv
                 o = torch.nn.functional.scaled_dot_product_attention(
                     q,
@@ -214,7 +310,6 @@ class FastDecoder:
             x = rms_norm(h, *w["ln2"])
             gate, up = torch.nn.functional.linear(x, gate_up_w, gate_up_b).chunk(2, dim=-1)
             h = h + torch.nn.functional.linear(layer.mlp.act_fn(gate) * up, *w["down"])
-        self.length = t1
         h = rms_norm(h[:, -1], *self.norm)
         return torch.nn.functional.linear(h, *self.head)
 
@@ -291,11 +386,12 @@ def make_decoder(
     max_len: int,
     fast: bool = True,
     dtype: torch.dtype | None = None,
+    graphs: bool = False,
 ) -> FastDecoder | HFDecoder:
-    """Returns the fast decoder in ``dtype`` when the model supports it (and ``fast``), else HF's
-    (in the model's own dtype)."""
+    """Returns the fast decoder in ``dtype`` when the model supports it (and ``fast``; its decode
+    step a CUDA graph with ``graphs`` on a GPU), else HF's (in the model's own dtype)."""
     if fast and supports_fast_path(model):
-        return FastDecoder(model, batch, max_len, dtype=dtype)
+        return FastDecoder(model, batch, max_len, dtype=dtype, graphs=graphs)
     return HFDecoder(model, batch, max_len)
 
 

@@ -85,6 +85,7 @@ def sample(
     max_batch: int = 256,
     check_every: int | None = None,
     dtype: torch.dtype | None = None,
+    graphs: bool = True,
 ) -> Samples:
     """Returns n samples for each prompt (token id lists), sampled with a KV cache.
 
@@ -104,6 +105,8 @@ def sample(
             None: 1 on CPU, ``GPU_CHECK_EVERY`` on a GPU.
         dtype: the fast decoder's compute and KV-cache dtype; None: the model's on CPU, bfloat16
             on a GPU (a replica of the weights in it).
+        graphs: on a GPU, replay the fast decoder's step as a CUDA graph (``rollout.cuda_graphs``;
+            no effect on CPU).
     """
     if temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy decoding)")
@@ -135,6 +138,7 @@ def sample(
             offset=i,
             check_every=check_every,
             dtype=dtype,
+            graphs=graphs,
         )
         for i in range(0, len(prompts), per_chunk)
     ]
@@ -155,6 +159,7 @@ def _sample_chunk(
     offset: int,
     check_every: int = 1,
     dtype: torch.dtype | None = None,
+    graphs: bool = False,
 ) -> Samples:
     device = next(model.parameters()).device
     eos = eos.to(device)
@@ -169,7 +174,7 @@ def _sample_chunk(
     prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
 
     rows = n_prompts * n
-    decoder = make_decoder(model, n_prompts, width + max_new, fast=fast, dtype=dtype)
+    decoder = make_decoder(model, n_prompts, width + max_new, fast=fast, dtype=dtype, graphs=graphs)
     logits = decoder.prefill(prompt_ids, prompt_mask)
     if n > 1:
         decoder.repeat(n)

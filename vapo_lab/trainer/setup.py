@@ -252,7 +252,13 @@ def make_sampling(
         engine = make_engine(policy_path, rollout.vllm, model, seed, context)
         engine.push_weights(policy)  # the engine's own weights are dummies until this push
     generate = make_generator(
-        rollout.backend, policy, rollout.max_new_tokens, eos_ids, pad_id, engine
+        rollout.backend,
+        policy,
+        rollout.max_new_tokens,
+        eos_ids,
+        pad_id,
+        engine,
+        graphs=rollout.cuda_graphs,
     )
 
     def encode(problems: list[Any]) -> list[list[int]]:
