@@ -114,3 +114,29 @@ def test_a_yaml_alias_bomb_as_an_override_is_refused_before_it_is_expanded(tmp_p
     with pytest.raises(ConfigError, match=expect) as e:
         load_grid(grid)
     assert "\n" not in str(e.value) and "key=value" in str(e.value)
+
+
+def test_a_report_names_its_default_folder_by_a_slug_of_the_file_s_experiment(
+    tmp_path, monkeypatch
+):
+    # before issue 49 an export whose experiment was ../../../x put 17 files outside reports/
+    import gzip
+    import json
+    from pathlib import Path
+
+    from vapo_lab.report import report_from_export
+
+    repo = Path(__file__).resolve().parents[1]
+    export = json.loads(gzip.open(repo / "reports" / "table1-80steps" / "runs.json.gz").read())
+    export["experiment"] = "../../../x"
+    work = tmp_path / "a" / "b" / "c"
+    work.mkdir(parents=True)
+    path = work / "runs.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(export).encode()))
+    monkeypatch.chdir(work)
+    rep = report_from_export(str(path))
+    assert rep.out.resolve().parent == (work / "reports").resolve()
+    assert sorted(
+        p.name for p in tmp_path.rglob("*") if p.is_file() and "reports" not in p.parts
+    ) == ["runs.json.gz"]
+    assert len(list(rep.out.iterdir())) >= 10
