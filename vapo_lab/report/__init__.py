@@ -18,6 +18,7 @@ from vapo_lab.registry.table1 import row_name
 from vapo_lab.report import confirm, precision, stats
 from vapo_lab.report import diagnostics as diag
 from vapo_lab.report import predictions as pred
+from vapo_lab.report.challenges import PANELS, figure_challenges
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
 from vapo_lab.report.figures import BANDS, FIG2_EMA, band_text, figure1, figure2, smoothing_text
 from vapo_lab.report.table import (
@@ -143,6 +144,7 @@ def make_report(
         ("diag_lambda", diag.figure_lambda),
         ("diag_length", diag.figure_length),
         ("diag_clip", diag.figure_clip),
+        ("challenges", figure_challenges),
     ):
         paths, info = draw(groups, out, band)
         if paths:
@@ -335,11 +337,21 @@ DIAG_TEXT = {
         "first mini-batch of a step's first epoch is on-policy (ratio 1), so only the later ones "
         "can be clipped at all (scale=cpu: 1 epoch of 4 mini-batches; scale=cpu-long: 2 epochs).",
     ),
+    "challenges": (
+        "The three challenges over training",
+        "What the paper's three challenges look like in a task that logs them "
+        "(docs/cpu-task-design.md): (a) long responses, the held-out response length and the "
+        "share of answers given at once; (b) a sparse start, the held-out accuracy of the "
+        "hardest stratum; (c) a biased critic, the value bias V(s_t) − G_t at tokens 0-7 "
+        "(an EMA, α 0.2, of its per-step means; the first and last figures below are the EMA's).",
+    ),
 }
+# figures drawn only for tasks that log their measures: not listed as missing elsewhere
+OPTIONAL = ("challenges",)
 
 
 # the diagnostics figures that draw per-run means, with a seed band (the others pool all seeds)
-BANDED = ("diag_value_bias", "diag_adv_gap", "diag_length", "diag_clip")
+BANDED = ("diag_value_bias", "diag_adv_gap", "diag_length", "diag_clip", "challenges")
 
 
 def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -> list[str]:
@@ -353,7 +365,11 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
             "runs made before they were added).",
         ]
     lines = ["", "## Diagnostics", ""]
-    absent = [DIAG_TEXT[stem][0] for stem in DIAG_TEXT if stem not in rep.diagnostics]
+    absent = [
+        DIAG_TEXT[stem][0]
+        for stem in DIAG_TEXT
+        if stem not in rep.diagnostics and stem not in OPTIONAL
+    ]
     if absent:
         why = (
             " (the advantage gap needs correct and wrong responses of 64+ tokens "
@@ -411,6 +427,20 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
                     for which in prof
                 ]
                 lines.append(f"- {name} — accuracy by length: " + "; ".join(parts))
+            lines.append("")
+        elif stem == "challenges":
+            shown = {
+                "tokens": lambda v: precision.fixed(v, 1),
+                "percent": lambda v: precision.fixed(100 * v, precision.SHARE) + "%",
+                "signed": _diag,
+            }
+            for key, title, _, kind, _ in PANELS:
+                parts = [
+                    f"{name} {shown[kind](first)} at step {s0} → {shown[kind](last)} at step {s1}"
+                    for name, (s0, first, s1, last) in info.get(key, {}).items()
+                ]
+                if parts:
+                    lines.append(f"- {title} (`{key}`): " + "; ".join(parts))
             lines.append("")
     return lines
 
