@@ -208,8 +208,9 @@ def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]
             )
         )
     store: list[str] = []  # an existing database's own problems
-    if not cfg.resume and cfg.run_name and (Path(cfg.output_dir) / cfg.run_name).exists():
-        store.append(run_name_taken(cfg.run_name, Path(cfg.output_dir) / cfg.run_name))
+    name = cfg.get("run_name")
+    if not cfg.resume and name and (Path(cfg.output_dir) / name).exists():
+        store.append(run_name_taken(name, Path(cfg.output_dir) / name))
     server: list[str] = []
     if cfg.tracking.backend == "mlflow":
         from vapo_lab.track.mlflow_tracker import resolve_tracking_uri

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vapo_lab.launch.base import LaunchError
+from vapo_lab.errors import VapoLabError
 
 try:
     import fcntl
@@ -27,7 +27,7 @@ except ImportError:  # not POSIX
     fcntl = None  # type: ignore[assignment]
 
 
-class Busy(LaunchError):
+class Busy(VapoLabError):
     """Another process holds the lock; the message names it and what to do."""
 
 
