@@ -116,3 +116,35 @@ def test_a_cell_whose_lock_is_held_is_not_started_again(in_tmp):
 def load_grid_file(folder: Path):
     (folder / "g.yaml").write_text(GRID)
     return load_grid(folder / "g.yaml")
+
+
+def test_a_submission_reports_a_cell_another_process_runs_by_its_lock(in_tmp):
+    # the status says nothing of the other process (it may run on a machine whose pid this one
+    # cannot check): the cell is launched, its job finds the lock held and says by whom
+    from vapo_lab.launch.actions import run_grid
+    from vapo_lab.launch.base import LaunchError
+
+    grid = load_grid_file(in_tmp)
+    (spec,) = grid.expand(SMALL)
+    grid_dir = in_tmp / "runs" / "grids" / spec.grid_id
+    lock = status_path(grid_dir, spec.key).with_suffix(".lock")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from vapo_lab.launch.lock import exclusive; "
+            "ctx = exclusive(Path(sys.argv[1]), 'x', 'y'); ctx.__enter__(); time.sleep(300)",
+            str(lock),
+        ]
+    )
+    try:
+        _holder(lock, holder, timeout=60)
+        with pytest.raises(LaunchError) as e:
+            run_grid(grid, SMALL, "local", False, True, log=print, out=print)
+    finally:
+        holder.kill()
+        holder.wait()
+    said = f"{spec.key}: failed: cell {spec.key} is held by pid {holder.pid} on host "
+    assert said in str(e.value), str(e.value)
+    assert "failed: None" not in str(e.value)

@@ -113,12 +113,17 @@ def log_folder(grid_dir: Path) -> Path:
     return logs
 
 
-def cell_failed(sub: Submission, grid_dir: Path, key: str, log: Log) -> None:
-    """Records in ``sub`` a cell whose worker raised, with its status file's error and its log."""
+def cell_failed(
+    sub: Submission, grid_dir: Path, key: str, log: Log, error: BaseException | None = None
+) -> None:
+    """Records in ``sub`` a cell whose worker raised ``error``, with its status file's error (the
+    raised one's first line where the cell recorded none: a cell another process runs) and its
+    log."""
     status = read_status(grid_dir, key)
+    said = str(error).splitlines()[0] if error is not None and str(error) else None
     sub.failed(
         key,
-        str(status.get("error")),
+        str(status.get("error") or said or "see its log"),
         log,
         where=f" (log {grid_dir / 'logs' / (key + '.log')})",
         tracking=status.get("tracking") or "",

@@ -82,8 +82,8 @@ class LocalLauncher:
                 except BrokenProcessPool as e:
                     write_status(grid_dir, key, state=FAILED, error=f"worker process died: {e}")
                     sub.failed(key, f"worker process died ({e})", log)
-                except Exception:  # noqa: BLE001 - one failed cell does not stop the others
-                    cell_failed(sub, grid_dir, key, log)
+                except Exception as e:  # noqa: BLE001 - one failed cell does not stop the others
+                    cell_failed(sub, grid_dir, key, log, e)
 
     def wait(self, jobs: list[CellJob], sub: Submission, log: Log) -> None:
         """Nothing to wait for: ``submit`` returns when every cell has ended."""

@@ -99,8 +99,8 @@ def _run(jobs: list[CellJob], settings: dict[str, Any], sub: Submission, log: Lo
         key = refs[done[0]].spec.key
         try:
             sub.finished(key, ray.get(done[0]), log)
-        except Exception:  # noqa: BLE001 - one failed cell does not stop the others
-            cell_failed(sub, grid_dir, key, log)
+        except Exception as e:  # noqa: BLE001 - one failed cell does not stop the others
+            cell_failed(sub, grid_dir, key, log, e)
 
 
 def ray_init(settings: dict[str, Any]) -> bool:
