@@ -44,6 +44,20 @@ def _holder(lock: Path, proc: subprocess.Popen, timeout: float = 300.0) -> dict:
     raise TimeoutError(f"{lock} never named pid {proc.pid}")
 
 
+def _hold(lock: Path) -> subprocess.Popen:
+    """Starts a process that holds ``lock`` (``launch.lock.exclusive``) until it is killed."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; "
+            "from vapo_lab.launch.lock import exclusive; "
+            "ctx = exclusive(Path(sys.argv[1]), 'x', 'y'); ctx.__enter__(); time.sleep(600)",
+            str(lock),
+        ]
+    )
+
+
 def test_a_second_submission_of_a_grid_is_refused_naming_the_first(in_tmp):
     (in_tmp / "g.yaml").write_text(GRID)
     first = subprocess.Popen(
@@ -89,16 +103,7 @@ def test_a_cell_whose_lock_is_held_is_not_started_again(in_tmp):
     write_status(grid_dir, spec.key, state="running", pid=12345, host="elsewhere", step=2)
     before = read_status(grid_dir, spec.key)
     lock = status_path(grid_dir, spec.key).with_suffix(".lock")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; "
-            "from vapo_lab.launch.lock import exclusive; "
-            "ctx = exclusive(Path(sys.argv[1]), 'x', 'y'); ctx.__enter__(); time.sleep(120)",
-            str(lock),
-        ]
-    )
+    holder = _hold(lock)
     try:
         _holder(lock, holder, timeout=60)
         with pytest.raises(Busy, match=rf"^cell {spec.key} is held by pid {holder.pid} on host "):
@@ -128,16 +133,7 @@ def test_a_submission_reports_a_cell_another_process_runs_by_its_lock(in_tmp):
     (spec,) = grid.expand(SMALL)
     grid_dir = in_tmp / "runs" / "grids" / spec.grid_id
     lock = status_path(grid_dir, spec.key).with_suffix(".lock")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from pathlib import Path; "
-            "from vapo_lab.launch.lock import exclusive; "
-            "ctx = exclusive(Path(sys.argv[1]), 'x', 'y'); ctx.__enter__(); time.sleep(300)",
-            str(lock),
-        ]
-    )
+    holder = _hold(lock)
     try:
         _holder(lock, holder, timeout=60)
         with pytest.raises(LaunchError) as e:
