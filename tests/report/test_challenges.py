@@ -17,6 +17,7 @@ def test_the_figure_draws_the_logged_measures_with_means_over_seeds(tmp_path):
     groups = {
         vapo: [
             _run(vapo, 0, {"eval/response_length": [(0, 30.0), (20, 50.0)],
+                           "eval/mode_share_direct": [(0, 0.3), (20, 0.1)],
                            "diag/value_bias/000_007": [(1, -0.02), (2, 0.0)]}),
             _run(vapo, 1, {"eval/response_length": [(0, 34.0), (20, 54.0)],
                            "diag/value_bias/000_007": [(1, -0.04), (2, 0.02)]}),
@@ -42,12 +43,23 @@ def test_the_figure_draws_the_logged_measures_with_means_over_seeds(tmp_path):
     assert last == pytest.approx(0.2 * 0.01 + 0.8 * -0.03)
     assert info["diag/value_bias/000_007"][no_vp][3] == pytest.approx(0.2 * -0.1 + 0.8 * -0.2)
     assert "DAPO" not in info["diag/value_bias/000_007"]
+    assert info["eval/mode_share_direct"] == {vapo: (0, 0.3, 20, 0.1)}  # one seed logged it
     # measures no run logged: no panel
-    assert set(info) == {"eval/response_length", "diag/value_bias/000_007"}
+    assert set(info) == {
+        "eval/response_length",
+        "eval/mode_share_direct",
+        "diag/value_bias/000_007",
+    }
 
 
-def test_runs_that_log_none_of_the_measures_get_no_figure(tmp_path):
+def test_runs_without_the_direct_answer_share_get_no_figure(tmp_path):
+    # the embedded default's runs log the held-out length and (critic runs) the value bias, but
+    # their task has no answer-at-once mode: its reports stay as committed
     vapo = row_name("vapo")
-    groups = {vapo: [_run(vapo, 0, {"eval/avg_at_4": [(0, 0.2), (80, 0.4)]})]}
-    assert figure_challenges(groups, tmp_path) == ([], {})
+    history = {
+        "eval/avg_at_4": [(0, 0.2), (80, 0.4)],
+        "eval/response_length": [(0, 9.0), (80, 8.0)],
+        "diag/value_bias/000_007": [(1, -0.1), (2, 0.0)],
+    }
+    assert figure_challenges({vapo: [_run(vapo, 0, history)]}, tmp_path) == ([], {})
     assert not list(tmp_path.iterdir())

@@ -5,9 +5,9 @@ it), x the training step. (a) long responses: the held-out response length and t
 held-out answers given at once, without working (``eval/mode_share_direct``); (b) a sparse
 start: the held-out accuracy of the hardest digit-count stratum (``eval/acc_d17_32``); (c) a
 biased critic: the value bias at tokens 0-7 (``diag/value_bias/000_007``, V(s_t) - G_t), in critic
-runs only, its line an EMA (α 0.2) of the per-step means. A panel whose measure no run logged is
-left out; no file when none is logged (the embedded default logs none of the held-out measures).
-docs/cpu-task-design.md has what each shows.
+runs only, its line an EMA (α 0.2) of the per-step means. Drawn only where the runs log the
+direct-answer share (``SIGN``: the embedded default does not, so its reports stay as they are); a
+panel whose measure no run logged is left out. docs/cpu-task-design.md has what each shows.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ PANELS = (
     ("eval/acc_d17_32", "(b) held-out accuracy, 17-32 digits", "accuracy", "percent", 1.0),
     ("diag/value_bias/000_007", "(c) value bias at tokens 0-7", "V − G", "signed", 0.2),
 )
+SIGN = "eval/mode_share_direct"  # logged by a task whose responses choose their length
 # the variants drawn, in this order, where present: the ones the challenges separate
 VARIANTS = ("vapo", "value_pretraining", "length_adaptive_gae", "dapo", "ppo")
 
@@ -38,9 +39,11 @@ def figure_challenges(
     (first step, its mean, last step, its mean)}}). No file when no run logged any panel's
     measure."""
     names = [row_name(v) for v in VARIANTS if row_name(v) in groups]
-    panels = [p for p in PANELS if any(seeds_with(groups[n], p[0]) for n in names)]
-    if not panels:
+    # drawn for a task that measures the challenges: its sign, the held-out direct-answer share
+    # (every critic run logs the value bias, every task the held-out length)
+    if not any(seeds_with(groups[n], SIGN) for n in names):
         return [], {}
+    panels = [p for p in PANELS if any(seeds_with(groups[n], p[0]) for n in names)]
     import matplotlib
 
     matplotlib.use("Agg")
