@@ -58,16 +58,17 @@ def read_failures(folder: Path) -> list[dict[str, Any]]:
 
 
 def dead_rank(failures: list[dict[str, Any]], reported: set[int]) -> dict[str, Any] | None:
-    """Returns the failure of the rank that died of a signal, None when none did.
+    """Returns the failure of the rank that died of a signal (the first seen), None when none did.
 
     ``reported``: the ranks that wrote an error line (they failed with a message, not a signal).
-    When several died of signals, one other than SIGTERM (which the agent sends the survivors when a
-    rank fails) is the cause; among equals the first seen."""
-    died = [f for f in failures if f.get("signal") and f["rank"] not in reported]
-    if not died:
-        return None
-    died.sort(key=lambda f: (f["signal"] == "SIGTERM", f["time"], f["rank"]))
-    return died[0]
+    SIGTERM is no death here: it is what torchrun's agent sends the other ranks once one has
+    ended, and a rank's own SIGTERM is a stop it handles (``vapo_lab.stop``), saying so itself."""
+    died = [
+        f
+        for f in failures
+        if f.get("signal") and f["signal"] != "SIGTERM" and f["rank"] not in reported
+    ]
+    return min(died, key=lambda f: (f["time"], f["rank"])) if died else None
 
 
 def describe(failures: list[dict[str, Any]]) -> str:
