@@ -4,7 +4,7 @@ the means over seeds worked out by hand, absent for runs that log none of them."
 import pytest
 
 from vapo_lab.registry.table1 import row_name
-from vapo_lab.report.challenges import figure_challenges
+from vapo_lab.report.challenges import challenge_lines, figure_challenges
 from vapo_lab.report.collect import RunData
 
 
@@ -44,6 +44,10 @@ def test_the_figure_draws_the_logged_measures_with_means_over_seeds(tmp_path):
     assert info["diag/value_bias/000_007"][no_vp][3] == pytest.approx(0.2 * -0.1 + 0.8 * -0.2)
     assert "DAPO" not in info["diag/value_bias/000_007"]
     assert info["eval/mode_share_direct"] == {vapo: (0, 0.3, 20, 0.1)}  # one seed logged it
+    assert challenge_lines(info)[0] == (
+        "- (a) held-out response length (`eval/response_length`): VAPO 32.0 at step 0 → 52.0 at "
+        f"step 20; {no_vp} 30.0 at step 0 → 40.0 at step 20; DAPO 30.0 at step 0 → 44.0 at step 20"
+    )
     # measures no run logged: no panel
     assert set(info) == {
         "eval/response_length",

@@ -134,15 +134,13 @@ def mark_failed(started: dict[str, Any] | None, dead: dict[str, Any]) -> str:
     step = max(steps, default=0)
     resume = f"vapo-lab train resume={run_dir}"
     failure = run_dir / "failure.txt"
-    try:
+    with contextlib.suppress(OSError):  # the line returned below still says it
         before = failure.read_text() if failure.is_file() else ""
         failure.write_text(
             f"failed after step {step} on {time.strftime('%Y-%m-%d %H:%M:%S')}: {why}\n"
             f"continue it with: {resume}\n"
             + (f"\nrank 0 then stopped with:\n{before}" if before else "")
         )
-    except OSError:
-        pass  # the line below still says it
     uri = started.get("uri", "none")
     if uri != "none":
         from vapo_lab.track import MlflowTracker

@@ -56,13 +56,13 @@ def submit_grid(
     grid_id = specs[0].grid_id
     grid_dir = grid_dir_for(cfg.output_dir, grid_id)
     if dry_run:
-        return _submit(grid, specs, cfg, launcher, True, wait, log)
+        return _submit(grid, specs, cfg, launcher, grid_dir, True, wait, log)
     fix = (
         f"wait for that submission to end (`vapo-lab jobs {grid_id}` follows its cells); "
         "nothing was submitted here"
     )
     with exclusive(grid_dir.with_name(f"{grid_id}.lock"), f"grid {grid_id}", fix):
-        return _submit(grid, specs, cfg, launcher, False, wait, log)
+        return _submit(grid, specs, cfg, launcher, grid_dir, False, wait, log)
 
 
 def _submit(
@@ -70,17 +70,17 @@ def _submit(
     specs: list[CellSpec],
     cfg: DictConfig,
     launcher: Launcher,
+    grid_dir: Path,
     dry_run: bool,
     wait: bool,
     log: Log,
 ) -> Submission:
-    """``submit_grid``'s submission, under its lock (none for a dry run)."""
+    """``submit_grid``'s submission into ``grid_dir``, under its lock (none for a dry run)."""
     launchers: dict[str, Any] = OmegaConf.to_container(  # type: ignore[assignment]
         cfg.launcher, resolve=True
     )
     settings: dict[str, Any] = launchers.get(launcher.name, {})
     grid_id = specs[0].grid_id
-    grid_dir = grid_dir_for(cfg.output_dir, grid_id)
     record = read_record(grid_dir)
     sub = Submission(grid_id=grid_id, grid_dir=grid_dir)
 

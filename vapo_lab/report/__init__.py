@@ -18,7 +18,7 @@ from vapo_lab.registry.table1 import row_name
 from vapo_lab.report import confirm, precision, stats
 from vapo_lab.report import diagnostics as diag
 from vapo_lab.report import predictions as pred
-from vapo_lab.report.challenges import PANELS, figure_challenges
+from vapo_lab.report.challenges import challenge_lines, figure_challenges
 from vapo_lab.report.collect import CURVE_METRICS, ReportError, group, load_runs, score_key
 from vapo_lab.report.figures import BANDS, FIG2_EMA, band_text, figure1, figure2, smoothing_text
 from vapo_lab.report.table import (
@@ -429,19 +429,7 @@ def _diagnostics_section(rep: Report, groups: dict[str, list[Any]], band: str) -
                 lines.append(f"- {name} — accuracy by length: " + "; ".join(parts))
             lines.append("")
         elif stem == "challenges":
-            shown = {
-                "tokens": lambda v: precision.fixed(v, 1),
-                "percent": lambda v: precision.fixed(100 * v, precision.SHARE) + "%",
-                "signed": _diag,
-            }
-            for key, title, _, kind, _ in PANELS:
-                parts = [
-                    f"{name} {shown[kind](first)} at step {s0} → {shown[kind](last)} at step {s1}"
-                    for name, (s0, first, s1, last) in info.get(key, {}).items()
-                ]
-                if parts:
-                    lines.append(f"- {title} (`{key}`): " + "; ".join(parts))
-            lines.append("")
+            lines += [*challenge_lines(info), ""]
     return lines
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vapo_lab.registry.table1 import row_name
+from vapo_lab.report import precision
 from vapo_lab.report.collect import RunData
 from vapo_lab.report.figures import BANDS, _save, mean_band, seeds_with
 
@@ -72,3 +73,22 @@ def figure_challenges(
     paths = _save(fig, out, "challenges")
     plt.close(fig)
     return paths, info
+
+
+def challenge_lines(info: dict[str, Any]) -> list[str]:
+    """Returns index.md's lines for ``figure_challenges``'s ``info``: a panel a line, each variant's
+    first and last value."""
+    shown = {
+        "tokens": lambda v: precision.fixed(v, 1),
+        "percent": lambda v: precision.fixed(100 * v, precision.SHARE) + "%",
+        "signed": lambda v: precision.fixed(v, precision.DIAGNOSTIC, signed=True),
+    }
+    lines = []
+    for key, title, _, kind, _ in PANELS:
+        parts = [
+            f"{name} {shown[kind](first)} at step {s0} → {shown[kind](last)} at step {s1}"
+            for name, (s0, first, s1, last) in info.get(key, {}).items()
+        ]
+        if parts:
+            lines.append(f"- {title} (`{key}`): " + "; ".join(parts))
+    return lines
