@@ -1,5 +1,5 @@
 """`vapo-lab plan` and the refusal of `train` for a run its devices cannot hold
-(vapo_lab.config.preflight)."""
+(vapo_lab.config.plan)."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from vapo_lab.cli import app
 from vapo_lab.config.compose import compose_config
-from vapo_lab.config.preflight import device_memory, fit_problems, plan_run
+from vapo_lab.config.plan import device_memory, fit_problems, plan_run
 from vapo_lab.models.activations import qwen2_pass_activation_bytes
 from vapo_lab.models.shapes import Shape
 
@@ -180,7 +180,7 @@ def _one_line(result) -> str:
 
 
 def test_train_refuses_a_model_larger_than_the_host(no_compute, monkeypatch):
-    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 64e9)
+    monkeypatch.setattr("vapo_lab.config.plan._host_memory", lambda: 64e9)
     # h 16384 over 48 layers: ~39.6B parameters, 16 B each for the actor and as much for the critic
     result = runner.invoke(
         app,
@@ -200,7 +200,7 @@ def test_train_refuses_a_model_larger_than_the_host(no_compute, monkeypatch):
 
 
 def test_train_refuses_when_the_host_is_small(no_compute, monkeypatch):
-    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 5e7)  # 0.05 GB
+    monkeypatch.setattr("vapo_lab.config.plan._host_memory", lambda: 5e7)  # 0.05 GB
     result = runner.invoke(app, ["train", "tracking=none", "trainer.device=cpu"], env=WIDE)
     line = _one_line(result)
     # the embedded default needs 0.3 GB in its evaluation: fp32 state 35 MB + the built-in
@@ -217,7 +217,7 @@ def test_the_embedded_default_fits_this_host():
 
 
 def test_cpu_ranks_share_the_host(monkeypatch):
-    monkeypatch.setattr("vapo_lab.config.preflight._host_memory", lambda: 8e9)
+    monkeypatch.setattr("vapo_lab.config.plan._host_memory", lambda: 8e9)
     cfg = compose_config(
         overrides=["trainer.device=cpu", "trainer.strategy=fsdp", "trainer.nproc_per_node=2"]
     ).cfg
@@ -298,7 +298,7 @@ SMALL_GPU_GRID = Path(__file__).resolve().parents[1] / "experiments" / "table1-s
 def test_table1_small_gpu_fits_the_gpus_its_header_states(tmp_path):
     from omegaconf import OmegaConf
 
-    from vapo_lab.config.preflight import fewest_ranks
+    from vapo_lab.config.plan import fewest_ranks
     from vapo_lab.launch.grid import load_grid
 
     header = SMALL_GPU_GRID.read_text()

@@ -20,7 +20,7 @@ import fake_vllm  # noqa: E402
 
 from tests.distributed.ranks import leave  # noqa: E402
 from vapo_lab.config.compose import compose_config  # noqa: E402
-from vapo_lab.config.preflight import plan_run  # noqa: E402
+from vapo_lab.config.plan import plan_run  # noqa: E402
 from vapo_lab.distributed.fsdp import is_sharded  # noqa: E402
 from vapo_lab.trainer import caches, phases, setup, update  # noqa: E402
 from vapo_lab.trainer import trainer as trainer_module  # noqa: E402

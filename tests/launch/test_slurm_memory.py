@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from vapo_lab.config.compose import compose_config
-from vapo_lab.config.preflight import plan_run
+from vapo_lab.config.plan import plan_run
 from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.slurm import (
     CPU_PROCESS_GB,

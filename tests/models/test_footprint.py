@@ -88,7 +88,7 @@ def test_counts_equal_a_real_qwen2_built_from_its_config(tied, head_dim):
 
 def test_the_embedded_model_has_the_count_the_plan_gives():
     from vapo_lab.config.compose import compose_config
-    from vapo_lab.config.preflight import model_shape
+    from vapo_lab.config.plan import model_shape
     from vapo_lab.models.tiny import build_tiny_model
     from vapo_lab.models.tokenizer import build_tokenizer
     from vapo_lab.tasks.arith import ArithTask

@@ -9,7 +9,7 @@ import typer
 from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, stdout
 
 if TYPE_CHECKING:
-    from vapo_lab.config.preflight import RunPlan
+    from vapo_lab.config.plan import RunPlan
 
 
 @cli_errors
@@ -46,7 +46,7 @@ def plan(
     vapo-lab plan scale=paper trainer.strategy=fsdp trainer.nproc_per_node=8 trainer.nodes=16
     """
     from vapo_lab.config.compose import compose_config
-    from vapo_lab.config.preflight import PROMPT_TOKENS, plan_run
+    from vapo_lab.config.plan import PROMPT_TOKENS, plan_run
     from vapo_lab.errors import ConfigError
 
     if gpu_memory_gb is None:
@@ -77,7 +77,7 @@ def _this_gpu_gb() -> float | None:
     check measures a run against it), None without CUDA."""
     import torch
 
-    from vapo_lab.config.preflight import smallest_gpu
+    from vapo_lab.config.plan import smallest_gpu
 
     if not torch.cuda.is_available():
         return None
@@ -330,7 +330,7 @@ def _size(n: float) -> str:
 
 def _verdict(p: RunPlan) -> str:
     """Returns the closing lines: fits or not, fewest GPUs that fit, the vLLM share that works."""
-    from vapo_lab.config.preflight import fastest_within, fewest_ranks, fixes
+    from vapo_lab.config.plan import fastest_within, fewest_ranks, fixes
     from vapo_lab.models.footprint import ALLOCATOR_HEADROOM, GB
 
     fp, s = p.footprint, p.setup

@@ -244,7 +244,7 @@ def host_gb_per_rank(config: dict[str, Any], settings: dict[str, Any]) -> tuple[
     process's own ``GPU_PROCESS_GB``; on CPU the plan's need a rank + ``CPU_PROCESS_GB``."""
     from omegaconf import OmegaConf
 
-    from vapo_lab.config.preflight import plan_run
+    from vapo_lab.config.plan import plan_run
     from vapo_lab.errors import ConfigError
 
     cfg = OmegaConf.create(config)

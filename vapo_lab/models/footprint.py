@@ -3,7 +3,7 @@
 Pure functions of a model's ``Shape`` (:mod:`vapo_lab.models.shapes`) and the run's sizes
 (``Setup``), without torch or a config: ``vapo-lab plan`` prints ``estimate``'s numbers, and
 ``train`` refuses a run that does not fit its devices (``Footprint.fits``, through
-``vapo_lab.config.preflight.check_fits``). Bytes throughout; GB = 10^9 bytes, as ZeRO counts.
+``vapo_lab.config.plan.fit_problems``). Bytes throughout; GB = 10^9 bytes, as ZeRO counts.
 The sources of each formula: docs/distributed.md, Resource plan.
 """
 
