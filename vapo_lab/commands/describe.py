@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, show, stdout
+from vapo_lab.commands.output import (
+    Col,
+    DropOpt,
+    OverridesArg,
+    PresetOpt,
+    cli_errors,
+    print_table,
+    show,
+    stdout,
+)
 
 
 def components_markdown() -> str:
@@ -71,15 +80,8 @@ def components(
 @cli_errors
 def config(
     overrides: OverridesArg = None,
-    algo: Annotated[
-        Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")
-    ] = None,
-    drop: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher."
-        ),
-    ] = None,
+    algo: PresetOpt = None,
+    drop: DropOpt = None,
 ) -> None:
     """Print the fully composed config as YAML: the same composition `train` uses.
 

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
-import typer
-
-from vapo_lab.commands.output import Col, cli_errors, print_table, stderr, stdout
+from vapo_lab.commands.output import (
+    Col,
+    GridArg,
+    GridsDirOpt,
+    cli_errors,
+    print_table,
+    stderr,
+    stdout,
+)
 
 
 @cli_errors
 def jobs(
-    grid: Annotated[
-        Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")
-    ] = None,
-    output_dir: Annotated[
-        str, typer.Option(help="Where grids live (the runs' output_dir).")
-    ] = "runs",
+    grid: GridArg = None,
+    output_dir: GridsDirOpt = "runs",
 ) -> None:
     """List a grid's cells: their state, job id and tracking run id.
 
@@ -44,12 +44,8 @@ def jobs(
 
 @cli_errors
 def cancel(
-    grid: Annotated[
-        Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")
-    ] = None,
-    output_dir: Annotated[
-        str, typer.Option(help="Where grids live (the runs' output_dir).")
-    ] = "runs",
+    grid: GridArg = None,
+    output_dir: GridsDirOpt = "runs",
 ) -> None:
     """Cancel a grid's queued and running cells.
 

@@ -53,6 +53,17 @@ OverridesArg = Annotated[
         show_default=False,
     ),
 ]
+PresetOpt = Annotated[
+    Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")
+]
+DropOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher."),
+]
+GridArg = Annotated[
+    Optional[str], typer.Argument(help="Grid id (or a prefix); default: the latest grid.")
+]
+GridsDirOpt = Annotated[str, typer.Option(help="Where grids live (the runs' output_dir).")]
 
 
 def cli_errors(fn: F) -> F:

@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from vapo_lab.commands.output import Col, OverridesArg, cli_errors, print_table, stdout
+from vapo_lab.commands.output import (
+    Col,
+    DropOpt,
+    OverridesArg,
+    PresetOpt,
+    cli_errors,
+    print_table,
+    stdout,
+)
 
 if TYPE_CHECKING:
     from vapo_lab.config.plan import RunPlan
@@ -15,15 +23,8 @@ if TYPE_CHECKING:
 @cli_errors
 def plan(
     overrides: OverridesArg = None,
-    algo: Annotated[
-        Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")
-    ] = None,
-    drop: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            help="Turn off a component of the preset (repeatable), e.g. --drop clip_higher."
-        ),
-    ] = None,
+    algo: PresetOpt = None,
+    drop: DropOpt = None,
     gpu_memory_gb: Annotated[
         Optional[float],
         typer.Option(

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
-from vapo_lab.commands.output import OverridesArg, cli_errors, peak_rss_mib, stderr, stdout
+from vapo_lab.commands.output import (
+    DropOpt,
+    OverridesArg,
+    PresetOpt,
+    cli_errors,
+    peak_rss_mib,
+    stderr,
+    stdout,
+)
 
 
 def run_training(algo: str | None, drop: list[str], overrides: list[str], quiet: bool) -> None:
@@ -104,12 +112,8 @@ def print_result(cfg: Any, r: dict[str, Any]) -> None:
 @cli_errors
 def train(
     overrides: OverridesArg = None,
-    algo: Annotated[
-        Optional[str], typer.Option(help="Preset: vapo (default), ppo, dapo or grpo.")
-    ] = None,
-    drop: Annotated[
-        Optional[list[str]], typer.Option(help="Turn off a component of the preset (repeatable).")
-    ] = None,
+    algo: PresetOpt = None,
+    drop: DropOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
     """Train one run (default: VAPO on the embedded default) and print where it went.
