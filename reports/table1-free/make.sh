@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Makes issue 47's reports in this folder from the grids' MLflow store, once every grid is complete:
+#   ROOT=/work/grids/free bash reports/table1-free/make.sh
+# It refuses while any cell of run.sh's grids is unfinished (asked of the pinned copy's vapo-lab in
+# $ROOT/venv, which ran them), reads a consistent copy of the store (the grids' own is left as it
+# is), writes the learning-rate grids' reports into lr-low/ and lr-high/ (described; the plan's
+# families F5 and F6 score them), then the main report scored with predictions.yaml, and prints
+# the core-hours the runs took.
+set -euo pipefail
+ROOT=${ROOT:?set ROOT to the folder run.sh ran in}
+HERE=$(cd "$(dirname "$0")" && pwd)
+declare -A FOLDER=([table1-free-lr-low]=lr-low [table1-free-lr-high]=lr-high)
+
+for grid in table1-free table1-free-lr-low table1-free-lr-high; do
+  plan=$(cd "$ROOT" && "$ROOT/venv/bin/vapo-lab" sweep "$ROOT/src/experiments/$grid.yaml" --dry-run \
+         launcher.local.workers=2 "output_dir=$ROOT/runs" "tracking.uri=sqlite:///$ROOT/mlflow.db" 2>&1)
+  if [[ "$(tail -n 1 <<<"$plan")" != "0 to run on local" ]] || grep -q "running: skip" <<<"$plan"; then
+    echo "error: grid $grid is not complete ($(tail -n 1 <<<"$plan")): resubmit run.sh (resume.sh) and make the reports when it ends" >&2
+    exit 1
+  fi
+done
+
+copy=$(mktemp -d)/mlflow.db
+python - "$ROOT/mlflow.db" "$copy" <<'EOF'
+import sqlite3, sys
+source = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+with sqlite3.connect(sys.argv[2]) as target:
+    source.backup(target)
+EOF
+uri="sqlite:///$copy"
+
+for grid in "${!FOLDER[@]}"; do
+  out="$HERE/${FOLDER[$grid]}"
+  vapo-lab report --experiment "$grid" --tracking-uri "$uri" --score plateau --out "$out" \
+    --save-runs "$out/runs.json.gz"
+  printf 'score: plateau\n' > "$out/remake.yaml"
+done
+vapo-lab report --experiment table1-free --tracking-uri "$uri" --score plateau --out "$HERE" \
+  --predictions "$HERE/predictions.yaml" --save-runs "$HERE/runs.json.gz"
+printf 'score: plateau\nalso: [lr-low/runs.json.gz, lr-high/runs.json.gz]\n' > "$HERE/remake.yaml"
+python "$HERE/../table1-plateau/core_hours.py" "$ROOT"/runs/grids/*/
