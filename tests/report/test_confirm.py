@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
-from vapo_lab.report import confirm, stats
+from vapo_lab.report import confirm, confirm_markdown, stats
 from vapo_lab.report.collect import ReportError, RunData
 from vapo_lab.report.table import run_score
 
@@ -223,7 +223,7 @@ def test_verdicts_follow_the_preregistered_rules(tmp_path):
     )
     # the goal: clip_higher moved the paper's way (lower), decoupled_gae moved the other way
     assert result["goal"]["moved"] == ["clip_higher"]
-    assert "paired t (6)" in confirm.to_markdown(result)
+    assert "paired t (6)" in confirm_markdown.to_markdown(result)
 
 
 def test_a_contrast_is_tested_on_its_per_seed_sum(tmp_path):
@@ -379,7 +379,7 @@ def test_a_finding_is_printed_beside_every_verdict_it_qualifies_and_an_unknown_i
     found = tmp_path / "findings.yaml"
     found.write_text('findings:\n  "2": at lr 2e-5 only\n')
     confirm.qualify(result, confirm.load_findings(found))
-    text = confirm.to_markdown(result)
+    text = confirm_markdown.to_markdown(result)
     verdict = result["predictions"][0]["verdict"]
     # the table's cell and the claim's line both carry it, and the rules say it came later
     assert f"**{verdict}** (found after the grid: at lr 2e-5 only) |" in text
@@ -438,7 +438,7 @@ def test_the_tally_counts_outcomes_and_mechanisms_apart_and_the_plateau_rule_rea
         "w/o clip_higher": False,
         "w/o token_level_loss": True,
     }
-    text = confirm.to_markdown(result)
+    text = confirm_markdown.to_markdown(result)
     assert "on an outcome (plateau score or learning speed) (a prediction counting for" in text
     assert ": 1 of 2 (token_level_loss)." in text and ": 1 of 2 (clip_higher)." in text
     assert "NOT held by w/o clip_higher (6.0): their plateau scores are scores still moving" in text

@@ -15,7 +15,7 @@ from typing import Any
 
 from vapo_lab.names import slug
 from vapo_lab.registry.table1 import row_name
-from vapo_lab.report import confirm, precision, stats
+from vapo_lab.report import confirm, confirm_markdown, precision, stats
 from vapo_lab.report import diagnostics as diag
 from vapo_lab.report import predictions as pred
 from vapo_lab.report.challenges import challenge_lines, figure_challenges
@@ -169,7 +169,7 @@ def make_report(
         )
         confirm.qualify(rep.predictions, found)
         (out / "predictions_scored.md").write_text(
-            confirm.to_markdown(rep.predictions, plan.source), encoding="utf-8"
+            confirm_markdown.to_markdown(rep.predictions, plan.source), encoding="utf-8"
         )
         rep.files.append(out / "predictions_scored.md")
     (out / "index.md").write_text(
