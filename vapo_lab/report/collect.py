@@ -8,8 +8,10 @@ one component off is "w/o <component>", PPO with every component off is "Vanilla
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from vapo_lab.errors import VapoLabError
 from vapo_lab.registry.components import COMPONENTS
@@ -44,6 +46,7 @@ CURVE_METRICS = ("rollout/response_length", "rollout/reward", "actor/entropy", "
 # metric families read whole: held-out scores, the trainer's diagnostics (value bias by position,
 # length profile) and λ_policy statistics
 PREFIXES = ("eval/", "diag/", "gae/")
+RUN_NAME_TAG = "mlflow.runName"  # MLflow's tag of a run's name
 PARAMS = ("gae.alpha", "gae.lam_policy", "gae.lam_policy_mode", "rollout.max_new_tokens")
 
 
@@ -76,6 +79,19 @@ def variant_of(tags: dict[str, str]) -> str:
     return " ".join(parts)
 
 
+@dataclass(frozen=True)
+class Found:
+    """A run as a source holds it (an MLflow store or a runs export), before the report reads it."""
+
+    run_id: str
+    status: str
+    start_time: int
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: frozenset[str]  # the keys it logged
+    points: Callable[[str], Iterable[tuple[int, int, float]]]  # key -> [(step, timestamp, value)]
+
+
 def load_runs(
     tracking_uri: str | None, experiment: str, metrics: tuple[str, ...] = ()
 ) -> list[RunData]:
@@ -106,38 +122,127 @@ def load_runs(
             f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
             "run the grid first: vapo-lab ablate --table1 --seeds 3"
         )
-    runs = []
-    found = client.search_runs([exp.experiment_id], max_results=10000)
-    commands = sorted(
+
+    def points(run_id: str) -> Callable[[str], Iterable[tuple[int, int, float]]]:
+        return lambda key: (
+            (m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)
+        )
+
+    found = [  # MLflow's order: the latest start first
+        Found(
+            r.info.run_id,
+            r.info.status,
+            r.info.start_time or 0,
+            dict(r.data.tags),
+            dict(r.data.params),
+            frozenset(r.data.metrics),
+            points(r.info.run_id),
+        )
+        for r in client.search_runs([exp.experiment_id], max_results=10000)
+    ]
+    return read_runs(found, experiment, uri, metrics)
+
+
+def runs_of_export(
+    data: list[dict[str, Any]], experiment: str, where: str, metrics: tuple[str, ...] = ()
+) -> list[RunData]:
+    """Returns the cell runs of ``experiment`` in runs exports (``vapo_lab.track.export``'s
+    ``read_export``, checked), read as ``load_runs`` reads them once imported into a store: the
+    same runs in MLflow's order (the latest start first; a tie, random there, by the original run
+    id here), each metric point as MLflow stores it (±inf at the largest float) and returns it
+    (by step, timestamp, value).
+
+    Raises:
+        ReportError: no such experiment in the exports (``where`` names them), or no runs in it.
+    """
+    runs = [r for d in data if d["experiment"] == experiment for r in d["runs"]]
+    if not any(d["experiment"] == experiment for d in data):
+        names = sorted({d["experiment"] for d in data})
+        raise ReportError(
+            f"no experiment {experiment!r} in {where} (there: {', '.join(names)}); "
+            "run the grid first: vapo-lab ablate --table1 --seeds 3"
+        )
+
+    def points(run: dict[str, Any]) -> Callable[[str], Iterable[tuple[int, int, float]]]:
+        return lambda key: sorted(
+            ((step, ts, _stored(value)) for step, ts, value in run["metrics"][key]),
+            key=_mlflow_order,
+        )
+
+    found = [
+        Found(
+            run["run_id"],
+            run["status"],
+            run["start_time"] or 0,
+            _imported_tags(run),
+            {k: str(v) for k, v in run["params"].items()},
+            frozenset(run["metrics"]),
+            points(run),
+        )
+        for run in sorted(runs, key=lambda r: (-(r["start_time"] or 0), r["run_id"]))
+    ]
+    return read_runs(found, experiment, where, metrics)
+
+
+def _imported_tags(run: dict[str, Any]) -> dict[str, str]:
+    """A run's tags as ``import_runs`` leaves them in a store: its source id added and, where no
+    tag names it, its run name as ``mlflow.runName`` (MLflow's create_run; a nameless run gets a
+    random name there, none here)."""
+    tags = {**run["tags"], SOURCE_TAG: run["tags"].get(SOURCE_TAG, run["run_id"])}
+    if run["run_name"] and RUN_NAME_TAG not in tags:
+        tags[RUN_NAME_TAG] = run["run_name"]
+    return tags
+
+
+def _mlflow_order(point: tuple[int, int, float]) -> tuple[int, int, float, bool]:
+    """MLflow's order of a metric's history: step, timestamp, value (a NaN kept as 0), is NaN."""
+    step, ts, value = point
+    nan = math.isnan(value)
+    return step, ts, 0.0 if nan else value, nan
+
+
+def _stored(value: float) -> float:
+    """A metric value as MLflow's SQL store keeps it: a float, ±inf as the largest finite one."""
+    value = float(value)
+    return math.copysign(sys.float_info.max, value) if math.isinf(value) else value
+
+
+def read_runs(
+    found: list[Found], experiment: str, where: str, metrics: tuple[str, ...] = ()
+) -> list[RunData]:
+    """Returns the training runs of ``found`` (one per config, ``_one_per_config``) as the report
+    sees them; ``where`` names their source in the error.
+
+    Raises:
+        ReportError: no training run.
+    """
+    commands = sorted(  # the submissions that made the grid
         {
-            r.data.params["command"]
+            r.params["command"]
             for r in found
-            if r.data.tags.get("kind") == "grid" and r.data.params.get("command")
+            if r.tags.get("kind") == "grid" and r.params.get("command")
         }
     )
+    runs = []
     for r in _one_per_config(found):
-        tags = dict(r.data.tags)
-        wanted = set(metrics) | {k for k in r.data.metrics if k.startswith(PREFIXES)}
-        history = {}
-        for key in sorted(wanted & set(r.data.metrics)):
-            points = client.get_metric_history(r.info.run_id, key)
-            history[key] = last_per_step((m.step, m.timestamp, m.value) for m in points)
-        tags["grid_commands"] = " ; ".join(commands)  # the submissions that made the grid
-        run_id = tags.get(SOURCE_TAG, r.info.run_id)  # an imported run keeps its original id
+        tags = dict(r.tags)
+        wanted = set(metrics) | {k for k in r.metrics if k.startswith(PREFIXES)}
+        history = {key: last_per_step(r.points(key)) for key in sorted(wanted & r.metrics)}
+        tags["grid_commands"] = " ; ".join(commands)
         runs.append(
             RunData(
-                run_id=run_id,
+                run_id=tags.get(SOURCE_TAG, r.run_id),  # an imported run keeps its original id
                 variant=variant_of(tags),
                 seed=int(tags.get("seed", 0)),
-                status=r.info.status,
+                status=r.status,
                 tags=tags,
                 history=history,
-                params={k: r.data.params[k] for k in PARAMS if k in r.data.params},
+                params={k: r.params[k] for k in PARAMS if k in r.params},
             )
         )
     if not runs:
         raise ReportError(
-            f"experiment {experiment!r} in {uri} has no training runs yet: "
+            f"experiment {experiment!r} in {where} has no training runs yet: "
             "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3"
         )
     return runs
@@ -151,19 +256,15 @@ def last_per_step(points: Iterable[tuple[int, int, float]]) -> list[tuple[int, f
     return sorted(by_step.items())
 
 
-def _one_per_config(found: list[Any]) -> list[Any]:
+def _one_per_config(found: list[Found]) -> list[Found]:
     """Returns the training runs, one per config hash: its latest finished run, else its latest."""
-    best: dict[str, Any] = {}
+    best: dict[str, Found] = {}
     for r in found:
-        tags = r.data.tags
-        if tags.get("kind") == "grid" or "algo" not in tags:
+        if r.tags.get("kind") == "grid" or "algo" not in r.tags:
             continue
-        key = tags.get("config_hash") or r.info.run_id
-        rank = (r.info.status == "FINISHED", r.info.start_time or 0)
-        if key not in best or rank > (
-            best[key].info.status == "FINISHED",
-            best[key].info.start_time or 0,
-        ):
+        key = r.tags.get("config_hash") or r.run_id
+        rank = (r.status == "FINISHED", r.start_time)
+        if key not in best or rank > (best[key].status == "FINISHED", best[key].start_time):
             best[key] = r
     return list(best.values())
 
