@@ -32,7 +32,13 @@ RUNS = [
     # the grid's parent run: not a cell; its command names the submission
     _run("grid", 1000, {"kind": "grid"}, {}, params={"command": "vapo-lab sweep g.yaml"}),
     # one config run twice: the later, FAILED, loses to the earlier FINISHED one
-    _run("vapo-old", 1100, _cell("vapo", 0, "h1"), {"eval/avg_at_4": [[0, 1, 0.25], [10, 2, 0.5]]}),
+    # (an empty series: nothing logged, so no such metric in a store)
+    _run(
+        "vapo-old",
+        1100,
+        _cell("vapo", 0, "h1"),
+        {"eval/avg_at_4": [[0, 1, 0.25], [10, 2, 0.5]], "eval/avg_at_8": []},
+    ),
     _run("vapo-new", 1200, _cell("vapo", 0, "h1"), {"eval/avg_at_4": [[0, 3, 0.3]]}, "FAILED"),
     # a resumed run logged step 10 twice (the later timestamp wins), a NaN and both infinities
     _run(
@@ -73,6 +79,7 @@ def test_an_export_reads_as_its_import_into_a_store(tmp_path):
     assert "train/loss" not in dapo.history and dapo.params == {"gae.lam_policy": "0.95"}
     assert dapo.tags["grid_commands"] == "vapo-lab sweep g.yaml"
     assert by_id["vapo-lr"].status == "RUNNING" and by_id["vapo-old"].status == "FINISHED"
+    assert list(by_id["vapo-old"].history) == ["eval/avg_at_4"]
 
 
 def test_an_experiment_not_in_the_files_is_named_with_those_there(tmp_path):

@@ -176,7 +176,7 @@ def runs_of_export(
             run["start_time"] or 0,
             _imported_tags(run),
             {k: str(v) for k, v in run["params"].items()},
-            frozenset(run["metrics"]),
+            frozenset(k for k, series in run["metrics"].items() if series),  # a store keeps no []
             points(run),
         )
         for run in sorted(runs, key=lambda r: (-(r["start_time"] or 0), r["run_id"]))
