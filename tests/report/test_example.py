@@ -24,8 +24,8 @@ TEXT = ("table1.md", "table1.tex", "table1.csv", "index.md", "report.json")
 def remake(runs: Path, folder: Path, out: Path) -> Report:
     """Writes to ``out`` the report of ``runs`` as the committed report ``folder`` was made: with
     its predictions.yaml where it has one, and the options of its remake.yaml where it has one
-    (``score``; ``also``: the other experiments' runs files, relative to the folder, that its
-    plan reads; ``findings``: the findings file that qualifies its verdicts)."""
+    (``score``; ``band``; ``also``: the other experiments' runs files, relative to the folder,
+    that its plan reads; ``findings``: the findings file that qualifies its verdicts)."""
     import yaml
 
     predictions = folder / "predictions.yaml"
@@ -40,6 +40,7 @@ def remake(runs: Path, folder: Path, out: Path) -> Report:
         out,
         predictions=predictions if predictions.is_file() else None,
         score=how.get("score", "final"),
+        band=how.get("band", "minmax"),
         findings=folder / how["findings"] if "findings" in how else None,
     )
 

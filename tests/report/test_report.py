@@ -191,6 +191,14 @@ def test_figures_have_the_expected_panels_and_series(store, tmp_path):
         in (tmp_path / "std" / "index.md").read_text()
     )
     assert std.figure1 == rep.figure1
+    ci = make_report("table1", tmp_path / "ci", uri, band="ci")
+    assert (
+        "Shaded: the 95% percentile-bootstrap interval of the mean over seeds at each point; a "
+        "variant" in (tmp_path / "ci" / "index.md").read_text()
+    )
+    assert ci.figure1 == rep.figure1
+    with pytest.raises(ReportError, match="--band iqr: choose one of minmax, std, ci"):
+        make_report("table1", tmp_path / "iqr", uri, band="iqr")
 
 
 def test_empty_and_missing_experiments_name_the_fix(store, tmp_path):

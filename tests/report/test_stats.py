@@ -255,6 +255,18 @@ def test_seed_bands_are_min_max_or_one_std_over_seeds():
     assert low == mean == high
 
 
+def test_the_ci_band_is_the_bootstrap_interval_of_the_mean_at_each_step():
+    # step 1: ten seeds of 0 or 1, five each. A resample's mean is k/10 with k ~ Binomial(10, 1/2):
+    # P(k <= 1) = 0.011 < 0.025 < P(k <= 2) = 0.055, so the percentile interval is (0.2, 0.8).
+    # Step 2: every seed 2, no spread: the band is the mean.
+    runs = [_run(s, [float(s % 2), 2.0]) for s in range(10)]
+    steps, mean, low, high = mean_band(runs, "m", band="ci")
+    assert steps == [1, 2] and mean == pytest.approx([0.5, 2.0])
+    assert low == pytest.approx([0.2, 2.0]) and high == pytest.approx([0.8, 2.0])
+    _, mean, low, high = mean_band(runs[:1], "m", band="ci")  # one seed: no band
+    assert low == mean == high
+
+
 def test_a_smoothed_line_is_drawn_over_the_raw_band():
     # seed means 1, 3, 1, 3: a zig-zag
     runs = [

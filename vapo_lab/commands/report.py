@@ -43,7 +43,11 @@ def report(
         ),
     ] = 0.2,
     band: Annotated[
-        str, typer.Option(help="Band around the mean over seeds: minmax or std.")
+        str,
+        typer.Option(
+            help="Band around the mean over seeds: minmax, std, or ci (the 95% bootstrap interval "
+            "of the mean)."
+        ),
     ] = "minmax",
     runs: Annotated[
         Optional[list[str]],

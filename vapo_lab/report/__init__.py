@@ -94,7 +94,7 @@ def make_report(
     if score not in SCORES:
         raise ReportError(f"--score {score}: choose {', '.join(SCORES)}")
     if band not in BANDS:
-        raise ReportError(f"--band {band}: choose {' or '.join(BANDS)}")
+        raise ReportError(f"--band {band}: choose one of {', '.join(BANDS)}")
     if not 0 < smooth <= 1:
         raise ReportError(f"--ema {smooth}: must be in (0, 1] (1 = no smoothing)")
     from vapo_lab.config.preflight import require_writable

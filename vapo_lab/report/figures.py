@@ -16,7 +16,7 @@ from typing import Any
 
 from vapo_lab.registry.table1 import row_name
 from vapo_lab.report.collect import RunData
-from vapo_lab.report.stats import LEVEL
+from vapo_lab.report.stats import LEVEL, mean_interval
 
 # Figure 2's per-step curves zig-zag by ±0.2 reward between steps: an EMA of α 0.2 (~9-step memory)
 FIG2_EMA = 0.2
@@ -36,7 +36,11 @@ def ema(values: list[float], alpha: float) -> list[float]:
 
 
 # the seed bands a figure can draw, as the report's text names them
-BANDS = {"minmax": "min–max over seeds", "std": "mean ± 1 sample std over seeds"}
+BANDS = {
+    "minmax": "min–max over seeds",
+    "std": "mean ± 1 sample std over seeds",
+    "ci": f"the {LEVEL} percentile-bootstrap interval of the mean over seeds",
+}
 
 
 def band_text(band: str) -> str:
@@ -51,6 +55,9 @@ def band_text(band: str) -> str:
 
 def spread(vals: list[float], band: str = "minmax") -> tuple[float, float]:
     """Returns the (low, high) of ``band`` over one value per seed; (v, v) for one seed."""
+    if band == "ci":  # the interval the tables give a mean (stats.mean_interval)
+        m = sum(vals) / len(vals)
+        return mean_interval(vals) or (m, m)
     if band == "std":
         m = sum(vals) / len(vals)
         sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
@@ -134,7 +141,7 @@ def figure2(
         "Figure 2: "
         + " vs ".join(variants)
         + f" (line: mean over seeds, {smoothing_text(smooth)}; "
-        f"band: raw {BANDS[band]})",
+        f"band: {BANDS[band]}, unsmoothed)",
         fontsize=9,
     )
     paths = _save(fig, out, "figure2")
