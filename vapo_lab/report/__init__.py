@@ -112,12 +112,8 @@ def make_report(
         "give --out a writable folder",
         ReportError,
     )
-    if runs_of is None:
-
-        def runs_of(name: str) -> list[RunData]:
-            return load_runs(tracking_uri, name, CURVE_METRICS + CLIP_KEYS)
-
-    runs = runs_of(experiment)
+    read = runs_of or (lambda name: load_runs(tracking_uri, name, CURVE_METRICS + CLIP_KEYS))
+    runs = read(experiment)
     groups = group(runs)
     if not variants:  # the paper's pair, or whatever of it the experiment holds
         variants = [v for v in (row_name("vapo"), row_name("dapo")) if v in groups] or sorted(
@@ -177,7 +173,7 @@ def make_report(
 
         def family_runs(name: str) -> list[RunData]:
             if name not in loaded:
-                loaded[name] = runs_of(name)
+                loaded[name] = read(name)
             return loaded[name]
 
         rep.predictions = confirm.score(

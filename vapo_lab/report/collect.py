@@ -155,13 +155,13 @@ def runs_of_export(
     Raises:
         ReportError: no such experiment in the exports (``where`` names them), or no runs in it.
     """
-    runs = [r for d in data if d["experiment"] == experiment for r in d["runs"]]
-    if not any(d["experiment"] == experiment for d in data):
-        names = sorted({d["experiment"] for d in data})
+    names = {d["experiment"] for d in data}
+    if experiment not in names:
         raise ReportError(
-            f"no experiment {experiment!r} in {where} (there: {', '.join(names)}); "
+            f"no experiment {experiment!r} in {where} (there: {', '.join(sorted(names))}); "
             "run the grid first: vapo-lab ablate --table1 --seeds 3"
         )
+    runs = [r for d in data if d["experiment"] == experiment for r in d["runs"]]
 
     def points(run: dict[str, Any]) -> Callable[[str], Iterable[tuple[int, int, float]]]:
         return lambda key: sorted(
