@@ -1,5 +1,5 @@
-"""Tests for vapo_lab.models.footprint and .shapes: counts worked by hand and counted on real HF
-modules, the published figures (ZeRO, Qwen2.5), and how a run's phases add up."""
+"""Tests for vapo_lab.models.counts, .footprint and .shapes: counts worked by hand and counted
+on real HF modules, the published figures (ZeRO, Qwen2.5), and how a run's phases add up."""
 
 import json
 from dataclasses import replace
@@ -15,21 +15,18 @@ from vapo_lab.models.activations import (
     qwen2_layer_activation_bytes,
     qwen2_pass_activation_bytes,
 )
-from vapo_lab.models.footprint import (
-    GB,
-    Setup,
+from vapo_lab.models.counts import (
     actor_params,
     critic_params,
     embedding_params,
-    estimate,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
     layer_params,
     non_embedding_params,
     sharded,
-    smallest_world,
     state_bytes_per_param,
 )
+from vapo_lab.models.footprint import GB, Setup, estimate, smallest_world
 from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 from vapo_lab.models.value import ValueModel
 

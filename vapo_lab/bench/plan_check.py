@@ -29,7 +29,8 @@ from vapo_lab.bench.logits_memory import (
     available_bytes,
 )
 from vapo_lab.models.activations import qwen2_pass_activation_bytes, qwen2_saved_bytes
-from vapo_lab.models.footprint import Setup, actor_params, critic_params, estimate
+from vapo_lab.models.counts import actor_params, critic_params
+from vapo_lab.models.footprint import Setup, estimate
 from vapo_lab.models.shapes import Shape
 
 # refuse a case predicted to need more than this share of the memory available (other jobs share it)

@@ -104,7 +104,8 @@ def _validate_without_files(cfg: object) -> None:
 
 def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     """Returns (title, rows of quantity / value / how) of plan ``p``."""
-    from vapo_lab.models.footprint import GB, non_embedding_params, state_bytes_per_param
+    from vapo_lab.models.counts import non_embedding_params, state_bytes_per_param
+    from vapo_lab.models.footprint import GB
 
     fp, s, shape = p.footprint, p.setup, p.shape
     world = s.world if s.strategy == "fsdp" else 1

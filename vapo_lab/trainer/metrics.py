@@ -18,7 +18,7 @@ from torch import Tensor
 
 from vapo_lab.algo import masked_sum
 from vapo_lab.distributed.world import World
-from vapo_lab.models.footprint import actor_params, critic_params, trained_flops_per_token
+from vapo_lab.models.counts import actor_params, critic_params, trained_flops_per_token
 from vapo_lab.models.peaks import peak_flops
 from vapo_lab.models.shapes import Shape
 from vapo_lab.trainer.collect import Batch
