@@ -49,7 +49,7 @@ def eval_(
         Optional[int],
         typer.Option(
             help="New tokens per response. "
-            "Default: arith the run's rollout.max_new_tokens, else 1024.",
+            "Default: for arith on a run, its rollout.max_new_tokens; else 1024.",
             show_default=False,
         ),
     ] = None,
@@ -57,7 +57,7 @@ def eval_(
         Optional[int],
         typer.Option(
             help="Sampling seed. "
-            "Default: arith on a run the trainer's eval seed at that step, else 0.",
+            "Default: for arith on a run, the trainer's eval seed at that step; else 0.",
             show_default=False,
         ),
     ] = None,
