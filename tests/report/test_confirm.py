@@ -292,6 +292,12 @@ def test_plateau_rule_and_missing_experiments(tmp_path):
 
     r = confirm.score(confirm.load(path), groups_of, lambda e: KEY)["predictions"][0]
     assert r["verdict"] == "not determinable" and "not found" in r["note"]
+    # a grid still running: VAPO without a finished seed yet
+    ppo = {"id": "1", "family": "F1", "row": "ppo", "measure": "plateau_score"}
+    path = plan_file(tmp_path, [{**ppo, "expect": "lower", "paper": "lower"}])
+    r = confirm.score(confirm.load(path), lambda e: groups({"Vanilla PPO": [0, 1]}), lambda e: KEY)
+    assert r["predictions"][0]["verdict"] == "not determinable"
+    assert r["predictions"][0]["note"] == "too few finished seeds: Vanilla PPO 2, VAPO 0"
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,8 @@ CURVE_METRICS = ("rollout/response_length", "rollout/reward", "actor/entropy", "
 # length profile) and λ_policy statistics
 PREFIXES = ("eval/", "diag/", "gae/")
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's tag of a run's name
+# the fix for a missing experiment: an experiment is named after the grid whose runs it holds
+RUN_FIRST = "run its grid first: vapo-lab sweep <its grid file>, or vapo-lab ablate --table1"
 PARAMS = ("gae.alpha", "gae.lam_policy", "gae.lam_policy_mode", "rollout.max_new_tokens")
 
 
@@ -120,7 +122,7 @@ def load_runs(
         names = [e.name for e in client.search_experiments()]
         raise ReportError(
             f"no experiment {experiment!r} in {uri} (there: {', '.join(names) or 'none'}); "
-            "run the grid first: vapo-lab ablate --table1 --seeds 3"
+            + RUN_FIRST
         )
 
     def points(run_id: str) -> Callable[[str], Iterable[tuple[int, int, float]]]:
@@ -159,7 +161,7 @@ def runs_of_export(
     if experiment not in names:
         raise ReportError(
             f"no experiment {experiment!r} in {where} (there: {', '.join(sorted(names))}); "
-            "run the grid first: vapo-lab ablate --table1 --seeds 3"
+            + RUN_FIRST
         )
     runs = [r for d in data if d["experiment"] == experiment for r in d["runs"]]
 
@@ -242,8 +244,7 @@ def read_runs(
         )
     if not runs:
         raise ReportError(
-            f"experiment {experiment!r} in {where} has no training runs yet: "
-            "run the grid first, e.g. vapo-lab ablate --table1 --seeds 3"
+            f"experiment {experiment!r} in {where} has no training runs yet: " + RUN_FIRST
         )
     return runs
 

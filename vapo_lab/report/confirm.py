@@ -241,7 +241,8 @@ def score(
                 and t.difference != 0
                 and (t.difference < 0) == (p.paper == "lower")
             )
-            results.append(_row(p, t, seeds, o, a, _verdict(p, t, a, plan.alpha), moved, None, d))
+            note = None if t is not None else _too_few(seeds)
+            results.append(_row(p, t, seeds, o, a, _verdict(p, t, a, plan.alpha), moved, note, d))
     components = sorted(
         {p.counts_for for p in plan.predictions if p.counts_for}, key=COMPONENTS.names().index
     )
@@ -326,6 +327,11 @@ def qualify(result: dict[str, Any], findings: dict[str, str]) -> None:
         text = findings.get(c["claim"]) or findings.get(source)
         if text:
             c["finding"] = text
+
+
+def _too_few(seeds: dict[str, int]) -> str:
+    """Says why a comparison has no test: its sides' finished seeds (a test needs 2 on each)."""
+    return "too few finished seeds: " + ", ".join(f"{label} {n}" for label, n in seeds.items())
 
 
 def _holm_some(ps: list[float | None]) -> list[float | None]:
