@@ -362,6 +362,25 @@ def test_the_committed_plan_loads():
     }
 
 
+def test_the_free_task_plan_loads_with_its_families_apart():
+    from pathlib import Path
+
+    plan = confirm.load(
+        Path(__file__).resolve().parents[2] / "reports/table1-free/predictions.yaml"
+    )
+    assert len(plan.predictions) == 34 and plan.main == "table1-free"
+    assert {f: i["experiment"] for f, i in plan.families.items()} == {
+        **{f: "table1-free" for f in ("F1", "F2", "F3", "F4")},
+        "F5": "table1-free-lr-low",
+        "F6": "table1-free-lr-high",
+    }
+    # issue 47's rules: the "same" predictions alone in F3; checks by construction count for none
+    assert {p.family for p in plan.predictions if p.expect == "same"} == {"F3"}
+    assert all(p.expect == "same" for p in plan.predictions if p.family == "F3")
+    assert {p.id for p in plan.predictions if p.counts_for is None} >= {"3b", "6m"}
+    assert plan.claims == ["vapo_above_dapo", "vapo_above_ppo"] and plan.rank_goal == 0.6
+
+
 def test_a_finding_is_printed_beside_every_verdict_it_qualifies_and_an_unknown_id_is_refused(
     tmp_path,
 ):
