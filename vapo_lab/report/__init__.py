@@ -255,9 +255,14 @@ def _index(
     ]
     grids = sorted({r.tags.get("grid_id", "") for r in runs} - {""})
     if grids:
+        again = (
+            "the command it was submitted with (below)"
+            if commands
+            else f"the same command, e.g. `vapo-lab ablate --table1 --seeds {len(seeds)}`"
+        )
         lines.append(
-            f"Grid(s): {', '.join(grids)}. Re-run or extend with the same command, e.g. "
-            f"`vapo-lab ablate --table1 --seeds {len(seeds)}`; `vapo-lab jobs` shows its cells."
+            f"Grid(s): {', '.join(grids)}. Re-run or extend with {again}; "
+            "`vapo-lab jobs` shows its cells."
         )
         lines.append("")
     if commands:
@@ -274,7 +279,8 @@ def _index(
         "",
         f"{' vs '.join(variants)}: the line is the mean over seeds at each step, "
         f"{smoothing_text(smooth)}; "
-        f"the band is the seeds' raw values. {band_text(band)} [PDF](figure2.pdf)",
+        "the band is drawn from the seeds' unsmoothed values. "
+        f"{band_text(band)} [PDF](figure2.pdf)",
         "",
         "## Figure 1",
         "",
