@@ -34,19 +34,30 @@ if TYPE_CHECKING:
     from vapo_lab.config.schema import VapoConfig
 
 
+PACKAGE = Path(__file__).resolve().parents[1]
+# written by `git archive` (export-subst in .gitattributes); a checkout keeps the placeholder
+COMMIT_FILE = PACKAGE / "COMMIT"
+
+
 def git_commit() -> str:
-    """Returns the current git commit of the working directory, or 'unknown'."""
+    """Returns the commit of vapo-lab's code: HEAD of the checkout it runs from, else the commit
+    a `git archive` copy (a pinned grid's) wrote into ``COMMIT_FILE``, else 'unknown'. A checkout
+    counts only when it is vapo-lab's own, not a repository an installed copy happens to sit in."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+            ["git", "rev-parse", "--show-toplevel", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
-            cwd=Path(__file__).resolve().parent,
+            cwd=PACKAGE,
         )
-        return out.stdout.strip() or "unknown"
+        top, head = (out.stdout.splitlines() + ["", ""])[:2]
+        if out.returncode == 0 and Path(top).resolve() == PACKAGE.parent:
+            return head
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        pass
+    written = COMMIT_FILE.read_text().strip() if COMMIT_FILE.is_file() else ""
+    return written if written and not written.startswith("$Format") else "unknown"
 
 
 def component_tags(choices: dict[str, str]) -> dict[str, str]:

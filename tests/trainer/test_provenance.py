@@ -1,0 +1,63 @@
+"""Tests for the commit a run records (``trainer.record.git_commit``): a checkout's HEAD, and in a
+`git archive` copy (a pinned grid's code, no .git) the commit git wrote into vapo_lab/COMMIT."""
+
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from vapo_lab.trainer.record import PACKAGE, git_commit
+
+REPO = PACKAGE.parent
+
+
+def git(*args: str, cwd: Path = REPO) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+needs_checkout = pytest.mark.skipif(
+    not (REPO / ".git").exists(), reason="needs vapo-lab's git checkout"
+)
+
+
+@needs_checkout
+def test_a_checkout_records_its_head():
+    assert git_commit() == git("rev-parse", "HEAD")
+
+
+@needs_checkout
+def test_an_archived_copy_inside_another_repository_records_the_archived_commit(tmp_path):
+    head = git("rev-parse", "HEAD")
+    git("init", "-q", cwd=tmp_path)  # the copy sits in a repository that is not vapo-lab's
+    archive = tmp_path / "src.tar"
+    git("archive", "-o", str(archive), "HEAD", "vapo_lab")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "copy", filter="data")
+    assert (tmp_path / "copy/vapo_lab/COMMIT").read_text().strip() == head
+    recorded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from vapo_lab.trainer.record import git_commit; print(git_commit())",
+        ],
+        cwd=tmp_path / "copy",
+        env={"PYTHONPATH": str(tmp_path / "copy"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert recorded == head
+
+
+def test_a_copy_without_either_records_unknown(tmp_path, monkeypatch):
+    import vapo_lab.trainer.record as record
+
+    monkeypatch.setattr(record, "PACKAGE", tmp_path / "vapo_lab")
+    monkeypatch.setattr(record, "COMMIT_FILE", tmp_path / "vapo_lab/COMMIT")
+    (tmp_path / "vapo_lab").mkdir()
+    (tmp_path / "vapo_lab/COMMIT").write_text("$Format:%H$\n")  # a checkout's placeholder
+    assert record.git_commit() == "unknown"
