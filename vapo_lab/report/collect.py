@@ -46,6 +46,7 @@ CURVE_METRICS = ("rollout/response_length", "rollout/reward", "actor/entropy", "
 # metric families read whole: held-out scores, the trainer's diagnostics (value bias by position,
 # length profile) and λ_policy statistics
 PREFIXES = ("eval/", "diag/", "gae/")
+CLIP_KEYS = ("actor/clipfrac_low", "actor/clipfrac_high")  # read for the index's clip table
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's tag of a run's name
 # the fix for a missing experiment: an experiment is named after the grid whose runs it holds
 RUN_FIRST = "run its grid first: vapo-lab sweep <its grid file>, or vapo-lab ablate --table1"
