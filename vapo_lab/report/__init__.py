@@ -16,6 +16,7 @@ from typing import Any, Callable
 from vapo_lab.names import slug
 from vapo_lab.registry.table1 import row_name
 from vapo_lab.report import confirm, confirm_markdown, precision, stats
+from vapo_lab.report import diagnostic_figures as diag_figures
 from vapo_lab.report import diagnostics as diag
 from vapo_lab.report import predictions as pred
 from vapo_lab.report.challenges import figure_challenges
@@ -151,11 +152,11 @@ def make_report(
     paths, rep.figure1 = figure1(groups, fig1_variants, key, out, band)
     rep.files += paths
     for stem, draw in (
-        ("diag_value_bias", diag.figure_value_bias),
-        ("diag_adv_gap", diag.figure_adv_gap),
-        ("diag_lambda", diag.figure_lambda),
-        ("diag_length", diag.figure_length),
-        ("diag_clip", diag.figure_clip),
+        ("diag_value_bias", diag_figures.figure_value_bias),
+        ("diag_adv_gap", diag_figures.figure_adv_gap),
+        ("diag_lambda", diag_figures.figure_lambda),
+        ("diag_length", diag_figures.figure_length),
+        ("diag_clip", diag_figures.figure_clip),
         ("challenges", figure_challenges),
     ):
         paths, info = draw(groups, out, band)
