@@ -113,7 +113,7 @@ def tracking_problems(
             never created. Otherwise a local store must be creatable and writable.
         timeout: seconds to wait for a server's /health.
     """
-    from vapo_lab.track.mlflow_tracker import TrackingError, check_server, resolve_tracking_uri
+    from vapo_lab.track.store import TrackingError, check_server, resolve_tracking_uri
 
     resolved = resolve_tracking_uri(uri)
     shown = (
@@ -201,7 +201,7 @@ def _run_problems(cfg: Any, cache_dir: str | Path) -> tuple[list[str], list[str]
         store.append(run_name_taken(name, Path(cfg.output_dir) / name))
     server: list[str] = []
     if cfg.tracking.backend == "mlflow":
-        from vapo_lab.track.mlflow_tracker import resolve_tracking_uri
+        from vapo_lab.track.store import resolve_tracking_uri
 
         resolved = resolve_tracking_uri(cfg.tracking.uri)
         kind, path = store_path(resolved)
@@ -229,7 +229,7 @@ def check_run(cfg: Any, cache_dir: str | Path) -> None:
     its devices cannot hold (``fit_problems``); TrackingError when the only problem is a tracking
     server that does not answer. Ray and Slurm cells run on other machines, whose devices this one
     cannot see."""
-    from vapo_lab.track.mlflow_tracker import TrackingError
+    from vapo_lab.track.store import TrackingError
 
     folders, tracking = _run_problems(cfg, cache_dir)
     if cfg.launcher.name == "local":

@@ -40,13 +40,13 @@ def start_parent(
     if cfg.tracking.backend == "none":
         return None
     from vapo_lab.track import make_tracker
-    from vapo_lab.track.mlflow_tracker import set_run_status
+    from vapo_lab.track.store import set_run_status
 
     tracker = make_tracker(
         cfg.tracking.backend, cfg.tracking.uri, grid.experiment, cfg.tracking.spool_dir
     )
     if record.get("parent_run_id") and record.get("tracking_uri") == tracking_uri(cfg):
-        from vapo_lab.track.mlflow_tracker import check_server
+        from vapo_lab.track.store import check_server
 
         if tracker.uri.startswith(("http://", "https://")):
             check_server(tracker.uri)
@@ -70,7 +70,8 @@ def end_parent(cfg: DictConfig, parent: str | None, status: str) -> None:
     """Marks the grid's parent run ``status``: FINISHED when every submitted cell finished. A store
     that does not answer gets it later (``vapo_lab.trainer.heal``: a note beside the spools)."""
     if parent is not None and cfg.tracking.backend != "none":
-        from vapo_lab.track.mlflow_tracker import set_run_status, spool_folder
+        from vapo_lab.track.mlflow_tracker import spool_folder
+        from vapo_lab.track.store import set_run_status
         from vapo_lab.trainer.heal import note_pending
 
         if not set_run_status(tracking_uri(cfg), parent, status):

@@ -144,7 +144,8 @@ def mark_failed(started: dict[str, Any] | None, dead: dict[str, Any]) -> str:
     uri = started.get("uri", "none")
     if uri != "none":
         from vapo_lab.track import MlflowTracker
-        from vapo_lab.track.mlflow_tracker import TrackingError, spool_folder
+        from vapo_lab.track.mlflow_tracker import spool_folder
+        from vapo_lab.track.store import TrackingError
         from vapo_lab.trainer.heal import note_pending
 
         spool = spool_folder(started.get("spool_dir"))

@@ -5,14 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vapo_lab.track.mlflow_tracker import (
-    MlflowTracker,
-    NullTracker,
-    TrackingError,
-    flatten,
-    open_client,
-    resolve_tracking_uri,
-)
+from vapo_lab.track.mlflow_tracker import MlflowTracker, NullTracker, flatten
+from vapo_lab.track.store import TrackingError, open_client, resolve_tracking_uri
 
 __all__ = [
     "MlflowTracker",

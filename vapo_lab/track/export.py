@@ -42,7 +42,7 @@ class ExportError(VapoLabError):
 
 def export_runs(tracking_uri: str, experiment: str, path: str | Path) -> int:
     """Writes every run of ``experiment`` to ``path`` (.json.gz); returns how many."""
-    from vapo_lab.track.mlflow_tracker import open_client
+    from vapo_lab.track.store import open_client
 
     client = open_client(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
@@ -247,7 +247,7 @@ def import_runs(path: str | Path, tracking_uri: str) -> tuple[str, int]:
     data = read_export(path)  # first: a refused file costs neither MLflow's import nor a store
     from mlflow.entities import Metric, Param
 
-    from vapo_lab.track.mlflow_tracker import open_client, open_experiment
+    from vapo_lab.track.store import open_client, open_experiment
 
     client = open_client(tracking_uri)
     exp_id = open_experiment(client, data["experiment"])

@@ -76,7 +76,7 @@ def heal(spool_dir: Path, log: Callable[[str], None]) -> list[str]:
 def _heal_store(uri: str, notes: list[dict[str, Any]], spool_dir: Path) -> list[str]:
     """Returns the run ids of ``notes`` completed at ``uri`` (none when it does not answer)."""
     from vapo_lab.track import MlflowTracker
-    from vapo_lab.track.mlflow_tracker import TrackingError, check_server
+    from vapo_lab.track.store import TrackingError, check_server
 
     try:
         if uri.startswith(("http://", "https://")):
