@@ -9,7 +9,6 @@ agreement), ``figures`` draws the curves with seed bands; ``make_report`` writes
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +31,7 @@ from vapo_lab.report.collect import (
 )
 from vapo_lab.report.figures import BANDS, FIG2_EMA, figure1, figure2
 from vapo_lab.report.index_markdown import index
+from vapo_lab.report.result import Report
 from vapo_lab.report.table import (
     SCORES,
     build_table,
@@ -43,18 +43,6 @@ from vapo_lab.report.table import (
 )
 
 __all__ = ["Report", "ReportError", "make_report", "report_from_export"]
-
-
-@dataclass
-class Report:
-    out: Path
-    files: list[Path] = field(default_factory=list)
-    table: list[dict[str, Any]] = field(default_factory=list)
-    rank: dict[str, Any] = field(default_factory=dict)
-    figure1: dict[str, Any] = field(default_factory=dict)
-    figure2: dict[str, Any] = field(default_factory=dict)
-    diagnostics: dict[str, Any] = field(default_factory=dict)  # figure stem -> what it plotted
-    predictions: dict[str, Any] = field(default_factory=dict)  # the scored predictions, when given
 
 
 def make_report(

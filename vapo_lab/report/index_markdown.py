@@ -4,16 +4,14 @@ each row. ``make_report`` (:mod:`vapo_lab.report`) writes the files it links fir
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vapo_lab.report import diagnostics as diag
 from vapo_lab.report import precision
 from vapo_lab.report.challenges import challenge_lines
 from vapo_lab.report.collect import CLIP_KEYS
 from vapo_lab.report.figures import band_text, smoothing_text
-
-if TYPE_CHECKING:
-    from vapo_lab.report import Report
+from vapo_lab.report.result import Report
 
 
 def index(
