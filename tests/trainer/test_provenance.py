@@ -59,5 +59,5 @@ def test_a_copy_without_either_records_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(record, "PACKAGE", tmp_path / "vapo_lab")
     monkeypatch.setattr(record, "COMMIT_FILE", tmp_path / "vapo_lab/COMMIT")
     (tmp_path / "vapo_lab").mkdir()
-    (tmp_path / "vapo_lab/COMMIT").write_text("$Format:%H$\n")  # a checkout's placeholder
+    (tmp_path / "vapo_lab/COMMIT").write_text("$Format:%H$\n")  # a checkout: unexpanded by git
     assert record.git_commit() == "unknown"

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 PACKAGE = Path(__file__).resolve().parents[1]
-# written by `git archive` (export-subst in .gitattributes); a checkout keeps the placeholder
+# written by `git archive` (export-subst, .gitattributes); a checkout holds $Format:%H$ unexpanded
 COMMIT_FILE = PACKAGE / "COMMIT"
 
 
