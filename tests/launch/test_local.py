@@ -12,6 +12,7 @@ from vapo_lab.launch.base import LaunchError
 from vapo_lab.launch.grid import load_grid
 from vapo_lab.launch.jobs import grid_table
 from vapo_lab.launch.record import find_grid
+from vapo_lab.trainer.record import machine
 
 from .conftest import SMALL
 
@@ -65,6 +66,7 @@ def test_local_grid_runs_tags_skips_finished_and_isolates_a_crash(in_tmp):
         assert t["mlflow.parentRunId"] == parent.info.run_id and t["grid_id"] == grid_dir.name
         assert t["seed"] == "0" and t["algo"] == r.data.tags["cell"] and t["dropped"] == "none"
         assert t["cell_key"] == f"{t['cell']}-s0-{t['config_hash'][:8]}"
+        assert t["machine"] == machine()
         assert r.info.status == "FINISHED"
         assert r.data.metrics["eval/avg_at_2"] >= 0 and "rollout/reward" in r.data.metrics
         run_dir = grid_dir / "runs" / t["cell_key"]

@@ -11,7 +11,9 @@ from vapo_lab.report import ReportError, make_report
 ALL_ON = "none"
 
 
-def _log(client, exp_id, algo, off, seed, evals, status="FINISHED", curves=None, grid="g-1"):
+def _log(
+    client, exp_id, algo, off, seed, evals, status="FINISHED", curves=None, grid="g-1", machine=None
+):
     run = client.create_run(
         exp_id,
         tags={
@@ -20,6 +22,7 @@ def _log(client, exp_id, algo, off, seed, evals, status="FINISHED", curves=None,
             "seed": str(seed),
             "grid_id": grid,
             "git_commit": "abc123",
+            **({"machine": machine} if machine else {}),
         },
     )
     rid = run.info.run_id
@@ -151,6 +154,7 @@ def test_figures_have_the_expected_panels_and_series(store, tmp_path):
                 "rollout/reward": [0.1, 0.2],
                 "actor/entropy": [0.5, 0.4],
             },
+            machine="CPU B (AVX512), torch 1, python 3",
         )
     _log(
         client,
@@ -164,6 +168,7 @@ def test_figures_have_the_expected_panels_and_series(store, tmp_path):
             "rollout/reward": [0.1, 0.12],
             "actor/entropy": [0.5, 0.49],
         },
+        machine="CPU A (AVX2), torch 1, python 3",
     )
     rep = make_report("table1", tmp_path / "out", uri)
     for name in ("figure1.png", "figure1.pdf", "figure2.png", "figure2.pdf", "index.md"):
@@ -177,6 +182,7 @@ def test_figures_have_the_expected_panels_and_series(store, tmp_path):
     assert rep.figure1["DAPO"]["reach_90"] == 10
     index = (tmp_path / "out" / "index.md").read_text()
     assert "![Figure 2](figure2.png)" in index and "abc123" in index and "g-1" in index
+    assert "Ran on: CPU A (AVX2), torch 1, python 3; CPU B (AVX512), torch 1, python 3." in index
     # the bands say what they are, in Figure 2's and Figure 1's text
     assert (
         index.count(

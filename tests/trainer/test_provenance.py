@@ -61,3 +61,52 @@ def test_a_copy_without_either_records_unknown(tmp_path, monkeypatch):
     (tmp_path / "vapo_lab").mkdir()
     (tmp_path / "vapo_lab/COMMIT").write_text("$Format:%H$\n")  # a checkout: unexpanded by git
     assert record.git_commit() == "unknown"
+
+
+def test_the_machine_names_the_cpu_its_kernels_and_the_versions():
+    import platform
+
+    import torch
+
+    from vapo_lab.trainer.record import machine
+
+    said = machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        )
+        assert said.startswith(f"{model} (")
+    assert f"({torch.backends.cpu.get_cpu_capability()})" in said
+    assert said.endswith(f"torch {torch.__version__}, python {platform.python_version()}")
+
+
+def test_a_run_records_its_machine_and_a_resumed_run_where_it_went_on(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    import vapo_lab.trainer.record as record
+    from vapo_lab.config.compose import compose_config
+    from vapo_lab.config.schema import typed
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = [
+        "run_name=r",
+        f"output_dir={tmp_path / 'runs'}",
+        "tracking=mlflow",
+        f"tracking.uri={store}",
+        f"tracking.spool_dir={tmp_path / 'spool'}",
+    ]
+    cfg = typed(compose_config(overrides=overrides).cfg)
+    here = record.machine()
+    first = record.RunRecord(cfg, {}, None, "test", None, None, log=print)
+    first.open()
+    first.close_on_error(KeyboardInterrupt(), 3)
+    monkeypatch.setattr(record, "machine", lambda: "another CPU (AVX2), torch x, python y")
+    again = record.RunRecord(cfg, {}, first.run_dir, "test", None, None, log=print)
+    again.close("FINISHED", 5)
+    assert again.run_id == first.run_id
+    tags = MlflowClient(store).get_run(first.run_id).data.tags
+    assert tags["machine"] == here  # the tag it started with stays
+    assert tags["machine.resumed"] == "another CPU (AVX2), torch x, python y"

@@ -31,6 +31,7 @@ def index(
     metric ``key``, the figures' ``band`` and Figure 2's EMA ``smooth``."""
     commits = sorted({r.tags.get("git_commit", "unknown")[:12] for r in runs})
     seeds = sorted({r.seed for r in runs})
+    machines = sorted({r.tags.get("machine", "") for r in runs} - {""})
     commands = sorted(
         {c for r in runs for c in r.tags.get("grid_commands", "").split(" ; ")} - {""}
     )
@@ -41,6 +42,8 @@ def index(
         f"seeds {seeds}; git commit(s) {', '.join(commits)}; score = held-out {label} (x100).",
         "",
     ]
+    if machines:  # runs from before the tag existed say nothing
+        lines += [f"Ran on: {'; '.join(machines)}.", ""]
     grids = sorted({r.tags.get("grid_id", "") for r in runs} - {""})
     if grids:
         again = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -58,6 +59,22 @@ def git_commit() -> str:
         pass
     written = COMMIT_FILE.read_text().strip() if COMMIT_FILE.is_file() else ""
     return written if written and not written.startswith("$Format") else "unknown"
+
+
+def machine() -> str:
+    """Returns what a CPU run's metrics depend on beyond its seed and config: the CPU model, the
+    instruction set torch's kernels dispatch to (AVX2 and AVX-512 round differently, so the same
+    seed diverges in its last bits), and torch's and Python's versions."""
+    import torch  # lazily: the trainer has it loaded already; the report reads tags without it
+
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    isa = torch.backends.cpu.get_cpu_capability()
+    return f"{model} ({isa}), torch {torch.__version__}, python {platform.python_version()}"
 
 
 def component_tags(choices: dict[str, str]) -> dict[str, str]:
@@ -163,6 +180,7 @@ class RunRecord:
             "experiment": cfg.tracking.experiment,
             "scale": cfg.scale.name,
             "git_commit": git_commit(),
+            "machine": machine(),
             "run_dir": str(self.run_dir),
             **component_tags(self.choices),
             **(tags or {}),
@@ -172,13 +190,16 @@ class RunRecord:
         if previous.get("run_id") and hasattr(self.tracker, "spool_dir"):
             # this run goes on: it sends its own spool and sets its own status
             (self.tracker.spool_dir / f"{previous['run_id']}{NOTE}").unlink(missing_ok=True)
-        return self.tracker.start(
+        run_id = self.tracker.start(
             self.run_dir.name,
             tags,
             params,
             resume_run_id=previous.get("run_id"),
             parent_run_id=parent_run_id,
         )
+        if previous.get("run_id"):  # a resumed run keeps the tags it started with
+            self.tracker.set_tags({"machine.resumed": tags["machine"]})
+        return run_id
 
     def open(self) -> None:
         """Writes run.json and config.yaml (a new run) and opens metrics.jsonl; resuming, sends the
