@@ -219,7 +219,8 @@ class MlflowTracker:
             self._backfill(records)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        """Sets tags on the run (best effort: tags are re-set at the next start/resume)."""
+        """Sets tags on the run (best effort: a failure is counted, not raised; a resumed run keeps
+        the tags it started with, so only tags set here change)."""
         try:
             for k, v in tags.items():
                 self.client.set_tag(self.run_id, k, str(v))
