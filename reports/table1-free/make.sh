@@ -5,8 +5,8 @@
 # $ROOT/venv, which ran them), reads a consistent copy of the store (the grids' own is left as it
 # is), writes the learning-rate grids' reports into lr-low/ and lr-high/ (described; the plan's
 # families F5 and F6 score them), then the main report scored with predictions.yaml, and prints
-# the core-hours the runs took. Every figure's band is the 95% bootstrap interval of the mean over
-# the seeds (--band ci).
+# the core-hours the runs took (from the runs files). Every figure's band is the 95% bootstrap
+# interval of the mean over the seeds (--band ci).
 set -euo pipefail
 ROOT=${ROOT:?set ROOT to the folder run.sh ran in}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -26,4 +26,5 @@ vapo-lab report --experiment table1-free --tracking-uri "$uri" --score plateau -
   --out "$HERE" --predictions "$HERE/predictions.yaml" --save-runs "$HERE/runs.json.gz"
 printf 'score: plateau\nband: ci\nalso: [lr-low/runs.json.gz, lr-high/runs.json.gz]\n' \
   > "$HERE/remake.yaml"
-python "$HERE/../table1-plateau/core_hours.py" "$ROOT"/runs/grids/*/
+# from the exports: the cells ran on several machines, so no one run folder holds them all
+python "$HERE/../table1-plateau/core_hours.py" "$HERE/runs.json.gz" "$HERE"/lr-*/runs.json.gz

@@ -4,6 +4,7 @@ are core-seconds.
 
     python reports/table1-plateau/core_hours.py $ROOT/runs/grids/*/
     python reports/table1-plateau/core_hours.py reports/table1-plateau/carried/*/
+    python reports/table1-plateau/core_hours.py reports/table1-free/runs.json.gz
 
 A run's time is its training steps' `time/step_s` plus its held-out evaluations. An evaluation at
 step k is the time between the rows of steps k-1 and k less step k's `time/step_s`; the one before
@@ -82,8 +83,14 @@ def main(grids: list[str]) -> None:
             ]
         train, evals = sum(p[0] for p in parts) / 3600, sum(p[1] for p in parts) / 3600
         total += train + evals
+        # an export is named by its folder: every report's is runs.json.gz
+        name = (
+            f"{Path(grid).parent.name}/{Path(grid).name}"
+            if grid.endswith(".json.gz")
+            else Path(grid).name
+        )
         print(
-            f"{Path(grid).name}: {len(parts)} runs, {sum(p[2] for p in parts)} steps; "
+            f"{name}: {len(parts)} runs, {sum(p[2] for p in parts)} steps; "
             f"training {train:.2f} h, "
             f"evaluation {evals:.2f} h; {train + evals:.2f} core-hours"
         )

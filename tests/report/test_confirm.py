@@ -479,3 +479,33 @@ def test_the_direct_share_is_read_as_a_percentage_over_the_early_evaluations():
     assert MEASURES["direct_share"].read(r, "early", KEY) == pytest.approx(30.0)
     # all: steps 10, 20 and 30 (step 0 is before training)
     assert MEASURES["direct_share"].read(r, "all", KEY) == pytest.approx(20.0)
+
+
+def test_the_plateau_rule_reads_every_row_of_the_other_grids_too(tmp_path):
+    flat = groups({"VAPO": [0.0, 1.0]})
+    lr = {"VAPO": flat["VAPO"], "DAPO": [run("DAPO", s, [50, 60, 70, 80, 84, 90]) for s in (0, 1)]}
+    common = {"measure": "plateau_score", "expect": "lower", "paper": "lower"}
+    path = plan_file(
+        tmp_path,
+        [
+            {"id": "1", "family": "F1", "row": "ppo", **common},
+            {"id": "L2", "family": "F5", "row": "dapo", **common},
+            {"id": "G2", "family": "F6", "row": "dapo", **common},
+        ],  # fmt: skip
+        {"F1": {"experiment": "main"}, "F5": {"experiment": "lr"}, "F6": {"experiment": "gone"}},
+    )
+
+    def groups_of(name):
+        if name == "gone":
+            raise confirm.ReportError("experiment 'gone' not found")
+        return lr if name == "lr" else flat
+
+    result = confirm.score(confirm.load(path), groups_of, lambda e: KEY)
+    # DAPO at the other lr rose 6 points (84 -> 90) over steps 40-50; a missing grid has no rows
+    assert {
+        e: {v: c["flat"] for v, c in rows.items()} for e, rows in result["plateau_other"].items()
+    } == {"lr": {"DAPO": False, "VAPO": True}}
+    text = confirm_markdown.to_markdown(result)
+    assert "- Plateau rule on every row (its seed-mean" in text  # the main grid's, held
+    assert "- Plateau rule on every row of `lr` (its seed-mean" in text
+    assert "NOT held by DAPO (6.0): their plateau scores are scores still moving" in text

@@ -261,6 +261,13 @@ def score(
         ]
 
     main_groups, main_key = groups_of(plan.main), key_of(plan.main)
+    others = {}  # the plateau rule on every row of the other families' grids (their lr checks)
+    for experiment in sorted({info["experiment"] for info in plan.families.values()} - {plan.main}):
+        try:
+            groups, key = groups_of(experiment), key_of(experiment)
+        except ReportError:
+            continue  # its predictions say "not determinable" already
+        others[experiment] = {v: plateau_check(r, key) for v, r in sorted(groups.items())}
     return {
         "alpha": plan.alpha,
         "families": plan.families,
@@ -276,6 +283,7 @@ def score(
         "plateau_rows": {
             v: plateau_check(runs, main_key) for v, runs in sorted(main_groups.items())
         },
+        "plateau_other": others,
         "rank": _rank(main_groups, main_key),
         "rank_goal": plan.rank_goal,
     }

@@ -104,11 +104,16 @@ def to_markdown(result: dict[str, Any], source: str = "") -> str:
             f"them significant after Holm, two-sided, the paper's sign): {len(moved)} of "
             f"{len(g['components'])}" + (f" ({', '.join(moved)})." if moved else ".")
         )
-    rising = {v: c for v, c in result.get("plateau_rows", {}).items() if c["flat"] is False}
-    if result.get("plateau_rows"):
+    rows_of = {"": result.get("plateau_rows", {})} | {
+        f" of `{e}`": rows for e, rows in result.get("plateau_other", {}).items()
+    }
+    for where, rows in rows_of.items():
+        if not rows:
+            continue
+        rising = {v: c for v, c in rows.items() if c["flat"] is False}
         lines.append(
-            "- Plateau rule on every row (its seed-mean curve over the last 20% of the steps moves "
-            f"at most {PLATEAU_TOLERANCE:g} point): "
+            f"- Plateau rule on every row{where} (its seed-mean curve over the last 20% of the "
+            f"steps moves at most {PLATEAU_TOLERANCE:g} point): "
             + (
                 "NOT held by "
                 + ", ".join(
