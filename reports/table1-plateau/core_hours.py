@@ -3,7 +3,7 @@ exports (a runs.json.gz, or a carried/ folder of them); one torch thread a run, 
 are core-seconds.
 
     python reports/table1-plateau/core_hours.py $ROOT/runs/grids/*/
-    python reports/table1-plateau/core_hours.py reports/table1-plateau/carried/*/
+    python reports/table1-plateau/core_hours.py reports/table1-plateau/*/runs.json.gz
     python reports/table1-plateau/core_hours.py reports/table1-free/runs.json.gz
 
 A run's time is its training steps' `time/step_s` plus its held-out evaluations. An evaluation at
