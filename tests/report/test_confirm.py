@@ -491,7 +491,7 @@ def test_the_plateau_rule_reads_every_row_of_the_other_grids_too(tmp_path):
             {"id": "1", "family": "F1", "row": "ppo", **common},
             {"id": "L2", "family": "F5", "row": "dapo", **common},
             {"id": "G2", "family": "F6", "row": "dapo", **common},
-        ],  # fmt: skip
+        ],
         {"F1": {"experiment": "main"}, "F5": {"experiment": "lr"}, "F6": {"experiment": "gone"}},
     )
 
