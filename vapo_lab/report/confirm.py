@@ -215,6 +215,7 @@ def score(
     and the rank agreement; ``groups_of(experiment)`` gives an experiment's runs by variant and
     ``key_of(experiment)`` its held-out score metric."""
     results: list[dict[str, Any]] = []
+    read: dict[str, tuple[Groups, str]] = {}  # the grids the families read, for the plateau rule
     for fam, info in plan.families.items():
         members = [p for p in plan.predictions if p.family == fam]
         try:
@@ -225,6 +226,7 @@ def score(
                 for p in members
             ]
             continue
+        read[info["experiment"]] = groups, key
         tested = [(p, *_test(p, groups, key)) for p in members]
         own = [
             None if t is None else stats.tost_p(t, p.margin) if p.expect == "same" else t.p
@@ -261,13 +263,6 @@ def score(
         ]
 
     main_groups, main_key = groups_of(plan.main), key_of(plan.main)
-    others = {}  # the plateau rule on every row of the other families' grids (their lr checks)
-    for experiment in sorted({info["experiment"] for info in plan.families.values()} - {plan.main}):
-        try:
-            groups, key = groups_of(experiment), key_of(experiment)
-        except ReportError:
-            continue  # its predictions say "not determinable" already
-        others[experiment] = {v: plateau_check(r, key) for v, r in sorted(groups.items())}
     return {
         "alpha": plan.alpha,
         "families": plan.families,
@@ -280,10 +275,10 @@ def score(
         },
         "claims": [_claim(c, results) for c in plan.claims],
         "plateau": plateau_check(main_groups.get(row_name(ABLATED), []), main_key),
-        "plateau_rows": {
-            v: plateau_check(runs, main_key) for v, runs in sorted(main_groups.items())
-        },
-        "plateau_other": others,
+        "plateau_rows": _plateau_rows(main_groups, main_key),
+        # the other families' grids (a learning-rate check, a setting): a grid with no runs is
+        # left out, its predictions "not determinable" already
+        "plateau_other": {e: _plateau_rows(*read[e]) for e in sorted(read) if e != plan.main},
         "rank": _rank(main_groups, main_key),
         "rank_goal": plan.rank_goal,
     }
@@ -439,6 +434,11 @@ def plateau_check(vapo: list[RunData], key: str) -> dict[str, Any]:
         "spread": spread,
         "seeds": len(runs),
     }
+
+
+def _plateau_rows(groups: Groups, key: str) -> dict[str, dict[str, Any]]:
+    """Returns the plateau rule read for every row of one grid: {variant: plateau_check}."""
+    return {v: plateau_check(runs, key) for v, runs in sorted(groups.items())}
 
 
 def _rank(groups: Groups, key: str) -> dict[str, Any]:
