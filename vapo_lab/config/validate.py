@@ -84,6 +84,7 @@ RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("rollout.vllm.tensor_parallel_size", 1, None, True, False),
     ("rollout.vllm.sleep_level", 1, 2, True, True),
     ("rollout.vllm.weight_bucket_mb", 1, None, True, False),
+    ("rollout.vllm.cpu_kv_cache_gb", 0.0, None, False, False),
 ]
 
 

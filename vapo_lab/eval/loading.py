@@ -68,7 +68,8 @@ def _require_vllm() -> None:
             raise EvalError(
                 "--backend vllm needs vLLM, which is not installed: install vapo-lab with its gpu "
                 "extra in a GPU environment of its own (vLLM pins its own torch; "
-                "docs/distributed.md, GPU / vLLM), or use --backend builtin"
+                "docs/distributed.md, GPU / vLLM), on a CPU run bash scripts/vllm-env.sh "
+                "(docs/vllm.md), or use --backend builtin"
             ) from None
         raise EvalError(str(e).replace("rollout.backend=", "--backend ")) from None
 

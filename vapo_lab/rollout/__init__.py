@@ -97,6 +97,7 @@ def make_engine(
         weight_bucket_mb=vllm.weight_bucket_mb,
         dummy_weights=vllm.dummy_weights,
         seed_per_request=vllm.seed_per_request,
+        cpu_kv_cache_gb=vllm.cpu_kv_cache_gb,
         rank=rank,
         world_size=world,
         trust_remote_code=model.trust_remote_code,

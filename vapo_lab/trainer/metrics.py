@@ -170,10 +170,34 @@ def step_metrics(
                 for k, v in value_bias_from_sums(world.sum(sums), world.sum(counts)).items()
             }
         )
+    if batch.sampler_logprobs is not None:
+        m.update(sampler_agreement(batch, world))
     if batch.lam_policy is not None:
         m["gae/lam_policy_mean"] = world.mean(batch.lam_policy)
         m["gae/lam_policy_zero_frac"] = world.mean((batch.lam_policy == 0).float())
     return m
+
+
+def sampler_agreement(batch: Batch, world: World) -> dict[str, float]:
+    """Returns how far the sampler's log-probs (vLLM's, or a bf16 sampler's) are from the policy's
+    recomputed ones, PPO's old log-probs, over the valid tokens of all ranks: the mean and max
+    |gap|, and the ratio pi_policy / pi_sampler's range and spread, the first update's ratio had
+    the sampler's log-probs been PPO's old ones (verl logs the same as rollout_probs_diff)."""
+    mask = batch.rows.response_mask
+    diff = batch.old_logprobs.double() - batch.sampler_logprobs.to(batch.old_logprobs).double()
+    valid = diff[mask.bool()]
+    # a rank with no valid token takes each reduction's neutral element
+    big = torch.tensor(float("inf"), dtype=torch.float64, device=diff.device)
+    top, low = (valid.max(), valid.min()) if valid.numel() else (-big, big)
+    return {
+        "diag/sampler/logprob_gap_mean": _mean(world, diff.abs(), mask),
+        "diag/sampler/logprob_gap_max": float(
+            world.max(valid.abs().max() if valid.numel() else 0.0)
+        ),
+        "diag/sampler/ratio_max": float(world.max(top).exp()),
+        "diag/sampler/ratio_min": float((-world.max(-low)).exp()),
+        "diag/sampler/ratio_std": world.std(valid.exp()),
+    }
 
 
 def critic_metrics(batch: Batch, world: World) -> dict[str, float]:

@@ -74,6 +74,7 @@ class Phases:
             engine is not None and getattr(engine, "recompute_logprobs", True)
         )
         if policy is not None and recompute:
+            batch.sampler_logprobs = batch.old_logprobs  # kept to measure the two engines' gap
             batch.old_logprobs = batched_logprobs(
                 policy, batch.rows, micro, self.temperature, extra
             )

@@ -75,6 +75,8 @@ def build_parts(
     sampling = make_sampling(
         config.rollout, config.model, config.seed, policy, tokenizer, path, task
     )
+    for note in getattr(sampling.engine, "notes", ()):  # what the vLLM platform skipped
+        log(note)
     scorer = RewardScorer(task, tokenizer, config.reward)
     return Parts(device, world, task, policy, tokenizer, key, path, sampling, scorer)
 
