@@ -392,10 +392,14 @@ def stage_table(steps: list[dict]) -> list[str]:
 
 
 def cmd_generate_summary(args: argparse.Namespace) -> None:
-    """Step f: the built-in sampler's tokens/s against HF generate's, a line per setting."""
+    """Step f: the built-in sampler's tokens/s against HF generate's, a line per setting (its last
+    result: the eager one comes first, the compiled one after it where it finished)."""
     path = Path(args.results)
     lines = path.read_text().splitlines() if path.is_file() else []
-    results = [json.loads(x) for x in lines if x.strip()]
+    last = {}
+    for r in (json.loads(x) for x in lines if x.strip()):
+        last[r["rows"], r["max_new_tokens"]] = r
+    results = list(last.values())
     if not results:
         print("no setting finished")
         return
@@ -408,12 +412,14 @@ def cmd_generate_summary(args: argparse.Namespace) -> None:
         )
     )
     print(
-        f"- {first.get('arch', 'tiny')} at random init, {first.get('dtype')}, "
-        f"{first.get('device')}; HF generate: {first.get('hf_mode')}"
+        f"- {first.get('arch', 'tiny')} at random init, {first.get('dtype')}, {first.get('device')}"
     )
     for r in results:
         engines = ", ".join(f"{e['engine']} {e['tokens_per_s']:,.0f}" for e in r["engines"])
-        print(f"- {r['rows']} rows x {r['max_new_tokens']} new tokens (tokens/s): {engines}")
+        print(
+            f"- {r['rows']} rows x {r['max_new_tokens']} new tokens (tokens/s): {engines}; the "
+            f"ratio against HF generate {r.get('hf_mode')}"
+        )
 
 
 def _plan_rows(path: Path) -> dict[str, float]:

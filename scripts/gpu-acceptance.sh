@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# vapo-lab's acceptance run on one GPU, from a bare checkout, in at most 8 minutes:
+# vapo-lab's acceptance run on one GPU, from a bare checkout, in at most 8 minutes, in this order:
 #   install  the carried wheels (scripts/wheels, offline) and vapo-lab itself (editable)
 #   a.       the GPU tests: pytest -m gpu (the vLLM ones skip where vLLM is absent, with their reason)
+#   f.       vapo-lab bench generate: the built-in sampler against HF generate on a random
+#            Qwen2.5-0.5B-shaped model built once on the GPU, 32 and 128 rows x 128 and 512 new
+#            tokens, as many settings as its time allows; HF eager first (a ratio before any
+#            compile), then static cache + torch.compile where it works. It runs before b: last,
+#            it had only what b-e left it, too little for a compile (c's summary has the run's
+#            per-stage table)
 #   b.       the embedded default, full length, on the GPU: held-out gain beside the CPU's, s/step
 #   c.       trainer.strategy=fsdp with N = 1 (NCCL) on a random Qwen2.5-0.5B-shaped model, task=math,
 #            3 steps: peak GPU memory beside `vapo-lab plan`'s figure, tokens/s
 #   d.       vapo-lab eval aime24 --samples 32 on b's checkpoint
 #   e.       the chunked log-prob pass (one layer) at T = 20,480 with V = 152,064: peak GPU memory
 #            beside the plan's figure for it
-#   f.       vapo-lab bench generate: the built-in sampler against HF generate (static cache +
-#            torch.compile where it works) on a random Qwen2.5-0.5B-shaped model, 32 and 128 rows x
-#            128 and 512 new tokens, as many settings as its time allows (c's summary has the
-#            run's per-stage table)
 # Each step has its own time limit inside the whole's; a failing step is recorded with its last log
 # lines and the next one runs. The table is printed and written as Markdown to
 # $OUT/gpu-acceptance.md (with the whole log and the rows as JSON lines beside it), or, where OUT is
@@ -59,9 +61,9 @@ require_cuda() {
 }
 
 # Each mode's sizes and limits. GPU: the budget is 470 s, leaving the report its seconds inside 8
-# minutes; each step gets at most its limit and what is left (f, last, gets what b-e left it:
-# ~135 s on the H200 run of 2026-11-28). CPU (2 cores): fewer steps, samples and tokens, a small
-# model, 600 s in all.
+# minutes; each step gets at most its limit and what is left (install, a and b-e took 27 + 304 s
+# on the H200 run of 2026-11-28: with f's 130 they fit). CPU (2 cores): fewer steps, samples and
+# tokens, a small model, 600 s in all.
 configure() {
   if [[ $MODE == gpu ]]; then
     DEVICE=cuda BUDGET=470
@@ -279,8 +281,9 @@ step_logprob() {
   cat "$SUMMARY"
 }
 
-# f: the side-by-side generation benchmark; each setting's result is kept as it ends, so a step cut
-# short by its limit still reports the settings it finished.
+# f (run right after a): the side-by-side generation benchmark; each setting's eager result is kept
+# before its compile starts and its compiled one as it ends, so a step cut short by its limit still
+# reports a ratio for every setting it reached.
 step_generate() {
   local rc=0 args=(bench generate "${F_ARGS[@]}" --json "$WORK/f.jsonl")
   STEP_CMD="vapo-lab ${args[*]}"
@@ -337,11 +340,11 @@ main() {
   RUN_B=""
   run_step install "install (offline wheels, editable vapo-lab)" "$LIMIT_INSTALL" step_install
   run_step a "pytest -m gpu" "$LIMIT_A" step_gpu_tests
+  run_step f "bench generate: built-in sampler against HF generate" "$LIMIT_F" step_generate
   run_step b "embedded default on $DEVICE" "$LIMIT_B" step_default
   run_step c "fsdp N=1 ($C_DESC), task=math, 3 steps" "$LIMIT_C" step_fsdp
   run_step d "eval aime24 on b's checkpoint" "$LIMIT_D" step_eval
   run_step e "log-prob pass peak, T = $E_TOKENS, V = 152,064" "$LIMIT_E" step_logprob
-  run_step f "bench generate: built-in sampler against HF generate" "$LIMIT_F" step_generate
   report
   if grep -qv '"status": "ok"' "$RESULTS"; then
     exit 3

@@ -66,9 +66,12 @@ def test_plan_of_the_paper_setup_on_128_gpus():
     ]
     assert rows["KV cache per sequence"][0] == "5.50 GB"
     # state 8.09 + gathered 5.06 + a checkpointed pass of 8 x 20,992 tokens
-    # (qwen2_pass_activation_bytes): 209.18 GB, x 1.3 for the allocator
+    # (qwen2_pass_activation_bytes): 209.18 GB, x 1.3 for the allocator = 271.94 GB, + the CUDA
+    # context 0.7 and the 128 ranks' NCCL communicator 1.0
     assert rows["phase: update (checkpointing on)"][1].endswith(": 209.18 GB")
-    assert rows["need a GPU"][0] == "271.94 GB"
+    assert rows["phase: update (checkpointing on)"][0] == "271.94 GB"
+    assert rows["CUDA context + NCCL buffers"][0] == "1.70 GB"
+    assert rows["need a GPU"][0] == "273.64 GB"
     assert rows["  sequences decoded at once"][0] == "0 of 64 requests"
     assert "fits 80 GB GPUs at N = 128: no" in result.output
     assert "fewest GPUs that fit: none" in result.output
@@ -87,8 +90,10 @@ def test_plan_of_the_paper_scale_as_shipped_fits_and_names_a_step_under_an_hour(
     # 128 GPUs, vLLM over tp 4 at 0.8 of a GPU, the state offloaded while it samples
     assert rows["phase: rollout"][0] == "64.00 GB"
     # the engine sleeps from sampling's end to the next push: the phase it shares with the state
-    # is evaluation, 16 B x 64.75B / 128 = 8.09 GB x 1.3 (allocator headroom) + 64 GB
-    assert rows["phase: evaluation"][0] == "74.52 GB" and rows["need a GPU"][0] == "74.52 GB"
+    # is evaluation, 16 B x 64.75B / 128 = 8.09 GB x 1.3 (allocator headroom) + 64 GB; a GPU
+    # also holds the CUDA context 0.7 and two NCCL communicators of 1.0 (the 128 ranks, tp 4)
+    assert rows["phase: evaluation"][0] == "74.52 GB" and rows["need a GPU"][0] == "77.22 GB"
+    assert rows["CUDA context + NCCL buffers"][0] == "2.70 GB"
     # the paper's 5,000 gradient updates: 313 rollout steps of 8192 / 512 = 16 updates
     assert rows["gradient updates"][0] == "5,008 (16 a step)"
     # 12 B x 64.75B: float32 weights and AdamW's m and v of actor and critic
@@ -236,23 +241,25 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
     base = [*PAPER_8X16, f"model.path={tmp_path}", "task.train_path=train.jsonl"]
     [line] = fit_problems(compose_config(overrides=base).cfg)
     assert line.startswith(
-        "the run needs 271.9 GB a rank (update 209.2 GB x 1.3: state 8.1 + activations 196.0 for "
+        "the run needs 273.6 GB a rank (update 209.2 GB x 1.3: state 8.1 + activations 196.0 for "
         "a pass of 167936 tokens + gathered 5.1; rollout 48.1 GB"
     )
+    assert "; + 1.7 GB CUDA context and NCCL)" in line
     assert "each rank has 80.0 GB (cuda:0, a GPU)" in line
     assert (
         "trainer.max_tokens_per_micro_batch=41984" in line
         and "rollout.vllm.gpu_memory_utilization >= 0.89" in line
     )
     # one sequence a pass and vLLM given what it needs: at 128 GPUs the rollout then needs the
-    # state 8.09 GB x 1.3 (allocator headroom) + vLLM's 71.2 = 81.7 GB, and the fix is 256 GPUs
+    # state 8.09 GB x 1.3 (allocator headroom) + vLLM's 71.2 + the CUDA context 0.7 and the ranks'
+    # NCCL communicator 1.0 = 83.4 GB, and the fix is 256 GPUs
     fixed = [
         *base,
         "trainer.max_tokens_per_micro_batch=20992",
         "rollout.vllm.gpu_memory_utilization=0.89",
     ]
     line = fit_problems(compose_config(overrides=fixed).cfg)[-1]
-    assert line.startswith("the run needs 81.7 GB a rank") and "at least 256" in line
+    assert line.startswith("the run needs 83.4 GB a rank") and "at least 256" in line
     fixed.append("trainer.nodes=32")
     # ... where one engine a GPU decodes its 32 sequences a few at a time: a rollout's bound is
     # 371 min, past the 120-minute collective timeout, so the run is refused until that is raised
@@ -264,9 +271,9 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
     )
     fixed.append("trainer.collective_timeout_min=382")
     assert fit_problems(compose_config(overrides=fixed).cfg) == []
-    # 4.05 GB x 1.3 + 71.2
+    # 4.05 GB x 1.3 + 71.2 + 0.7 + 1.0
     need = plan_run(compose_config(overrides=fixed).cfg, 80e9).footprint.need
-    assert need / 1e9 == pytest.approx(76.46, abs=0.005)
+    assert need / 1e9 == pytest.approx(78.16, abs=0.005)
     # as shipped
     assert (
         fit_problems(
@@ -313,9 +320,11 @@ def test_table1_small_gpu_fits_the_gpus_its_header_states(tmp_path):
     critic = actor + h + 1  # the backbone + a value head Linear(h, 1)
     # fsdp over 8 ranks: 16 B/param (ZeRO: fp32 weights 4, gradients 4, AdamW m and v 8) / 8
     state = 16 * (actor + critic) / 8
-    # rollout: the state + vLLM's share, 0.5 x 80 GB; needed: torch's tensors x 1.3 (allocator)
+    # rollout: the state + vLLM's share, 0.5 x 80 GB; needed: torch's tensors x 1.3 (allocator),
+    # + a GPU's CUDA context (0.7 GB) and the 8 ranks' NCCL communicator (1 GB)
+    reserve = 0.7e9 + 1e9
     rollout = state + 0.5 * 80e9
-    need = 1.3 * state + 0.5 * 80e9
+    need = 1.3 * state + 0.5 * 80e9 + reserve
     # update: state + the gathered FSDP root (embeddings + final norm) and 2 layers in bf16 + the
     # larger of the actor's and the critic's checkpointed pass of 17,408 tokens (the budget: 2
     # sequences of s = 512 + 8192) in bf16 copies of the shards, the tensors autograd keeps
@@ -345,7 +354,7 @@ def test_table1_small_gpu_fits_the_gpus_its_header_states(tmp_path):
     # DAPO has no critic: 16 B x actor / 8
     dapo = 16 * actor / 8 + 0.5 * 80e9
     assert dapo == 43_087_428_608
-    dapo_need = 1.3 * 16 * actor / 8 + 0.5 * 80e9
+    dapo_need = 1.3 * 16 * actor / 8 + 0.5 * 80e9 + reserve
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_1_5B))
     specs = load_grid(SMALL_GPU_GRID, seeds=1).expand(
@@ -374,7 +383,7 @@ def test_plan_of_scale_small_gpu_without_the_weights():
     result = runner.invoke(app, ["plan", "scale=small-gpu"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert _rows(result.output)["parameters: actor"][0] == "1.54B (1,543,714,304)"
-    assert "fits 80 GB GPUs at N = 8: yes (needs 48.03 GB a GPU, in rollout" in result.output
+    assert "fits 80 GB GPUs at N = 8: yes (needs 49.73 GB a GPU, in rollout" in result.output
     assert "fewest GPUs that fit: 2" in result.output
 
 
@@ -392,3 +401,72 @@ def test_plan_takes_this_machines_gpu_where_cuda_is_present(monkeypatch):
     assert ", 85 GB a GPU" in result.output.splitlines()[0]
     result = runner.invoke(app, ["plan", "--gpu-memory-gb", "40"], env=WIDE)
     assert ", 40 GB a GPU" in result.output.splitlines()[0]
+
+
+# -- vLLM's share and what a GPU holds beyond torch's tensors (issue 61) ------------------------
+
+
+def test_a_share_bound_is_rounded_toward_what_passes_the_check():
+    from vapo_lab.models.footprint import share_bound
+
+    assert share_bound(0.8685, upper=True) == 0.86 and share_bound(0.8685, upper=False) == 0.87
+    # a bound already on the hundredth stays (0.29 x 100 is 28.999... in floating point)
+    assert share_bound(0.29, upper=True) == 0.29 and share_bound(0.29, upper=False) == 0.29
+    assert share_bound(0.001, upper=False) == 0.01 and share_bound(0.999, upper=True) == 0.99
+
+
+def test_the_printed_upper_bound_of_vllm_s_share_is_rounded_down_and_passes_the_plan_s_check():
+    """A GPU sized so that vLLM's share may reach exactly 0.8685: the plan prints 0.86 (rounded,
+    0.87 would not fit), and a run set to the printed bound fits."""
+    base = ["rollout=vllm"]
+    fp = plan_run(compose_config(overrides=base).cfg, 80e9).footprint
+    # the rest of the GPU: torch's tensors x 1.3 in the phases vLLM is awake in, + the CUDA
+    # context (one rank, tp 1: no NCCL communicator)
+    held = max(ph.tensors * 1.3 for ph in fp.phases if ph.engine) + 0.7e9
+    gb = held / (1 - 0.8685) / 1e9
+    result = runner.invoke(app, ["plan", *base, "--gpu-memory-gb", repr(gb)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert ", 0.86] at N = 1" in result.output
+    for share, fits in (("0.86", True), ("0.87", False)):
+        overrides = [*base, f"rollout.vllm.gpu_memory_utilization={share}"]
+        assert (
+            plan_run(compose_config(overrides=overrides).cfg, gb * 1e9).footprint.fits(gb * 1e9)
+            is fits
+        )
+        result = runner.invoke(app, ["plan", *overrides, "--gpu-memory-gb", repr(gb)], env=WIDE)
+        assert f"): {share} {'works' if fits else 'does not work'}" in result.output
+
+
+def test_a_gpu_rank_holds_its_cuda_context_and_nccl_buffers_beyond_its_tensors():
+    """0.7 GB of CUDA context a rank, and 1 GB for each NCCL communicator it is in (the trainer's
+    ranks when several, vLLM's tensor-parallel group when it spans several); none on CPU."""
+    cases = [
+        (["rollout=vllm"], 0.7e9, "700.00 MB", "the CUDA context 0.70 GB: outside"),
+        (
+            ["rollout=vllm", "trainer.strategy=fsdp", "trainer.nproc_per_node=2"],
+            1.7e9,
+            "1.70 GB",
+            "+ 1 NCCL communicator x 1.00 GB (the trainer's ranks)",
+        ),
+        (
+            [
+                "rollout=vllm",
+                "trainer.strategy=fsdp",
+                "trainer.nproc_per_node=2",
+                "rollout.vllm.tensor_parallel_size=2",
+            ],
+            2.7e9,
+            "2.70 GB",
+            "+ 2 NCCL communicators x 1.00 GB (the trainer's ranks, vLLM's tensor-parallel group)",
+        ),
+    ]
+    for overrides, reserve, shown, how in cases:
+        cfg = compose_config(overrides=overrides).cfg
+        fp = plan_run(cfg, 80e9).footprint
+        largest = max(ph.need(1.3) for ph in fp.phases)
+        assert fp.need == pytest.approx(largest + reserve, rel=1e-12)
+        on_cpu = plan_run(cfg, 80e9, device="cpu").footprint
+        assert on_cpu.need == max(ph.need(1.0) for ph in on_cpu.phases)
+        rows = _rows(runner.invoke(app, ["plan", *overrides], env=WIDE).output)
+        assert rows["CUDA context + NCCL buffers"][0] == shown
+        assert how in rows["CUDA context + NCCL buffers"][1]

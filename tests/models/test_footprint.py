@@ -241,6 +241,26 @@ def test_smallest_world_is_the_first_divisor_that_fits():
     assert smallest_world(q32, PAPER, 80e9, engine_at_minimum=True) == 2731
 
 
+def test_a_cuda_rank_holds_its_context_and_nccl_buffers_and_one_rank_has_no_nccl():
+    """On CUDA every phase's need carries 0.7 GB of CUDA context, + 1 GB an NCCL communicator from
+    2 ranks (+ 1 GB more for vLLM's tensor-parallel group over 2): a tiny model then fits 1 GB at
+    N = 1 and at no N above, which the search finds though ``need`` grows from 1 to 2."""
+    setup = Setup(
+        world=1, strategy="fsdp", dtype="float32", micro_tokens=64, responses_per_step=4,
+        prompt_tokens=8, max_new_tokens=8, gradient_checkpointing=False, cuda=True,
+    )  # fmt: skip
+    for world, tp, reserve in ((1, 1, 0.7e9), (2, 1, 1.7e9), (2, 2, 2.7e9)):
+        engine = {"engine": "vllm", "engine_memory": 0.1e9} if tp > 1 else {}
+        at = replace(setup, world=world, tensor_parallel_size=tp, **engine)
+        fp = estimate(SMALL, at)
+        assert fp.need == pytest.approx(max(ph.need(1.0) for ph in fp.phases) + reserve)
+    assert estimate(SMALL, replace(setup, cuda=False)).reserve == 0.0
+    assert estimate(SMALL, setup).fits(1e9)
+    assert not estimate(SMALL, replace(setup, world=2)).fits(1e9)
+    assert smallest_world(SMALL, setup, 1e9, divides=4) == 1
+    assert smallest_world(SMALL, setup, 1e9) == 1
+
+
 def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     tiny = replace(SMALL, max_position_embeddings=4096)
     setup = Setup(

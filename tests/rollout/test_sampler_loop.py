@@ -180,6 +180,59 @@ def test_sdpa_attention_gives_the_matmul_attentions_logits():
             torch.testing.assert_close(a.step(new[:, j]), b.step(new[:, j]), atol=1e-5, rtol=0)
 
 
+def _attention_by_hand(q, k, v, mask, scale):
+    """Grouped-query attention written plainly: each query head h attends with KV head h // g."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    return (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v.double()).float()
+
+
+@pytest.mark.parametrize("heads,kv", [(4, 4), (4, 2), (8, 2), (14, 2), (12, 1)])
+@pytest.mark.parametrize("s", [1, 5])
+def test_grouped_sdpa_gives_enable_gqa_s_attention(heads, kv, s):
+    """Query groups folded into the query length: what SDPA's enable_gqa gives, and attention
+    written by hand, for a decode step's (B, 1, 1, T) mask and a prompt block's (B, 1, S, T)."""
+    from vapo_lab.rollout.decoder import grouped_sdpa
+
+    torch.manual_seed(heads * 10 + kv + s)
+    b, t, d = 3, 9, 16
+    q = torch.randn(b, heads, s, d)
+    k, v = torch.randn(b, kv, t, d), torch.randn(b, kv, t, d)
+    mask = torch.rand(b, 1, s, t) < 0.6
+    mask[..., -1] = True  # no fully masked row (SDPA's kernels differ on those)
+    scale = d**-0.5
+    got = grouped_sdpa(q, k, v, mask, scale)
+    gqa = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    assert got.shape == (b, heads, s, d)
+    torch.testing.assert_close(got, gqa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, _attention_by_hand(q, k, v, mask, scale), atol=1e-5, rtol=1e-5)
+
+
+def test_the_sdpa_decoder_folds_query_groups_and_never_asks_for_enable_gqa(monkeypatch):
+    """The decoder's SDPA calls see as many query heads as KV heads and no enable_gqa (which, with
+    a mask, only the math kernel takes: the whole cache repeated in float32 every layer)."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = []
+
+    def spy(q, k, v, *args, **kwargs):
+        calls.append((q.shape[1], k.shape[1], bool(kwargs.get("enable_gqa", False))))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model = _qwen()  # 4 query heads over 2 KV heads
+    ids = torch.tensor([[5, 6, 7], [0, 8, 9]])
+    with torch.no_grad():
+        for static in (False, True):
+            d = FastDecoder(model, 2, 8, attention="sdpa", static=static)
+            d.prefill(ids, ids != 0)
+            d.step(torch.tensor([10, 11]))
+    assert len(calls) == 2 * 2 * 2  # layers x (prefill, step) x (dynamic, static)
+    assert calls == [(2, 2, False)] * len(calls)
+
+
 def test_an_empty_prompt_is_sampled_like_any_other_and_no_prompts_give_no_samples():
     model = _qwen()
     runs = [

@@ -2,16 +2,20 @@
 same steps, shortened) reports every step with a result, so the script cannot rot while no GPU runs
 it."""
 
+import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu-acceptance.sh"
-STEPS = ("install", "a", "b", "c", "d", "e", "f")
+# the order they run in: f (the generation benchmark, whose HF compile needs its whole limit)
+# right after the GPU tests, where no earlier step can have eaten its time
+STEPS = ("install", "a", "f", "b", "c", "d", "e")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -49,6 +53,40 @@ def test_a_bad_argument_is_refused_with_the_usage(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("usage: ") and not done.stdout
 
 
+def test_the_steps_run_in_order_with_the_generation_benchmark_before_b():
+    main = SCRIPT.read_text().split("\nmain() {", 1)[1]
+    assert tuple(re.findall(r"^  run_step (\S+) ", main, re.M)) == STEPS
+
+
+def test_the_generation_summary_keeps_each_setting_s_last_result(tmp_path):
+    def result(rows, tokens, hf_mode, *rates):
+        engines = [{"engine": f"engine {i}", "tokens_per_s": r} for i, r in enumerate(rates)]
+        return {"rows": rows, "max_new_tokens": tokens, "engines": engines, "hf_mode": hf_mode,
+                "ratio_tokens_per_s": rates[0] / max(rates[1:]), "arch": "Qwen2.5-0.5B",
+                "dtype": "bfloat16", "device": "cuda"}  # fmt: skip
+
+    lines = [
+        result(32, 128, "eager, dynamic cache; static cache + torch.compile next", 3000.0, 1000.0),
+        result(32, 128, "static cache + torch.compile", 3000.0, 1000.0, 1500.0),
+        result(32, 512, "eager, dynamic cache; static cache + torch.compile next", 2000.0, 800.0),
+    ]  # the run cut short in the second setting's compile
+    path = tmp_path / "f.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "acceptance.py"), "generate-summary", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    first, *rest = done.stdout.splitlines()
+    assert first == (
+        "32 rows x 128 tokens: built-in 3,000 tokens/s, 2.00x HF; "
+        "32 rows x 512 tokens: built-in 2,000 tokens/s, 2.50x HF"
+    )
+    assert any("against HF generate static cache + torch.compile" in line for line in rest)
+
+
 def _rows(markdown: str) -> dict[str, tuple[str, str]]:
     """{step id: (status, result)} from the report's step table."""
     rows = {}
@@ -81,7 +119,7 @@ def test_cpu_run_reports_every_step_with_a_result(tmp_path):
     for field in ("device", "software", "date", "commit", "total"):
         assert re.search(rf"^\| {field} \| \S", md, re.M), field
     rows = _rows(md)
-    assert sorted(rows) == sorted(STEPS), md
+    assert tuple(rows) == STEPS, md  # the report's table in the order the steps ran
     for step in STEPS:
         assert f"### {step}. " in md, step
         status, result = rows[step]

@@ -52,8 +52,9 @@ def build_bench_model(
     return model, tokenizer, task
 
 
-def build_arch_model(arch: str, seed: int) -> Any:
-    """Returns a random-init Qwen2 causal LM of ``models.shapes.KNOWN_ARCHS[arch]``'s shape."""
+def build_arch_model(arch: str, seed: int, device: str = "cpu") -> Any:
+    """Returns a random-init Qwen2 causal LM of ``models.shapes.KNOWN_ARCHS[arch]``'s shape, built
+    on ``device`` (a 0.5B model's initialisation takes seconds on one CPU thread)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from vapo_lab.models.shapes import known_arch
@@ -70,7 +71,36 @@ def build_arch_model(arch: str, seed: int) -> Any:
         tie_word_embeddings=s.tie_word_embeddings,
         max_position_embeddings=s.max_position_embeddings,
     )
-    return Qwen2ForCausalLM(config).eval()
+    with torch.device(device):
+        return Qwen2ForCausalLM(config).eval()
+
+
+def bench_model(
+    device: str = "cpu",
+    arch: str | None = None,
+    seed: int = 0,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    intermediate_size: int = 352,
+) -> tuple[Any, Any, Any]:
+    """Returns (model on ``device`` in its dtype, the tiny tokenizer, the arith task): the tiny
+    model, or a random-init one of ``arch``'s shape; built once for every setting of a grid.
+
+    Raises:
+        ConfigError: an unknown device, cuda without a GPU, an unknown shape.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device here; run on a GPU machine or drop it")
+    model, tokenizer, task = build_bench_model(hidden_size, num_layers, intermediate_size)
+    if arch is not None:
+        model = build_arch_model(arch, seed, device)
+    return model.to(device=device, dtype=_dtype(device)), tokenizer, task
+
+
+def _dtype(device: str) -> torch.dtype:
+    return torch.bfloat16 if device == "cuda" else torch.float32
 
 
 def run_generate_benchmark(
@@ -86,8 +116,13 @@ def run_generate_benchmark(
     device: str = "cpu",
     arch: str | None = None,
     hf_compile: bool | None = None,
+    built: tuple[Any, Any, Any] | None = None,
+    partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Returns the built-in sampler's and HF ``generate``'s timings on one batch, and their ratio.
+
+    HF ``generate`` is timed eagerly first, so that a ratio exists before a compile (which can
+    take minutes on a GPU) starts; with ``hf_compile`` it is then timed again compiled.
 
     Args:
         prompts: prompts in the batch (the first of the arith eval split).
@@ -97,16 +132,19 @@ def run_generate_benchmark(
         device: "cpu" (float32) or "cuda" (bfloat16, both engines).
         arch: a known shape (``models.shapes.KNOWN_ARCHS``) at random init instead of the tiny
             model; its prompts are the tiny tokenizer's ids (a random model reads any ids).
-        hf_compile: HF ``generate`` with a static cache and ``torch.compile(mode=
-            "reduce-overhead")``, falling back to eager where that fails; None: on a GPU only.
+        hf_compile: HF ``generate`` also with a static cache and ``torch.compile(mode=
+            "reduce-overhead")`` (a failure is said); None: on a GPU only.
+        built: ``bench_model``'s (model, tokenizer, task) for ``device``; None: built here.
+        partial: called with the result of the eager timings before the compiled one starts.
 
     Returns:
         {"rows", "max_new_tokens", "prompt_tokens" (mean), "threads", "engines": [{"engine",
-        "seconds", "samples_per_s", "tokens_per_s"}, ...], "ratio_tokens_per_s" (built-in / HF),
-        "ratio_samples_per_s", "device", "dtype", "hf_mode"}.
+        "seconds", "samples_per_s", "tokens_per_s"}, ...] (HF generate eager, then compiled where
+        it ran), "ratio_tokens_per_s" (built-in / the faster HF generate), "ratio_samples_per_s",
+        "device", "dtype", "hf_mode" (how that HF generate ran)}.
 
     Raises:
-        ConfigError: a size below 1.
+        ConfigError: a size below 1; an unknown device or shape (``bench_model``).
         RuntimeError: an engine did not generate exactly ``max_new_tokens`` tokens per row.
     """
     for name, value in (
@@ -121,20 +159,15 @@ def run_generate_benchmark(
 
     from vapo_lab.rollout.sampler import sample
 
-    if device not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {device}: choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device here; run on a GPU machine or drop it")
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype = _dtype(device)
     hf_compile = device == "cuda" if hf_compile is None else hf_compile
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        model, tokenizer, task = build_bench_model(hidden_size, num_layers, intermediate_size)
-        if arch is not None:
-            model = build_arch_model(arch, seed)
-        model = model.to(device=device, dtype=dtype)
+        model, tokenizer, task = built or bench_model(
+            device, arch, seed, hidden_size, num_layers, intermediate_size
+        )
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         problems = task.eval[:prompts]
         ids = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
@@ -190,43 +223,13 @@ def run_generate_benchmark(
             sync()
             return int(out.shape[0] * (out.shape[1] - width))
 
-        hf_mode = "eager, dynamic cache"
+        eager = "eager, dynamic cache"
         ours_timed = _median_s(ours, repeats)  # before HF compiles the shared model's forward
-        if hf_compile:
-            eager_forward = model.forward
-            try:
-                config.cache_implementation = "static"
-                model.forward = torch.compile(model.forward, mode="reduce-overhead")
-                hf_timed = _median_s(hf, repeats)
-                hf_mode = "static cache + torch.compile(mode='reduce-overhead')"
-            except Exception as e:  # an engine's own failure: measured eagerly instead, and said
-                model.forward = eager_forward
-                config.cache_implementation = None
-                hf_mode = f"eager, dynamic cache (static + compile failed: {type(e).__name__})"
-                hf_timed = _median_s(hf, repeats)
-        else:
-            hf_timed = _median_s(hf, repeats)
-
-        engines = []
-        for name, (seconds, tokens) in (
-            ("built-in sampler", ours_timed),
-            ("HF generate", hf_timed),
-        ):
-            if tokens != rows * max_new_tokens:
-                raise RuntimeError(
-                    f"{name} generated {tokens} tokens, not {rows} rows x {max_new_tokens}: "
-                    "the comparison would be unfair"
-                )
-            engines.append(
-                {
-                    "engine": name,
-                    "seconds": seconds,
-                    "samples_per_s": rows / seconds,
-                    "tokens_per_s": tokens / seconds,
-                }
-            )
-        ratio = engines[0]["tokens_per_s"] / engines[1]["tokens_per_s"]
-        return {
+        timed = [
+            ("built-in sampler", "fast decoder (CUDA graphs on a GPU)", ours_timed),
+            ("HF generate", eager, _median_s(hf, repeats)),
+        ]
+        settings = {
             "rows": rows,
             "prompts": prompts,
             "samples": samples,
@@ -235,16 +238,68 @@ def run_generate_benchmark(
             "threads": torch.get_num_threads(),
             "repeats": repeats,
             "n_params": sum(p.numel() for p in model.parameters()),
-            "engines": engines,
-            "ratio_tokens_per_s": ratio,
-            "ratio_samples_per_s": engines[0]["samples_per_s"] / engines[1]["samples_per_s"],
             "device": device,
             "dtype": str(dtype).removeprefix("torch."),
             "arch": arch or "tiny",
-            "hf_mode": hf_mode,
         }
+        if not hf_compile:
+            return _result(settings, timed)
+        if partial is not None:
+            partial(_result(settings, timed, f"{eager}; static cache + torch.compile next"))
+        eager_forward = model.forward
+        try:
+            config.cache_implementation = "static"
+            model.forward = torch.compile(model.forward, mode="reduce-overhead")
+            compiled = "static cache + torch.compile(mode='reduce-overhead')"
+            timed.append(("HF generate, compiled", compiled, _median_s(hf, repeats)))
+        except Exception as e:  # an engine's own failure: the eager timing stands, and is said
+            return _result(
+                settings, timed, f"{eager} (static + compile failed: {type(e).__name__})"
+            )
+        finally:
+            model.forward = eager_forward  # the next setting's eager timing is eager
+            config.cache_implementation = None
+        return _result(settings, timed)
     finally:
         torch.set_num_threads(previous)
+
+
+def _result(
+    settings: dict[str, Any],
+    timed: list[tuple[str, str, tuple[float, int]]],
+    hf_mode: str | None = None,
+) -> dict[str, Any]:
+    """Returns the benchmark's result: ``settings``, each engine's rates (name, how it ran,
+    (seconds, tokens)), and the built-in sampler's ratio to the faster HF generate.
+
+    Raises:
+        RuntimeError: an engine did not generate exactly rows x max_new_tokens tokens.
+    """
+    rows, want = settings["rows"], settings["rows"] * settings["max_new_tokens"]
+    engines = []
+    for name, mode, (seconds, tokens) in timed:
+        if tokens != want:
+            raise RuntimeError(
+                f"{name} generated {tokens} tokens, not {rows} rows x "
+                f"{settings['max_new_tokens']}: the comparison would be unfair"
+            )
+        engines.append(
+            {
+                "engine": name,
+                "mode": mode,
+                "seconds": seconds,
+                "samples_per_s": rows / seconds,
+                "tokens_per_s": tokens / seconds,
+            }
+        )
+    ours, hf = engines[0], max(engines[1:], key=lambda e: e["tokens_per_s"])
+    return {
+        **settings,
+        "engines": engines,
+        "ratio_tokens_per_s": ours["tokens_per_s"] / hf["tokens_per_s"],
+        "ratio_samples_per_s": ours["samples_per_s"] / hf["samples_per_s"],
+        "hf_mode": hf_mode or hf["mode"],
+    }
 
 
 def format_generate_benchmark(result: dict[str, Any]) -> str:
@@ -260,11 +315,11 @@ def format_generate_benchmark(result: dict[str, Any]) -> str:
             f"temperature {TEMPERATURE}, top_p {TOP_P}; "
             f"median of {r['repeats']} runs after a warm-up"
         ),
-        f"{'engine':<18} {'seconds':>9} {'samples/s':>10} {'tokens/s':>10}",
+        f"{'engine':<22} {'seconds':>9} {'samples/s':>10} {'tokens/s':>10}",
     ]
     for e in r["engines"]:
         lines.append(
-            f"{e['engine']:<18} {e['seconds']:>9.3f} {e['samples_per_s']:>10.1f} "
+            f"{e['engine']:<22} {e['seconds']:>9.3f} {e['samples_per_s']:>10.1f} "
             f"{e['tokens_per_s']:>10.0f}"
         )
     lines.append(
@@ -275,4 +330,9 @@ def format_generate_benchmark(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["build_bench_model", "format_generate_benchmark", "run_generate_benchmark"]
+__all__ = [
+    "bench_model",
+    "build_bench_model",
+    "format_generate_benchmark",
+    "run_generate_benchmark",
+]

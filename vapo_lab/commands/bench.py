@@ -107,36 +107,47 @@ def bench_generate(
 ) -> None:
     """Time the built-in sampler against Hugging Face generate; print the ratio.
 
-    Both sample from the same model; on cuda HF generate uses a static cache and torch.compile
-    where they work (the output says which).
+    Both sample from the same model, built once; on cuda HF generate is timed eagerly, then with a
+    static cache and torch.compile where they work (the output says which).
 
     Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128;
     vapo-lab bench generate --device cuda --arch Qwen2.5-0.5B --grid
     """
-    from vapo_lab.bench.generate import format_generate_benchmark, run_generate_benchmark
+    from vapo_lab.bench.generate import (
+        bench_model,
+        format_generate_benchmark,
+        run_generate_benchmark,
+    )
+
+    def show(result: dict) -> None:
+        typer.echo(format_generate_benchmark(result))
+        if json_out:  # each result as it comes: a run cut short keeps the ones done
+            import json
+
+            with open(json_out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(result, default=str) + "\n")
 
     settings = (
         [(rows // samples, tokens) for rows in (32, 128) for tokens in (128, 512)]
         if grid
         else [(prompts, max_new_tokens)]
     )
+    built = bench_model(device, arch, seed)
     for n_prompts, tokens in settings:
-        result = run_generate_benchmark(
-            prompts=n_prompts,
-            samples=samples,
-            max_new_tokens=tokens,
-            repeats=repeats,
-            threads=threads,
-            seed=seed,
-            device=device,
-            arch=arch,
+        show(
+            run_generate_benchmark(
+                prompts=n_prompts,
+                samples=samples,
+                max_new_tokens=tokens,
+                repeats=repeats,
+                threads=threads,
+                seed=seed,
+                device=device,
+                arch=arch,
+                built=built,
+                partial=show,
+            )
         )
-        typer.echo(format_generate_benchmark(result))
-        if json_out:  # each setting as it ends: a run cut short keeps the ones done
-            import json
-
-            with open(json_out, "a", encoding="utf-8") as f:
-                f.write(json.dumps(result, default=str) + "\n")
 
 
 @cli_errors

@@ -261,12 +261,16 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
                 f"{phase.how}: {_size(phase.tensors)}{engine}",
             )
         )
+    if fp.reserve:
+        rows.append(("CUDA context + NCCL buffers", _size(fp.reserve), _reserve_how(p)))
     largest = fp.largest_phase
+    reserve = " + the CUDA context and NCCL buffers" if fp.reserve else ""
     rows += [
         (
             "need a GPU",
             _size(fp.need),
-            f"the largest phase ({largest.name if largest else '-'}): {headroom} + vLLM's share",
+            f"the largest phase ({largest.name if largest else '-'}): {headroom} + vLLM's share"
+            f"{reserve}",
         ),
         (
             "gradient updates",
@@ -309,6 +313,29 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     return title, rows
 
 
+def _reserve_how(p: RunPlan) -> str:
+    """Returns how the reserve a CUDA rank holds beyond its tensors is made up
+    (``models.footprint.gpu_reserve``)."""
+    from vapo_lab.models.footprint import CUDA_CONTEXT_BYTES, GB, NCCL_COMMUNICATOR_BYTES
+
+    s = p.setup
+    groups = [
+        name
+        for name, size in (
+            ("the trainer's ranks", s.world if s.strategy == "fsdp" else 1),
+            ("vLLM's tensor-parallel group", s.tensor_parallel_size if s.engine == "vllm" else 1),
+        )
+        if size > 1
+    ]
+    nccl = (
+        f" + {len(groups)} NCCL communicator{'s' if len(groups) > 1 else ''} x "
+        f"{NCCL_COMMUNICATOR_BYTES / GB:.2f} GB ({', '.join(groups)})"
+        if groups
+        else ""
+    )
+    return f"the CUDA context {CUDA_CONTEXT_BYTES / GB:.2f} GB{nccl}: outside torch's allocator"
+
+
 def _write_seconds(p: RunPlan) -> float:
     """Returns a save's seconds: its bytes over the nodes' write bandwidth (ranks write at once)."""
     s = p.setup
@@ -333,7 +360,13 @@ def _size(n: float) -> str:
 def _verdict(p: RunPlan) -> str:
     """Returns the closing lines: fits or not, fewest GPUs that fit, the vLLM share that works."""
     from vapo_lab.config.plan import fastest_within, fewest_ranks, fixes
-    from vapo_lab.models.footprint import ALLOCATOR_HEADROOM, GB
+    from vapo_lab.models.footprint import (
+        ALLOCATOR_HEADROOM,
+        CUDA_CONTEXT_BYTES,
+        GB,
+        NCCL_COMMUNICATOR_BYTES,
+        share_bound,
+    )
 
     fp, s = p.footprint, p.setup
     world = s.world if s.strategy == "fsdp" else 1
@@ -343,6 +376,7 @@ def _verdict(p: RunPlan) -> str:
         f"fits {memory / GB:g} GB GPUs at N = {world}: {'yes' if fp.fits(memory) else 'no'} "
         f"(needs {fp.need / GB:.2f} GB a GPU, in {largest.name if largest else 'its largest phase'}"
         + (f", torch's tensors x {fp.headroom:g}" if fp.headroom != 1 else "")
+        + (f", + {fp.reserve / GB:.2f} GB for the CUDA context and NCCL" if fp.reserve else "")
         + ")"
     ]
     fewest = fewest_ranks(p)
@@ -352,7 +386,8 @@ def _verdict(p: RunPlan) -> str:
     elif fp.vllm and fewest_ranks(p, engine_at_minimum=True) is not None:
         lines.append(
             f"fewest GPUs that fit: {fewest_ranks(p, engine_at_minimum=True)} with "
-            f"rollout.vllm.gpu_memory_utilization={fp.engine_minimum / memory:.2f}, "
+            f"rollout.vllm.gpu_memory_utilization="
+            f"{share_bound(fp.engine_minimum / memory, upper=False):.2f}, "
             "vLLM's least; none at "
             f"{fp.engine_memory / memory:g} ({where})"
         )
@@ -396,12 +431,16 @@ def _verdict(p: RunPlan) -> str:
             (ph.tensors * fp.headroom for ph in fp.phases if ph.engine),
             default=0.0,
         )
-        low, high = fp.engine_minimum / memory, (memory - rest) / memory
-        verdict = "works" if low <= fp.engine_memory / memory <= high else "does not work"
+        low = share_bound(fp.engine_minimum / memory, upper=False)
+        high = share_bound((memory - rest - fp.reserve) / memory, upper=True)
+        exact = (fp.engine_minimum / memory, (memory - rest - fp.reserve) / memory)
+        works = exact[0] <= fp.engine_memory / memory <= exact[1]
+        verdict = "works" if works else "does not work"
         lines.append(
             f"rollout.vllm.gpu_memory_utilization must be in [{low:.2f}, {high:.2f}] "
             f"at N = {world} "
-            f"(weights + one sequence's KV cache; the rest of the GPU for training): "
+            f"(weights + one sequence's KV cache; the rest of the GPU for training"
+            f"{', the CUDA context and NCCL' if fp.reserve else ''}): "
             f"{fp.engine_memory / memory:g} {verdict}"
         )
     if not fp.fits(memory):
@@ -412,7 +451,9 @@ def _verdict(p: RunPlan) -> str:
         "(both within 5% of CPU measurements; "
         "attention scores not stored, as flash attention); torch's tensors x "
         f"{ALLOCATOR_HEADROOM:g} on GPUs for the caching allocator (reserved against allocated, "
-        "measured: docs/gpu-runs); no allowance for the CUDA context or NCCL buffers. "
+        "measured: docs/gpu-runs); on GPUs a rank's CUDA context "
+        f"({CUDA_CONTEXT_BYTES / GB:g} GB) and each NCCL communicator "
+        f"({NCCL_COMMUNICATOR_BYTES / GB:g} GB; pytorch/pytorch#86509, NVIDIA/nccl#964). "
         "Times: a roofline on an H100 at the stated shares of its peak "
         "(assumptions, models.footprint.Hardware), an upper bound for the rollout"
     )

@@ -21,6 +21,7 @@ from vapo_lab.models.footprint import (
     Hardware,
     Setup,
     estimate,
+    share_bound,
     smallest_world,
 )
 from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
@@ -142,6 +143,7 @@ def plan_run(
         total_steps=int(t.total_steps),
         save_every=int(t.save_every),
         headroom=ALLOCATOR_HEADROOM if device == "cuda" else 1.0,
+        cuda=device == "cuda",
         sample_bytes=2 if device == "cuda" else 4,
     )
     prompts = max(1, int(r.responses_per_step) // int(r.n_samples))
@@ -312,12 +314,13 @@ def _need_text(plan: RunPlan) -> str:
     """Returns 'the run needs X GB a rank (...)' with the phase that sets it."""
     fp, s = plan.footprint, plan.setup
     largest = fp.largest_phase
+    reserve = f"; + {fp.reserve / GB:.1f} GB CUDA context and NCCL" if fp.reserve else ""
     if largest is not None and largest.name not in ("update", "rollout"):
         headroom = f" x {fp.headroom:g}" if fp.headroom != 1 else ""
         engine = f" + vLLM's {largest.engine / GB:.1f}" if largest.engine else ""
         return (
             f"the run needs {fp.need / GB:.1f} GB a rank ({largest.name}: {largest.how}, "
-            f"{largest.tensors / GB:.1f} GB{headroom}{engine})"
+            f"{largest.tensors / GB:.1f} GB{headroom}{engine}{reserve})"
         )
     acts = max(fp.actor_activations, fp.critic_activations)
     times = f" x {fp.headroom:g}" if fp.headroom != 1 else ""
@@ -338,14 +341,14 @@ def _need_text(plan: RunPlan) -> str:
             f"rollout {fp.rollout_peak / GB:.1f} GB: state + KV cache of {fp.sequences_at_once} x "
             f"{fp.sequence} tokens"
         )
-    return f"the run needs {fp.need / GB:.1f} GB a rank ({update}; {rollout})"
+    return f"the run needs {fp.need / GB:.1f} GB a rank ({update}; {rollout}{reserve})"
 
 
 def fixes(plan: RunPlan) -> str:
     """Returns the fixes that apply to ``plan``, most effective first, as one clause."""
     fp, s = plan.footprint, plan.setup
     fixes = []
-    share = fp.engine_minimum / plan.memory
+    share = share_bound(fp.engine_minimum / plan.memory, upper=False)
     fewest = fewest_ranks(plan)
     ranks = "more ranks with trainer.strategy=fsdp (trainer.nproc_per_node x trainer.nodes)"
     if fewest is not None and fewest > s.world:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 from vapo_lab.models.activations import (
     chunked_logprob_bytes,
@@ -40,6 +41,15 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # what torch's caching allocator reserves over what it allocates: 1.25-1.29x measured on the H200
 # (docs/gpu-runs), rounded up; applied on CUDA to every phase's torch tensors, not to vLLM's share
 ALLOCATOR_HEADROOM = 1.3
+# what a GPU process holds outside torch's allocator and vLLM's share, counted once a rank: the
+# CUDA context with torch's kernels is 0.29 GB loaded lazily (torch's default) and 0.67 GB with
+# every module loaded (pytorch/pytorch#86509's measurement): the latter, rounded up, as a run
+# loads many kernels, vLLM's among them
+CUDA_CONTEXT_BYTES = 0.7e9
+# an NCCL communicator's buffers, NCCL_BUFFSIZE (4 MiB by default) per channel and peer: 0.54 to
+# 0.69 GB a process group measured on 4 A100s over NVLink (NVIDIA/nccl#964), more with the
+# channels an H100's NVLink takes (NVIDIA/nccl#864): rounded up to 1 GB
+NCCL_COMMUNICATOR_BYTES = 1e9
 # bytes a checkpoint keeps a trained parameter: float32 weights and AdamW's m and v (no gradients)
 CHECKPOINT_BYTES_PER_PARAM = 12
 
@@ -80,9 +90,18 @@ class Setup:
     total_steps: int = 1  # rollout steps (trainer.total_steps)
     save_every: int = 0  # trainer.save_every (0: never)
     headroom: float = 1.0  # ALLOCATOR_HEADROOM for CUDA devices
+    cuda: bool = False  # CUDA ranks: each holds ``gpu_reserve`` beyond its tensors
     # bytes a value the built-in sampler decodes in (weights' copies, KV cache): bfloat16 on a
     # GPU, the float32 masters on CPU (rollout.sampler.sampling_dtype)
     sample_bytes: int = 4
+
+
+def gpu_reserve(world: int, tensor_parallel: int) -> float:
+    """Returns the bytes a CUDA rank holds outside torch's tensors and vLLM's share: its CUDA
+    context, and an NCCL communicator's buffers for the trainer's ``world`` ranks when there are
+    several and for vLLM's tensor-parallel group when it spans several."""
+    communicators = (world > 1) + (tensor_parallel > 1)
+    return CUDA_CONTEXT_BYTES + communicators * NCCL_COMMUNICATOR_BYTES
 
 
 @dataclass(frozen=True)
@@ -159,6 +178,7 @@ class Footprint:
     # builtin: the fast decoder's weight copies while it samples (``sampler_copy_bytes``)
     sampler_copy: float = 0.0
     headroom: float = 1.0  # ALLOCATOR_HEADROOM on CUDA, 1 elsewhere
+    reserve: float = 0.0  # the CUDA context and NCCL buffers on CUDA (``gpu_reserve``), 0 elsewhere
     updates_per_step: int = 1  # optimiser steps a rollout step (each model's)
     total_steps: int = 1
     host_per_node: float = 0.0  # host memory a node holds for the run beyond its processes
@@ -209,10 +229,11 @@ class Footprint:
     @property
     def need(self) -> float:
         """Returns the memory a rank needs: its largest phase, torch's tensors x ``headroom`` +
-        vLLM's share where it is awake (the update and rollout phases alone without ``phases``)."""
+        vLLM's share where it is awake (the update and rollout phases alone without ``phases``),
+        + ``reserve``."""
         if not self.phases:
-            return max(self.train_peak, self.rollout_peak)
-        return max(phase.need(self.headroom) for phase in self.phases)
+            return max(self.train_peak, self.rollout_peak) + self.reserve
+        return max(phase.need(self.headroom) for phase in self.phases) + self.reserve
 
     @property
     def largest_phase(self) -> Phase | None:
@@ -271,6 +292,8 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
       attention (x3 with its backward), times ppo_epochs for the trained passes, over a rank's
       ceil(B / N)·s tokens, at ``flops x flops_share``. Prefill, the weight push and sampling
       overheads are not counted.
+    * On CUDA (``cuda``) each rank holds ``gpu_reserve`` beyond every phase: its CUDA context and
+      its NCCL communicators' buffers.
     """
     hw = hardware or Hardware()
     world = setup.world if setup.strategy == "fsdp" else 1
@@ -382,6 +405,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         save_every=setup.save_every,
         checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * trained,
         headroom=setup.headroom,
+        reserve=gpu_reserve(world, tp) if setup.cuda else 0.0,
     )
     return replace(
         fp,
@@ -483,6 +507,14 @@ def _phases(
     return tuple(phases)
 
 
+def share_bound(share: float, upper: bool) -> float:
+    """Returns a bound on vLLM's share of a GPU (rollout.vllm.gpu_memory_utilization) to the two
+    decimals a plan prints: an upper bound rounded down and a lower one up, so that the printed
+    value passes the plan's own check (an upper bound of 0.8685 is 0.86: 0.87 would not fit)."""
+    exact = Decimal(repr(share))  # the shortest decimal that is this float: 0.29 stays 0.29
+    return float(exact.quantize(Decimal("0.01"), ROUND_FLOOR if upper else ROUND_CEILING))
+
+
 def smallest_world(
     shape: Shape,
     setup: Setup,
@@ -493,13 +525,15 @@ def smallest_world(
 ) -> int | None:
     """Returns the fewest fsdp ranks N at which ``estimate(...)`` fits in ``memory`` bytes a GPU.
 
-    ``need`` never grows with N (state / N, ceil(B / N) responses and micro-batches no larger),
-    so a binary search finds the memory minimum; with ``divides`` (the prompts per step, which must
-    divide among the ranks) the answer is the smallest divisor of it at or above that minimum.
-    ``engine_at_minimum``: vLLM's share is set to the least it needs (``Footprint.engine_minimum``),
-    which leaves the most room for training. Returns None when no N up to ``limit`` (or
-    ``divides``) fits: the parts that do not shrink with N (activations of a micro-batch, gathered
-    units, a sampling replica, the engine's share) exceed ``memory`` alone.
+    ``need`` never grows with N from 2 on (state / N, ceil(B / N) responses and micro-batches no
+    larger; a GPU's NCCL reserve is there from 2), so after N = 1 a binary search finds the memory
+    minimum; with ``divides`` (the prompts per step, which must divide among the ranks) the answer
+    is the smallest divisor of it at or above that minimum.
+    ``engine_at_minimum``: vLLM's share is set to the least it needs (``Footprint.engine_minimum``,
+    to the hundredth of a GPU above: ``share_bound``), which leaves the most room for training.
+    Returns None when no N up to ``limit`` (or ``divides``) fits: the parts that do not shrink with
+    N (activations of a micro-batch, gathered units, a sampling replica, the engine's share) exceed
+    ``memory`` alone.
     """
     top = divides if divides else limit
 
@@ -507,12 +541,15 @@ def smallest_world(
         at_n = _with_world(setup, n)
         fp = estimate(shape, at_n)
         if engine_at_minimum and fp.vllm:
-            fp = estimate(shape, replace(at_n, engine_memory=fp.engine_minimum))
+            least = share_bound(fp.engine_minimum / memory, upper=False) * memory
+            fp = estimate(shape, replace(at_n, engine_memory=least))
         return fp.fits(memory)
 
-    if top < 1 or not fits(top):
+    if top >= 1 and fits(1):
+        return 1  # one rank needs no NCCL communicator: it may fit where two do not
+    if top < 2 or not fits(top):
         return None
-    lo, hi = 1, top
+    lo, hi = 2, top
     while lo < hi:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -531,21 +568,25 @@ def _with_world(setup: Setup, world: int) -> Setup:
 __all__ = [
     "ALLOCATOR_HEADROOM",
     "CHECKPOINT_BYTES_PER_PARAM",
+    "CUDA_CONTEXT_BYTES",
     "DTYPE_BYTES",
     "GB",
     "Footprint",
     "Phase",
     "Hardware",
+    "NCCL_COMMUNICATOR_BYTES",
     "Setup",
     "actor_params",
     "backbone_params",
     "critic_params",
     "embedding_params",
     "estimate",
+    "gpu_reserve",
     "kv_bytes_per_sequence",
     "kv_bytes_per_token",
     "layer_params",
     "non_embedding_params",
+    "share_bound",
     "sharded",
     "smallest_world",
     "state_bytes_per_param",

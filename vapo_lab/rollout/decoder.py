@@ -94,11 +94,16 @@ class FastDecoder:
         self.key_ok = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.length = 0
         self.max_len = max_len
+        self.device = device
         # the decode step over the whole cache (fixed shapes), replayed as a CUDA graph on a GPU
         self.graphs = graphs and device.type == "cuda"
         self.static = static or self.graphs
         self._t = torch.zeros(1, dtype=torch.long, device=device)  # the step's cache slot
         self._graph: Any = None  # the captured step of the current batch; None: capture anew
+        # the last graph dropped, kept until the next capture takes over its memory pool (a pool
+        # left with no graph is freed, not reused)
+        self._pool_graph: Any = None
+        self._stream: Any = None  # the side stream of warm-ups and captures, on ``device``
         self.graph_error: str | None = None  # why capture failed (then the step runs eagerly)
 
     @staticmethod
@@ -165,7 +170,7 @@ class FastDecoder:
         self.v = self.v[:, rows]
         self.key_ok = self.key_ok[rows]
         self._next_pos = self._next_pos[rows]
-        self._graph = None  # new tensors, another batch size: the next step captures anew
+        self._drop_graph()
 
     def repeat(self, n: int) -> None:
         """Repeats every row n times in place (after prefill: one prompt -> n samples)."""
@@ -173,6 +178,13 @@ class FastDecoder:
         self.v = self.v.repeat_interleave(n, dim=1)
         self.key_ok = self.key_ok.repeat_interleave(n, dim=0)
         self._next_pos = self._next_pos.repeat_interleave(n, dim=0)
+        self._drop_graph()
+
+    def _drop_graph(self) -> None:
+        """New tensors, another batch size: the next step captures anew, into the dropped graph's
+        memory pool."""
+        if self._graph is not None:
+            self._pool_graph = self._graph
         self._graph = None
 
     def _static_step(self, tokens: Tensor) -> Tensor:
@@ -195,12 +207,11 @@ class FastDecoder:
 
     def _replay(self, tokens: Tensor) -> Tensor:
         """Runs ``_static_step`` as a CUDA graph captured for the current batch (captured at the
-        first step after prefill and after each compaction: a warm-up step on a side stream, its
-        state put back, then the capture, which runs nothing). A capture that fails is said once
-        (``graph_error``) and the steps run eagerly."""
+        first step after prefill and after each compaction, see ``_capture``). A capture that
+        fails, or records nothing, is said once (``graph_error``) and the steps run eagerly."""
         if self._graph is None:
             try:
-                self._capture(tokens)
+                return self._capture(tokens)
             except Exception as e:  # noqa: BLE001 - eager steps give the same tokens, slower
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 self.graphs = False
@@ -212,24 +223,64 @@ class FastDecoder:
                     stacklevel=2,
                 )
                 return self._static_step(tokens)
-        self._tokens.copy_(tokens)
-        self._graph.replay()
+        with torch.cuda.device(self.device):
+            self._tokens.copy_(tokens)
+            self._graph.replay()
         return self._logits
 
-    def _capture(self, tokens: Tensor) -> None:
-        self._tokens = tokens.clone()
+    def _capture(self, tokens: Tensor) -> Tensor:
+        """Captures ``_static_step`` on the model's device and runs this step through the graph;
+        returns its logits.
+
+        On ``device``'s own side stream (a stream of another device would record nothing: the
+        kernels go to the current stream of their tensors' device): a warm-up step (lazy
+        initialisations such as cuBLAS workspaces), its state put back, then the capture, which
+        runs nothing, into the memory pool of the graph it replaces. Not ``torch.cuda.graph``,
+        whose entry synchronises the device and empties the allocator's whole cache at every
+        recapture. The first replay is checked against a poisoned output, one read a capture.
+
+        Raises:
+            RuntimeError: the graph recorded nothing (its first replay left the output as it was);
+                the decoder's state is then as before the step, as after any failure here.
+        """
         state = (self._t.clone(), self._next_pos.clone(), self.key_ok.clone())
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # lazy initialisations (cuBLAS workspaces) before capture
+        self._tokens = tokens.clone()
+        try:
+            with torch.cuda.device(self.device):
+                graph = self._record(state)
+                self._logits.fill_(float("nan"))
+                graph.replay()
+                if bool(self._logits.isnan().all()):
+                    raise RuntimeError(
+                        f"the CUDA graph captured on {self.device} recorded nothing: its first "
+                        "replay left its output unwritten"
+                    )
+        except BaseException:
+            _put_back(state, (self._t, self._next_pos, self.key_ok))
+            raise
+        self._graph, self._pool_graph = graph, None
+        return self._logits
+
+    def _record(self, state: tuple[Tensor, ...]) -> Any:
+        """Returns the graph of ``_static_step`` on ``_tokens``, captured on the side stream of
+        the current device (the model's: ``_capture``); sets ``_logits``, its output."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        side, main = self._stream, torch.cuda.current_stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
             self._static_step(self._tokens)
-        torch.cuda.current_stream().wait_stream(side)
-        for now, before in zip((self._t, self._next_pos, self.key_ok), state, strict=True):
-            now.copy_(before)  # the warm-up's cache slot is written again by the real step
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._logits = self._static_step(self._tokens)
-        self._graph = graph
+            # the warm-up's cache slot is written again by the real step
+            _put_back(state, (self._t, self._next_pos, self.key_ok))
+            graph = torch.cuda.CUDAGraph()
+            pool = self._pool_graph.pool() if self._pool_graph is not None else None
+            graph.capture_begin(pool=pool)
+            try:
+                self._logits = self._static_step(self._tokens)
+            finally:
+                graph.capture_end()
+        main.wait_stream(side)
+        return graph
 
     def _forward(self, ids: Tensor, positions: Tensor) -> Tensor:
         bsz, s = ids.shape
@@ -288,14 +339,7 @@ class FastDecoder:
             v = qkv[..., nq + nk :].view(bsz, s, self.n_kv, self.head_dim).transpose(1, 2)
             write(i, k, v)
             if self.attention == "sdpa":  # a GPU's fused kernel, the query heads grouped over kv
-                o = torch.nn.functional.scaled_dot_product_attention(
-                    q,
-                    self.k[i, :, :, :t1],
-                    self.v[i, :, :, :t1],
-                    attn_mask=mask,
-                    scale=scale,
-                    enable_gqa=group > 1,
-                )
+                o = grouped_sdpa(q, self.k[i, :, :, :t1], self.v[i, :, :, :t1], mask, scale)
             else:
                 # grouped-query attention as two batched matmuls: the query heads of one KV head
                 # are stacked, so the cache is read once and never repeated (SDPA's CPU kernels
@@ -312,6 +356,30 @@ class FastDecoder:
             h = h + torch.nn.functional.linear(layer.mlp.act_fn(gate) * up, *w["down"])
         h = rms_norm(h[:, -1], *self.norm)
         return torch.nn.functional.linear(h, *self.head)
+
+
+def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Returns grouped-query attention (B, heads, S, d) of ``q`` (B, heads, S, d) over ``k`` and
+    ``v`` (B, kv, T, d) under the boolean ``mask`` (B, 1, S or 1, T), through SDPA with each KV
+    head's query heads folded into the query length, (B, kv, g·S, d), as the matmul path does.
+
+    Not SDPA's ``enable_gqa``: with a mask only its math kernel takes it (the memory-efficient one,
+    the fused kernel for a mask, has no GQA), which repeats the keys and values g times in float32:
+    the whole cache, every layer and step.
+    """
+    bsz, heads, s, d = q.shape
+    kv = k.shape[1]
+    group = heads // kv
+    if mask.shape[-2] > 1:  # a mask row per query position, the same for each head of a group
+        mask = (
+            mask[:, :, None]
+            .expand(-1, -1, group, -1, -1)
+            .reshape(bsz, -1, group * s, mask.shape[-1])
+        )
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.reshape(bsz, kv, group * s, d), k, v, attn_mask=mask, scale=scale
+    )
+    return o.reshape(bsz, heads, s, d)
 
 
 def cache_keyword(model: nn.Module) -> str:
@@ -393,6 +461,12 @@ def make_decoder(
     if fast and supports_fast_path(model):
         return FastDecoder(model, batch, max_len, dtype=dtype, graphs=graphs)
     return HFDecoder(model, batch, max_len)
+
+
+def _put_back(saved: tuple[Tensor, ...], into: tuple[Tensor, ...]) -> None:
+    """Copies each saved tensor back into its live one, in place (a graph keeps their addresses)."""
+    for now, before in zip(into, saved, strict=True):
+        now.copy_(before)
 
 
 def _eps(norm: nn.Module) -> float:
