@@ -100,3 +100,24 @@ def test_the_peak_table_matches_device_names_as_torch_reports_them():
     assert peak_flops("NVIDIA H200", "float32") == 67e12
     assert peak_flops("NVIDIA GeForce RTX 3090", "bfloat16") is None
     assert peak_flops("NVIDIA A100-SXM4-80GB", "float64") is None
+
+
+def test_the_samplers_gap_to_the_policy_by_hand():
+    batch = _batch(b=2, t=3)
+    batch.rows.response_mask = torch.tensor([[True, True, False], [True, False, False]])
+    batch.old_logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    # the sampler's log-probs: gaps +0.1, -0.3 and 0 on the valid tokens; 9 where none is valid
+    batch.sampler_logprobs = torch.tensor([[-1.1, -1.7, 9.0], [-0.5, 9.0, 9.0]])
+    m = step_metrics(batch, single(), 1e-6, StepTimes(0.0, 2.0, 2.2, 2.5, 3.0, 4.0, 4.0))
+    assert abs(m["diag/sampler/logprob_gap_mean"] - 0.4 / 3) < 1e-6
+    assert abs(m["diag/sampler/logprob_gap_max"] - 0.3) < 1e-6
+    # pi_policy / pi_sampler = exp(policy - sampler): e^0.1, e^-0.3, e^0
+    assert abs(m["diag/sampler/ratio_max"] - 1.1051709) < 1e-6
+    assert abs(m["diag/sampler/ratio_min"] - 0.7408182) < 1e-6
+    ratios = [1.1051709, 0.7408182, 1.0]
+    mean = sum(ratios) / 3
+    sd = (sum((r - mean) ** 2 for r in ratios) / 2) ** 0.5
+    assert abs(m["diag/sampler/ratio_std"] - sd) < 1e-6
+    batch.sampler_logprobs = None  # the sampler's own log-probs were kept: no such metric
+    m = step_metrics(batch, single(), 1e-6, StepTimes(0.0, 2.0, 2.2, 2.5, 3.0, 4.0, 4.0))
+    assert not any(k.startswith("diag/sampler/") for k in m)

@@ -91,6 +91,11 @@ def test_the_cpu_platform_builds_without_sleep_mode_and_says_so(engine):
         "engine keeps its memory through the updates)"
     ]
     assert "built with dummy weights" in before_push and "call push_weights" in before_push
+    # vLLM's CPU worker makes torch.set_num_threads a no-op for the process; the build puts it back
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    assert torch.get_num_threads() == threads + 1
+    torch.set_num_threads(threads)
 
 
 def test_a_push_streams_buckets_and_zero_weights_sample_uniformly(engine, tiny):

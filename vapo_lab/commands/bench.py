@@ -76,24 +76,54 @@ def bench_update(
 @cli_errors
 def bench_generate(
     prompts: Annotated[
-        int, typer.Option(help="Prompts in the batch (the arith eval split's first).")
+        int, typer.Option(help="Prompts in the batch (the task's held-out split's first).")
     ] = 8,
     samples: Annotated[int, typer.Option(help="Samples per prompt; rows = prompts x samples.")] = 8,
     max_new_tokens: Annotated[
-        int, typer.Option(help="New tokens per row, exactly (eos disabled in both).")
+        int, typer.Option(help="New tokens per row, exactly (eos disabled in every engine).")
     ] = 128,
-    repeats: Annotated[int, typer.Option(help="Timed runs per engine (median reported).")] = 3,
-    threads: Annotated[int, typer.Option(help="torch CPU threads for both engines.")] = 1,
+    repeats: Annotated[
+        int,
+        typer.Option(help="Timed runs per engine, interleaved round by round (median reported)."),
+    ] = 3,
+    threads: Annotated[int, typer.Option(help="torch CPU threads for every engine.")] = 1,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     device: Annotated[
-        str, typer.Option(help="cpu (float32) or cuda (bfloat16, both engines).")
+        str, typer.Option(help="cpu (float32) or cuda (bfloat16), unless --dtype says.")
     ] = "cpu",
+    dtype: Annotated[
+        Optional[str],
+        typer.Option(
+            help="float32 or bfloat16 for every engine (default: by --device).", show_default=False
+        ),
+    ] = None,
+    engines: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated, in each round's order: builtin (the built-in sampler), "
+            "vllm (vLLM in-process; needs its environment, scripts/vllm-env.sh), "
+            "hf (HF generate)."
+        ),
+    ] = "builtin,hf",
+    vllm_eager: Annotated[
+        bool,
+        typer.Option(
+            help="vLLM without torch.compile (rollout.vllm.enforce_eager=true): a faster build."
+        ),
+    ] = False,
     arch: Annotated[
         Optional[str],
         typer.Option(
             help="A known shape at random init (e.g. Qwen2.5-0.5B) instead of the tiny model."
         ),
     ] = None,
+    base: Annotated[
+        bool,
+        typer.Option(
+            "--base",
+            help="The embedded default's shipped base model instead of the random tiny one.",
+        ),
+    ] = False,
     grid: Annotated[
         bool,
         typer.Option(
@@ -105,17 +135,26 @@ def bench_generate(
         typer.Option("--json", help="Also append each setting's result as a JSON line here."),
     ] = None,
 ) -> None:
-    """Time the built-in sampler against Hugging Face generate; print the ratio.
+    """Time the built-in sampler against Hugging Face generate (and vLLM); print the ratios.
 
-    Both sample from the same model, built once; on cuda HF generate is timed eagerly, then with a
-    static cache and torch.compile where they work (the output says which).
+    All sample from the same model, built once (vLLM: its own engine from the same weights, its
+    build time printed apart); the engines' timed runs are interleaved round by round after a
+    warm-up each. On cuda HF generate is timed eagerly, then with a static cache and
+    torch.compile where they work (the output says which).
 
     Example: vapo-lab bench generate --prompts 8 --samples 8 --max-new-tokens 128;
+    vapo-lab bench generate --engines builtin,vllm,hf --arch Qwen2.5-0.5B --prompts 4 --samples 4;
     vapo-lab bench generate --device cuda --arch Qwen2.5-0.5B --grid
     """
+    import contextlib
+    import tempfile
+
     from vapo_lab.bench.generate import (
         bench_model,
+        build_vllm_engine,
         format_generate_benchmark,
+        parse_engines,
+        require_vllm_engine,
         run_generate_benchmark,
     )
 
@@ -127,27 +166,38 @@ def bench_generate(
             with open(json_out, "a", encoding="utf-8") as f:
                 f.write(json.dumps(result, default=str) + "\n")
 
+    chosen = parse_engines(engines)
+    if "vllm" in chosen:
+        require_vllm_engine()  # one line, before the model is built
     settings = (
         [(rows // samples, tokens) for rows in (32, 128) for tokens in (128, 512)]
         if grid
         else [(prompts, max_new_tokens)]
     )
-    built = bench_model(device, arch, seed)
-    for n_prompts, tokens in settings:
-        show(
-            run_generate_benchmark(
-                prompts=n_prompts,
-                samples=samples,
-                max_new_tokens=tokens,
-                repeats=repeats,
-                threads=threads,
-                seed=seed,
-                device=device,
-                arch=arch,
-                built=built,
-                partial=show,
+    built = bench_model(device, arch, seed, base=base, dtype=dtype)
+    with contextlib.ExitStack() as stack:
+        vllm = None
+        if "vllm" in chosen:  # built once, for the largest setting
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="vapo-bench-"))
+            vllm = build_vllm_engine(built, folder, settings, samples, threads, seed, vllm_eager)
+        for n_prompts, tokens in settings:
+            show(
+                run_generate_benchmark(
+                    prompts=n_prompts,
+                    samples=samples,
+                    max_new_tokens=tokens,
+                    repeats=repeats,
+                    threads=threads,
+                    seed=seed,
+                    device=device,
+                    arch=arch,
+                    built=built,
+                    partial=show,
+                    engines=chosen,
+                    vllm=vllm,
+                    base=base,
+                )
             )
-        )
 
 
 @cli_errors

@@ -41,7 +41,11 @@ def eval_(
         typer.Option(help="The run's checkpoint at this training step.", show_default=False),
     ] = None,
     backend: Annotated[
-        str, typer.Option(help="builtin (CPU/GPU) or vllm (GPU; needs vLLM, the gpu extra).")
+        str,
+        typer.Option(
+            help="builtin (CPU/GPU) or vllm (vLLM: the gpu extra on a GPU, or its CPU build from "
+            "scripts/vllm-env.sh)."
+        ),
     ] = "builtin",
     temperature: Annotated[float, typer.Option(help="Sampling temperature (paper: 1.0).")] = 1.0,
     top_p: Annotated[float, typer.Option(help="Nucleus mass (paper: 0.7).")] = 0.7,

@@ -305,7 +305,8 @@ class VllmEngine:
         self.tp = tp
         self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
         self.bucket_bytes = int(weight_bucket_mb) * 2**20
-        with _visible_local_rank(platform.device_type, world_size):
+        set_threads = torch.set_num_threads
+        with _visible_local_rank(platform.device_type, world_size), _kept(set_threads):
             self.llm = vllm.LLM(
                 model=str(model_path),
                 tokenizer=None if tokenizer_path is None else str(tokenizer_path),
@@ -472,6 +473,18 @@ class VllmEngine:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=[tag])
             self._asleep.discard(tag)
+
+
+@contextmanager
+def _kept(set_threads: Any) -> Iterator[None]:
+    """Puts ``torch.set_num_threads`` back after the build: vLLM's CPU worker makes it a no-op for
+    the whole process, for the thread binding it does only in worker processes of its own (an
+    in-process engine binds none), and the trainer's and benchmarks' settings would silently
+    stop applying."""
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
 
 
 @contextmanager
