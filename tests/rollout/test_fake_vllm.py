@@ -6,7 +6,14 @@ from __future__ import annotations
 import fake_vllm
 import pytest
 import torch
-from fake_vllm import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams
+from fake_vllm import (
+    LLM,
+    CompletionOutput,
+    Logprob,
+    RequestOutput,
+    SamplingParams,
+    VLLMValidationError,
+)
 
 EXTENSION = "vapo_lab.rollout.vllm_backend.WeightLoader"
 PROMPT = [267, 296, 455, 330, 340, 456]
@@ -112,9 +119,42 @@ def test_the_worker_model_has_vllms_names_and_loader(in_process, tiny):
     qkv = dict(model.named_parameters())["model.layers.1.self_attn.qkv_proj.bias"]
     assert torch.equal(qkv[64:96], torch.ones(32))  # k's rows: after q's 64 (4 heads x 16)
     assert torch.equal(llm.hf.model.layers[1].self_attn.k_proj.bias, torch.ones(32))  # what samples
-    with pytest.raises(ValueError, match="no module or parameter named 'lm_head.weight'"):
-        # tied: vLLM has no such parameter
-        model.load_weights([("lm_head.weight", policy.lm_head.weight)])
+    # tied: written into the shared embedding, returned under its own name (as vLLM 0.32 does)
+    embed = dict(model.named_parameters())["model.embed_tokens.weight"]
+    assert model.load_weights([("lm_head.weight", torch.ones_like(embed))]) == {"lm_head.weight"}
+    assert bool((embed == 1).all()) and bool((llm.hf.lm_head.weight == 1).all())
+    # an unexpected bias is skipped, any other unknown name refused
+    assert model.load_weights([("model.layers.0.mlp.down_proj.bias", torch.ones(64))]) == set()
+    with pytest.raises(ValueError, match="no module or parameter named 'layers.0.foo' in Qwen2"):
+        model.load_weights([("model.layers.0.foo.weight", torch.ones(64))])
+
+
+def test_a_layer_given_part_of_its_weights_loses_the_rest(in_process, tiny):
+    _, path, policy, _ = tiny
+    llm = _llm(path)
+    q = policy.model.layers[0].self_attn.q_proj.weight.detach()
+    unwritten = llm.collective_rpc(
+        "vapo_reload_weights", args=(iter([("model.layers.0.self_attn.q_proj.weight", q)]),)
+    )[0]
+    assert "model.layers.0.self_attn.qkv_proj.weight" not in unwritten  # counted as written
+    params = dict(llm.worker.get_model().named_parameters())
+    qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
+    assert torch.equal(qkv[: q.shape[0]], q) and bool(qkv[q.shape[0] :].isnan().all())
+    assert bool(params["model.layers.0.self_attn.qkv_proj.bias"].isnan().all())  # same layer
+    assert not params["model.layers.0.self_attn.o_proj.weight"].isnan().any()  # given nothing
+    assert not params["model.layers.0.mlp.gate_up_proj.weight"].isnan().any()
+
+
+def test_a_reload_that_raises_breaks_the_engine(in_process, tiny):
+    llm = _llm(tiny[1])
+    with pytest.raises(AssertionError, match=r"Attempted to load weight \(torch.Size\(\[3\]\)\)"):
+        llm.collective_rpc(
+            "vapo_reload_weights", args=(iter([("model.norm.weight", torch.ones(3))]),)
+        )
+    with pytest.raises(RuntimeError, match="an earlier reload raised"):
+        _generate(llm)
+    with pytest.raises(RuntimeError, match="an earlier reload raised"):
+        llm.collective_rpc("vapo_reload_weights", args=(iter(()),))
 
 
 def test_limits_of_the_context_and_the_settings(in_process, tiny):
@@ -126,8 +166,13 @@ def test_limits_of_the_context_and_the_settings(in_process, tiny):
     llm = _llm(path, max_model_len=len(PROMPT) + 3)
     [c] = _generate(llm, n=1, max_tokens=10)[0].outputs
     assert len(c.token_ids) <= 3 and (c.finish_reason == "length") == (len(c.token_ids) == 3)
-    with pytest.raises(ValueError, match="longer than the maximum model length of 9"):
+    with pytest.raises(VLLMValidationError, match="longer than the maximum model length of 9"):
         llm.generate([{"prompt_token_ids": list(range(1, 10))}], [SamplingParams()])
+    assert not issubclass(VLLMValidationError, ValueError)  # as vllm.exceptions' own
+    with pytest.raises(VLLMValidationError, match="n must be 1 when using greedy sampling"):
+        SamplingParams(n=2, temperature=0.0)
+    with pytest.raises(VLLMValidationError, match=r"temperature must be in \[0, 2\]"):
+        SamplingParams(temperature=2.5)
     with pytest.raises(TypeError, match="unexpected keyword argument 'max_num_seq'"):
         _llm(path, max_num_seq=8)
 

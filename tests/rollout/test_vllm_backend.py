@@ -108,8 +108,9 @@ def test_every_hf_name_once_in_named_parameters_order(tied):
     pushed = [(name, t) for bucket in buckets for name, t in bucket]
     assert [n for n, _ in pushed] == [n for n, _ in model.named_parameters()]
     assert len({n for n, _ in pushed}) == len(pushed)
-    # tied: the shared matrix comes once, under the input embedding's name (vLLM refuses a lone
-    # lm_head)
+    # tied: the shared matrix comes once, under the input embedding's name (the engine's own
+    # parameter; a lone lm_head.weight would be written into it, and the embeddings' name left
+    # unwritten)
     assert ("lm_head.weight" in dict(pushed)) == (not tied)
     state = model.state_dict()
     for name, tensor in pushed:
@@ -636,3 +637,33 @@ def test_a_rank_without_prompts_gets_empty_samples(fake_vllm):
         and s.prompt_index.shape == (0,)
     )
     assert [c for c in _FakeLLM.last.calls if c[0] == "generate"] == []
+
+
+def test_a_killed_tensor_parallel_groups_shared_memory_is_cleared_and_a_live_ones_kept(tmp_path):
+    import mmap
+
+    from vapo_lab.rollout.vllm_backend import clear_stale_shm
+
+    names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    with open(tmp_path / names[1], "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a live engine's
+        removed = clear_stale_shm([0, 1], shm=tmp_path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == names[1:]
+    assert removed == [
+        f"removed {tmp_path / names[0]}, left by an engine that did not exit (no process maps it)"
+    ]
+    assert clear_stale_shm([4, 5], shm=tmp_path) == []
+
+
+def test_a_greedy_call_asks_vllm_for_one_sample_a_prompt_and_copies_it(fake_vllm):
+    # vLLM refuses n > 1 at temperature 0 ("n must be 1 when using greedy sampling")
+    engine = _engine()
+    s = engine.sample([[1, 2], [3]], 3, 4, 0.0, 1.0, 0, 99, 7)
+    assert [sp.n for sp in _FakeLLM.last.params] == [1, 1]
+    assert s.response_ids.shape[0] == 6 and s.prompt_index.tolist() == [0, 0, 0, 1, 1, 1]
+    for i in (0, 3):
+        assert torch.equal(s.response_ids[i], s.response_ids[i + 1])
+        assert torch.equal(s.response_ids[i], s.response_ids[i + 2])
+    engine.sample([[1, 2]], 3, 4, 1.0, 1.0, 0, 99, 7)
+    assert _FakeLLM.last.params[-1].n == 3

@@ -143,6 +143,11 @@ def test_the_call_seed_decides_the_tokens(engine, tiny):
     b = _sample(built, tokenizer, seed=5)
     assert torch.equal(a.response_ids, b.response_ids)
     assert not torch.equal(a.response_ids, _sample(built, tokenizer, seed=6).response_ids)
+    # greedy: vLLM refuses n > 1 at temperature 0; the engine asks for one and copies it
+    p = prompts(tokenizer)
+    g = built.sample(p, 3, 8, 0.0, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id, 5)
+    assert g.response_ids.shape[0] == 9
+    assert all(torch.equal(g.response_ids[i], g.response_ids[i - i % 3]) for i in range(9))
 
 
 def test_samples_come_back_in_the_builtin_samplers_layout(base):

