@@ -1,8 +1,8 @@
 """`vapo-lab bench generate` (issue 48, item 3) on CPU at a tiny size: both engines generate exactly
 the tokens asked, the report says how HF generate ran, a failed compile falls back to eager and
 says so, and a missing GPU or an unknown shape is refused in one line. Issue 61, item 6: vLLM
-beside them (a stand-in here; the real engine in test_generate_vllm.py), the timed runs interleaved
-round by round, the medians and spreads, vLLM missing refused in one line."""
+beside them (a stand-in here; the real engine in tests/vllm/test_bench_generate.py), the timed
+runs interleaved round by round, the medians and spreads, vLLM missing refused in one line."""
 
 import sys
 import types

@@ -2,25 +2,12 @@
 environment of scripts/vllm-env.sh), at the embedded default's shape and a few rows: every engine
 generates exactly the tokens asked, and torch's thread setting still works after vLLM's build."""
 
-import os
-
 import pytest
 import torch
 
 from vapo_lab.bench.generate import format_generate_benchmark, run_generate_benchmark
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture(scope="module", autouse=True)
-def real_vllm():
-    """Skips without vLLM; fails instead where CI requires it (as tests/vllm/conftest.py)."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        if os.environ.get("VAPO_REQUIRE_VLLM") == "1":
-            pytest.fail(f"VAPO_REQUIRE_VLLM=1 but vLLM does not import: {e}")
-        pytest.skip(f"needs vLLM (bash scripts/vllm-env.sh): {e}")
 
 
 def test_vllm_beside_the_built_in_sampler_and_hf_generate_on_the_tiny_model():
