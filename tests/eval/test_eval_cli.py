@@ -110,7 +110,8 @@ def test_vllm_backend_without_vllm_is_one_clear_line(tiny, tmp_path):
         (
             "error: --backend vllm needs vLLM, which is not installed: install vapo-lab with its "
             "gpu extra in a GPU environment of its own (vLLM pins its own torch; "
-            "docs/distributed.md, GPU / vLLM), or use --backend builtin"
+            "docs/distributed.md, GPU / vLLM), on a CPU run bash scripts/vllm-env.sh "
+            "(docs/vllm.md), or use --backend builtin"
         )
     ]
 

@@ -74,6 +74,27 @@ def _require_vllm() -> None:
         raise EvalError(str(e).replace("rollout.backend=", "--backend ")) from None
 
 
+def _check_vllm_context(ref: ModelRef, needed: int | None, max_tokens: int) -> None:
+    """Raises EvalError when the longest prompt plus ``max_tokens`` (``needed``) exceeds the
+    model's context: vLLM refuses to build such an engine (the built-in sampler goes on, out of
+    distribution, and says so)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        ref.path, local_files_only=True, trust_remote_code=ref.trust_remote_code
+    )
+    context = getattr(config, "max_position_embeddings", None)
+    if needed is None or context is None or needed <= context:
+        return
+    room = context - (needed - max_tokens)
+    fix = f"lower --max-tokens to {room}" if room > 0 else "use shorter prompts"
+    raise EvalError(
+        f"--backend vllm: the longest prompt ({needed - max_tokens} tokens) plus --max-tokens "
+        f"{max_tokens} exceeds the model's context of {context} tokens, which vLLM refuses: "
+        f"{fix}, or use --backend builtin"
+    )
+
+
 def load_generator(
     ref: ModelRef,
     settings: EvalSettings,
@@ -112,6 +133,7 @@ def load_generator(
         from vapo_lab.rollout.vllm_backend import VllmEngine
 
         context = prompt_tokens(tokenizer) + max_tokens if prompt_tokens is not None else None
+        _check_vllm_context(ref, context, max_tokens)
         engine = VllmEngine(ref.path, dtype=dtype, seed=seed, max_model_len=context)
         name, version = "vllm", str(engine.version)
     eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
