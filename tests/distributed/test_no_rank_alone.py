@@ -13,7 +13,7 @@ sys.path.insert(0, str(HERE.parent / "rollout"))
 
 
 def _model(tmp_path: Path) -> Path:
-    from conftest import save_tiny_model, vllm_config  # tests/rollout/conftest.py
+    from tests.rollout.conftest import save_tiny_model, vllm_config
 
     model = tmp_path / "model"
     save_tiny_model(vllm_config(), model)

@@ -17,7 +17,7 @@ sys.path.insert(0, str(HERE.parent / "rollout"))
 
 @pytest.mark.parametrize("algo", ["grpo", "vapo"])
 def test_a_vllm_run_over_two_ranks_builds_sharded_and_trains_as_the_whole_build(tmp_path, algo):
-    from conftest import save_tiny_model, vllm_config  # tests/rollout/conftest.py
+    from tests.rollout.conftest import save_tiny_model, vllm_config
 
     model = tmp_path / "model"
     save_tiny_model(vllm_config(), model)

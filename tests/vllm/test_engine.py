@@ -14,9 +14,9 @@ import math
 
 import pytest
 import torch
-from conftest import prompts
 from torch import nn
 
+from tests.vllm.conftest import prompts
 from vapo_lab.rollout.vllm_backend import VllmEngine, WeightPushError, weight_buckets
 
 pytestmark = pytest.mark.vllm

@@ -48,7 +48,8 @@ from typing import Any
 import fake_vllm
 import pytest
 import torch
-from conftest import prompts
+
+from tests.vllm.conftest import prompts
 
 pytestmark = pytest.mark.vllm
 
