@@ -292,11 +292,21 @@ def test_validation_ranges_and_required_values():
             r"tensor_parallel_size=8 does not divide trainer.nproc_per_node=4: an engine spans tp "
             r"consecutive ranks of one node",
         ),
+        (
+            # vLLM's SamplingParams refuses it, at the first rollout; the built-in sampler takes it
+            ["rollout=vllm", "rollout.eval_temperature=2.5"],
+            r"rollout.eval_temperature=2.5: vLLM samples at temperatures in \[0, 2\]",
+        ),
     ],
 )
 def test_rank_settings_are_checked_before_anything_runs(overrides, expect):
     with pytest.raises(ConfigError, match=expect):
         compose_config(overrides=overrides)
+
+
+def test_a_temperature_above_2_is_the_built_in_samplers_alone():
+    cfg = compose_config(overrides=["rollout.temperature=2.5"]).cfg
+    assert cfg.rollout.temperature == 2.5
 
 
 def test_a_valid_many_rank_config_composes():

@@ -45,6 +45,8 @@ def modes() -> dict[str, tuple[str, ...]]:
     }
 
 
+# the highest temperature vLLM samples at (vllm/sampling_params.py _verify_args)
+VLLM_MAX_TEMPERATURE = 2.0
 # (key, lower, upper, lower inclusive, upper inclusive); None = unbounded
 RANGES: list[tuple[str, float | None, float | None, bool, bool]] = [
     ("gae.gamma", 0.0, 1.0, False, True),
@@ -233,6 +235,13 @@ def _relations(get: Any) -> list[str]:
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
         problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")
     problems += _ranks(get)
+    if get("rollout.backend") == "vllm":
+        for key in ("rollout.temperature", "rollout.eval_temperature"):
+            if get(key) > VLLM_MAX_TEMPERATURE:  # vLLM's SamplingParams refuses it mid-run
+                problems.append(
+                    f"{key}={get(key)}: vLLM samples at temperatures in [0, 2]; lower it, or use "
+                    "rollout.backend=builtin"
+                )
     if get("task.name") == "arith":
         problems += _arith_answer_fits(int(get("rollout.max_new_tokens")), get("task.options"))
     return problems
