@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from fake_vllm import CUDA  # vllm.platforms.current_platform on a CUDA GPU
 from torch import nn
 
 from vapo_lab.errors import ConfigError
@@ -29,19 +30,6 @@ from vapo_lab.rollout.vllm_backend import (
     require_vllm,
     weight_buckets,
 )
-
-
-class _CudaPlatform:
-    """vllm.platforms.current_platform on a CUDA GPU."""
-
-    device_type = "cuda"
-
-    @staticmethod
-    def is_sleep_mode_available() -> bool:
-        return True
-
-
-CUDA = _CudaPlatform()
 
 
 class Four(nn.Module):

@@ -6,6 +6,7 @@ them there with VAPO_REQUIRE_VLLM=1, where a missing or broken vLLM fails them i
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -69,3 +70,34 @@ def base():
     tokenizer = load_tokenizer(built.path, False)
     problems = list(task_for(cfg.task).eval)[:8]
     return built.path, model, tokenizer, encode_prompts(tokenizer, problems, "none")
+
+
+def train(workdir, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``vapo-lab train --quiet args`` in ``workdir`` as a user would (``env`` added)."""
+    return subprocess.run(
+        [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# a small GRPO run through vLLM (no critic to build) on a checkpoint: the shipped base model's
+# folder, appended as model.path by each test
+GRPO_RUN = [
+    "model=hf",
+    "model.chat_template=none",
+    "model.dtype=float32",  # the embedded default's; a checkpoint's default is bfloat16
+    "--algo",
+    "grpo",
+    "rollout=vllm",
+    "rollout.vllm.enforce_eager=true",  # no torch.compile: the engine builds in ~10 s, not ~40
+    "rollout.responses_per_step=16",
+    "rollout.group_size=4",
+    "rollout.eval_samples=2",
+    "trainer.mini_batch_size=8",
+    "trainer.save_every=1",
+    "tracking=none",
+]

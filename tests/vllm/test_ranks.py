@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import torch
 
 from tests.distributed.conftest import torchrun
 from tests.trainer.conftest import last_metrics
+from tests.vllm.conftest import GRPO_RUN, train
 from vapo_lab.rollout.vllm_backend import VllmEngine
 
 pytestmark = pytest.mark.vllm
@@ -77,48 +75,25 @@ def test_a_rank_sampling_without_its_group_fails_instead_of_hanging(pair):
 
 
 RUN = [
-    "model=hf",
-    "model.chat_template=none",
-    "model.dtype=float32",  # the embedded default's; a checkpoint's default is bfloat16
-    "--algo",
-    "grpo",
-    "rollout=vllm",
+    *GRPO_RUN,
     "rollout.vllm.tensor_parallel_size=2",
-    "rollout.vllm.enforce_eager=true",
     "trainer.strategy=fsdp",
     "trainer.nproc_per_node=2",
     "trainer.threads=1",
-    "rollout.responses_per_step=16",
-    "rollout.group_size=4",
-    "rollout.eval_samples=2",
     "task.n_eval=1",  # rank 1 evaluates nothing, and samples beside rank 0 all the same
-    "trainer.mini_batch_size=8",
     "trainer.total_steps=3",
     "trainer.eval_every=3",
-    "trainer.save_every=1",
-    "tracking=none",
 ]
-
-
-def _train(workdir, *args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def test_fsdp2_with_a_tensor_parallel_engine_trains_and_resumes_exactly(base, tmp_path):
     run = [*RUN, f"model.path={base[0]}"]
-    full = _train(tmp_path, *run, "run_name=full")
+    full = train(tmp_path, *run, "run_name=full")
     assert full.returncode == 0, full.stderr[-3000:]
-    killed = _train(tmp_path, *run, "run_name=killed", env={"VAPO_FAULT": "rollout@2"})
+    killed = train(tmp_path, *run, "run_name=killed", env={"VAPO_FAULT": "rollout@2"})
     assert killed.returncode != 0
     assert max(last_metrics(tmp_path / "runs" / "killed")) == 1
-    resumed = _train(tmp_path, "resume=runs/killed")
+    resumed = train(tmp_path, "resume=runs/killed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = (last_metrics(tmp_path / "runs" / name) for name in ("full", "killed"))
     assert sorted(a) == sorted(b) == [0, 1, 2, 3]

@@ -10,46 +10,21 @@ as a user starts them.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.trainer.conftest import last_metrics
+from tests.vllm.conftest import GRPO_RUN, train
 
 pytestmark = pytest.mark.vllm
 
 RUN = [
-    "model=hf",
-    "model.chat_template=none",
-    "model.dtype=float32",  # the embedded default's; a checkpoint's default is bfloat16
-    "--algo",
-    "grpo",
-    "rollout=vllm",
-    "rollout.vllm.enforce_eager=true",  # no torch.compile: the engine builds in ~10 s, not ~40
-    "rollout.responses_per_step=16",
-    "rollout.group_size=4",
-    "rollout.eval_samples=2",
+    *GRPO_RUN,
     "task.n_eval=8",
-    "trainer.mini_batch_size=8",
     "trainer.total_steps=4",
     "trainer.eval_every=2",
-    "trainer.save_every=1",
     "trainer.threads=2",
-    "tracking=none",
 ]
-
-
-def _train(workdir, *args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "vapo_lab.cli", "train", "--quiet", *args],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, **(env or {})},
-    )
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +32,7 @@ def full(base, tmp_path_factory):
     """(working folder, the run's settings, {step: metrics}) of an uninterrupted run."""
     workdir = tmp_path_factory.mktemp("train")
     run = [*RUN, f"model.path={base[0]}"]
-    done = _train(workdir, *run, "run_name=full")
+    done = train(workdir, *run, "run_name=full")
     assert done.returncode == 0, done.stderr[-3000:]
     return workdir, run, last_metrics(workdir / "runs" / "full")
 
@@ -76,10 +51,10 @@ def test_the_engine_samples_what_the_updated_policy_would(full):
 
 def test_a_run_killed_after_a_checkpoint_resumes_as_if_never_stopped(full):
     workdir, run, uninterrupted = full
-    killed = _train(workdir, *run, "run_name=killed", env={"VAPO_FAULT": "rollout@3"})
+    killed = train(workdir, *run, "run_name=killed", env={"VAPO_FAULT": "rollout@3"})
     assert killed.returncode != 0
     assert max(last_metrics(workdir / "runs" / "killed")) == 2
-    resumed = _train(workdir, "resume=runs/killed")
+    resumed = train(workdir, "resume=runs/killed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stderr
     again = last_metrics(workdir / "runs" / "killed")
