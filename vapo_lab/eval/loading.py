@@ -80,10 +80,10 @@ def _check_vllm_context(ref: ModelRef, needed: int | None, max_tokens: int) -> N
     distribution, and says so)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(
+    architecture = AutoConfig.from_pretrained(
         ref.path, local_files_only=True, trust_remote_code=ref.trust_remote_code
     )
-    context = getattr(config, "max_position_embeddings", None)
+    context = getattr(architecture, "max_position_embeddings", None)  # HF's, not a run's
     if needed is None or context is None or needed <= context:
         return
     room = context - (needed - max_tokens)
