@@ -15,7 +15,7 @@ from fake_vllm import (
     VLLMValidationError,
 )
 
-EXTENSION = "vapo_lab.rollout.vllm_backend.WeightLoader"
+EXTENSION = "vapo_lab.rollout.vllm_worker.WeightLoader"
 PROMPT = [267, 296, 455, 330, 340, 456]
 
 

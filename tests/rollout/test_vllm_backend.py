@@ -382,7 +382,7 @@ def test_engine_is_in_process_with_the_worker_extension(fake_vllm):
     engine = _engine(enable_sleep_mode=True)
     kw = _FakeLLM.last.kwargs
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert kw["worker_extension_cls"] == "vapo_lab.rollout.vllm_backend.WeightLoader"
+    assert kw["worker_extension_cls"] == "vapo_lab.rollout.vllm_worker.WeightLoader"
     assert (
         kw["enable_sleep_mode"] is True
         and kw["logprobs_mode"] == "processed_logprobs"
@@ -630,7 +630,7 @@ def test_a_rank_without_prompts_gets_empty_samples(fake_vllm):
 def test_a_killed_tensor_parallel_groups_shared_memory_is_cleared_and_a_live_ones_kept(tmp_path):
     import mmap
 
-    from vapo_lab.rollout.vllm_backend import clear_stale_shm
+    from vapo_lab.rollout.vllm_worker import clear_stale_shm
 
     names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "other"]
     for name in names:

@@ -53,7 +53,7 @@ from tests.vllm.conftest import prompts
 
 pytestmark = pytest.mark.vllm
 
-EXTENSION = "vapo_lab.rollout.vllm_backend.WeightLoader"
+EXTENSION = "vapo_lab.rollout.vllm_worker.WeightLoader"
 SETTINGS = {
     "dtype": "float32",
     "enforce_eager": True,
