@@ -229,9 +229,9 @@ def test_a_vllm_run_short_of_the_tokens_asked_is_refused(fake_vllm):
 
 
 def test_the_kv_cache_holds_every_row_in_whole_blocks():
-    shape = types.SimpleNamespace(  # Qwen2.5-0.5B: 24 layers, 2 KV heads of 64
-        num_attention_heads=14, hidden_size=896, num_hidden_layers=24, num_key_value_heads=2
-    )
+    from vapo_lab.models.shapes import known_arch
+
+    shape = known_arch("Qwen2.5-0.5B")  # 24 layers, 2 KV heads of 64
     # 128 rows x (600 / 128 -> 5 blocks, + 1) x 128 tokens x 24,576 bytes a token in float32
     assert generate.kv_cache_gb(shape, 128, 600, torch.float32) == 128 * 6 * 128 * 24576 / 2**30
     assert generate.kv_cache_gb(shape, 16, 100, torch.bfloat16) == 1.0  # the wrapper's floor

@@ -217,14 +217,14 @@ def prompt_ids(tokenizer: Any, task: Any, prompts: int) -> list[list[int]]:
     return [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in task.eval[:prompts]]
 
 
-def kv_cache_gb(config: Any, rows: int, max_model_len: int, dtype: torch.dtype) -> float:
+def kv_cache_gb(shape: Any, rows: int, max_model_len: int, dtype: torch.dtype) -> float:
     """Returns the host memory (GiB) of a vLLM CPU KV cache that holds every row at once, each in
     whole blocks; at least the wrapper's 1 GiB (a smaller one would make vLLM queue rows)."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+    from vapo_lab.models.counts import kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(shape, dtype.itemsize)
     blocks = rows * (math.ceil(max_model_len / VLLM_BLOCK) + 1)
-    return max(1.0, blocks * VLLM_BLOCK * per_token * dtype.itemsize / 2**30)
+    return max(1.0, blocks * VLLM_BLOCK * per_token / 2**30)
 
 
 def build_vllm_engine(
@@ -251,6 +251,7 @@ def build_vllm_engine(
         ConfigError: vLLM cannot run here (``require_vllm_engine``).
     """
     require_vllm_engine()
+    from vapo_lab.models.shapes import Shape
     from vapo_lab.rollout.vllm_backend import VllmEngine
 
     model, tokenizer, task = built
@@ -271,7 +272,9 @@ def build_vllm_engine(
             seed=seed,
             max_model_len=max_model_len,
             enforce_eager=eager,
-            cpu_kv_cache_gb=kv_cache_gb(model.config, most * samples, max_model_len, dtype),
+            cpu_kv_cache_gb=kv_cache_gb(
+                Shape.from_hf_config(model.config.to_dict()), most * samples, max_model_len, dtype
+            ),
         )
         return engine, time.perf_counter() - start
     finally:

@@ -78,13 +78,10 @@ def _check_vllm_context(ref: ModelRef, needed: int | None, max_tokens: int) -> N
     """Raises EvalError when the longest prompt plus ``max_tokens`` (``needed``) exceeds the
     model's context: vLLM refuses to build such an engine (the built-in sampler goes on, out of
     distribution, and says so)."""
-    from transformers import AutoConfig
+    from vapo_lab.models.shapes import read_shape
 
-    architecture = AutoConfig.from_pretrained(
-        ref.path, local_files_only=True, trust_remote_code=ref.trust_remote_code
-    )
-    context = getattr(architecture, "max_position_embeddings", None)  # HF's, not a run's
-    if needed is None or context is None or needed <= context:
+    context = read_shape(ref.path).max_position_embeddings  # 0: the config does not say
+    if needed is None or not context or needed <= context:
         return
     room = context - (needed - max_tokens)
     fix = f"lower --max-tokens to {room}" if room > 0 else "use shorter prompts"
