@@ -316,17 +316,18 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
 def _reserve_how(p: RunPlan) -> str:
     """Returns how the reserve a CUDA rank holds beyond its tensors is made up
     (``models.footprint.gpu_reserve``)."""
-    from vapo_lab.models.footprint import CUDA_CONTEXT_BYTES, GB, NCCL_COMMUNICATOR_BYTES
+    from vapo_lab.models.footprint import (
+        CUDA_CONTEXT_BYTES,
+        GB,
+        NCCL_COMMUNICATOR_BYTES,
+        nccl_groups,
+    )
 
     s = p.setup
-    groups = [
-        name
-        for name, size in (
-            ("the trainer's ranks", s.world if s.strategy == "fsdp" else 1),
-            ("vLLM's tensor-parallel group", s.tensor_parallel_size if s.engine == "vllm" else 1),
-        )
-        if size > 1
-    ]
+    groups = nccl_groups(
+        s.world if s.strategy == "fsdp" else 1,
+        s.tensor_parallel_size if s.engine == "vllm" else 1,
+    )
     nccl = (
         f" + {len(groups)} NCCL communicator{'s' if len(groups) > 1 else ''} x "
         f"{NCCL_COMMUNICATOR_BYTES / GB:.2f} GB ({', '.join(groups)})"

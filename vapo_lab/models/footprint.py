@@ -96,12 +96,17 @@ class Setup:
     sample_bytes: int = 4
 
 
+def nccl_groups(world: int, tensor_parallel: int) -> list[str]:
+    """Returns the process groups a CUDA rank holds an NCCL communicator for: the trainer's
+    ``world`` ranks when there are several, vLLM's tensor-parallel group when it spans several."""
+    groups = {"the trainer's ranks": world, "vLLM's tensor-parallel group": tensor_parallel}
+    return [name for name, size in groups.items() if size > 1]
+
+
 def gpu_reserve(world: int, tensor_parallel: int) -> float:
     """Returns the bytes a CUDA rank holds outside torch's tensors and vLLM's share: its CUDA
-    context, and an NCCL communicator's buffers for the trainer's ``world`` ranks when there are
-    several and for vLLM's tensor-parallel group when it spans several."""
-    communicators = (world > 1) + (tensor_parallel > 1)
-    return CUDA_CONTEXT_BYTES + communicators * NCCL_COMMUNICATOR_BYTES
+    context and its NCCL communicators' buffers (``nccl_groups``)."""
+    return CUDA_CONTEXT_BYTES + len(nccl_groups(world, tensor_parallel)) * NCCL_COMMUNICATOR_BYTES
 
 
 @dataclass(frozen=True)
@@ -582,6 +587,7 @@ __all__ = [
     "embedding_params",
     "estimate",
     "gpu_reserve",
+    "nccl_groups",
     "kv_bytes_per_sequence",
     "kv_bytes_per_token",
     "layer_params",
