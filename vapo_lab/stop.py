@@ -15,6 +15,14 @@ A second signal, or a request still waiting after ``FORCE_AFTER_S`` (a long step
 the run where it is: Slurm (``KillWait``) and torchrun both send SIGKILL 30 s after their SIGTERM
 by default, and a run stopped before then is still recorded as KILLED.
 
+A Slurm job's time is planned, not hoped: the handler knows when the job must have saved and ended
+(``deadline``), and a safe point told what the next unit of work needs (``need_s``: the measured
+step, evaluation and save of this attempt, :class:`AttemptClock`) stops the run there, saving,
+once it no longer fits: a save-and-stop like Slurm's warning, on every rank at the same point.
+The warning (``SAVE_SIGNAL``) stays as the fallback; one still waiting after ``save_within`` calls
+``overdue`` from the watchdog thread (the cell's requeue from its last checkpoint), since an
+interrupt cannot reach a rank blocked in a device sync behind a collective.
+
 The launch code installs the handler (``vapo-lab train``, a grid cell, each of torchrun's ranks);
 the module sits below the trainer so that the trainer can ask it without importing the launch
 layer.
@@ -27,7 +35,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +82,17 @@ class StopHandler:
     started with the handler forces a request that waits too long.
     """
 
-    def __init__(self, save_within: float | None = None) -> None:
+    def __init__(
+        self,
+        save_within: float | None = None,
+        deadline: float | None = None,
+        overdue: Callable[[], None] | None = None,
+    ) -> None:
         self.request: StopRequest | None = None
         # SAVE_SIGNAL: how long its request may wait for a safe point that can save
         self.save_within = save_within
+        self.deadline = deadline  # time.time() by which the job must have saved and ended
+        self.overdue = overdue  # SAVE_SIGNAL past save_within: called instead of an interrupt
         self.previous_save_handler: Any = None  # submitit's, called to requeue after the save
         self._forced = False
         self._closed = threading.Event()
@@ -102,13 +117,18 @@ class StopHandler:
                 f"{signal.Signals(signum).name} twice", f"signal {signum}, the run stopped at once"
             )
 
-    def stop_point(self, world: Any = None, can_save: bool = True) -> None:
+    def stop_point(self, world: Any = None, can_save: bool = True, need_s: float = 0.0) -> None:
         """Raises StopRequested if a stop was asked of this process or, on many ranks, of any rank
         of ``world`` (a ``World``; every rank must call this at the same points: it is a
         collective). The request is consumed: a later signal is a new one. A ``SAVE_SIGNAL``
-        request waits for a point that ``can_save`` (the same on every rank)."""
+        request waits for a point that ``can_save`` (the same on every rank). At a point that
+        ``can_save``, ``need_s`` (what the next unit of work and its save take) past the
+        ``deadline`` is a save-and-stop too, reason "time limit"."""
         req = self.request
         signum = req.signum if req else 0
+        late = self._too_late(need_s) if can_save and not signum else None
+        if late is not None:
+            signum = SAVE_SIGNAL
         if world is not None and world.initialized:
             # any stop outranks a save-and-stop: SIGTERM's 15 and SIGINT's 2 above USR2's 12
             signum = int(world.max(float(_rank(signum))))
@@ -118,6 +138,8 @@ class StopHandler:
         if signum == SAVE_SIGNAL and not can_save:
             return
         self.request, self._forced = None, False
+        if late is not None:
+            raise StopRequested("time limit", late, signum, save=True)
         when = (
             "by another rank"
             if req is None
@@ -128,6 +150,18 @@ class StopHandler:
             f"signal {signum}, received {when}",
             signum,
             save=signum == SAVE_SIGNAL,
+        )
+
+    def _too_late(self, need_s: float) -> str | None:
+        """Returns why the next unit of work no longer fits before the deadline, or None."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.time()
+        if left >= need_s:
+            return None
+        return (
+            f"{left:.0f} s left before the job's time limit; "
+            f"the next unit and a save need {need_s:.0f} s"
         )
 
     def close(self) -> None:
@@ -145,6 +179,9 @@ class StopHandler:
             late = req is not None and time.time() - req.at >= self._deadline(req.signum)
             if req is not None and not self._forced and late:
                 self._forced = True
+                if req.signum == SAVE_SIGNAL and self.overdue is not None:
+                    self.overdue()  # from this thread: the main one may be blocked in a collective
+                    continue
                 # the handler runs in the main thread, as for a signal
                 _thread.interrupt_main(req.signum)
 
@@ -172,21 +209,60 @@ def installed() -> StopHandler | None:
     return _installed
 
 
-def stop_point(world: Any = None, can_save: bool = True) -> None:
-    """A safe point: raises StopRequested if a stop was asked (see ``StopHandler.stop_point``; on
-    many ranks a collective). Without an installed handler (a run in a library call, a thread) it
-    does nothing, on every rank alike: ranks are started by the same code."""
+def stop_point(world: Any = None, can_save: bool = True, need_s: float = 0.0) -> None:
+    """A safe point: raises StopRequested if a stop was asked, or ``need_s`` no longer fits before
+    the job's deadline (see ``StopHandler.stop_point``; on many ranks a collective). Without an
+    installed handler (a run in a library call, a thread) it does nothing, on every rank alike:
+    ranks are started by the same code."""
     if _installed is not None:
-        _installed.stop_point(world, can_save)
+        _installed.stop_point(world, can_save, need_s)
 
 
-def sigterm_interrupts(save_within: float | None = None) -> StopHandler | None:
+class AttemptClock:
+    """How long each kind of work took in this process (this attempt of a job): what the next one
+    is expected to need (``need``), the longest of each kind plus the last save, so that the run
+    stops before a unit it cannot finish and save. Kinds never measured count 0: the first step of
+    an attempt always runs (Slurm's warning is the fallback)."""
+
+    def __init__(self) -> None:
+        self.longest: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def timing(self, kind: str) -> Iterator[None]:
+        """Times the body as one unit of ``kind``."""
+        t0 = time.perf_counter()
+        yield
+        self.add(kind, time.perf_counter() - t0)
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
+        self.last[kind] = seconds
+
+    def need(self, *kinds: str, save: str = "save") -> float:
+        """Returns the seconds the next unit made of ``kinds`` and a save needs, plus
+        ``STOP_MARGIN_S`` for the stop itself (the requeue, the processes' exit)."""
+        work = sum(self.longest.get(k, 0.0) for k in kinds)
+        return work + self.last.get(save, 0.0) + STOP_MARGIN_S
+
+
+# beside the work and the save, what a stop for the time limit keeps for itself: the collective
+# that agrees on it, submitit's requeue (scontrol) and every process's exit
+STOP_MARGIN_S = 20.0
+
+
+def sigterm_interrupts(
+    save_within: float | None = None,
+    deadline: float | None = None,
+    overdue: Callable[[], None] | None = None,
+) -> StopHandler | None:
     """Makes SIGTERM and Ctrl-C stop the run at its next safe point (see the module docstring);
     returns the handler, or None off the main thread (only the main thread can set a handler).
 
     ``save_within`` (seconds): ``SAVE_SIGNAL`` too, a stop that saves a checkpoint at the next safe
-    point after a step, or where the run is once that long has passed; the handler keeps the one it
-    replaced (submitit's checkpoint-and-requeue) in ``previous_save_handler``.
+    point after a step, or once that long has passed, ``overdue()`` (None: the run stops where it
+    is); the handler keeps the one it replaced (submitit's checkpoint-and-requeue) in
+    ``previous_save_handler``. ``deadline``: see ``StopHandler.stop_point``.
 
     Under submitit, which ignores SIGTERM so that Slurm's SIGKILL ``KillWait`` seconds later is
     what ends a job, this handler replaces submitit's: a cancelled cell stops within one step, its
@@ -200,7 +276,7 @@ def sigterm_interrupts(save_within: float | None = None) -> StopHandler | None:
     if isinstance(previous, StopHandler):
         previous.close()
     global _installed
-    handler = StopHandler(save_within)
+    handler = StopHandler(save_within, deadline, overdue)
     for signum in SIGNALS:
         signal.signal(signum, handler)
     if save_within is not None:

@@ -20,9 +20,11 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +155,12 @@ def cell_tags(job: CellJob) -> dict[str, str]:
     }
 
 
-def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
+def run_cell(
+    job: CellJob,
+    save_within: float | None = None,
+    deadline: float | None = None,
+    overdue: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Runs (or resumes, or skips when finished) one cell; returns its final status record.
 
     The process that writes the cell's status holds ``status/<key>.lock`` while it runs: a second
@@ -161,7 +168,9 @@ def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
     line naming the first, leaving its status and folder alone.
 
     ``save_within`` (seconds, a Slurm job's): SIGUSR2 saves a checkpoint at the next safe point
-    after a step and stops the run (``vapo_lab.stop``), its status left running for the requeue.
+    after a step and stops the run (``vapo_lab.stop``), its status left running for the requeue;
+    ``overdue`` is called if no such point came in time. ``deadline`` (``time.time()``): the run
+    saves and stops at the first safe point whose next step and save would not fit before it.
 
     In a many-rank cell every rank calls this (see the module docstring); rank 0 writes the status
     file, the other ranks return ``{"state": "finished", "rank": r}`` when they are done.
@@ -172,14 +181,15 @@ def run_cell(job: CellJob, save_within: float | None = None) -> dict[str, Any]:
     Raises:
         Busy: another process runs the cell.
     """
+    stops = (save_within, deadline, overdue)
     if not writes_status():
-        return _run_cell(job, save_within)
+        return _run_cell(job, stops)
     lock = status_path(Path(job.grid_dir), job.spec.key).with_suffix(".lock")
     with exclusive(lock, f"cell {job.spec.key}", "it runs there; nothing was started here"):
-        return _run_cell(job, save_within)
+        return _run_cell(job, stops)
 
 
-def _run_cell(job: CellJob, save_within: float | None) -> dict[str, Any]:
+def _run_cell(job: CellJob, stops: tuple[Any, ...]) -> dict[str, Any]:
     """``run_cell``'s run, under its lock in the process that writes the status."""
     from vapo_lab.runs.folder import is_run_dir, resume_config
     from vapo_lab.stop import SAVE_SIGNAL, StopRequested, sigterm_interrupts
@@ -210,7 +220,7 @@ def _run_cell(job: CellJob, save_within: float | None) -> dict[str, Any]:
             tracking=None,
         )
     # scancel / preemption / `vapo-lab cancel`: stop within a step, marked killed
-    sigterm_interrupts(save_within)
+    sigterm_interrupts(*stops)
 
     def log(text: str) -> None:
         if writer:  # the ranks of a cell share its log: one copy of each line
@@ -375,8 +385,10 @@ class CellJobRunner:
         if job.world_size > 1:
             join_slurm_ranks()
         within = None if self.signal_delay_s is None else SAVE_SHARE * self.signal_delay_s
+        # rank 0 alone knows the deadline: the ranks agree on a stop at every safe point
+        deadline = job_deadline() if cell_rank() == 0 else None
         try:
-            return run_cell(job, within)
+            return run_cell(job, within, deadline, _requeue_from_thread)
         except StopRequested as stop:
             if stop.signum != SAVE_SIGNAL:
                 raise
@@ -394,6 +406,56 @@ class CellJobRunner:
         import submitit
 
         return submitit.helpers.DelayedSubmission(CellJobRunner(self.signal_delay_s), job)
+
+
+def job_deadline(margin_s: float = 0.0) -> float | None:
+    """Returns when this Slurm job reaches its time limit (``time.time()``), as ``squeue`` tells
+    its time left; None outside a job, or where squeue does not say (no limit)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%L"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    left = slurm_seconds(out.stdout.strip()) if out.returncode == 0 else None
+    return None if left is None else time.time() + left - margin_s
+
+
+def slurm_seconds(text: str) -> float | None:
+    """Returns the seconds of a Slurm duration ("[days-][hours:]minutes:seconds", or a count of
+    minutes); None for "UNLIMITED", "NOT_SET" or anything else."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    parts = rest.split(":")
+    if not (days.isdigit() and all(p.isdigit() for p in parts)) or not 1 <= len(parts) <= 3:
+        return None
+    if len(parts) == 1:  # minutes alone
+        return 86400.0 * int(days) + 60.0 * int(parts[0])
+    hms = [0] * (3 - len(parts)) + [int(p) for p in parts]
+    return 86400.0 * int(days) + 3600.0 * hms[0] + 60.0 * hms[1] + hms[2]
+
+
+def _requeue_from_thread() -> None:
+    """Slurm's warning found no safe point in time (a step longer than planned): requeue the job
+    from its last checkpoint now, from the stop watchdog's thread (the main one may be blocked in
+    a collective, where no interrupt reaches it). submitit acts on global rank 0 only."""
+    from vapo_lab import stop as stop_module
+
+    handler = stop_module.installed()
+    previous = handler.previous_save_handler if handler is not None else None
+    if not callable(previous):
+        return
+    print(
+        "Slurm's warning found no safe point in time: requeuing from the last checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        previous(stop_module.SAVE_SIGNAL, None)
+    except BaseException as e:  # noqa: BLE001 - submitit's exit, or a failed scontrol
+        print(f"requeue from the watchdog: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _requeue() -> None:

@@ -38,7 +38,9 @@ from vapo_lab.seeds import (
     reward_model_data_seed,
     reward_model_rollout_seed,
 )
+from vapo_lab.stop import AttemptClock
 from vapo_lab.trainer.advantages import compute_advantages
+from vapo_lab.trainer.building import RoundBuild, one_builder
 from vapo_lab.trainer.collect import DataStream
 from vapo_lab.trainer.forward import Rows, token_micro_batches, value_forward
 from vapo_lab.trainer.metrics import critic_metrics
@@ -102,7 +104,7 @@ def pretrained_critic_key(critic_key: str, config: VapoConfig) -> str:
         critic_key,
         dataclasses.asdict(config.task),
         dataclasses.asdict(config.reward),
-        dataclasses.asdict(config.critic),
+        _shaping(config.critic),
         r.temperature,
         r.top_p,
         r.max_new_tokens,
@@ -117,6 +119,11 @@ def pretrained_critic_key(critic_key: str, config: VapoConfig) -> str:
         ["optimiser", *optimiser],
         ["dtype", config.model.dtype],
     )
+
+
+def _shaping(critic: Any) -> dict[str, Any]:
+    """The critic settings that shape its weights: all but when its start saves."""
+    return {k: v for k, v in dataclasses.asdict(critic).items() if k != "save_every"}
 
 
 def critic_start_key(policy_key: str, config: VapoConfig) -> str:
@@ -174,9 +181,15 @@ class CriticStart:
     """Builds the critic a run starts from, out of the run's parts (every rank takes part)."""
 
     def __init__(
-        self, config: VapoConfig, parts: Parts, log_metrics: LogMetrics, log: Callable[[str], None]
+        self,
+        config: VapoConfig,
+        parts: Parts,
+        log_metrics: LogMetrics,
+        log: Callable[[str], None],
+        clock: AttemptClock | None = None,
     ) -> None:
         self.config, self.parts, self.log_metrics, self.log = config, parts, log_metrics, log
+        self.clock = clock or AttemptClock()
         self.phases = Phases(parts, config.trainer, config.rollout.temperature)
         self.sharded = is_sharded(parts.policy)  # built sharded: every critic is too
 
@@ -185,15 +198,24 @@ class CriticStart:
         cached pretrained critic, or one started as ``critic.init`` says and value-pretrained when
         ``critic.pretrain.enabled``, building and caching what is missing."""
         c, p = self.config.critic, self.parts
+        if not c.pretrain.enabled:
+            return self._started()
         start_key = critic_start_key(p.policy_key, self.config)
-        if c.pretrain.enabled:
-            key = pretrained_critic_key(start_key, self.config)
-            found = _found(p.world, "pretrained_critic", key, "pretrained critic", self.log)
+        key = pretrained_critic_key(start_key, self.config)
+        what = "pretrained critic"
+        # the outer lock of two: every job takes this one before the reward model's
+        with one_builder(p.world, "pretrained_critic", key, f"the {what} {key}", self.log):
+            found = _found(p.world, "pretrained_critic", key, what, self.log)
             if found is not None:
                 meta = json.loads((found / "meta.json").read_text())
                 for i, m in enumerate(meta["history"]):
                     self.log_metrics(m, i)
                 return self._load(found)
+            return self._pretrain(self._started(), key)
+
+    def _started(self) -> ValueModel:
+        """Returns the critic as ``critic.init`` starts it (the reward model built if need be)."""
+        c, p = self.config.critic, self.parts
         if c.init in RM_INITS:
             critic = self._load(self._reward_model())
         elif c.init == "policy":
@@ -201,8 +223,6 @@ class CriticStart:
         else:
             seed = random_critic_seed(self.config.seed)
             critic = self._ready(ValueModel.random_like(p.policy, seed=seed))
-        if c.pretrain.enabled:
-            critic = self._pretrain(critic, key)
         return critic
 
     def _ready(self, critic: ValueModel) -> ValueModel:
@@ -243,11 +263,14 @@ class CriticStart:
         samples; a critic started from it predicts the final reward everywhere, right at the end of
         a response and biased before it (the paper's starting point).
         """
-        c, p, world = self.config.critic, self.parts, self.parts.world
+        p = self.parts
         key = reward_model_key(p.policy_key, self.config)
-        found = _found(world, "reward_model", key, "reward model", self.log)
-        if found is not None:
-            return found
+        with one_builder(p.world, "reward_model", key, f"the reward model {key}", self.log):
+            found = _found(p.world, "reward_model", key, "reward model", self.log)
+            return found if found is not None else self._build_reward_model(key)
+
+    def _build_reward_model(self, key: str) -> Path:
+        c, p, world = self.config.critic, self.parts, self.parts.world
         self.log(f"building the reward model ({c.rm_steps} steps of {c.rm_batch} samples)")
         data = DataStream(p.task.train, reward_model_data_seed(self.config.task.seed))
         gen = torch.Generator().manual_seed(
@@ -265,8 +288,8 @@ class CriticStart:
         )
         descent = Descent(self.config.trainer, gen, world)
         budget = max(1, c.rm_tokens_per_step // world.size)  # a step's tokens over the ranks
-        history = []
-        for step in range(c.rm_steps):
+        build = self._rounds("reward_model", key, rm, optimizer, {"rollout": gen}, data, None)
+        for step in build.rounds(c.rm_steps):
             batch, _ = self.phases.rollout(rollout, False, data, gen, p.policy, [rm], [optimizer])
             rm.train()
             # each step a token budget of rows in a random order (not sorted by length)
@@ -277,12 +300,39 @@ class CriticStart:
             steps += [None] * (int(world.max(len(steps))) - len(steps))
             for mb in steps:
                 loss = self._regress(rm, optimizer, descent, batch, mb, step)
-            history.append(loss)
+            build.record(loss)
             self.phases.push(p.policy)
         rm.eval()
         path = CACHE_DIR / "reward_model" / key
-        _save(rm, path, {"kind": "reward_model", "loss": history}, world)
+        _save(rm, path, {"kind": "reward_model", "loss": build.history}, world)
+        build.finish()
         return path
+
+    def _rounds(
+        self,
+        kind: str,
+        key: str,
+        model: ValueModel,
+        optimizer: torch.optim.Optimizer,
+        generators: dict[str, torch.Generator],
+        data: DataStream,
+        log_metrics: LogMetrics | None,
+    ) -> RoundBuild:
+        every = self.config.critic.save_every
+        world = self.parts.world
+        return RoundBuild(
+            kind,
+            key,
+            world,
+            model,
+            optimizer,
+            generators,
+            data,
+            every,
+            self.clock,
+            self.log,
+            log_metrics,
+        )
 
     def _regress(
         self,
@@ -336,8 +386,14 @@ class CriticStart:
         shuffle = torch.Generator().manual_seed(pretrain_update_seed())
         update = CriticUpdate(Descent(cfg.trainer, shuffle, world), cfg.critic, critic, optimizer)
         targets = dataclasses.replace(cfg.gae, lam_critic=pre.lam, lam_critic_mode="decoupled")
-        history: list[dict[str, float]] = []
-        for step in range(pre.steps):
+        gens = {"rollout": gen, "shuffle": shuffle}
+        build = self._rounds(
+            "pretrained_critic", key, critic, optimizer, gens, data, self.log_metrics
+        )
+        done = pre.min_explained_variance is not None and any(
+            m["pretrain/explained_variance"] >= pre.min_explained_variance for m in build.history
+        )
+        for step in build.rounds(0 if done else pre.steps):
             batch, _ = self.phases.rollout(
                 cfg.rollout, False, data, gen, p.policy, [critic], [optimizer]
             )
@@ -351,10 +407,10 @@ class CriticStart:
                 "pretrain/explained_variance": ev,
                 "pretrain/reward": world.mean(batch.scores),
             }
-            history.append(metrics)
-            self.log_metrics(metrics, step)
+            build.record(metrics)
             if pre.min_explained_variance is not None and ev >= pre.min_explained_variance:
                 break
+        history = build.history
         path = CACHE_DIR / "pretrained_critic" / key
         _save(
             critic,
@@ -362,14 +418,20 @@ class CriticStart:
             {"kind": "pretrained_critic", "history": history, "steps": len(history)},
             world,
         )
+        build.finish()
         return critic
 
 
 def start_critic(
-    config: VapoConfig, parts: Parts, log_metrics: LogMetrics, log: Callable[[str], None]
+    config: VapoConfig,
+    parts: Parts,
+    log_metrics: LogMetrics,
+    log: Callable[[str], None],
+    clock: AttemptClock | None = None,
 ) -> ValueModel:
-    """Returns the critic a run of ``config`` starts from (``CriticStart.critic``)."""
-    return CriticStart(config, parts, log_metrics, log).critic()
+    """Returns the critic a run of ``config`` starts from (``CriticStart.critic``); ``clock``: the
+    attempt's measured times, for the stop before the job's time limit."""
+    return CriticStart(config, parts, log_metrics, log, clock).critic()
 
 
 def prepare_caches(config: VapoConfig, log: Callable[[str], None]) -> None:

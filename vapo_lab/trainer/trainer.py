@@ -35,7 +35,7 @@ from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from vapo_lab.runs.folder import CHECKPOINTS
 from vapo_lab.seeds import heldout_seed, rollout_reseed, rollout_seed, update_seed
-from vapo_lab.stop import StopRequested, stop_point
+from vapo_lab.stop import AttemptClock, StopRequested, stop_point
 from vapo_lab.trainer.advantages import compute_advantages
 from vapo_lab.trainer.caches import start_critic
 from vapo_lab.trainer.checkpointer import (
@@ -125,6 +125,7 @@ class Trainer:
         self.phases = Phases(parts, config.trainer, config.rollout.temperature)
         self.critic = self.critic_opt = self.critic_sched = None
         self.step, self.best_eval, self.warned_lambda = 0, None, False
+        self.clock = AttemptClock()  # this attempt's step, evaluation and save times
         self.started = self.closed = False
         # chosen before the tracking run is reopened: a refused checkpoint leaves its status as it
         # was
@@ -150,7 +151,9 @@ class Trainer:
         t = config.trainer
         try:
             if config.algo.advantage == "gae":
-                self.critic = start_critic(config, self.parts, self.record.log_metrics, self.log)
+                self.critic = start_critic(
+                    config, self.parts, self.record.log_metrics, self.log, self.clock
+                )
                 self.critic_opt = adamw(self.critic.parameters(), t.critic_lr, t)
                 self.critic_sched = warmup_constant(self.critic_opt, t.warmup_steps)
             # sharded after the critic's start, which copies the whole policy
@@ -219,6 +222,7 @@ class Trainer:
         # a resumed run has its step's checkpoint; a save-and-stop waits for a step of this call's
         started = saved = self.step
         logged = self.step  # the last step whose metrics were logged: what a stop reports done
+        clock = self.clock
         try:
             if self.step == 0:
                 stop_point(self.world, can_save=False)
@@ -226,17 +230,23 @@ class Trainer:
                 base_eval = e[key]
                 self.record.log_metrics(e, 0)
             while self.step < total:
+                # the next step, its evaluation if it has one and a save must fit the job's time
+                evaluates = (self.step + 1) % t.eval_every == 0 or self.step + 1 == total
+                need = clock.need("step", *(["eval"] if evaluates else []))
                 try:
-                    stop_point(self.world, can_save=self.step > started)
+                    stop_point(self.world, can_save=self.step > started, need_s=need)
                 except StopRequested as stop:
                     if stop.save and saved != self.step:  # Slurm's time limit is near: keep it
-                        checkpoint, saved = self.checkpoints.save(self.step), self.step
+                        with clock.timing("save"):
+                            checkpoint, saved = self.checkpoints.save(self.step), self.step
                     raise
-                metrics = self.train_step()
+                with clock.timing("step"):
+                    metrics = self.train_step()
                 if self.step % t.eval_every == 0 or self.step == total:
                     # an evaluation can be long; the step is redone on resume
                     stop_point(self.world, can_save=False)
-                    e = self.evaluate()
+                    with clock.timing("eval"):
+                        e = self.evaluate()
                     metrics.update(e)
                     best = self.best_eval
                     self.best_eval = e[key] if best is None else max(best, e[key])
@@ -244,7 +254,8 @@ class Trainer:
                 logged = self.step
                 history.append({"step": self.step, **metrics})
                 if self.step % t.save_every == 0 or self.step == total:
-                    checkpoint, saved = self.checkpoints.save(self.step), self.step
+                    with clock.timing("save"):
+                        checkpoint, saved = self.checkpoints.save(self.step), self.step
                 if on_step and self.world.main:
                     on_step(self.step, metrics)
         except BaseException as e:
