@@ -1,5 +1,6 @@
 """The critic's caches: keys that a resumed run finds again, and the shipped default's entries."""
 
+import pytest
 from omegaconf import OmegaConf
 
 from vapo_lab.config.compose import compose_config
@@ -46,3 +47,22 @@ def test_the_prefix_reward_model_is_keyed_apart_and_the_defaults_keys_do_not_mov
     assert critic_start_key("p", prefix) == f"rm:{reward_model_key('p', prefix)}"
     assert set(critic_cache_keys("p", prefix)) == {"reward_model", "pretrained_critic"}
     assert critic_cache_keys("p", plain)["reward_model"] == reward_model_key("p", plain)
+
+
+def test_the_shared_filesystem_check_comes_right_after_the_ranks_join_before_any_load(monkeypatch):
+    from vapo_lab.errors import ConfigError
+    from vapo_lab.trainer import setup
+
+    done = []
+
+    class Blind:
+        def require_shared(self, folders):
+            done.append(("shared", sorted(str(p) for p in folders.values())))
+            raise ConfigError("rank 1 does not see runs")
+
+    monkeypatch.setattr(setup, "init_world", lambda trainer, device: Blind())
+    monkeypatch.setattr(setup, "checked_policy", lambda *a: done.append("load"))
+    config = typed(compose_config(overrides=["output_dir=shared/runs"]).cfg)
+    with pytest.raises(ConfigError, match="does not see"):
+        setup.build_parts(config, lambda text: None)
+    assert done == [("shared", [".vapo_cache", "shared/runs"])]

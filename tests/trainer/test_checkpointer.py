@@ -94,6 +94,20 @@ def test_a_loaded_checkpoint_continues_exactly_as_the_saved_parts_would(tmp_path
     assert torch.equal(b[3].gen.get_state(), a[3].gen.get_state())
 
 
+def test_a_dead_partial_save_is_removed_at_the_next_start_and_the_last_good_one_loads(tmp_path):
+    a = _parts(0)
+    _train(*a, steps=2)
+    good = _manager(tmp_path, *a).save(2)
+    # a save of step 3 killed before its rename (a sharded one's folder, and one process's)
+    for name in (".tmp_step_000003_ranks", ".tmp_step_000003"):
+        (tmp_path / name / "dcp").mkdir(parents=True)
+        (tmp_path / name / "dcp" / "__0_0.distcp").write_bytes(b"half")
+    b = _parts(1)
+    manager = _manager(tmp_path, *b)
+    assert not list(tmp_path.glob(".tmp_step_*"))  # gone at the start, before any save
+    assert manager.load() == good and b[3].n == 2
+
+
 def test_an_empty_folder_loads_nothing(tmp_path):
     assert _manager(tmp_path, *_parts(0)).load() is None
 

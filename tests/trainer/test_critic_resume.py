@@ -182,3 +182,43 @@ def test_a_build_resumes_from_its_periodic_save_after_a_hard_kill(dirs, monkeypa
     logged = _start(run, ROUNDS)
     assert [s for s, _ in logged] == [2, 3, 4]  # 0 and 1 went out with their save
     _assert_same_entries(run, ref)
+
+
+BUILD = """
+import hashlib, sys, torch
+from tests.trainer.test_critic_resume import ROUNDS, _start
+from vapo_lab.trainer import caches
+critic = []
+real = caches.CriticStart.critic
+caches.CriticStart.critic = lambda self: critic.append(real(self)) or critic[-1]
+_start(".", ROUNDS, lambda text: print(text, flush=True))
+h = hashlib.sha256()
+for name, t in sorted(critic[0].state_dict().items()):
+    h.update(name.encode()); h.update(t.detach().float().numpy().tobytes())
+print("critic", h.hexdigest(), flush=True)
+"""
+
+
+def test_two_jobs_that_need_the_same_critic_build_it_once_and_both_use_it(dirs):
+    import subprocess
+    import sys
+
+    ref, run = dirs
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", BUILD], cwd=run, env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [j.communicate(timeout=600)[0] for j in jobs]
+    assert [j.returncode for j in jobs] == [0, 0], outs
+    text = "".join(outs)
+    assert text.count("building the reward model") == 1, text
+    assert text.count("pretraining the critic") == 1, text
+    assert "waiting for it (its entry is reused once built)" in text
+    hashes = {ln.split()[1] for ln in text.splitlines() if ln.startswith("critic ")}
+    assert len(hashes) == 1  # both start from the one build
+    _assert_same_entries(run, ref)
+    assert len(list((run / CACHE_DIR / "pretrained_critic").iterdir())) == 2  # the entry, a lock

@@ -297,13 +297,15 @@ def _record_failure(job: CellJob, e: BaseException, rank: int, writer: bool) -> 
         path.write_text(line[:500] + "\n")
 
 
-def prepare(jobs: list[CellJob]) -> list[str]:
+def prepare(jobs: list[CellJob], critic: bool = True) -> list[str]:
     """Builds the caches every cell of a grid shares (base model, reward model, pretrained critic)
     once, before the cells start; returns one line per distinct cache set prepared.
 
     The caches are keyed by config, not by seed, so one seed of each cell is prepared, on one
     process (``trainer.caches.prepare_caches``). A many-rank cell's critic caches are keyed by its
     rank count and built by its own ranks when it runs; its preparation builds the base model only.
+    ``critic=False``: base models only for every cell (Slurm's prepare job, which has a time limit
+    and no requeue: the cells build the critic's start, resumable, one build a key).
     """
     if not jobs:
         return []
@@ -312,7 +314,7 @@ def prepare(jobs: list[CellJob]) -> list[str]:
     lines: list[str] = []
     for job in jobs:
         try:
-            lines.append(_prepare_one(job, done))
+            lines.append(_prepare_one(job, done, critic))
         except Exception as e:  # noqa: BLE001 - that cell fails with the same error when it runs
             last = (str(e).strip().splitlines() or [""])[-1]
             lines.append(f"could not prepare {job.spec.key}: {type(e).__name__}: {last}")
@@ -320,7 +322,7 @@ def prepare(jobs: list[CellJob]) -> list[str]:
     return [ln for ln in lines if ln]
 
 
-def _prepare_one(job: CellJob, done: set[str]) -> str:
+def _prepare_one(job: CellJob, done: set[str], critic: bool = True) -> str:
     from vapo_lab.config.schema import typed
 
     sections = {k: job.spec.config[k] for k in CACHE_SECTIONS}
@@ -332,7 +334,7 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
     nodes, per_node = cell_ranks(job.spec.config)
     log = lambda text: print(text, file=sys.stderr)  # noqa: E731
     t0 = time.perf_counter()
-    if nodes * per_node > 1:
+    if nodes * per_node > 1 or not critic:
         ranks = nodes * per_node
         if cfg.model.name != "tiny":
             return (
@@ -345,8 +347,8 @@ def _prepare_one(job: CellJob, done: set[str]) -> str:
         build_base_for(config.model, config.task, None, log=log, threads=config.trainer.threads)
         seconds = time.perf_counter() - t0
         return (
-            f"prepared {job.spec.name}: base model, {seconds:.0f}s (its {ranks} ranks build the "
-            "critic caches together)"
+            f"prepared {job.spec.name}: base model, {seconds:.0f}s (its {ranks} rank(s) build the "
+            "critic caches when it runs)"
         )
     from vapo_lab.trainer.caches import prepare_caches
 

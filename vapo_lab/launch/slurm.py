@@ -41,6 +41,8 @@ class SlurmLauncher:
 
     def preflight(self, settings: dict[str, Any], specs: list[CellSpec]) -> None:
         check_slurm(settings)
+        for spec in specs:
+            check_time(spec.config, settings, spec.name)
         given = settings.get("mem_gb")
         if given is None:
             return
@@ -66,7 +68,8 @@ class SlurmLauncher:
         ex = submitit.SlurmExecutor(folder=folder)
         ex.update_parameters(**_prepare_parameters(params))
         try:
-            prep = ex.submit(prepare, jobs)
+            # base models only: the cells build the critic's start (resumable, one build a key)
+            prep = ex.submit(prepare, jobs, False)
         except Exception as e:  # noqa: BLE001 - sbatch's refusal, in one line
             raise LaunchError(
                 f"sbatch refused the grid's prepare job: {_sbatch_error(e)}; submitted: none "
@@ -78,9 +81,13 @@ class SlurmLauncher:
             # a fresh executor per array: update_parameters merges, and one shape's parameters
             # (--ntasks-per-node, --gpus-per-node) must not leak into the next array
             ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
-            mem = group_mem_gb([j.spec.config for j in group], settings)
-            ex.update_parameters(**_array_parameters(params, str(prep.job_id), *shape, mem))
-            runner = CellJobRunner(params["signal_delay_s"])
+            configs = [j.spec.config for j in group]
+            mem = group_mem_gb(configs, settings)
+            array = _array_parameters(params, str(prep.job_id), *shape, mem)
+            array["signal_delay_s"] = group_signal_delay(configs, settings)
+            array["cpus_per_task"] = group_cpus(configs, settings)
+            ex.update_parameters(**array)
+            runner = CellJobRunner(array["signal_delay_s"])
             try:
                 arrays.append((shape, group, ex.map_array(runner, group)))
             except Exception as e:  # noqa: BLE001
@@ -206,12 +213,12 @@ def slurm_parameters(settings: dict[str, Any], name: str) -> dict[str, Any]:
         "job_name": name,
         "time": int(settings.get("time_min", 60)),
         "nodes": int(settings.get("nodes", 1)),
-        "cpus_per_task": int(settings.get("cpus_per_task", 1)),
+        "cpus_per_task": int(settings.get("cpus_per_task") or CPUS_PER_RANK),
         "mem": f"{int(settings.get('mem_gb') or PREPARE_MEM_GB)}GB",
         "array_parallelism": int(settings.get("array_parallelism", 16)),
         "additional_parameters": dict(settings.get("additional_parameters") or {}),
         "setup": list(settings.get("setup") or []),
-        "signal_delay_s": int(settings.get("signal_delay_s", 120)),
+        "signal_delay_s": int(settings.get("signal_delay_s") or SIGNAL_DELAY_S),
     }
     for key in ("partition", "account", "qos", "constraint"):
         if settings.get(key):
@@ -219,6 +226,78 @@ def slurm_parameters(settings: dict[str, Any], name: str) -> dict[str, Any]:
     if int(settings.get("gpus_per_task", 0)):
         p["gpus_per_task"] = int(settings["gpus_per_task"])
     return p
+
+
+# CPUs a rank asks for where launcher.slurm.cpus_per_task is unset: a vLLM rank runs the engine's
+# scheduler in its own process beside math-verify's serial grading and the tokenisers
+CPUS_PER_RANK, VLLM_CPUS_PER_RANK = 2, 8
+# Slurm's warning before the time limit where launcher.slurm.signal_delay_s is unset and no cell's
+# plan gives one (CPU cells: the plan's times are a GPU's)
+SIGNAL_DELAY_S = 120
+
+
+def _plan_times(config: dict[str, Any], settings: dict[str, Any]) -> Any:
+    """Returns the cell's ``AttemptTimes`` by its plan on GPUs, or None (a CPU cell, or no shape
+    to read)."""
+    from omegaconf import OmegaConf
+
+    from vapo_lab.config.attempt import attempt_times
+    from vapo_lab.config.plan import plan_run
+    from vapo_lab.errors import ConfigError
+
+    if not _is_gpu(config, settings):
+        return None
+    cfg = OmegaConf.create(config)
+    try:
+        return attempt_times(plan_run(cfg, 80e9, device="cuda"), cfg)
+    except ConfigError:
+        return None
+
+
+def check_time(config: dict[str, Any], settings: dict[str, Any], name: str) -> None:
+    """Raises LaunchError, before anything is submitted, when a GPU cell's attempt cannot make
+    progress within launcher.slurm.time_min (start-up + its longest unit of work + that unit's
+    save, by its plan), or its whole run needs more attempts than launcher.slurm.max_requeues
+    allows."""
+    times = _plan_times(config, settings)
+    if times is None:
+        return
+    limit = 60.0 * int(settings.get("time_min", 60))
+    least = math.ceil(times.least_limit / 60)
+    if limit < times.least_limit:
+        raise LaunchError(
+            f"launcher.slurm.time_min={limit / 60:g} is too short for cell {name}: by its plan an "
+            f"attempt needs {least} min to start up, run its longest unit of work and save it "
+            f"(`vapo-lab plan` prints the budget): set launcher.slurm.time_min={least} or more; "
+            "nothing was submitted"
+        )
+    attempts, allowed = times.attempts(limit), int(settings.get("max_requeues", 100)) + 1
+    if attempts is not None and attempts > allowed:
+        raise LaunchError(
+            f"cell {name} needs ~{attempts} attempts of launcher.slurm.time_min={limit / 60:g} by "
+            f"its plan, more than launcher.slurm.max_requeues={allowed - 1} allows: raise "
+            f"launcher.slurm.time_min or set launcher.slurm.max_requeues={attempts}; nothing was "
+            "submitted"
+        )
+
+
+def group_signal_delay(configs: list[dict[str, Any]], settings: dict[str, Any]) -> int:
+    """Returns the seconds before the time limit an array's jobs are warned:
+    launcher.slurm.signal_delay_s when set, else the longest its cells' plans ask for (their
+    longest unit of work + its save, ``AttemptTimes.warning``), else ``SIGNAL_DELAY_S``."""
+    if settings.get("signal_delay_s"):
+        return int(settings["signal_delay_s"])
+    warnings = [t.warning for c in configs if (t := _plan_times(c, settings)) is not None]
+    return max(warnings, default=SIGNAL_DELAY_S)
+
+
+def group_cpus(configs: list[dict[str, Any]], settings: dict[str, Any]) -> int:
+    """Returns the CPUs a rank of an array asks for: launcher.slurm.cpus_per_task when set, else
+    ``VLLM_CPUS_PER_RANK`` where a cell samples with vLLM, else ``CPUS_PER_RANK``."""
+    if settings.get("cpus_per_task"):
+        return int(settings["cpus_per_task"])
+    vllm = any(c.get("rollout", {}).get("backend") == "vllm" for c in configs)
+    return VLLM_CPUS_PER_RANK if vllm else CPUS_PER_RANK
 
 
 # a rank's own host memory beside what its plan counts: the H200 acceptance run's one rank (0.5B

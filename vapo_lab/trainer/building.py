@@ -142,6 +142,12 @@ class RoundBuild:
             except StopRequested as stop:
                 if stop.save:
                     self.save()
+                if self.world.main:
+                    what = self.kind.replace("_", " ")
+                    self.log(
+                        f"stopped the {what} build after round {self.saved} of {total} "
+                        f"({stop.reason}): the same command resumes it there"
+                    )
                 raise
             t0 = time.perf_counter()
             yield r

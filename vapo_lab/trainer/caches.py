@@ -386,6 +386,7 @@ class CriticStart:
         shuffle = torch.Generator().manual_seed(pretrain_update_seed())
         update = CriticUpdate(Descent(cfg.trainer, shuffle, world), cfg.critic, critic, optimizer)
         targets = dataclasses.replace(cfg.gae, lam_critic=pre.lam, lam_critic_mode="decoupled")
+        self.log(f"pretraining the critic ({pre.steps} steps of {cfg.rollout.responses_per_step})")
         gens = {"rollout": gen, "shuffle": shuffle}
         build = self._rounds(
             "pretrained_critic", key, critic, optimizer, gens, data, self.log_metrics

@@ -78,6 +78,9 @@ class CheckpointManager:
             stateful,
             per_rank,
         )
+        if world.main:  # a save killed before its rename: never resumed from, only in the way
+            for stale in folder.glob(".tmp_step_*"):
+                shutil.rmtree(stale, ignore_errors=True)
 
     def save(self, step: int) -> Path:
         """Returns the path of the checkpoint at ``step``, written atomically (every rank calls

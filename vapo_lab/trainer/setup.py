@@ -20,6 +20,7 @@ from torch.utils import deterministic as torch_deterministic
 from vapo_lab.basemodel.build import ProgressFactory, build_base_for
 from vapo_lab.distributed.world import World, init_world
 from vapo_lab.errors import ConfigError
+from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.load import pick_device
 from vapo_lab.models.packed import enable_checkpointing
 from vapo_lab.models.precision import set_compute
@@ -66,6 +67,9 @@ def build_parts(
     """Returns the parts of a run of ``config`` on this process (joining its ranks)."""
     device = prepare_process(config.trainer, config.rollout.backend)
     world = init_world(config.trainer, device)
+    # before any load or engine build: ranks on other nodes read what rank 0 writes in both
+    runs = Path(config.resume) if config.resume else Path(config.output_dir)
+    world.require_shared({"the run folder": runs, "the shared caches": CACHE_DIR})
     seed_everything(config.seed)
     task = task_for(config.task)
     sharded = builds_sharded(config.rollout.backend, world)

@@ -29,7 +29,6 @@ from vapo_lab.basemodel.build import ProgressFactory
 from vapo_lab.config.schema import VapoConfig, typed
 from vapo_lab.distributed.fsdp import is_sharded, shard
 from vapo_lab.distributed.world import close_world
-from vapo_lab.integrity import CACHE_DIR
 from vapo_lab.models.precision import fsdp_policy
 from vapo_lab.rollout.replica import Replica
 from vapo_lab.runs.checkpoint import latest_checkpoint, rng_state, set_rng_state
@@ -133,8 +132,6 @@ class Trainer:
         self.resume_from = self._checkpoint_to_resume(resume_dir) if resume_dir else None
         self.record = self._record(choices, resume_dir, command, tags, parent_run_id)
         self.run_dir, self.run_id = self.record.run_dir, self.record.run_id
-        shared = {"the run folder": self.run_dir, "the shared caches": CACHE_DIR}
-        self.world.require_shared(shared)
         self.tracker = self.record.tracker
         try:  # inside the tracking run: a failure is recorded there and in failure.txt
             self.record.open()
