@@ -267,6 +267,16 @@ def test_validation_ranges_and_required_values():
         ),
         (["trainer.nodes=0"], r"trainer.nodes=0 is out of range: it must be >= 1"),
         (
+            ["trainer.strategy=fsdp", "trainer.nproc_per_node=4", "trainer.mesh=hsdp"],
+            r"^trainer.mesh=hsdp shards within a node and replicates across nodes, but "
+            r"trainer.nodes=1: set trainer.mesh=flat \(one node shards over all its ranks\), or "
+            r"trainer.nodes to the number of nodes$",
+        ),
+        (
+            ["trainer.mesh=2d"],
+            r"trainer.mesh=2d is not a valid choice: set trainer.mesh to one of flat, hsdp",
+        ),
+        (
             ["rollout=vllm", "rollout.vllm.sleep_level=3"],
             r"rollout.vllm.sleep_level=3 is out of range: it must be \[1, 2\]",
         ),
@@ -314,6 +324,39 @@ def test_a_valid_many_rank_config_composes():
         overrides=["trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2"]
     ).cfg
     assert (cfg.trainer.strategy, cfg.trainer.nproc_per_node, cfg.trainer.nodes) == ("fsdp", 2, 2)
+
+
+def test_hsdp_composes_on_many_nodes_and_flat_is_the_default():
+    many = ["trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2"]
+    assert compose_config(overrides=many).cfg.trainer.mesh == "flat"
+    assert compose_config(overrides=[*many, "trainer.mesh=hsdp"]).cfg.trainer.mesh == "hsdp"
+
+
+def test_a_resumed_run_may_change_its_mesh_with_its_node_count(tmp_path):
+    import json
+
+    from vapo_lab.config.train import train_config
+
+    saved = compose_config(
+        overrides=[
+            "trainer.strategy=fsdp", "trainer.nproc_per_node=2", "trainer.nodes=2",
+            "trainer.mesh=hsdp", "tracking=none",
+        ]
+    ).cfg  # fmt: skip
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    (tmp_path / "run.json").write_text(json.dumps({"choices": {}}))
+    resume = f"resume={tmp_path}"
+    # DCP re-shards the checkpoint for either layout (tests/distributed/test_hsdp.py)
+    cfg, _ = train_config(None, [], [resume, "trainer.mesh=flat"])
+    assert (cfg.trainer.mesh, cfg.trainer.nodes) == ("flat", 2)
+    # onto one node of 4 the saved hsdp has nothing to replicate across: refused, then allowed flat
+    one_node = [resume, "trainer.nodes=1", "trainer.nproc_per_node=4"]
+    with pytest.raises(ConfigError, match=r"trainer.mesh=hsdp .* but trainer.nodes=1"):
+        train_config(None, [], one_node)
+    cfg, _ = train_config(None, [], [*one_node, "trainer.mesh=flat"])
+    assert (cfg.trainer.mesh, cfg.trainer.nodes, cfg.trainer.nproc_per_node) == ("flat", 1, 4)
+    with pytest.raises(ConfigError, match="trainer.mesh=ring is not a valid choice"):
+        train_config(None, [], [resume, "trainer.mesh=ring"])
 
 
 def test_group_advantage_refuses_critic_components():

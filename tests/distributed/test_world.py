@@ -12,13 +12,14 @@ from vapo_lab.distributed.world import init_world
 from vapo_lab.errors import ConfigError
 
 
-def _cfg(nodes: int, per_node: int):
+def _cfg(nodes: int, per_node: int, mesh: str = "flat"):
     return OmegaConf.create(
         {
             "trainer": {
                 "strategy": "fsdp",
                 "nodes": nodes,
                 "nproc_per_node": per_node,
+                "mesh": mesh,
                 "collective_timeout_min": 75,
             }
         }
@@ -84,3 +85,26 @@ def test_a_rank_that_cannot_see_its_gpu_is_one_line(monkeypatch, calls):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(ConfigError, match="LOCAL_RANK=3 but this process sees 2 GPUs"):
         init_world(_cfg(1, 4).trainer, torch.device("cuda"))
+
+
+def test_hsdp_keeps_a_replica_a_node_and_flat_one_in_all(monkeypatch, calls):
+    # rank 5 of 2 nodes x 4: torchrun numbers node 1's ranks 4-7, so LOCAL_RANK 1 = 5 % 4
+    for k, v in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    assert init_world(_cfg(2, 4, "hsdp").trainer, torch.device("cuda")).replicas == 2
+    assert init_world(_cfg(2, 4).trainer, torch.device("cuda")).replicas == 1
+
+
+def test_hsdp_refuses_ranks_numbered_across_nodes_in_one_line(monkeypatch, calls):
+    # Slurm --distribution=cyclic over 2 nodes of 2: rank 1 is node 1's first task, so the
+    # shard group {0, 1} would span both nodes
+    for k, v in {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(
+        ConfigError,
+        match=r"^trainer.mesh=hsdp shards within each node's 2 consecutive ranks, but rank 1 is "
+        r"LOCAL_RANK=0 on its node, not 1: .* or set trainer.mesh=flat$",
+    ):
+        init_world(_cfg(2, 2, "hsdp").trainer, torch.device("cpu"))
+    assert "backend" not in calls  # before any process group
+    init_world(_cfg(2, 2).trainer, torch.device("cpu"))  # the flat layout does not care

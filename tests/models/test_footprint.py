@@ -26,7 +26,14 @@ from vapo_lab.models.counts import (
     sharded,
     state_bytes_per_param,
 )
-from vapo_lab.models.footprint import GB, Setup, estimate, smallest_world
+from vapo_lab.models.footprint import (
+    GB,
+    Setup,
+    estimate,
+    nccl_groups,
+    shard_ranks,
+    smallest_world,
+)
 from vapo_lab.models.shapes import KNOWN_ARCHS, Shape, known_arch, read_shape
 from vapo_lab.models.value import ValueModel
 
@@ -259,6 +266,34 @@ def test_a_cuda_rank_holds_its_context_and_nccl_buffers_and_one_rank_has_no_nccl
     assert not estimate(SMALL, replace(setup, world=2)).fits(1e9)
     assert smallest_world(SMALL, setup, 1e9, divides=4) == 1
     assert smallest_world(SMALL, setup, 1e9) == 1
+
+
+def test_hsdp_shards_the_state_over_a_node_and_adds_its_mesh_groups():
+    """trainer.mesh=hsdp on the paper's 16 nodes of 8: each node holds a replica, so a rank holds
+    1/8 of the training state, not 1/128, and two more NCCL communicators (the mesh's shard and
+    replicate groups); its share of the batch is the same 1/128."""
+    q32 = KNOWN_ARCHS["Qwen2.5-32B"]
+    trained = 32_763_876_352 + 31_985_313_793
+    nodes = replace(PAPER, ranks_per_node=8, cuda=True)
+    flat, hsdp = estimate(q32, nodes), estimate(q32, replace(nodes, mesh="hsdp"))
+    assert shard_ranks(nodes) == 128 and shard_ranks(replace(nodes, mesh="hsdp")) == 8
+    assert flat.state == 16 * trained / 128
+    # 16 B x 64.75B params / 8 = 129.5 GB a rank before any activation: hsdp cannot hold the
+    # paper's models on 80 GB GPUs, which is why it is not the default on many nodes
+    assert hsdp.state == 16 * trained / 8 == pytest.approx(129.5e9, rel=1e-3)
+    assert hsdp.reference == flat.reference == 0.0
+    assert hsdp.responses_per_rank == flat.responses_per_rank == 64
+    assert nccl_groups(128, 1, 8) == [
+        "the trainer's ranks", "HSDP's shard group", "HSDP's replicate group",
+    ]  # fmt: skip
+    assert hsdp.reserve - flat.reserve == pytest.approx(2e9)
+    # one process and the flat layout count no mesh groups
+    assert nccl_groups(128, 1, 128) == nccl_groups(128, 1) == ["the trainer's ranks"]
+    # the fewest ranks that fit is a flat layout's: more hsdp nodes never shrink a rank's state
+    one = replace(nodes, micro_tokens=20992, engine_memory=0.9 * 80e9)
+    assert smallest_world(q32, replace(one, mesh="hsdp"), 80e9) == smallest_world(
+        q32, one, 80e9
+    ) == 165  # fmt: skip
 
 
 def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():

@@ -321,12 +321,14 @@ def _reserve_how(p: RunPlan) -> str:
         GB,
         NCCL_COMMUNICATOR_BYTES,
         nccl_groups,
+        shard_ranks,
     )
 
     s = p.setup
     groups = nccl_groups(
         s.world if s.strategy == "fsdp" else 1,
         s.tensor_parallel_size if s.engine == "vllm" else 1,
+        shard_ranks(s),
     )
     nccl = (
         f" + {len(groups)} NCCL communicator{'s' if len(groups) > 1 else ''} x "

@@ -237,6 +237,9 @@ class TrainerConfig:
     strategy: str = "single"
     nproc_per_node: int = 1  # ranks per node (torchrun --nproc-per-node; Slurm tasks per node)
     nodes: int = 1  # nodes (torchrun --nnodes; Slurm nodes)
+    # how fsdp lays the ranks out: flat (each model sharded over all ranks) | hsdp (sharded within
+    # a node, replicated across nodes: all-gathers stay in a node; needs nodes > 1)
+    mesh: str = "flat"
     offload_during_rollout: bool = False  # trainer state in host memory while the rollout generates
     # how long a rank waits in a collective for the slowest one: the first after sampling waits
     # for the slowest engine, so keep it above a rollout's worst case (`vapo-lab plan` prints it)

@@ -11,10 +11,10 @@ from vapo_lab.config.validate import validate
 from vapo_lab.errors import ConfigError
 from vapo_lab.runs.folder import resume_config
 
-# what may change when a run is resumed: how many ranks it runs on (the weights and optimiser
-# state load re-sharded; the rollout streams start afresh, so the history departs from an
-# uninterrupted run's)
-RESUME_OVERRIDES = ("trainer.nproc_per_node", "trainer.nodes")
+# what may change when a run is resumed: how many ranks it runs on and how they shard (the weights
+# and optimiser state load re-sharded; on another rank count the rollout streams start afresh, so
+# the history departs from an uninterrupted run's)
+RESUME_OVERRIDES = ("trainer.nproc_per_node", "trainer.nodes", "trainer.mesh")
 
 
 def saved_config(run_dir: str) -> tuple[DictConfig, dict[str, str]]:
@@ -34,7 +34,7 @@ def train_config(
     algo: str | None, drop: Sequence[str], overrides: Sequence[str]
 ) -> tuple[DictConfig, dict[str, str]]:
     """Returns (config, component choices) of ``vapo-lab train [--algo] [--drop] overrides``; with
-    ``resume=<run dir>`` the run's saved config (only its rank counts may be overridden).
+    ``resume=<run dir>`` the run's saved config (only its rank counts and mesh may be overridden).
 
     Raises:
         ConfigError: a bad override, or resume= with overrides that would change the run.
@@ -53,6 +53,9 @@ def train_config(
     cfg, choices = saved_config(resume)
     for o in ranks:
         key, value = o.lstrip("+").split("=", 1)
+        if key == "trainer.mesh":
+            cfg.trainer.mesh = value  # validate() below names a bad one
+            continue
         try:
             cfg.trainer[key.split(".")[1]] = int(value)
         except ValueError:

@@ -16,7 +16,7 @@ from vapo_lab.algo.kl import KL_ESTIMATORS, KL_TARGETS
 from vapo_lab.algo.policy import LOSS_AGG_MODES
 from vapo_lab.conf import options
 from vapo_lab.config.schema import CRITIC_INITS
-from vapo_lab.distributed.world import STRATEGIES
+from vapo_lab.distributed.world import MESHES, STRATEGIES
 from vapo_lab.models.dtypes import DTYPES
 from vapo_lab.names import check_name
 from vapo_lab.registry.components import COMPONENTS, settings
@@ -42,6 +42,7 @@ def modes() -> dict[str, tuple[str, ...]]:
         "kl.target": KL_TARGETS,
         "tracking.backend": tuple(options("tracking")),
         "trainer.strategy": STRATEGIES,
+        "trainer.mesh": MESHES,
     }
 
 
@@ -235,6 +236,7 @@ def _relations(get: Any) -> list[str]:
     if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
         problems.append(f"trainer.device={device} is not a device: use auto, cpu, cuda or cuda:N")
     problems += _ranks(get)
+    problems += _mesh(get)
     if get("rollout.backend") == "vllm":
         for key in ("rollout.temperature", "rollout.eval_temperature"):
             if get(key) > VLLM_MAX_TEMPERATURE:  # vLLM's SamplingParams refuses it mid-run
@@ -277,6 +279,19 @@ def _ranks(get: Any) -> list[str]:
             "or another rank count"
         ]
     return []
+
+
+def _mesh(get: Any) -> list[str]:
+    """Returns the problem of trainer.mesh=hsdp on one node: it replicates the model across nodes,
+    so with one there is nothing to replicate across."""
+    nodes = get("trainer.nodes")
+    if get("trainer.mesh") != "hsdp" or nodes > 1:
+        return []
+    return [
+        f"trainer.mesh=hsdp shards within a node and replicates across nodes, but trainer.nodes="
+        f"{nodes}: set trainer.mesh=flat (one node shards over all its ranks), or trainer.nodes "
+        "to the number of nodes"
+    ]
 
 
 def _arith_answer_fits(max_new_tokens: int, options: dict[str, Any]) -> list[str]:

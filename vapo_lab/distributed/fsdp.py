@@ -1,7 +1,9 @@
 """FSDP2 (``fully_shard``) for the actor, the critic and the reference.
 
 One FSDP group per decoder layer, then the root; parameters stay float32 shards and gradients are
-summed over ranks, not averaged (why: docs/distributed.md, Many ranks).
+summed over ranks, not averaged (why: docs/distributed.md, Many ranks). The shards span every rank,
+or under HSDP (``World.replicas`` > 1) a node's ranks, each node holding a replica (docs/
+distributed.md, HSDP).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ def transformer_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard(model: nn.Module, world: World, device: torch.device, mp: Any = None) -> nn.Module:
-    """Shards ``model`` in place over ``world`` (one group per decoder layer, then the root) and
-    returns it; ``mp``: FSDP2's MixedPrecisionPolicy (None: compute in the parameters' dtype)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """Shards ``model`` in place over ``world``'s mesh (``device_mesh``; one group per decoder
+    layer, then the root) and returns it; ``mp``: FSDP2's MixedPrecisionPolicy (None: compute in
+    the parameters' dtype). Gradients are summed over every rank: reduce-scattered within a shard
+    group and, under HSDP, all-reduced across the replicas, both with SUM and no divide."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    # an explicit mesh: the default one picks CUDA whenever it exists (pytorch#132471)
-    mesh = init_device_mesh(device.type, (world.size,))
+    mesh = device_mesh(device.type, world)
     mp = mp or MixedPrecisionPolicy()
     for layer in transformer_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)
@@ -49,6 +51,45 @@ def shard(model: nn.Module, world: World, device: torch.device, mp: Any = None) 
             m.set_force_sum_reduction_for_comms(True)
             _allow_calls(m)
     return model
+
+
+def mesh_shape(world: World) -> tuple[int, ...]:
+    """Returns the DeviceMesh shape of ``world``'s N ranks: (N,) to shard over all of them; with R
+    replicas, (R, N / R), rank r at row r // (N / R) (its node) and column r % (N / R), so that
+    a shard group is a node's consecutive ranks and a replicate group one rank of each node.
+
+    Raises:
+        ValueError: R does not divide N.
+    """
+    if world.replicas == 1:
+        return (world.size,)
+    if world.size % world.replicas:
+        raise ValueError(f"{world.replicas} replicas do not divide {world.size} ranks")
+    return (world.replicas, world.size // world.replicas)
+
+
+# (the process group, the device type, a shape) -> its mesh: built once, see device_mesh
+_MESHES: dict[tuple[Any, str, tuple[int, ...]], Any] = {}
+
+
+def device_mesh(device_type: str, world: World) -> Any:
+    """Returns the DeviceMesh ``shard`` uses for ``world`` (``mesh_shape``; 2-D dimensions named
+    ``replicate`` and ``shard``), one per process group: a 2-D mesh creates a process group per
+    dimension, an NCCL communicator and its buffers each, so the actor, critic and reference
+    share one."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = mesh_shape(world)
+    group = torch.distributed.group.WORLD
+    key = (group, device_type, shape)
+    if key not in _MESHES:
+        # a mesh dies with its process group: a test may start another in this process
+        for stale in [k for k in _MESHES if k[0] is not group]:
+            del _MESHES[stale]
+        names = ("replicate", "shard") if len(shape) == 2 else None
+        # an explicit mesh: the default one picks CUDA whenever it exists (pytorch#132471)
+        _MESHES[key] = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _MESHES[key]
 
 
 _CALL = "_vapo_forward_call"

@@ -21,17 +21,22 @@ from torch import Tensor
 from vapo_lab.errors import ConfigError
 
 STRATEGIES = ("single", "fsdp")
+# flat: FSDP2 shards over all ranks; hsdp: within a node, each node a replica (docs/distributed.md)
+MESHES = ("flat", "hsdp")
 
 
 @dataclass(frozen=True)
 class World:
-    """This process's place in the run: ``rank`` of ``size`` ranks, ``local_rank`` on its node."""
+    """This process's place in the run: ``rank`` of ``size`` ranks, ``local_rank`` on its node;
+    the models are sharded over ``size // replicas`` consecutive ranks and kept in ``replicas``
+    copies (1: one copy sharded over every rank; the node count under trainer.mesh=hsdp)."""
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     initialized: bool = False  # a torch.distributed process group is up
     comm_device: str = "cpu"  # where collectives' tensors must be: "cuda" under nccl
+    replicas: int = 1
 
     @property
     def main(self) -> bool:
@@ -165,13 +170,20 @@ def world_size(trainer: Any) -> int:
     return int(trainer.nodes) * int(trainer.nproc_per_node)
 
 
+def replicas(trainer: Any) -> int:
+    """Returns how many copies of each model a ``trainer`` config section keeps: trainer.nodes
+    under trainer.mesh=hsdp (one sharded copy a node), else 1 (one copy sharded over all ranks)."""
+    return int(trainer.nodes) if trainer.mesh == "hsdp" else 1
+
+
 def init_world(trainer: Any, device: torch.device) -> World:
     """Returns this process's world: ``single`` for trainer.strategy=single; for fsdp, joins (or
     finds) the process group that torchrun / Slurm set up, gloo on CPU and nccl on CUDA.
 
     Raises:
         ConfigError: fsdp asked for N ranks but this process was started as one of M != N, or
-            outside a launcher with N > 1.
+            outside a launcher with N > 1; or trainer.mesh=hsdp and the launcher did not number
+            each node's ranks consecutively.
     """
     if trainer.strategy == "single":
         return single()
@@ -192,6 +204,9 @@ def init_world(trainer: Any, device: torch.device) -> World:
             f"this process is one of {size} ranks but trainer.nodes x trainer.nproc_per_node = "
             f"{want}: start the run with `vapo-lab train` or set the two to match the launch"
         )
+    copies = replicas(trainer)
+    if copies > 1:
+        _check_node_major(rank, local, int(trainer.nproc_per_node))
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         bound = None
@@ -209,8 +224,29 @@ def init_world(trainer: Any, device: torch.device) -> World:
             device_id=bound,
         )
     return World(
-        rank, size, local, initialized=True, comm_device="cuda" if device.type == "cuda" else "cpu"
+        rank,
+        size,
+        local,
+        initialized=True,
+        comm_device="cuda" if device.type == "cuda" else "cpu",
+        replicas=copies,
     )
+
+
+def _check_node_major(rank: int, local_rank: int, per_node: int) -> None:
+    """Checks that rank ``rank`` is its node's ``local_rank``-th of ``per_node`` consecutive ranks,
+    as HSDP's mesh assumes (its shard groups are ranks k·per_node ... k·per_node + per_node − 1).
+
+    Raises:
+        ConfigError: the launcher numbered ranks otherwise (Slurm --distribution=cyclic).
+    """
+    if local_rank != rank % per_node:
+        raise ConfigError(
+            f"trainer.mesh=hsdp shards within each node's {per_node} consecutive ranks, but rank "
+            f"{rank} is LOCAL_RANK={local_rank} on its node, not {rank % per_node}: the launcher "
+            "numbered the ranks across nodes. Launch node by node (torchrun does; Slurm "
+            "--distribution=block), or set trainer.mesh=flat"
+        )
 
 
 def gpu_index(local_rank: int) -> int:

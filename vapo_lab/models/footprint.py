@@ -86,6 +86,8 @@ class Setup:
     value_pretraining: bool = False
     eval_responses: int = 0  # held-out problems x eval samples, over all ranks
     ranks_per_node: int = 1  # trainer.nproc_per_node: host memory is a node's
+    # trainer.mesh: flat shards the training state over all N ranks, hsdp over a node's ranks only
+    mesh: str = "flat"
     sleep_level: int = 2  # vLLM: 1 keeps its weights in host memory while asleep, 2 drops them
     total_steps: int = 1  # rollout steps (trainer.total_steps)
     save_every: int = 0  # trainer.save_every (0: never)
@@ -96,17 +98,31 @@ class Setup:
     sample_bytes: int = 4
 
 
-def nccl_groups(world: int, tensor_parallel: int) -> list[str]:
+def nccl_groups(world: int, tensor_parallel: int, shards: int | None = None) -> list[str]:
     """Returns the process groups a CUDA rank holds an NCCL communicator for: the trainer's
-    ``world`` ranks when there are several, vLLM's tensor-parallel group when it spans several."""
+    ``world`` ranks when there are several, vLLM's tensor-parallel group when it spans several,
+    and under HSDP (FSDP2 sharding over ``shards`` < ``world`` ranks) its mesh's shard and
+    replicate groups, which it creates beside the world's."""
     groups = {"the trainer's ranks": world, "vLLM's tensor-parallel group": tensor_parallel}
+    if shards is not None and shards < world:
+        groups["HSDP's shard group"] = shards
+        groups["HSDP's replicate group"] = world // shards
     return [name for name, size in groups.items() if size > 1]
 
 
-def gpu_reserve(world: int, tensor_parallel: int) -> float:
+def gpu_reserve(world: int, tensor_parallel: int, shards: int | None = None) -> float:
     """Returns the bytes a CUDA rank holds outside torch's tensors and vLLM's share: its CUDA
     context and its NCCL communicators' buffers (``nccl_groups``)."""
-    return CUDA_CONTEXT_BYTES + len(nccl_groups(world, tensor_parallel)) * NCCL_COMMUNICATOR_BYTES
+    groups = nccl_groups(world, tensor_parallel, shards)
+    return CUDA_CONTEXT_BYTES + len(groups) * NCCL_COMMUNICATOR_BYTES
+
+
+def shard_ranks(setup: Setup) -> int:
+    """Returns the ranks one copy of the training state is sharded over: 1 in one process, the
+    world under fsdp, a node's ranks under fsdp with trainer.mesh=hsdp (each node a replica)."""
+    if setup.strategy != "fsdp":
+        return 1
+    return min(setup.ranks_per_node, setup.world) if setup.mesh == "hsdp" else setup.world
 
 
 @dataclass(frozen=True)
@@ -268,7 +284,8 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
 
     * s = prompt_tokens + max_new_tokens, capped at the model's context; t = its response tokens.
     * Training state: ``state_bytes_per_param`` x (actor + critic parameters), / N under fsdp;
-      the reference policy: 4 bytes (float32) x its parameters, / N under fsdp.
+      the reference policy: 4 bytes (float32) x its parameters, / N under fsdp. Under
+      trainer.mesh=hsdp N is here a node's ranks (``shard_ranks``): each node holds a replica.
     * fsdp gathers each FSDP unit (a decoder layer; the root: embeddings, final norm and heads)
       in the compute dtype while it computes; the root stays gathered through forward and backward
       (FSDP2 does not reshard the root after forward) and one layer is prefetched: root + 2 layers.
@@ -302,6 +319,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     """
     hw = hardware or Hardware()
     world = setup.world if setup.strategy == "fsdp" else 1
+    shards = shard_ranks(setup)
     p = DTYPE_BYTES[setup.dtype]
     s = setup.prompt_tokens + setup.max_new_tokens
     if shape.max_position_embeddings:
@@ -372,10 +390,10 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         reference_params=ref,
         sequence=s,
         pass_tokens=pass_tokens,
-        weights=sharded(w * trained, world),
-        gradients=sharded(g * trained, world),
-        optimizer=sharded(o * trained, world),
-        reference=sharded(w * ref, world),
+        weights=sharded(w * trained, shards),
+        gradients=sharded(g * trained, shards),
+        optimizer=sharded(o * trained, shards),
+        reference=sharded(w * ref, shards),
         gathered=gathered,
         replica=actor * 4 if not vllm and setup.strategy == "fsdp" else 0.0,  # float32
         sampler_copy=0.0 if vllm else sampler_copy_bytes(shape, actor, setup.sample_bytes),
@@ -410,7 +428,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         save_every=setup.save_every,
         checkpoint_bytes=CHECKPOINT_BYTES_PER_PARAM * trained,
         headroom=setup.headroom,
-        reserve=gpu_reserve(world, tp) if setup.cuda else 0.0,
+        reserve=gpu_reserve(world, tp, shards) if setup.cuda else 0.0,
     )
     return replace(
         fp,
@@ -438,6 +456,7 @@ def _phases(
 ) -> tuple[Phase, ...]:
     """Returns every phase of a step and of the critic's start on one rank (``estimate``)."""
     world = setup.world if setup.strategy == "fsdp" else 1
+    shards = shard_ranks(setup)
     p = DTYPE_BYTES[setup.dtype]
     precision = "cast" if setup.strategy == "fsdp" else "autocast"
     rows, prompt, t, chunk = acts_args
@@ -479,8 +498,8 @@ def _phases(
         # whole where the built-in sampler does: trainer.start shards after), the reference's,
         # and a critic-shaped model trained (16 B/param / N); sampling then is as a step's, less
         layer = layer_params(shape)
-        policy = 4 * (fp.actor_params + fp.reference_params) / (world if fp.vllm else 1)
-        critic_state = 16 * fp.critic_params / world
+        policy = 4 * (fp.actor_params + fp.reference_params) / (shards if fp.vllm else 1)
+        critic_state = 16 * fp.critic_params / shards
         gathered = (fp.critic_params - shape.num_layers * layer + 2 * layer) * p if world > 1 else 0
         held = policy + critic_state + gathered
         how = "policy weights + a critic's state + gathered + its activations"
@@ -530,10 +549,12 @@ def smallest_world(
 ) -> int | None:
     """Returns the fewest fsdp ranks N at which ``estimate(...)`` fits in ``memory`` bytes a GPU.
 
-    ``need`` never grows with N from 2 on (state / N, ceil(B / N) responses and micro-batches no
-    larger; a GPU's NCCL reserve is there from 2), so after N = 1 a binary search finds the memory
-    minimum; with ``divides`` (the prompts per step, which must divide among the ranks) the answer
-    is the smallest divisor of it at or above that minimum.
+    N ranks in the flat layout (trainer.mesh=flat): under hsdp a rank's state does not shrink
+    with more nodes, and the mesh's two groups add NCCL buffers past one node. ``need`` never grows
+    with N from 2 on (state / N, ceil(B / N) responses and micro-batches no larger; a GPU's NCCL
+    reserve is there from 2), so after N = 1 a binary search finds the memory minimum; with
+    ``divides`` (the prompts per step, which must divide among the ranks) the answer is the
+    smallest divisor of it at or above that minimum.
     ``engine_at_minimum``: vLLM's share is set to the least it needs (``Footprint.engine_minimum``,
     to the hundredth of a GPU above: ``share_bound``), which leaves the most room for training.
     Returns None when no N up to ``limit`` (or ``divides``) fits: the parts that do not shrink with
@@ -567,7 +588,7 @@ def smallest_world(
 
 
 def _with_world(setup: Setup, world: int) -> Setup:
-    return replace(setup, world=world, strategy="fsdp")
+    return replace(setup, world=world, strategy="fsdp", mesh="flat")
 
 
 __all__ = [
@@ -593,6 +614,7 @@ __all__ = [
     "layer_params",
     "non_embedding_params",
     "share_bound",
+    "shard_ranks",
     "sharded",
     "smallest_world",
     "state_bytes_per_param",
