@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 
 from vapo_lab.launch.cell import CellJob, run_cell
 from vapo_lab.launch.grid import load_grid
-from vapo_lab.launch.lock import Busy, exclusive
 from vapo_lab.launch.status import read_status, status_path, write_status
+from vapo_lab.locks import Busy, exclusive
 
 from .conftest import SMALL
 
@@ -45,13 +45,13 @@ def _holder(lock: Path, proc: subprocess.Popen, timeout: float = 300.0) -> dict:
 
 
 def _hold(lock: Path) -> subprocess.Popen:
-    """Starts a process that holds ``lock`` (``launch.lock.exclusive``) until it is killed."""
+    """Starts a process that holds ``lock`` (``locks.exclusive``) until it is killed."""
     return subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from vapo_lab.launch.lock import exclusive; "
+            "from vapo_lab.locks import exclusive; "
             "ctx = exclusive(Path(sys.argv[1]), 'x', 'y'); ctx.__enter__(); time.sleep(600)",
             str(lock),
         ]

@@ -39,7 +39,7 @@ def _start(workdir, overrides, log=None):
 
 
 def _tensors(kind):
-    (entry,) = [p for p in (CACHE_DIR / kind).iterdir() if not p.name.startswith(".")]
+    (entry,) = list((CACHE_DIR / kind).iterdir())
     files = sorted(entry.rglob("*.safetensors"))
     assert files
     out = {}
@@ -58,8 +58,11 @@ def _assert_same_entries(run, reference):
         for name, t in tensors.items():
             assert got[name].equal(t), f"{kind} {name} differs"
         assert got_meta == meta
-        # the build's saved rounds and its lock file's folder are cleaned up
-        assert not list((CACHE_DIR / kind).glob(".building-*"))
+        # the build's saved rounds are cleaned up; the entry's folder holds entries only
+        assert not (CACHE_DIR / ".building" / kind).exists() or not any(
+            (CACHE_DIR / ".building" / kind).iterdir()
+        )
+        assert all(not p.name.startswith(".") for p in (CACHE_DIR / kind).iterdir())
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +119,7 @@ def test_a_stopped_critic_start_resumes_to_the_uninterrupted_weights_and_metrics
             with pytest.raises(StopRequested) as e:
                 _start(run, ROUNDS, lines.append)
             assert e.value.save
-            saved = sorted(p.name for p in (CACHE_DIR / "reward_model").glob(".building-*/step_*"))
+            saved = sorted(p.name for p in (CACHE_DIR / ".building/reward_model").glob("*/step_*"))
             assert saved == ["step_000002", "step_000003"]
             # the same call resumes it; pretraining is warned in its 3rd round, after a save of 2
             monkeypatch.undo()
@@ -128,7 +131,7 @@ def test_a_stopped_critic_start_resumes_to_the_uninterrupted_weights_and_metrics
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert "resumed the reward model build at round 3" in lines
-    (partial,) = (CACHE_DIR / "pretrained_critic").glob(".building-*")
+    (partial,) = (CACHE_DIR / ".building" / "pretrained_critic").iterdir()
     assert (partial / "step_000003").is_dir()
 
     last = _start(run, ROUNDS, lines.append)
@@ -158,7 +161,7 @@ def test_the_time_limit_stops_a_build_at_a_round_it_cannot_finish_and_save(dirs,
             _start(run, unsaved)
         assert e.value.reason == "time limit" and e.value.save
     monkeypatch.undo()
-    (partial,) = (CACHE_DIR / "reward_model").glob(".building-*")
+    (partial,) = (CACHE_DIR / ".building" / "reward_model").iterdir()
     assert (partial / "step_000002").is_dir()  # rounds 0 and 1 done, the third never started
     _start(run, ROUNDS)
     _assert_same_entries(run, ref)
@@ -221,4 +224,4 @@ def test_two_jobs_that_need_the_same_critic_build_it_once_and_both_use_it(dirs):
     hashes = {ln.split()[1] for ln in text.splitlines() if ln.startswith("critic ")}
     assert len(hashes) == 1  # both start from the one build
     _assert_same_entries(run, ref)
-    assert len(list((run / CACHE_DIR / "pretrained_critic").iterdir())) == 2  # the entry, a lock
+    assert len(list((run / CACHE_DIR / "pretrained_critic").iterdir())) == 1  # one entry

@@ -195,6 +195,9 @@ class CriticConfig:
     # tokens of one reward-model optimiser step, over all ranks (a round is several steps)
     rm_tokens_per_step: int = II("trainer.max_tokens_per_micro_batch")
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    # rounds of the reward-model build and of value pretraining between saves of their state
+    # (a resumable start); null: every 10 minutes of rounds (trainer/building.py). Not in a key
+    save_every: Optional[int] = None
     value_clip: Optional[float] = 0.5
     loss_agg: str = "token-mean"
 
@@ -277,7 +280,7 @@ class SlurmLauncherConfig:
     time_min: int = 60
     nodes: int = 1
     gpus_per_task: int = 0
-    cpus_per_task: int = 2
+    cpus_per_task: Optional[int] = None  # None: 8 a rank for vLLM cells, else 2
     mem_gb: Optional[int] = None  # a rank's host memory; None: from the cells' plans
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -286,7 +289,9 @@ class SlurmLauncherConfig:
     additional_parameters: dict[str, Any] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)  # shell lines run before the job
     log_dir: str = "slurm_logs"  # under the grid's folder
-    signal_delay_s: int = 120  # Slurm signals a job this long before its time limit: it requeues
+    # Slurm warns a job this long before its time limit: it saves and requeues; None: from the
+    # cells' plans (their longest unit of work + its save), 120 s for CPU cells
+    signal_delay_s: Optional[int] = None
     max_requeues: int = 100  # requeues at the time limit before a cell gives up
 
 

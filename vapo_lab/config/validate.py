@@ -137,6 +137,12 @@ def check_values(c: dict[str, Any]) -> list[str]:
             left, right = ("[" if lo_in else "(") + f"{lo}", f"{hi}" + ("]" if hi_in else ")")
             span = f"{left}, {right}" if hi is not None else (f">= {lo}" if lo_in else f"> {lo}")
             problems.append(f"{key}={v} is out of range: it must be {span}")
+    every = get("critic.save_every")
+    if every is not None and (not isinstance(every, int) or every < 1):
+        problems.append(
+            f"critic.save_every={every} is out of range: it must be a whole number >= 1 "
+            "(rounds between saves), or null (every 10 minutes of rounds)"
+        )
     if c.get("run_name") is not None:
         try:
             check_name(str(c["run_name"]), "run_name")

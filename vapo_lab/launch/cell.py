@@ -33,8 +33,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from vapo_lab.launch.grid import CellSpec
 from vapo_lab.launch.liveness import slurm_job_id
-from vapo_lab.launch.lock import exclusive
 from vapo_lab.launch.status import FAILED, FINISHED, RUNNING, read_status, status_path, write_status
+from vapo_lab.locks import exclusive
 
 # the config sections the caches a cell prepares are built from (``_prepare_one``): cells equal in
 # these share their base model, reward model and pretrained critic

@@ -20,10 +20,10 @@ from vapo_lab.launch.base import Launcher, Log, Submission
 from vapo_lab.launch.cell import CellJob
 from vapo_lab.launch.grid import CellSpec, Grid
 from vapo_lab.launch.liveness import cell_alive, squeue_states
-from vapo_lab.launch.lock import exclusive
 from vapo_lab.launch.parent import end_parent, heal_tracking, start_parent, tracking_uri
 from vapo_lab.launch.record import grid_dir_for, known_job_ids, read_record, write_record
 from vapo_lab.launch.status import FAILED, FINISHED, PENDING, RUNNING, read_status, write_status
+from vapo_lab.locks import exclusive
 from vapo_lab.track.mlflow_tracker import spool_folder
 
 

@@ -4,11 +4,11 @@ Building the reward model (``critic.rm_steps`` rounds) or pretraining the critic
 (``critic.pretrain.steps``) can take hours at scale, longer than a Slurm job's time limit, and
 every cell of a grid that shares a key needs the same entry. So:
 
-- one build of a key at a time: rank 0 of the building job holds ``<kind>/.lock-<key>`` (a
+- one build of a key at a time: rank 0 of the building job holds ``.locks/<kind>-<key>`` (a
   ``flock``, dropped by the kernel however its holder dies); another job that needs the key waits,
   polling so that its ranks' collectives stay short and a stop reaches it, then reuses the entry;
 - a build saves its state (model, optimiser, the RNGs, the data position, its rounds' metrics) in
-  ``<kind>/.building-<key>/step_<rounds done>`` every ``critic.save_every`` rounds (null: once
+  ``.building/<kind>/<key>/step_<rounds done>`` every ``critic.save_every`` rounds (null: once
   ``SAVE_INTERVAL_S`` of rounds passed since the last save) and when it stops at a round's start for
   the job's time limit or Slurm's warning (``vapo_lab.stop``); whichever job builds the key next
   resumes there, to the same weights, tensor by tensor, as an uninterrupted build;
@@ -46,13 +46,14 @@ LogMetrics = Callable[[dict[str, float], int], None]
 
 
 def lock_path(kind: str, key: str) -> Path:
-    return CACHE_DIR / kind / f".lock-{key}"
+    """The lock file of a build of ``<kind>/<key>`` (beside the entries: never mistaken for one)."""
+    return CACHE_DIR / ".locks" / f"{kind}-{key}"
 
 
 def partial_folder(kind: str, key: str) -> Path:
     """The folder a build of ``<kind>/<key>`` keeps its saved rounds in until the entry is
     written."""
-    return CACHE_DIR / kind / f".building-{key}"
+    return CACHE_DIR / ".building" / kind / key
 
 
 @contextlib.contextmanager
@@ -62,7 +63,7 @@ def one_builder(
     """Holds the build lock of ``<kind>/<key>`` on rank 0 for the body (every rank calls this): a
     job whose rank 0 finds it held waits, every rank polling with rank 0, until the holder is done
     (the caller then finds the entry it wrote, or builds it on from the holder's saved rounds)."""
-    from vapo_lab.launch.lock import Busy, exclusive  # the launch layer's lock, no launcher
+    from vapo_lab.locks import Busy, exclusive
 
     with contextlib.ExitStack() as stack:
         waited = 0.0

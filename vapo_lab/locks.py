@@ -1,5 +1,5 @@
 """One holder at a time: a grid's submitter (``<grid id>.lock`` beside its folder), a cell's runner
-(``status/<cell key>.lock``).
+(``status/<cell key>.lock``), a cache entry's builder (``.vapo_cache/.locks/<kind>-<key>``).
 
 An exclusive, non-blocking ``flock`` on a file that also says who holds it (host, pid, command,
 since), so that the process refused is told whom it waits for. The kernel drops the lock when its
