@@ -1,10 +1,13 @@
 """No rank is left alone in a collective: a tensor-parallel pair whose second rank has no held-out
-problem still samples with its partner (on vLLM's CPU stand-in), and a reward model's samples are
-shared among a rank count that does not divide them."""
+sample still samples with its partner, and one whose ranks ask for different numbers of samples
+runs one batch (on vLLM's CPU stand-in); a reward model's samples are shared among a rank count
+that does not divide them."""
 
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.distributed.conftest import torchrun
 
@@ -20,11 +23,14 @@ def _model(tmp_path: Path) -> Path:
     return model
 
 
-def test_a_tensor_parallel_pair_evaluates_one_problem_together(tmp_path):
-    # one held-out problem on 2 ranks: rank 1's share is empty, and it still samples (an empty
-    # list) beside rank 0, as the engine's group needs; before, it skipped the call and rank 0
-    # waited for it until EngineGroupError
-    sets = ["rollout.vllm.tensor_parallel_size=2", "task.n_eval=1"]
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_tensor_parallel_pair_evaluates_one_problem_together(tmp_path, k):
+    # one held-out problem on 2 ranks. k = 1: rank 1's share is empty, and it still samples (an
+    # empty list) beside rank 0, as the engine's group needs; before, it skipped the call and rank
+    # 0 waited for it until EngineGroupError. k = 3: the 3 (problem, sample) pairs split 2 + 1,
+    # so the pair's ranks ask for n = 2 and n = 1 in one engine group, whose batches must still
+    # be alike (the stand-in compares them)
+    sets = ["rollout.vllm.tensor_parallel_size=2", "task.n_eval=1", f"rollout.eval_samples={k}"]
     out = tmp_path / "run"
     torchrun(
         2,
@@ -36,10 +42,12 @@ def test_a_tensor_parallel_pair_evaluates_one_problem_together(tmp_path):
         timeout=600,
     )
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    evals = [m for m in ranks[0]["metrics"] if "eval/avg_at_1" in m]
+    key = f"eval/avg_at_{k}"
+    evals = [m for m in ranks[0]["metrics"] if key in m]
     assert [m["step"] for m in evals] == [2]
-    # both ranks get the whole result: one problem, one sample
-    assert ranks[0]["metrics"][-1]["eval/avg_at_1"] == ranks[1]["metrics"][-1]["eval/avg_at_1"]
+    # both ranks get the whole result: one problem, k samples
+    assert ranks[0]["metrics"][-1][key] == ranks[1]["metrics"][-1][key]
+    assert ranks[0]["metrics"][-1][key] in [i / k for i in range(k + 1)]
 
 
 def test_a_reward_model_of_16_samples_is_built_on_3_ranks(tmp_path):

@@ -583,10 +583,22 @@ def _tensor_parallel_pair(rank: int, world: int, init_file: str, results: dict) 
         # rank 0: nothing to sample
         s = engine.sample([] if rank == 0 else [[4]], 2, 3, 1.0, 1.0, 0, 0, 200 + rank)
         empty_round = (_FakeLLM.last.calls[-1], s.response_ids.shape[0], s.prompt_ids.shape[0])
+        # the held-out evaluation's shares: rank 0 one prompt x 3, rank 1 two prompts x 1
+        s = engine.sample([[5]] if rank == 0 else [[6], [7]], 3 - 2 * rank, 3, 1.0, 1.0, 0, 0, 9)
+        uneven = (
+            [sp.n for sp in _FakeLLM.last.params[-3:]],
+            s.response_ids[:, 0].tolist(),
+            s.prompt_index.tolist(),
+        )
         # one seed a call: the group samples alike, so every rank seeds with its first rank's
         call = _engine(tensor_parallel_size=2, rank=rank, world_size=world, seed_per_request=False)
         call.sample(prompts, 1, 3, 1.0, 1.0, 0, 0, 300 + rank)
-        results[rank] = {**seen, "empty_round": empty_round, "call_seeds": call.llm.seeded}
+        results[rank] = {
+            **seen,
+            "empty_round": empty_round,
+            "uneven": uneven,
+            "call_seeds": call.llm.seeded,
+        }
     finally:
         dist.destroy_process_group()
 
@@ -606,6 +618,10 @@ def test_a_tensor_parallel_group_samples_its_ranks_prompts_together(tmp_path):
     # a rank with no prompts still runs the group's batch, and gets no rows back
     assert results[0]["empty_round"] == (("generate", [[4]], [201]), 0, 0)
     assert results[1]["empty_round"] == (("generate", [[4]], [201]), 2, 2)
+    # ranks asking for different n: every rank runs each request with its own rank's n (the
+    # group's batches must be alike), and gets its own rows back, n a prompt
+    assert results[0]["uneven"] == ([3, 1, 1], [10, 10, 10], [0, 0, 0])
+    assert results[1]["uneven"] == ([3, 1, 1], [11, 12], [0, 1])
     assert results[0]["seed"] == results[1]["seed"] == 3  # one engine seed per group
     assert results[0]["call_seeds"] == results[1]["call_seeds"] == [300]
     # each rank gets back its own rows: fake first token 10 + the request's index in the group's

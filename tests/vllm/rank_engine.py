@@ -1,6 +1,7 @@
 """One of two torchrun ranks (gloo) sharing one real vLLM engine of tensor_parallel_size=2 (its CPU
 build, external_launcher): pushes from an FSDP2-sharded policy, samples in lockstep with uneven
-shares and with a rank that has no prompts, then samples alone, which must fail, not hang.
+shares, with a rank that has no prompts and with each rank's own n, then samples alone, which must
+fail, not hang.
 
 Usage: torchrun --nproc-per-node 2 rank_engine.py MODEL_DIR OUT_DIR; writes OUT_DIR/rank<r>.json.
 """
@@ -77,6 +78,9 @@ def main() -> None:
     # rank 0 has no prompts: it still runs the group's batch, and gets no rows back
     empty = engine.sample([] if rank == 0 else mine, 2, 6, 1.0, 1.0, *ids, 200 + 10 * rank)
     result["no_prompts"] = _rows(empty)
+    # different n on the two ranks (an evaluation's shares): rank 0 one prompt x 3, rank 1 two x 1
+    uneven = engine.sample(mine, 3 - 2 * rank, 6, 1.0, 1.0, *ids, 400 + 10 * rank)
+    result["uneven_n"] = _rows(uneven)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     if rank == 1:  # not in any collective: rank 0 samples alone

@@ -65,6 +65,24 @@ def test_each_rank_gets_what_a_one_rank_engine_samples_for_its_prompts(pair, tin
             torch.testing.assert_close(torch.tensor(lps), want, rtol=0, atol=1e-4)
     # a rank without prompts: no rows back, while its partner's come back whole
     assert ranks[0]["no_prompts"]["tokens"] == [] and len(ranks[1]["no_prompts"]["tokens"]) == 4
+    # each rank's own n in one group call (rank 0: 1 prompt x 3, rank 1: 2 prompts x 1): what a
+    # one-rank engine samples for its prompts at its n and seed
+    for r, n in ((0, 3), (1, 1)):
+        got = ranks[r]["uneven_n"]
+        s = engine.sample(
+            got["prompts"][::n],
+            n,
+            6,
+            1.0,
+            1.0,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            400 + 10 * r,
+        )
+        assert len(got["tokens"]) == (3 if r == 0 else 2)
+        assert got["tokens"] == [
+            s.response_ids[i, : int(s.lengths[i])].tolist() for i in range(len(s.lengths))
+        ]
 
 
 def test_a_rank_sampling_without_its_group_fails_instead_of_hanging(pair):

@@ -343,7 +343,7 @@ class VllmEngine:
         with ``seed_per_request``, prompt i's k-th sample with ``seed + i * n + k`` (vLLM seeds a
         request's k-th sample with its seed + k). With
         tensor_parallel_size > 1 every rank of the group must call this equally often, a rank
-        with no prompts too (it gets no rows back).
+        with no prompts too (it gets no rows back); their ``n`` may differ.
 
         Raises:
             WeightPushError: after a level-2 sleep or a dummy build, before any push.
@@ -359,10 +359,13 @@ class VllmEngine:
                 "push_weights(policy) before sampling"
             )
         self.wake()
+        n = int(n)
+        # each request carries its own n: the ranks of a tensor-parallel group may ask for
+        # different n (the held-out evaluation's shares), and every rank runs all of their requests
         if self.seed_per_request:
-            requests = [(list(p), int(seed) + i * int(n)) for i, p in enumerate(prompts)]
+            requests = [(list(p), int(seed) + i * n, n) for i, p in enumerate(prompts)]
         else:
-            requests = [(list(p), None) for p in prompts]
+            requests = [(list(p), None, n) for p in prompts]
         requests, mine, group_seed = self._group_requests(requests, int(seed))
         if not self.seed_per_request:  # one seed for the call: vLLM keeps its batched sampler
             self.llm.collective_rpc("vapo_seed", args=(group_seed,))
@@ -371,10 +374,10 @@ class VllmEngine:
         eos = [eos_id] if isinstance(eos_id, int) else list(eos_id)
         # vLLM refuses n > 1 for a greedy request ("n must be 1 when using greedy sampling"): its
         # n samples are one, copied
-        copies = n if temperature < _GREEDY_BELOW else 1
+        greedy = temperature < _GREEDY_BELOW
         params = [
             SamplingParams(
-                n=n // copies,
+                n=1 if greedy else count,
                 temperature=temperature,
                 top_p=top_p,
                 max_tokens=max_new_tokens,
@@ -383,16 +386,16 @@ class VllmEngine:
                 seed=s,
                 detokenize=False,  # the scorer decodes the ids itself
             )
-            for _, s in requests
+            for _, s, count in requests
         ]
         outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p, _ in requests], params, use_tqdm=False
+            [{"prompt_token_ids": p} for p, _, _ in requests], params, use_tqdm=False
         )
-        return _to_samples(prompts, outputs[mine], n, pad_id, copies)
+        return _to_samples(prompts, outputs[mine], n, pad_id, n if greedy else 1)
 
     def _group_requests(
-        self, requests: list[tuple[list[int], int | None]], seed: int
-    ) -> tuple[list[tuple[list[int], int | None]], slice, int]:
+        self, requests: list[tuple[list[int], int | None, int]], seed: int
+    ) -> tuple[list[tuple[list[int], int | None, int]], slice, int]:
         """Returns (the requests the engine runs, where this rank's are among them, the call's
         seed): its own with tensor_parallel_size 1; with more, every rank's of its group in rank
         order and the group's first rank's seed, gathered over the group's control channel (the
