@@ -8,11 +8,13 @@ state."""
 import copy
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
+import vapo_lab.distributed.offload as offload_module
 import vapo_lab.trainer.phases as phases_module
 from tests.distributed.rank_offload import IMPLS, Tiny, optimizer, roundtrip, tensors, train
 from vapo_lab.config.compose import compose_config
@@ -139,3 +141,55 @@ def test_a_run_with_offload_during_rollout_steps_the_same(workdir, monkeypatch):
         assert sx.keys() == sy.keys() and all(
             torch.equal(sx[i][k], sy[i][k]) for i in sx for k in sx[i]
         )
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_the_engine_sleeps_before_the_state_comes_back(offload, monkeypatch):
+    # Phases.rollout under trainer.offload_during_rollout: the state goes to host memory, the
+    # engine samples, the engine sleeps, the state comes back. Sleeping after the state came back
+    # held both on the device at the end of every rollout (the evaluation's peak). On CPU the
+    # host is the device, but each move copies into new storage: the parameter's storage tells
+    # which copy is live when the engine sleeps.
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = optimizer(model, "foreach")
+    train(model, opt, 1, seed=1, device=torch.device("cpu"))
+    weight = model.head.weight
+    events, storage = [], {}
+
+    def collect(*args):
+        events.append("sampled")
+        storage["sampling"] = weight.data_ptr()
+        return "batch", {}
+
+    class Engine:
+        def sleep(self):
+            events.append("asleep")
+            storage["asleep"] = weight.data_ptr()
+
+    to_device = offload_module.to_device
+
+    def back(offloaded):
+        events.append("state back")
+        to_device(offloaded)
+
+    monkeypatch.setattr(phases_module, "collect", collect)
+    monkeypatch.setattr(offload_module, "to_device", back)
+    parts = SimpleNamespace(
+        sampling=SimpleNamespace(engine=Engine()),
+        scorer=None,
+        world=None,
+        device=torch.device("cpu"),
+    )
+    trainer = SimpleNamespace(offload_during_rollout=offload)
+    phases = phases_module.Phases(parts, trainer, temperature=1.0)
+    before = weight.data_ptr()
+    out = phases.rollout(None, False, None, None, None, [model], [opt])
+    assert out == ("batch", {})
+    if offload:
+        assert events == ["sampled", "asleep", "state back"]
+        # sampled and asleep with the host copy; the device copy is new storage after
+        assert storage["sampling"] != before and storage["asleep"] == storage["sampling"]
+        assert weight.data_ptr() != storage["asleep"]
+    else:
+        assert events == ["sampled", "asleep"] and storage["asleep"] == before

@@ -49,11 +49,12 @@ class Phases:
         """Returns ``collect``'s batch and counters, sampled with ``models`` and ``optimizers`` (and
         ``policy``, unless it is what samples) in host memory under
         ``trainer.offload_during_rollout``; the engine sleeps as soon as it is done (the passes
-        and updates after need its memory, not it)."""
+        and updates after need its memory, not it), before that state comes back: the rollout
+        never holds the engine's share and the state on the device at once."""
         p = self.parts
         with self._on_host(policy, models, optimizers):
             out = collect(rollout, dynamic_sampling, p.sampling, data, p.scorer, generator, p.world)
-        self.sleep()
+            self.sleep()
         return out
 
     def model_outputs(
