@@ -100,7 +100,16 @@ def test_plan_of_the_paper_scale_as_shipped_fits_and_names_a_step_under_an_hour(
     assert rows["checkpoint a save"][0].startswith("776.99 GB")
     # each of 8 ranks' state pinned (8 x 8.09 GB) + rank 0's float32 (V, h) embedding, 3.11 GB
     assert rows["host memory a node"][0] == "67.86 GB"
-    assert "collective_timeout_min 120 against a rollout's upper bound 54.8 min" in result.output
+    # an evaluation: AIME's 30 problems x 32 samples = 960 pairs over 128 ranks, ceil(7.5) = 8 a
+    # rank, 32 an engine of tp 4, all at once (34 fit): one wave of 20,480 decoding steps, each
+    # reading 16.38 GB of weights + 32 x 2·64·8·128·2 B / 4 x (512 + 10,240) tokens = 22.55 GB of
+    # KV cache at 2.01 TB/s: 19.4 ms x 20,480 = 6.6 min. Split by problem, as before, one engine
+    # got 4 problems, 128 requests: 4 waves of 34 at once, 27.4 min, while 24 of 32 engines idled
+    assert rows["time: an evaluation"][0] == "6.6 min"
+    assert (
+        "collective_timeout_min 120 against a rollout's upper bound 54.8 min and an evaluation's "
+        "6.6 min (ranks wait for the slowest engine): enough"
+    ) in result.output
     # (0.8 x 80 GB - 32.76B x 2 B / 4) / (2·64·8·128·2 B x 20,992 / 4) = (64 - 16.38) / 1.376 GB: 34
     assert rows["  sequences decoded at once"][0] == "34 of 256 requests"
     assert "fits 80 GB GPUs at N = 128: yes" in result.output
@@ -283,6 +292,32 @@ def test_a_gpu_run_is_measured_against_the_gpu(monkeypatch, tmp_path):
         )
         == []
     )
+
+
+def test_an_evaluation_past_the_collective_timeout_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(total_memory=80e9, name="a GPU"),
+    )
+    # scale=small-gpu evaluated on 500 held-out problems x 32 samples over 8 ranks: 2000 a rank,
+    # its engine decoding floor((40 - 3.09 GB of weights) / 0.25 GB a sequence) = 147 at once: 14
+    # waves of 8192 steps of (3.09 GB + 147 x 28,672 B x (512 + 4096)) / 2.01 TB/s = 11.2 ms,
+    # 1284 s = 21 min; the rollout takes 3 min. A 15-minute timeout would end the evaluation
+    base = ["scale=small-gpu", "task.n_eval=500"]  # its shape from model.arch_name
+
+    def problems(minutes: int) -> list[str]:
+        overrides = [*base, f"trainer.collective_timeout_min={minutes}"]
+        return fit_problems(compose_config(overrides=overrides, check=False).cfg)
+
+    assert problems(15) == [
+        "trainer.collective_timeout_min=15 is below the plan's bound for one evaluation, 21 min "
+        "(ranks wait for the slowest engine in the first collective after sampling): set "
+        "trainer.collective_timeout_min=32"
+    ]
+    assert problems(32) == []
 
 
 # -- experiments/table1-small-gpu.yaml: the resources its header states --------------------------

@@ -322,6 +322,37 @@ def test_builtin_sampler_under_fsdp_keeps_a_replica_and_its_kv_cache():
     assert single.responses_per_rank == 600
 
 
+def test_an_evaluation_rank_samples_its_share_of_the_pairs():
+    # 30 problems x 32 samples over 8 fsdp ranks: ceil(960 / 8) = 120 responses a rank, all in the
+    # built-in sampler's batch (<= 256). Split by problem, as before, ranks 0-6 sampled
+    # ceil(30 / 8) = 4 problems = 128 responses and rank 7 sampled 2 = 64
+    tiny = replace(SMALL, max_position_embeddings=4096)
+    setup = Setup(
+        world=8,
+        strategy="fsdp",
+        dtype="float32",
+        micro_tokens=4 * 500,
+        responses_per_step=64,
+        prompt_tokens=100,
+        max_new_tokens=400,
+        gradient_checkpointing=False,
+        eval_responses=30 * 32,
+    )
+    fp = estimate(tiny, setup)
+    assert (fp.eval_requests_per_engine, fp.eval_at_once) == (120, 120)
+    evaluation = {ph.name: ph for ph in fp.phases}["evaluation"]
+    kv = kv_bytes_per_sequence(tiny, 500, 4)
+    assert evaluation.tensors == fp.state + fp.sampler_copy + 120 * kv
+    # one wave of 400 steps, each reading the float32 weights and 120 sequences' KV cache at an
+    # average context of 100 + 400 / 2 tokens
+    step = (4 * actor_params(tiny) + 120 * kv_bytes_per_sequence(tiny, 1, 4) * 300) / 2.01e12
+    assert fp.eval_seconds == pytest.approx(400 * step, rel=1e-12)
+    # 2 problems x 4 samples on 3 ranks: ceil(8 / 3) = 3 a rank (by problem: 4, 4 and none)
+    assert estimate(tiny, replace(setup, world=3, eval_responses=2 * 4)).eval_at_once == 3
+    # no held-out set: no evaluation time
+    assert estimate(tiny, replace(setup, eval_responses=0)).eval_seconds == 0.0
+
+
 def test_the_builtin_sampler_decodes_in_float32_on_cpu_and_in_bfloat16_copies_on_a_gpu():
     # on CPU it decodes with the float32 masters (or their float32 replica under fsdp): replica
     # and KV cache at 4 B a value, not the bf16 compute dtype's 2
@@ -402,6 +433,13 @@ def test_every_phase_of_the_paper_scale_is_counted():
     assert (phases["evaluation"].tensors, phases["evaluation"].engine) == (state, 64e9)
     assert fp.need == phases["evaluation"].need(1.3) == pytest.approx(1.3 * state + 64e9)
     assert round(fp.need / 1e7) == 7452 and fp.fits(80e9)
+    # evaluation: 30 x 32 pairs over 128 ranks, ceil(7.5) = 8 a rank, 32 an engine of tp 4, all
+    # at once (34 fit): one wave of 20,480 steps of (32.76B x 2 B / 4 + 32 x 2·64·8·128·2 B / 4 x
+    # (512 + 20,480 / 2) tokens) / (3.35 TB/s x 0.6)
+    assert (fp.eval_requests_per_engine, fp.eval_at_once) == (32, 32)
+    step = (actor * 2 / 4 + 32 * 2 * 64 * 8 * 128 * 2 / 4 * (512 + 10240)) / (3.35e12 * 0.6)
+    assert fp.eval_seconds == pytest.approx(20480 * step, rel=1e-12)
+    assert round(fp.eval_seconds) == 397
     # the paper's unit: 8192 responses / 512 a mini-batch = 16 updates a step, 313 steps
     assert (fp.updates_per_step, fp.total_updates) == (16, 5008)
     # a save: 12 B x (actor + critic), 777 GB; a node's host: 8 ranks' pinned state + rank 0's

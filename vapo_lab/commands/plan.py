@@ -309,6 +309,13 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
             f"(6-8 P + attention) FLOPs a token / ({p.hardware.flops / 1e12:g} TFLOP/s "
             f"x {p.hardware.flops_share:g})",
         ),
+        (
+            "time: an evaluation",
+            _duration(fp.eval_seconds),
+            f"{p.setup.eval_responses:,} held-out responses spread over the ranks: "
+            f"ceil({fp.eval_requests_per_engine:,} requests an engine / "
+            f"{fp.eval_at_once:,} at once) x max_new_tokens decoding steps",
+        ),
     ]
     return title, rows
 
@@ -421,12 +428,14 @@ def _verdict(p: RunPlan) -> str:
         f"({fp.updates_per_step} a step; the paper's 5,000 steps are gradient updates)"
     )
     timeout = p.collective_timeout
-    verdict = "enough" if fp.rollout_seconds <= timeout else "too short: raise it"
-    if fp.rollout_seconds == float("inf"):
+    bound = max(fp.rollout_seconds, fp.eval_seconds)
+    verdict = "enough" if bound <= timeout else "too short: raise it"
+    if bound == float("inf"):
         verdict = "no bound (no sequence fits)"
     lines.append(
         f"trainer.collective_timeout_min {timeout / 60:g} against a rollout's upper bound "
-        f"{_duration(fp.rollout_seconds)} (ranks wait for the slowest engine): {verdict}"
+        f"{_duration(fp.rollout_seconds)} and an evaluation's {_duration(fp.eval_seconds)} "
+        f"(ranks wait for the slowest engine): {verdict}"
     )
     if fp.vllm:
         # the rest of the GPU holds what torch keeps in each phase vLLM is awake in

@@ -294,13 +294,15 @@ def fit_problems(cfg: Any) -> list[str]:
         return []  # no config.json (yet): loading the model names the problem
     fp = plan.footprint
     problems = []
-    bound = fp.rollout_seconds
+    # an evaluation of many held-out responses can outlast a step's rollout (MATH-500 x 32)
+    bound = max(fp.rollout_seconds, fp.eval_seconds)
     if device == "cuda" and plan.collective_timeout < bound < math.inf:
+        what = "rollout" if bound == fp.rollout_seconds else "evaluation"
         problems.append(
             f"trainer.collective_timeout_min={plan.collective_timeout / 60:g} is below the plan's "
-            f"bound for one rollout, {fp.rollout_seconds / 60:.0f} min (ranks wait for the slowest "
+            f"bound for one {what}, {bound / 60:.0f} min (ranks wait for the slowest "
             f"engine in the first collective after sampling): set "
-            f"trainer.collective_timeout_min={math.ceil(fp.rollout_seconds / 60) + 10}"
+            f"trainer.collective_timeout_min={math.ceil(bound / 60) + 10}"
         )
     if fp.fits(memory):
         return problems

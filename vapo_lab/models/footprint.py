@@ -205,6 +205,11 @@ class Footprint:
     host_per_node: float = 0.0  # host memory a node holds for the run beyond its processes
     checkpoint_bytes: float = 0.0  # one save, all ranks together
     save_every: int = 0
+    # the held-out evaluation: responses one sampler runs (a rank's ceil(P·k / N), x t under
+    # vLLM), how many it decodes at once, and its time, every response at max_new_tokens
+    eval_requests_per_engine: int = 0
+    eval_at_once: int = 0
+    eval_seconds: float = 0.0
 
     @property
     def total_updates(self) -> int:
@@ -302,6 +307,9 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
       copies of weights (``sampler_copy_bytes``: bfloat16 copies of all on a GPU, the fused
       float32 ones on CPU) and a static KV cache in ``sample_bytes`` of up to ``builtin_rows`` of
       the rank's ceil(B / N) responses at once.
+    * Evaluation: the P x k (problem, sample) pairs of ``eval_responses`` spread over the N ranks
+      (``vapo_lab.trainer.evaluation.eval_runs``), ceil(P·k / N) responses a rank, sampled as a
+      rollout's are: its KV cache (builtin) or vLLM's share beside the training state.
     * Sampling, vLLM: one engine per t ranks takes ``engine_memory`` of each GPU during rollouts
       (and the update too unless it sleeps); in it, the actor's weights / t, and a paged KV cache
       (/ t) that decodes as many of its requests (the t ranks' responses) at once as fit and
@@ -309,6 +317,7 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     * Time: a decoding step of one sampler reads its weights and its running sequences' KV cache
       (at an average context of prompt + t/2) at ``bandwidth x bandwidth_share``; the rollout is
       ceil(requests / at once) waves of t steps, every response at max_new_tokens: an upper bound.
+      An evaluation likewise, over ceil(P·k / N) responses a rank.
       The update: 6·P FLOPs per trained parameter and token (8·P with recomputation), 2·P per
       forward-only pass (old log-probs, values, reference), + 2·L·s·h per token and pass for causal
       attention (x3 with its backward), times ppo_epochs for the trained passes, over a rank's
@@ -358,18 +367,25 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
     sampled = p if vllm else setup.sample_bytes
     kv_seq = kv_bytes_per_sequence(shape, s, sampled) / tp
     engine_weights = actor * p / tp if vllm else 0.0
-    requests = responses * tp
-    if vllm:
-        at_once = min(requests, max(0, int((setup.engine_memory - engine_weights) // kv_seq)))
-    else:
-        at_once = min(responses, setup.builtin_rows)
-    # decoding: a step reads the sampler's weights (a GPU's share) and its sequences' KV cache once
+    # sequences one sampler decodes at once: as many as vLLM's share holds; builtin_rows
+    room = int((setup.engine_memory - engine_weights) // kv_seq) if vllm else setup.builtin_rows
     context = setup.prompt_tokens + t / 2
-    step_bytes = (engine_weights if vllm else actor * sampled) + at_once * kv_bytes_per_token(
-        shape, sampled
-    ) / tp * context
-    decode_step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
-    rollout = math.ceil(requests / at_once) * t * decode_step if at_once else math.inf
+
+    def sampling(rank_responses: int) -> tuple[int, int, float, float]:
+        # (requests one sampler runs, at once, a decoding step's s, all of them's s): a step reads
+        # the sampler's weights (a GPU's share) and its sequences' KV cache once
+        requests = rank_responses * tp
+        at_once = min(requests, max(0, room))
+        step_bytes = (engine_weights if vllm else actor * sampled) + at_once * kv_bytes_per_token(
+            shape, sampled
+        ) / tp * context
+        step = step_bytes / (hw.bandwidth * hw.bandwidth_share)
+        waves = math.ceil(requests / at_once) if at_once else (0 if not requests else math.inf)
+        return requests, at_once, step, waves * t * step
+
+    requests, at_once, decode_step, rollout = sampling(responses)
+    # the held-out evaluation: the (problem, sample) pairs spread over the ranks
+    eval_requests, eval_at_once, _, eval_time = sampling(math.ceil(setup.eval_responses / world))
     ckpt_on = setup.gradient_checkpointing
 
     def trained_pass(params: int) -> float:
@@ -418,6 +434,9 @@ def estimate(shape: Shape, setup: Setup, hardware: Hardware | None = None) -> Fo
         decode_step_seconds=decode_step,
         rollout_seconds=rollout,
         update_seconds=update,
+        eval_requests_per_engine=eval_requests,
+        eval_at_once=eval_at_once,
+        eval_seconds=eval_time,
         updates_per_step=setup.ppo_epochs
         * (
             math.ceil(setup.responses_per_step / setup.mini_batch_size)
@@ -472,7 +491,7 @@ def _phases(
         "rollout",
         (0.0 if fp.offload else fp.state) + sampler_kv + fp.sampler_copy,
         engine,
-        ("vLLM's share" + (" (state in host memory)" if fp.offload else " + state"))
+        ("vLLM's share" + (" (state in host memory until it sleeps)" if fp.offload else " + state"))
         if fp.vllm
         else "state + the sampler's weight copies and KV cache",
     )
@@ -516,8 +535,8 @@ def _phases(
                     how,
                 )
             )
-    responses = math.ceil(setup.eval_responses / world) if setup.eval_responses else 0
-    eval_kv = 0.0 if fp.vllm else min(responses, setup.builtin_rows) * fp.kv_per_sequence
+    # a rank's ceil(P·k / N) responses (the pairs spread over the ranks), builtin_rows at once
+    eval_kv = 0.0 if fp.vllm else fp.eval_at_once * fp.kv_per_sequence
     phases.append(
         Phase(
             "evaluation",
