@@ -505,3 +505,15 @@ def test_a_gpu_rank_holds_its_cuda_context_and_nccl_buffers_beyond_its_tensors()
         rows = _rows(runner.invoke(app, ["plan", *overrides], env=WIDE).output)
         assert rows["CUDA context + NCCL buffers"][0] == shown
         assert how in rows["CUDA context + NCCL buffers"][1]
+
+
+def test_the_plan_counts_an_hsdp_ranks_state_over_its_node():
+    # 2 nodes x 8: flat shards the float32 weights over 16 ranks, hsdp over a node's 8
+    over = ["scale=small-gpu", "trainer.nodes=2", "trainer.nproc_per_node=8"]
+    flat = plan_run(compose_config(overrides=over, check=False).cfg, 80e9).footprint
+    hsdp = plan_run(
+        compose_config(overrides=[*over, "trainer.mesh=hsdp"], check=False).cfg, 80e9
+    ).footprint
+    trained = flat.actor_params + flat.critic_params
+    assert flat.weights == pytest.approx(4 * trained / 16)
+    assert hsdp.weights == pytest.approx(4 * trained / 8)

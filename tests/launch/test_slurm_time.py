@@ -39,7 +39,10 @@ def test_an_attempt_needs_start_up_its_longest_unit_and_that_units_save():
     # value pretraining: a step's rollout, then more than a critic-only update
     assert fp.rollout_seconds < t.pretrain_step < t.step
     assert t.critic_save == 12 * fp.critic_params / 1e9
-    longest = max(t.step + t.save, t.rm_round + t.critic_save, t.pretrain_step + t.critic_save)
+    assert t.evaluation == fp.eval_seconds > 0
+    longest = max(
+        t.step + t.evaluation + t.save, t.rm_round + t.critic_save, t.pretrain_step + t.critic_save
+    )
     assert t.least_limit == t.startup + longest + STOP_MARGIN_S
     assert t.warning == math.ceil(longest + STOP_MARGIN_S + SLURM_TIMER_S)
     assert t.critic_start == 20 * t.rm_round + 50 * t.pretrain_step

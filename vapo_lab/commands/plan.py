@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -46,6 +46,7 @@ def plan(
     Example:
     vapo-lab plan scale=paper trainer.strategy=fsdp trainer.nproc_per_node=8 trainer.nodes=16
     """
+    from vapo_lab.config.attempt import attempt_times, budget_rows
     from vapo_lab.config.compose import compose_config
     from vapo_lab.config.plan import PROMPT_TOKENS, plan_run
     from vapo_lab.errors import ConfigError
@@ -65,6 +66,9 @@ def plan(
         cfg, gpu_memory_gb * 1e9, PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
     )
     title, rows = plan_rows(result)
+    limit = 60.0 * float(cfg.launcher.slurm.time_min)
+    rows += budget_rows(attempt_times(result, cfg), limit, _duration)
+    rows.append(_cpus_row(cfg))
     print_table(title, (Col("quantity"), Col("value", justify="right"), Col("how")), rows)
     stdout.print(_verdict(result), highlight=False, soft_wrap=True)
 
@@ -104,6 +108,7 @@ def _validate_without_files(cfg: object) -> None:
 
 def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
     """Returns (title, rows of quantity / value / how) of plan ``p``."""
+    from vapo_lab.config.attempt import write_seconds
     from vapo_lab.models.counts import non_embedding_params, state_bytes_per_param
     from vapo_lab.models.footprint import GB
 
@@ -286,7 +291,7 @@ def plan_rows(p: RunPlan) -> tuple[str, list[tuple[str, str, str]]]:
         ),
         (
             "checkpoint a save",
-            f"{_size(fp.checkpoint_bytes)}, ~{_duration(_write_seconds(p))} to write",
+            f"{_size(fp.checkpoint_bytes)}, ~{_duration(write_seconds(p))} to write",
             f"12 B/param (float32 weights, AdamW m, v) x (actor + critic); "
             f"{p.hardware.write_bandwidth / 1e9:g} GB/s a node (an assumption)"
             + (f"; every {fp.save_every} steps" if fp.save_every else ""),
@@ -346,11 +351,20 @@ def _reserve_how(p: RunPlan) -> str:
     return f"the CUDA context {CUDA_CONTEXT_BYTES / GB:.2f} GB{nccl}: outside torch's allocator"
 
 
-def _write_seconds(p: RunPlan) -> float:
-    """Returns a save's seconds: its bytes over the nodes' write bandwidth (ranks write at once)."""
-    s = p.setup
-    nodes = max(1, (s.world if s.strategy == "fsdp" else 1) // max(1, s.ranks_per_node))
-    return p.footprint.checkpoint_bytes / (nodes * p.hardware.write_bandwidth)
+def _cpus_row(cfg: Any) -> tuple[str, str, str]:
+    """Returns the plan's row of the CPUs a Slurm rank asks for (``launch.slurm.group_cpus``)."""
+    from omegaconf import OmegaConf
+
+    from vapo_lab.launch.slurm import VLLM_CPUS_PER_RANK, group_cpus
+
+    settings = OmegaConf.to_container(cfg.launcher.slurm, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    return (
+        "Slurm CPUs a rank",
+        str(group_cpus([config], settings)),
+        f"launcher.slurm.cpus_per_task; null: {VLLM_CPUS_PER_RANK} where vLLM samples (its "
+        "scheduler runs in the rank's process beside math-verify's grading and the tokenisers)",
+    )
 
 
 def _duration(seconds: float) -> str:

@@ -3,11 +3,11 @@ start, a step and a save take, the least time limit in which an attempt still ma
 Slurm's warning sized for the longest unit of work plus its save.
 
 Every attempt makes progress when its time limit holds the start-up, the longest unit (a
-reward-model round, a value-pretraining step or an RL step) and that unit's save: the critic's
-start saves its rounds and the run its steps (``vapo_lab.trainer.building``, ``vapo_lab.stop``),
-so a start of many hours spans attempts instead of being lost with each. The times are the plan's
-roofline estimates on ``Hardware`` (an H100), GPU ranks only; inside a job the run measures its own
-(``stop.AttemptClock``) and stops before the time limit by those.
+reward-model round, a value-pretraining step or an RL step with its evaluation) and that unit's
+save: the critic's start saves its rounds and the run its steps (``vapo_lab.trainer.building``,
+``vapo_lab.stop``), so a start of many hours spans attempts instead of being lost with each. The
+times are the plan's roofline estimates on ``Hardware`` (an H100), GPU ranks only; inside a job the
+run measures its own (``stop.AttemptClock``) and stops before the time limit by those.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ class AttemptTimes:
     pretrain_steps: int
     critic_save: float  # the critic-start's save: the critic and its optimiser
     step: float  # an RL step: rollout + update
+    evaluation: float  # a held-out evaluation (before the first step, every eval_every)
     save: float  # a training checkpoint
     total_steps: int
+    eval_every: int
 
     @property
     def critic_start(self) -> float:
@@ -52,8 +54,9 @@ class AttemptTimes:
     @property
     def least_limit(self) -> float:
         """Returns the least time limit in which an attempt makes progress: the start-up, then the
-        longest unit of work and its save, then the stop's margin."""
-        units = [(self.step, self.save)]
+        longest unit of work (a step counted with an evaluation) and its save, then the stop's
+        margin."""
+        units = [(self.step + self.evaluation, self.save)]
         units += [(u, self.critic_save) for u in (self.rm_round, self.pretrain_step) if u]
         return self.startup + max(u + s for u, s in units) + STOP_MARGIN_S
 
@@ -61,7 +64,7 @@ class AttemptTimes:
     def warning(self) -> int:
         """Returns the seconds before the time limit Slurm's warning should come: the longest unit
         in flight and its save still fit, whatever the timer's minute."""
-        units = [self.step + self.save, self.rm_round + self.critic_save]
+        units = [self.step + self.evaluation + self.save, self.rm_round + self.critic_save]
         units.append(self.pretrain_step + self.critic_save)
         need = max(units) + STOP_MARGIN_S + SLURM_TIMER_S
         return MAX_SIGNAL_S if not need < MAX_SIGNAL_S else math.ceil(need)  # inf: no rollout
@@ -69,7 +72,8 @@ class AttemptTimes:
     def attempts(self, limit_s: float) -> int | None:
         """Returns how many attempts of ``limit_s`` the whole run takes (None: it makes none)."""
         usable = limit_s - self.startup - STOP_MARGIN_S
-        work = self.critic_start + self.total_steps * self.step
+        evaluations = 1 + self.total_steps // max(1, self.eval_every)
+        work = self.critic_start + self.total_steps * self.step + evaluations * self.evaluation
         if not limit_s >= self.least_limit or usable <= 0 or not math.isfinite(work):
             return None
         saves = (self.rm_rounds + self.pretrain_steps) and self.critic_save
@@ -122,8 +126,10 @@ def attempt_times(p: RunPlan, cfg: Any) -> AttemptTimes:
         pretrain_steps=int(c.pretrain.steps) if s.value_pretraining else 0,
         critic_save=critic_bytes / (_nodes(p) * hw.write_bandwidth),
         step=fp.step_seconds,
+        evaluation=fp.eval_seconds,
         save=write_seconds(p),
         total_steps=s.total_steps,
+        eval_every=int(cfg.trainer.eval_every),
     )
 
 

@@ -139,6 +139,7 @@ def plan_run(
         value_pretraining=cfg.algo.advantage == "gae" and bool(cfg.critic.pretrain.enabled),
         eval_responses=_eval_problems(cfg.task) * int(r.eval_samples),
         ranks_per_node=int(t.get("nproc_per_node", 1)),
+        mesh=str(t.get("mesh", "flat")),
         sleep_level=int(v.get("sleep_level", 2)),
         total_steps=int(t.total_steps),
         save_every=int(t.save_every),

@@ -389,6 +389,11 @@ class CellJobRunner:
         within = None if self.signal_delay_s is None else SAVE_SHARE * self.signal_delay_s
         # rank 0 alone knows the deadline: the ranks agree on a stop at every safe point
         deadline = job_deadline() if cell_rank() == 0 else None
+        if deadline is not None:
+            left = deadline - time.time()
+            print(
+                f"the job's time limit is {left:.0f} s away (squeue)", file=sys.stderr, flush=True
+            )
         try:
             return run_cell(job, within, deadline, _requeue_from_thread)
         except StopRequested as stop:
