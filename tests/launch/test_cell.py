@@ -88,6 +88,26 @@ def test_prepare_builds_each_cache_set_once(table1_specs, tmp_path, monkeypatch)
     assert [a for _, _, a in built][:3] == ["ppo", "dapo", "vapo"]
 
 
+def test_slurms_prepare_job_builds_base_models_only(tmp_path, monkeypatch):
+    """Slurm's prepare job has a time limit and no requeue: it builds the base model, and the
+    cell builds its critic caches (resumable, one build a key) when it runs."""
+    from vapo_lab.launch.grid import load_grid
+
+    specs = load_grid("table1", seeds=1).expand(["tracking.uri=http://h:1"])
+    vapo = next(s for s in specs if s.name == "vapo")
+    bases, trainers = [], []
+    monkeypatch.setattr("vapo_lab.basemodel.build.build_base_for", lambda *a, **k: bases.append(1))
+    monkeypatch.setattr(
+        "vapo_lab.trainer.caches.prepare_caches", lambda *a, **k: trainers.append(1)
+    )
+    monkeypatch.chdir(tmp_path)
+    (line,) = prepare([_job(vapo, tmp_path)], critic=False)
+    assert bases == [1] and trainers == []
+    assert line.endswith("(the cell builds its critic caches when it runs)")
+    prepare([_job(vapo, tmp_path)])  # the local launcher's: the critic's caches too
+    assert trainers == [1]
+
+
 def test_prepare_leaves_a_many_rank_cells_critic_caches_to_its_ranks(tmp_path, monkeypatch):
     """A 2-rank cell's reward model and pretrained critic are built by its own ranks together
     (keyed by the rank count, on the cell's devices); the prepare job builds only the base model

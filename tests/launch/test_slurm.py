@@ -128,34 +128,6 @@ def test_a_cell_requeued_mid_run_resumes_and_ends_with_the_uninterrupted_metrics
     assert "resumed" in log and "REQUEUE" in log
 
 
-@pytest.mark.timeout(1500)  # ~8 minutes here; bounded should the warnings come too early
-def test_a_time_limit_shorter_than_save_every_still_advances_every_attempt(slurm, in_tmp):
-    # a 2-minute time limit, Slurm's warning 60 s before it (sent up to a minute early: Slurm checks
-    # on a timer), 1000 steps of ~0.1 s and no periodic save before the end: each attempt saves at
-    # its first safe point after the warning, the job requeues and the next attempt resumes there
-    steps = [*SMALL, "trainer.total_steps=1000", "trainer.eval_every=1000", "tracking=none"]
-    steps += ["trainer.save_every=1000"]
-    limit = ["launcher.slurm.time_min=2", "launcher.slurm.signal_delay_s=60"]
-    grid = load_grid("table1")
-    grid.cells = grid.cells[2:3]  # VAPO
-    result = run_grid(
-        grid, [*steps, *SLURM[:2], *limit], "slurm", False, True, log=print, out=print
-    )
-    (key,) = result.submitted
-    assert result.results == {key: "finished"}
-    grid_dir = in_tmp / "runs" / "grids" / result.grid_id
-    st = json.loads((grid_dir / "status" / f"{key}.json").read_text())
-    assert st["attempts"] >= 2 and st["step"] == 1000
-    run_dir = grid_dir / "runs" / key
-    assert sorted(last_metrics(run_dir)) == list(range(1001))  # every step logged once
-    log = "".join(p.read_text() for p in sorted((grid_dir / "slurm_logs").rglob("*.err")))
-    # every stop at the warning saved its step, and an attempt resumed from exactly there
-    stops = [int(n) for n in re.findall(r"stopped after step (\d+) of 1000 \(SIGUSR2\)", log)]
-    starts = [int(n) for n in re.findall(r"resumed \S+ at step (\d+)", log)]
-    assert stops and stops == sorted(set(stops)) and 0 < stops[0] and stops[-1] < 1000
-    assert set(stops) <= set(starts), (stops, starts)
-
-
 def test_unknown_partition_fails_in_one_line_before_submitting(slurm, in_tmp):
     grid = load_grid("table1")
     grid.cells = grid.cells[:1]
@@ -196,3 +168,64 @@ def test_rejected_sbatch_reports_what_was_submitted(slurm, in_tmp):
         r["state"].startswith("failed: launch failed: sbatch refused") and not r["job_id"]
         for r in grid_table(grid_dir)
     )
+
+
+@pytest.mark.timeout(2400)  # ~15 minutes here; bounded should the warnings come too early
+def test_a_time_limit_shorter_than_the_critic_start_advances_every_attempt_to_the_uninterrupted_run(
+    slurm, in_tmp, monkeypatch
+):
+    # a 2-minute time limit; value pretraining (3000 rounds of ~50-100 ms) alone outlasts an
+    # attempt, and no periodic save anywhere (critic.save_every null: 10 minutes; save_every 1000):
+    # each attempt stops, saving, at Slurm's warning (20 s before the limit, or up to a minute
+    # earlier: Slurm checks on a timer) or before a round or step it measures it cannot finish and
+    # save in time, whichever comes first, and the next attempt resumes exactly there
+    steps = [*SMALL, "trainer.total_steps=300", "trainer.eval_every=100", "tracking=none"]
+    steps += ["trainer.save_every=1000", "critic.rm_steps=100", "critic.pretrain.steps=3000"]
+    limit = ["launcher.slurm.time_min=2", "launcher.slurm.signal_delay_s=20"]
+    grid = load_grid("table1")
+    grid.cells = grid.cells[2:3]  # VAPO
+    # the reference: uninterrupted, on the local launcher, in a folder of its own (its own caches)
+    (in_tmp / "ref").mkdir()
+    monkeypatch.chdir(in_tmp / "ref")
+    ref = run_grid(grid, steps, "local", False, True, log=print, out=print)
+    monkeypatch.chdir(in_tmp)
+    result = run_grid(
+        grid, [*steps, *SLURM[:2], *limit], "slurm", False, True, log=print, out=print
+    )
+    (key,) = result.submitted
+    assert result.results == {key: "finished"}
+    grid_dir = in_tmp / "runs" / "grids" / result.grid_id
+    st = json.loads((grid_dir / "status" / f"{key}.json").read_text())
+    assert st["attempts"] >= 2 and st["step"] == 300
+    log = "".join(p.read_text() for p in sorted((grid_dir / "slurm_logs").rglob("*.err")))
+    # every attempt's rank 0 read its deadline from squeue
+    lefts = [int(n) for n in re.findall(r"the job's time limit is (\d+) s away", log)]
+    assert len(lefts) == st["attempts"] and all(0 < n <= 120 for n in lefts), lefts
+    # the critic's start stopped (value pretraining at least: it alone outlasts an attempt) and
+    # resumed exactly where it saved; so did the steps
+    for kind in ("reward model", "pretrained critic"):
+        stops = [int(n) for n in re.findall(rf"stopped the {kind} build after round (\d+)", log)]
+        starts = [int(n) for n in re.findall(rf"resumed the {kind} build at round (\d+)", log)]
+        assert stops == starts and stops == sorted(set(stops)), (kind, log[-3000:])
+        assert kind == "reward model" or (stops and stops[0] > 0)
+    stops = [int(n) for n in re.findall(r"stopped after step (\d+) of 300", log)]
+    starts = [int(n) for n in re.findall(r"resumed \S+ at step (\d+)", log)]
+    assert set(stops) <= set(starts) and all(0 < n < 300 for n in stops), (stops, starts)
+    reasons = re.findall(r"stopped .*? \((SIGUSR2|time limit)\)", log)
+    assert len(reasons) == st["attempts"] - 1, reasons  # every attempt but the last stopped so
+    run_dir = grid_dir / "runs" / key
+    ref_dir = in_tmp / "ref" / "runs" / "grids" / ref.grid_id / "runs" / key
+
+    def pretrain_rows(folder):
+        rows = [json.loads(ln) for ln in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in r.items() if k != "timestamp_ms"}
+            for r in rows
+            if "pretrain/value_loss" in r
+        ]
+
+    pretrain = pretrain_rows(run_dir)
+    assert [r["step"] for r in pretrain] == list(range(3000))  # each round logged once, in order
+    assert pretrain == pretrain_rows(ref_dir)
+    resumed = last_metrics(run_dir)
+    assert sorted(resumed) == list(range(301)) and resumed == last_metrics(ref_dir)

@@ -346,10 +346,12 @@ def _prepare_one(job: CellJob, done: set[str], critic: bool = True) -> str:
         config = typed(cfg)
         build_base_for(config.model, config.task, None, log=log, threads=config.trainer.threads)
         seconds = time.perf_counter() - t0
-        return (
-            f"prepared {job.spec.name}: base model, {seconds:.0f}s (its {ranks} rank(s) build the "
-            "critic caches when it runs)"
+        who = (
+            f"its {ranks} ranks build the critic caches together"
+            if ranks > 1
+            else ("the cell builds its critic caches when it runs")
         )
+        return f"prepared {job.spec.name}: base model, {seconds:.0f}s ({who})"
     from vapo_lab.trainer.caches import prepare_caches
 
     with open_dict(cfg):
