@@ -227,7 +227,7 @@ class FakeTrainer:
 @pytest.fixture
 def fake_cell(tmp_path, monkeypatch):
     monkeypatch.setattr("vapo_lab.trainer.trainer.Trainer", FakeTrainer)
-    monkeypatch.setattr("vapo_lab.stop.sigterm_interrupts", lambda save_within=None: None)
+    monkeypatch.setattr("vapo_lab.stop.sigterm_interrupts", lambda *a, **k: None)
     monkeypatch.chdir(tmp_path)  # run_cell moves into the job's working directory: restored after
     FakeTrainer.fail = {}
     spec = _spec("two", "fsdp", 1, 2)

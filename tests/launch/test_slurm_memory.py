@@ -56,12 +56,13 @@ def test_a_cpu_rank_asks_for_its_plans_need_and_a_process():
 def test_a_gpu_cell_given_less_host_memory_than_its_plan_is_refused(monkeypatch):
     monkeypatch.setattr("vapo_lab.launch.slurm.check_slurm", lambda settings: None)
     spec = type("Spec", (), {"name": "vapo", "config": _config("scale=paper")})()
+    time = {"time_min": 24 * 60, "max_requeues": 1000}  # a paper-scale attempt's time fits
     with pytest.raises(LaunchError) as e:
-        SlurmLauncher().preflight({**GPU, "mem_gb": 8}, [spec])
+        SlurmLauncher().preflight({**GPU, **time, "mem_gb": 8}, [spec])
     assert str(e.value) == (
         "launcher.slurm.mem_gb=8 is below the host memory a rank of cell vapo needs by its plan, "
         "37 GB (8.5 of the plan's host memory a node + 28 a process): set "
         "launcher.slurm.mem_gb=37, or leave it unset to take the plan's; nothing was submitted"
     )
-    SlurmLauncher().preflight({**GPU, "mem_gb": 37}, [spec])  # enough
-    SlurmLauncher().preflight(GPU, [spec])  # unset: the plan's
+    SlurmLauncher().preflight({**GPU, **time, "mem_gb": 37}, [spec])  # enough
+    SlurmLauncher().preflight({**GPU, **time}, [spec])  # unset: the plan's

@@ -253,7 +253,7 @@ def test_a_stop_before_a_steps_metrics_are_logged_reports_the_step_before(workdi
 
     calls = []
 
-    def stop_point(world, can_save):
+    def stop_point(world, can_save, need_s=0.0):
         calls.append(can_save)
         if len(calls) == 3:  # base evaluation, before step 1, step 1's evaluation
             raise KeyboardInterrupt("SIGTERM")
