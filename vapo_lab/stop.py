@@ -93,6 +93,7 @@ class StopHandler:
         self.save_within = save_within
         self.deadline = deadline  # time.time() by which the job must have saved and ended
         self.overdue = overdue  # SAVE_SIGNAL past save_within: called instead of an interrupt
+        self.overdue_called = False  # then the job is already requeued
         self.previous_save_handler: Any = None  # submitit's, called to requeue after the save
         self._forced = False
         self._closed = threading.Event()
@@ -180,6 +181,7 @@ class StopHandler:
             if req is not None and not self._forced and late:
                 self._forced = True
                 if req.signum == SAVE_SIGNAL and self.overdue is not None:
+                    self.overdue_called = True
                     self.overdue()  # from this thread: the main one may be blocked in a collective
                     continue
                 # the handler runs in the main thread, as for a signal

@@ -344,3 +344,46 @@ def test_a_sigterm_to_one_rank_stops_every_rank_after_the_same_step(workdir):
     # evaluation
     assert stopped == last or (stopped == last + 1 and stopped % 4 == 0), (stopped, last)
     assert (run_dir / "failure.txt").read_text().startswith(f"interrupted at step {stopped}")
+
+
+def test_an_overdue_warning_requeues_from_the_watchdog_without_interrupting_the_run():
+    # a cell on Slurm: the main thread may sit in a collective where no interrupt reaches it, so
+    # the watchdog thread itself calls the requeue (submitit's, from the last checkpoint)
+    calls = []
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        with stop_on_signals():
+            h = stop.sigterm_interrupts(save_within=0.3, overdue=lambda: calls.append(time.time()))
+            start = time.time()
+            os.kill(os.getpid(), signal.SIGUSR2)
+            while time.time() < start + 2:  # a step that never reaches a safe point
+                pass
+            assert len(calls) == 1 and 0.25 < calls[0] - start < 1.5  # once, at its deadline
+            assert h.overdue_called  # the save that follows does not requeue a second time
+            with pytest.raises(StopRequested) as e:  # the request still stands, now saving
+                h.stop_point(can_save=True)
+            assert e.value.save
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_the_job_deadline_stops_at_a_point_that_can_save_when_the_next_unit_cannot_fit():
+    h = stop.StopHandler(deadline=time.time() + 100)
+    try:
+        h.stop_point(can_save=True, need_s=50)  # fits
+        h.stop_point(can_save=False, need_s=500)  # the first unit of an attempt always runs
+        with pytest.raises(StopRequested) as e:
+            h.stop_point(can_save=True, need_s=500)
+        assert e.value.reason == "time limit" and e.value.save
+        assert e.value.signum == signal.SIGUSR2  # a cell requeues as for Slurm's warning
+        assert "the next unit and a save need 500 s" in str(e.value)
+    finally:
+        h.close()
+    clock = stop.AttemptClock()
+    clock.add("step", 3.0)
+    clock.add("step", 5.0)
+    clock.add("save", 9.0)
+    clock.add("save", 2.0)
+    # the longest step, the last save and the margin
+    assert clock.need("step") == 5.0 + 2.0 + stop.STOP_MARGIN_S
+    assert clock.need("step", "eval") == 5.0 + 2.0 + stop.STOP_MARGIN_S  # no evaluation yet

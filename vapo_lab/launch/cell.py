@@ -463,7 +463,9 @@ def _requeue_from_thread() -> None:
     )
     try:
         previous(stop_module.SAVE_SIGNAL, None)
-    except BaseException as e:  # noqa: BLE001 - submitit's exit, or a failed scontrol
+    except SystemExit:  # submitit requeued the job and exits: this thread only; Slurm ends the rest
+        pass
+    except BaseException as e:  # noqa: BLE001 - a failed scontrol: the job ends at its limit
         print(f"requeue from the watchdog: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
@@ -476,6 +478,7 @@ def _requeue() -> None:
 
     handler = stop_module.installed()
     previous = handler.previous_save_handler if handler is not None else None
-    if callable(previous):
+    # the watchdog requeued the job already (the warning found no safe point in time)
+    if callable(previous) and not handler.overdue_called:
         previous(stop_module.SAVE_SIGNAL, None)
     time.sleep(REQUEUE_WAIT_S)
