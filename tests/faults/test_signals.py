@@ -191,6 +191,8 @@ def test_the_warning_saves_the_step_it_stops_at_and_the_resumed_run_equals_the_r
     resume, choices = resume_config(run_dir)  # as `vapo-lab train resume=...` reads it
     with running(resume, choices, log=lambda text: None) as resumed:
         assert resumed.step == 3
+        # reading the checkpoint stands in for a save's time until this attempt saves
+        assert resumed.clock.last["save"] > 0
         resumed.train()
     assert_like_reference(run_dir, workdir / "runs" / "reference", uri)
 

@@ -182,8 +182,18 @@ def test_a_build_resumes_from_its_periodic_save_after_a_hard_kill(dirs, monkeypa
     with pytest.raises(KeyboardInterrupt):
         logged = _start(run, ROUNDS)
     monkeypatch.undo()
+    real_resume, read = building.RoundBuild.resume, {}
+
+    def resume(self):
+        done = real_resume(self)
+        read[self.kind] = self.clock.last.get(f"{self.kind} save")
+        return done
+
+    monkeypatch.setattr(building.RoundBuild, "resume", resume)
     logged = _start(run, ROUNDS)
     assert [s for s, _ in logged] == [2, 3, 4]  # 0 and 1 went out with their save
+    # reading the save stood in for a save's time until this attempt's first save
+    assert list(read) == ["pretrained_critic"] and read["pretrained_critic"] > 0
     _assert_same_entries(run, ref)
 
 
