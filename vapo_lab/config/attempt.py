@@ -76,8 +76,8 @@ class AttemptTimes:
         work = self.critic_start + self.total_steps * self.step + evaluations * self.evaluation
         if not limit_s >= self.least_limit or usable <= 0 or not math.isfinite(work):
             return None
-        saves = (self.rm_rounds + self.pretrain_steps) and self.critic_save
-        return max(1, math.ceil(work / max(usable - max(self.save, saves), 1.0)))
+        # each attempt ends with a save: a training checkpoint's or the critic start's
+        return max(1, math.ceil(work / max(usable - max(self.save, self.critic_save), 1.0)))
 
 
 def write_seconds(p: RunPlan) -> float:

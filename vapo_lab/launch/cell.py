@@ -417,7 +417,7 @@ class CellJobRunner:
         return submitit.helpers.DelayedSubmission(CellJobRunner(self.signal_delay_s), job)
 
 
-def job_deadline(margin_s: float = 0.0) -> float | None:
+def job_deadline() -> float | None:
     """Returns when this Slurm job reaches its time limit (``time.time()``), as ``squeue`` tells
     its time left; None outside a job, or where squeue does not say (no limit)."""
     job_id = os.environ.get("SLURM_JOB_ID")
@@ -430,7 +430,7 @@ def job_deadline(margin_s: float = 0.0) -> float | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     left = slurm_seconds(out.stdout.strip()) if out.returncode == 0 else None
-    return None if left is None else time.time() + left - margin_s
+    return None if left is None else time.time() + left
 
 
 def slurm_seconds(text: str) -> float | None:

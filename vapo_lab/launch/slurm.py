@@ -236,22 +236,29 @@ CPUS_PER_RANK, VLLM_CPUS_PER_RANK = 2, 8
 SIGNAL_DELAY_S = 120
 
 
-def _plan_times(config: dict[str, Any], settings: dict[str, Any]) -> Any:
-    """Returns the cell's ``AttemptTimes`` by its plan on GPUs, or None (a CPU cell, or no shape
-    to read)."""
+def _cell_plan(config: dict[str, Any], settings: dict[str, Any]) -> tuple[Any, Any] | None:
+    """Returns (the cell's plan on its ranks, its config as the plan reads it): on GPUs of 80 GB,
+    on CPU ranks of the host; None where the plan cannot be made here (no model shape to read)."""
     from omegaconf import OmegaConf
 
-    from vapo_lab.config.attempt import attempt_times
     from vapo_lab.config.plan import plan_run
     from vapo_lab.errors import ConfigError
 
-    if not _is_gpu(config, settings):
-        return None
     cfg = OmegaConf.create(config)
+    gpu = _is_gpu(config, settings)
     try:
-        return attempt_times(plan_run(cfg, 80e9, device="cuda"), cfg)
+        return plan_run(cfg, 80e9 if gpu else 1e12, device="cuda" if gpu else "cpu"), cfg
     except ConfigError:
         return None
+
+
+def _plan_times(config: dict[str, Any], settings: dict[str, Any]) -> Any:
+    """Returns the cell's ``AttemptTimes`` by its plan on GPUs, or None (a CPU cell, whose plan
+    has no times, or no shape to read)."""
+    from vapo_lab.config.attempt import attempt_times
+
+    planned = _cell_plan(config, settings) if _is_gpu(config, settings) else None
+    return attempt_times(*planned) if planned is not None else None
 
 
 def check_time(config: dict[str, Any], settings: dict[str, Any], name: str) -> None:
@@ -321,19 +328,11 @@ def host_gb_per_rank(config: dict[str, Any], settings: dict[str, Any]) -> tuple[
     where the plan cannot be made here (no model shape to read): on GPUs its share of the plan's
     host memory a node (pinned offload, vLLM asleep at level 1, the critic-cache write) + a
     process's own ``GPU_PROCESS_GB``; on CPU the plan's need a rank + ``CPU_PROCESS_GB``."""
-    from omegaconf import OmegaConf
-
-    from vapo_lab.config.plan import plan_run
-    from vapo_lab.errors import ConfigError
-
-    cfg = OmegaConf.create(config)
-    gpu = _is_gpu(config, settings)
-    try:
-        plan = plan_run(cfg, 80e9 if gpu else 1e12, device="cuda" if gpu else "cpu")
-    except ConfigError:
+    planned = _cell_plan(config, settings)
+    if planned is None:
         return None
-    fp = plan.footprint
-    if gpu:
+    plan, fp = planned[0], planned[0].footprint
+    if _is_gpu(config, settings):
         ranks = max(1, plan.setup.ranks_per_node if plan.setup.strategy == "fsdp" else 1)
         share = fp.host_per_node / ranks / 1e9
         how = f"{share:.1f} of the plan's host memory a node + {GPU_PROCESS_GB} a process"

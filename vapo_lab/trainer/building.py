@@ -132,11 +132,10 @@ class RoundBuild:
         )
 
     def rounds(self, total: int) -> Iterator[int]:
-        """Yields the rounds still to run, from where the newest save left off: before each, a
-        stop point (the job's time limit, Slurm's warning, SIGTERM), saving first where the stop
-        asks for it; after each, a save when one is due."""
-        start = self.resume()
-        for r in range(start, total):
+        """Yields the rounds still to run, from where ``resume`` left off: before each, a stop
+        point (the job's time limit, Slurm's warning, SIGTERM), saving first where the stop asks
+        for it; after each, a save when one is due."""
+        for r in range(len(self.history), total):
             try:
                 need = self.clock.need(f"{self.kind} round", save=f"{self.kind} save")
                 stop_point(self.world, can_save=r > self.saved, need_s=need)

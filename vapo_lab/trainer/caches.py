@@ -318,12 +318,12 @@ class CriticStart:
         data: DataStream,
         log_metrics: LogMetrics | None,
     ) -> RoundBuild:
+        """Returns the build of ``<kind>/<key>``, resumed from its newest save if it has one."""
         every = self.config.critic.save_every
-        world = self.parts.world
-        return RoundBuild(
+        build = RoundBuild(
             kind,
             key,
-            world,
+            self.parts.world,
             model,
             optimizer,
             generators,
@@ -333,6 +333,8 @@ class CriticStart:
             self.log,
             log_metrics,
         )
+        build.resume()
+        return build
 
     def _regress(
         self,
@@ -391,10 +393,9 @@ class CriticStart:
         build = self._rounds(
             "pretrained_critic", key, critic, optimizer, gens, data, self.log_metrics
         )
-        done = pre.min_explained_variance is not None and any(
-            m["pretrain/explained_variance"] >= pre.min_explained_variance for m in build.history
-        )
-        for step in build.rounds(0 if done else pre.steps):
+        # the round that reaches min_explained_variance breaks before any save: a resumed build
+        # never holds it, so it runs on from its save as the uninterrupted one did
+        for step in build.rounds(pre.steps):
             batch, _ = self.phases.rollout(
                 cfg.rollout, False, data, gen, p.policy, [critic], [optimizer]
             )

@@ -228,8 +228,7 @@ class Trainer:
                 self.record.log_metrics(e, 0)
             while self.step < total:
                 # the next step, its evaluation if it has one and a save must fit the job's time
-                evaluates = (self.step + 1) % t.eval_every == 0 or self.step + 1 == total
-                need = clock.need("step", *(["eval"] if evaluates else []))
+                need = clock.need("step", *(["eval"] if self._evaluates(self.step + 1) else []))
                 try:
                     stop_point(self.world, can_save=self.step > started, need_s=need)
                 except StopRequested as stop:
@@ -239,7 +238,7 @@ class Trainer:
                     raise
                 with clock.timing("step"):
                     metrics = self.train_step()
-                if self.step % t.eval_every == 0 or self.step == total:
+                if self._evaluates(self.step):
                     # an evaluation can be long; the step is redone on resume
                     stop_point(self.world, can_save=False)
                     with clock.timing("eval"):
@@ -459,6 +458,11 @@ class Trainer:
         main = self.world.main
         shared = self.world.broadcast((str(record.run_dir), record.run_id) if main else None)
         return record if main else RankRecord(Path(shared[0]), shared[1])
+
+    def _evaluates(self, step: int) -> bool:
+        """Returns whether step ``step`` ends with a held-out evaluation."""
+        t = self.config.trainer
+        return step % t.eval_every == 0 or step == t.total_steps
 
     def _eval_key(self) -> str:
         return f"eval/avg_at_{self.config.rollout.eval_samples}"
